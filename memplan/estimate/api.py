@@ -1,0 +1,277 @@
+"""memplan.estimate(): trace one real training step on fake tensors and report its peak memory."""
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Collection
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+from memplan.estimate.checkpointing import apply_checkpointing
+from memplan.estimate.ddp import ddp_bucket_bytes
+from memplan.estimate.fake import EstimateError, fake_model, new_fake_mode
+from memplan.estimate.inputs import resolve_loss, resolve_optimizer
+from memplan.estimate.result import MemoryEstimate
+from memplan.estimate.step import LossFn, PrecisionPolicy, iter_tensors, map_tensors, run_training_step
+from memplan.estimate.target import GENERIC_CUDA, Target, resolve_target
+from memplan.estimate.tracker import Category, Phase, StorageTracker
+
+TRACED_STEPS = 2
+"""Step 1 creates the optimizer state lazily; step 2 is the steady state the peak is taken from."""
+
+STRATEGIES = (None, "ddp")
+
+
+def estimate(
+    model: nn.Module | Callable[[], nn.Module],
+    batch: Any,
+    *,
+    loss: LossFn | None = None,
+    optimizer: str | Callable[..., torch.optim.Optimizer] | None = None,
+    precision: str = "32-true",
+    checkpointing: bool | Collection[type[nn.Module]] = False,
+    device: str | None = None,
+    strategy: str | None = None,
+    world_size: int = 1,
+) -> MemoryEstimate:
+    """Peak memory of one steady-state training step, traced on fake tensors (no weight allocated).
+
+    model: nn.Module / LightningModule (real or meta), or a zero-argument callable that builds one.
+    batch: one batch exactly as the training step receives it.
+    loss: callable(model, batch) -> scalar. Default: LightningModule.training_step, else `output.loss`.
+    optimizer: "sgd", "sgd-momentum", "adam", "adamw", "rmsprop", "adagrad" or callable(params).
+        Default: the LightningModule's configure_optimizers(), else "adamw".
+    precision: Lightning's precision string.
+    checkpointing: False, True (each repeated block), or a set of module classes to checkpoint.
+    device: "cpu", a GPU model name ("A100-80GB"), or None for the local GPU.
+    strategy, world_size: None, or "ddp" with the number of ranks (memory is per rank).
+    """
+    try:
+        policy = PrecisionPolicy.from_string(precision)
+    except ValueError as err:
+        raise EstimateError(str(err)) from None
+    _check_strategy(strategy, world_size)
+    target = resolve_target(device)
+    _check_precision_on_target(policy, target)
+
+    started = time.perf_counter()
+    trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*self.log.*")
+        warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
+        trace.run()
+    return trace.result(time.perf_counter() - started, world_size)
+
+
+def _check_strategy(strategy: str | None, world_size: int) -> None:
+    if strategy not in STRATEGIES:
+        raise EstimateError(f"strategy must be None or 'ddp'; got {strategy!r}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise EstimateError(f"world_size must be a positive int; got {world_size!r}")
+    if world_size > 1 and strategy is None:
+        raise EstimateError(f"world_size={world_size} needs strategy='ddp'")
+
+
+def _check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
+    uses_bf16 = torch.bfloat16 in (policy.autocast_dtype, policy.param_dtype)
+    if uses_bf16 and target.is_cuda and target.compute_capability < (8, 0):
+        major, minor = target.compute_capability
+        raise EstimateError(
+            f"precision {policy.precision!r} needs bf16, which {target.name} (sm{major}{minor}) does not "
+            "support (it needs compute capability 8.0+); use precision='16-mixed'"
+        )
+
+
+class _Trace:
+    """One estimate's trace: the fake model, the tracker, and the two steps."""
+
+    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy):
+        self.target = target
+        self.policy = policy
+        self.strategy = strategy
+        self.notes: list[str] = []
+        self.fake_mode = new_fake_mode()
+        self.device = torch.device(target.trace_device)
+        self.model = fake_model(model, self.fake_mode, device=self.device, param_dtype=policy.param_dtype)
+        self.checkpointed = apply_checkpointing(self.model, checkpointing) if checkpointing else []
+        self.batch = batch
+        self.loss_arg, self.optimizer_arg = loss, optimizer
+        self.memory = _memory_model(target)
+        self.tracker = StorageTracker(self.memory, self.fake_mode)
+        self.overheads = _overheads(target)
+
+    # --- the trace ---------------------------------------------------------------------------
+    def run(self) -> None:
+        tracker = self.tracker
+        try:
+            with self._emulation(), self.fake_mode, tracker:
+                self._setup()
+                for step in range(TRACED_STEPS):
+                    if step == TRACED_STEPS - 1:
+                        tracker.reset_peak()
+                    self._step()
+        except (DataDependentOutputException, DynamicOutputShapeException) as err:
+            raise EstimateError(
+                "model: the training step has an op whose output depends on tensor values "
+                f"({err.func if hasattr(err, 'func') else err}), e.g. boolean masking, nonzero or .item() on "
+                "an activation. memplan traces without data, so it cannot follow it; estimate a variant "
+                "without that op, or pass a loss= that avoids it"
+            ) from err
+        finally:
+            tracker.stop()
+
+    def _emulation(self) -> contextlib.AbstractContextManager:
+        if not self.target.emulates_cuda:
+            return contextlib.nullcontext()
+        from memplan.estimate.cuda_semantics import emulate_cuda
+
+        return emulate_cuda(compute_capability=self.target.compute_capability, autocast_dtype=self.policy.autocast_dtype)
+
+    def _setup(self) -> None:
+        tracker = self.tracker
+        for p in self.model.parameters():
+            tracker.track(p, Category.PARAMETERS)
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda q: tracker.classify(q.grad, Category.GRADIENTS))
+        for b in self.model.buffers():
+            tracker.track(b, Category.PARAMETERS)
+        self.batch = self._prepare_batch(self.batch)
+        for t in iter_tensors(self.batch):
+            tracker.track(t, Category.BATCH)
+        self.optimizer = resolve_optimizer(self.model, self.optimizer_arg)
+        if self.target.emulates_cuda:
+            from memplan.estimate.cuda_semantics import apply_cuda_optimizer_defaults
+
+            apply_cuda_optimizer_defaults(self.optimizer)
+        self.loss_fn = resolve_loss(self.model, self.loss_arg)
+        if self.strategy == "ddp":
+            for nbytes in ddp_bucket_bytes(list(self.model.parameters())):
+                tracker.reserve(nbytes, Category.GRADIENTS)
+        if self.overheads is not None:
+            for nbytes in self.overheads.allocator_workspaces:
+                tracker.reserve(nbytes, Category.WORKSPACES)
+        self.grad_scale = torch.tensor(65536.0, device=self.device) if self.policy.grad_scaling else None
+
+    def _prepare_batch(self, batch: Any) -> Any:
+        if not any(True for _ in iter_tensors(batch)):
+            raise EstimateError(
+                f"batch has no tensors (got {type(batch).__name__}); pass one batch exactly as the training "
+                "step receives it, e.g. (inputs, targets) or a dict of tensors"
+            )
+        with torch.utils._python_dispatch._disable_current_modes():
+            batch = self.policy.convert_batch(batch)
+            if self.device.type != "cpu":
+                batch = map_tensors(batch, lambda t: t.to(self.device))
+        return batch
+
+    def _step(self) -> None:
+        saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        try:
+            run_training_step(
+                self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer, policy=self.policy,
+                device_type=self.device.type, grad_scale=self.grad_scale,
+                on_phase=lambda name: self._on_phase(name, saved_hooks),
+            )
+        except EstimateError:
+            raise
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            raise
+        except Exception as err:
+            if self.tracker.phase is Phase.FORWARD:
+                raise EstimateError(
+                    f"batch: the model could not run its training step on this batch ({type(err).__name__}: "
+                    f"{err}). Pass the batch exactly as training_step receives it (same structure, shapes "
+                    "and dtypes), and a loss= that matches it"
+                ) from err
+            raise
+        state_tensors = [t for s in self.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        self.tracker.classify_all(state_tensors, Category.OPTIMIZER_STATE)
+
+    def _on_phase(self, name: str, saved_hooks) -> None:
+        tracker = self.tracker
+        if name == "forward":
+            tracker.phase = Phase.FORWARD
+            saved_hooks.__enter__()
+        elif name == "forward_end":
+            saved_hooks.__exit__(None, None, None)
+            tracker.promote_forward_survivors()
+        elif name == "backward":
+            tracker.phase = Phase.BACKWARD
+        elif name == "optimizer":
+            tracker.phase = Phase.OPTIMIZER
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.tracker.classify(tensor, Category.ACTIVATIONS, only_from=Category.TEMPORARIES)
+        return tensor
+
+    # --- the result --------------------------------------------------------------------------
+    def result(self, seconds: float, world_size: int) -> MemoryEstimate:
+        peak = self.tracker.peak
+        by = peak.by_category
+        peak_reserved = self.memory.peak_reserved_bytes
+        context = self.overheads.context_bytes if self.overheads else 0
+        communication = 0
+        if self.strategy == "ddp" and self.target.is_cuda:
+            from memplan.estimate.cuda import nccl_buffer_bytes
+
+            communication = nccl_buffer_bytes(world_size)
+        notes = list(self.notes)
+        if self.target.emulates_cuda:
+            notes.append("CUDA target traced on CPU fake tensors with CUDA's op semantics emulated")
+        if self.target.name == GENERIC_CUDA:
+            notes.append("no local GPU: estimated for a generic sm80 GPU; pass device='H100-80GB' (or another) to choose")
+        if self.overheads is not None:
+            notes.extend(self.overheads.notes)
+        if self.checkpointed:
+            notes.append(f"checkpointed {len(self.checkpointed)} blocks")
+        return MemoryEstimate(
+            parameters=by[Category.PARAMETERS],
+            gradients=by[Category.GRADIENTS],
+            optimizer_state=by[Category.OPTIMIZER_STATE],
+            activations=by[Category.ACTIVATIONS],
+            temporaries=by[Category.TEMPORARIES],
+            batch=by[Category.BATCH],
+            workspaces=by[Category.WORKSPACES],
+            peak_allocated=peak.total,
+            peak_reserved=max(peak_reserved, peak.total),
+            device_total=max(peak_reserved, peak.total) + context + communication,
+            cuda_context=context,
+            communication=communication,
+            device=self.target.name,
+            precision=self.policy.precision,
+            checkpointing=bool(self.checkpointed),
+            strategy=self.strategy,
+            world_size=world_size,
+            batch_size=_batch_size(self.batch),
+            num_parameters=sum(p.numel() for p in self.model.parameters()),
+            forward_activations=self.tracker.forward_activations,
+            peak_phase=peak.phase.value,
+            trace_seconds=seconds,
+            notes=tuple(notes),
+        )
+
+
+def _memory_model(target: Target):
+    from memplan.estimate.allocator import AllocatorConfig, CachingAllocatorModel, ExactAllocatorModel
+
+    if not target.is_cuda:
+        return ExactAllocatorModel()
+    return CachingAllocatorModel(config=AllocatorConfig.from_env())
+
+
+def _overheads(target: Target):
+    if not target.is_cuda:
+        return None
+    from memplan.estimate.cuda import cuda_overheads
+
+    return cuda_overheads(target.compute_capability)
+
+
+def _batch_size(batch: Any) -> int | None:
+    for t in iter_tensors(batch):
+        return int(t.shape[0]) if t.dim() > 0 else None
+    return None

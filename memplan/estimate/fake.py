@@ -1,0 +1,82 @@
+"""Get a fake-tensor copy of the user's model without allocating a single weight."""
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+
+class EstimateError(ValueError):
+    """Bad input to memplan.estimate, with the argument at fault and the fix in the message."""
+
+
+def new_fake_mode() -> FakeTensorMode:
+    # allow_non_fake_inputs: the user's real batch meets fake weights inside ops.
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_model(
+    model: nn.Module | Callable[[], nn.Module],
+    fake_mode: FakeTensorMode,
+    *,
+    device: torch.device,
+    param_dtype: torch.dtype,
+) -> nn.Module:
+    """A structural copy of `model` whose parameters and buffers are fake tensors on `device`.
+
+    A real (or meta-device) module is deep-copied with every parameter and buffer pre-mapped to a
+    fresh fake tensor in the copy memo, so no tensor data is copied. A zero-argument callable is
+    called under the fake mode, so the model is born fake. '-true' precisions get floating-point
+    parameters in `param_dtype`, as Lightning's HalfPrecision converts the module.
+    """
+    if isinstance(model, nn.Module):
+        built = _fake_copy(model, fake_mode, device, param_dtype)
+    elif callable(model):
+        with fake_mode, device:
+            try:
+                built = model()
+            except Exception as err:  # the user's builder: report it as theirs, with its own message
+                raise EstimateError(
+                    f"model: the callable that builds the model raised {type(err).__name__}: {err}. "
+                    "Check that calling it with no arguments builds the model"
+                ) from err
+        if not isinstance(built, nn.Module):
+            raise EstimateError(
+                f"model: the callable returned {type(built).__name__}, not an nn.Module; it must build "
+                "and return the model"
+            )
+        if param_dtype != torch.float32 or any(p.device != device for p in built.parameters()):
+            built = _fake_copy(built, fake_mode, device, param_dtype)
+    else:
+        raise EstimateError(
+            f"model must be an nn.Module or a zero-argument callable that builds one; got {type(model).__name__}"
+        )
+    return built.train()
+
+
+def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    memo: dict[int, object] = {}
+    with fake_mode:
+        for _, param in model.named_parameters(remove_duplicate=True):
+            if id(param) not in memo:
+                memo[id(param)] = nn.Parameter(_fake_like(param, device, dtype), requires_grad=param.requires_grad)
+        for _, buffer in model.named_buffers(remove_duplicate=True):
+            if id(buffer) not in memo:
+                memo[id(buffer)] = _fake_like(buffer, device, dtype)
+    trainer = getattr(model, "_trainer", None)
+    if trainer is not None:
+        memo[id(trainer)] = None  # a LightningModule in a Trainer: copy the module, not the Trainer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return copy.deepcopy(model, memo)
+
+
+def _fake_like(tensor: torch.Tensor, device: torch.device, float_dtype: torch.dtype) -> torch.Tensor:
+    """A fake tensor shaped like `tensor` on `device` (call under the fake mode). Floating-point
+    tensors take `float_dtype` when it is not float32, as `module.to(dtype)` would give them."""
+    dtype = float_dtype if tensor.is_floating_point() and float_dtype != torch.float32 else tensor.dtype
+    return torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=dtype, device=device)

@@ -1,0 +1,92 @@
+"""The result of an estimate: a frozen breakdown in bytes, and its printed table."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
+PRECISIONS: tuple[str, ...] = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    """Peak memory of one steady-state training step. Every figure is an int in bytes.
+
+    The components (parameters .. workspaces) are what is live at the moment of the peak and add up
+    to `peak_allocated`.
+    """
+
+    parameters: int
+    """Model parameters and buffers."""
+    gradients: int
+    """`.grad` tensors live at the peak (and DDP's gradient buckets)."""
+    optimizer_state: int
+    """Optimizer state tensors (Adam's exp_avg / exp_avg_sq, momentum buffers, step counters)."""
+    activations: int
+    """Tensors saved for backward, live at the peak."""
+    temporaries: int
+    """Everything else live at the peak: op outputs in flight, gradient buffers, optimizer scratch."""
+    batch: int
+    """The input batch."""
+    workspaces: int = 0
+    """cuBLAS workspaces, which torch allocates through the caching allocator (0 on CPU)."""
+    peak_allocated: int
+    """Peak of live tensor bytes over a steady-state step (`torch.cuda.max_memory_allocated` on a GPU,
+    where tensor sizes are rounded to the caching allocator's blocks)."""
+    peak_reserved: int
+    """The caching allocator's reserved bytes at its peak (equals peak_allocated on CPU)."""
+    device_total: int
+    """peak_reserved + CUDA context + library workspaces outside the allocator: what NVML shows for
+    the process. On CPU, equals peak_reserved."""
+    cuda_context: int = 0
+    """CUDA context and kernel images (0 on CPU)."""
+    communication: int = 0
+    """Communication buffers outside the allocator (NCCL), 0 without DDP."""
+    device: str = "cpu"
+    """The target: 'cpu' or a GPU model name."""
+    precision: Precision = "32-true"
+    """Lightning precision string the step was traced under."""
+    checkpointing: bool = False
+    """Whether activation checkpointing was applied."""
+    strategy: str | None = None
+    """None or 'ddp'."""
+    world_size: int = 1
+    """Number of data-parallel ranks the estimate is for (memory is per rank)."""
+    batch_size: int | None = None
+    """Samples in the batch, when it could be told from the batch's leading dimension."""
+    forward_activations: int = 0
+    """Bytes saved for backward at the end of the forward: the classic 'activation memory'. When the
+    peak falls in the optimizer step, `activations` is near 0 while this is not."""
+    peak_phase: str = "optimizer"
+    """Where in the step the peak falls: 'forward', 'backward' or 'optimizer'."""
+    num_parameters: int = 0
+    """Number of parameter elements (for the rule-of-thumb comparison)."""
+    trace_seconds: float = 0.0
+    """Wall time of the trace."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """Approximations that apply to this estimate, in words."""
+
+    def to_dict(self) -> dict:
+        """Plain dict (JSON-ready); bytes stay ints."""
+        out = dataclasses.asdict(self)
+        out["notes"] = list(self.notes)
+        return out
+
+    def rule_of_thumb(self) -> dict[str, int]:
+        """The seeds' rules of thumb for this model, in bytes, for comparison in the table."""
+        weights = 4 * self.num_parameters
+        return {
+            "4 x model size": 4 * weights,
+            "4B x (3 x params + 2 x activations)": 4 * (3 * self.num_parameters) + 2 * self.forward_activations,
+        }
+
+    def __str__(self) -> str:
+        from memplan.estimate.report import render_text
+
+        return render_text(self)
+
+    def __rich__(self):
+        from memplan.estimate.report import render_table
+
+        return render_table(self)

@@ -1,0 +1,186 @@
+"""One training step, defined once.
+
+The tracer runs it on fake tensors, the benchmarks run it on real ones: both must execute the same
+sequence of ops, or the estimate would be exact for a step nobody runs. The order is Lightning's
+automatic optimization (pytorch_lightning/loops/optimization/automatic.py, `Closure.closure`):
+
+    forward + loss (under autocast)  ->  zero_grad(set_to_none=True)  ->  backward  ->  optimizer update
+
+Lightning zeroes gradients *after* the forward, so the previous step's gradients are still alive
+while the next forward builds its activations. A plain-PyTorch loop that zeroes first peaks lower;
+the estimate follows Lightning, which is what memplan's users run.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+_MIXED = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+_TRUE = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionPolicy:
+    """How a Lightning precision string changes the step."""
+
+    precision: str
+    """Lightning's precision string."""
+    autocast_dtype: torch.dtype | None
+    """dtype of torch.autocast around forward + loss; None without AMP."""
+    param_dtype: torch.dtype
+    """dtype of parameters and floating-point inputs ('16-true' / 'bf16-true' convert the model)."""
+    grad_scaling: bool
+    """Whether Lightning's MixedPrecision plugin uses a GradScaler ('16-mixed')."""
+
+    @classmethod
+    def from_string(cls, precision: str) -> PrecisionPolicy:
+        from memplan.estimate.result import PRECISIONS
+
+        if precision not in PRECISIONS:
+            raise ValueError(
+                f"precision must be one of Lightning's strings {', '.join(PRECISIONS)}; got {precision!r}"
+            )
+        return cls(
+            precision=precision,
+            autocast_dtype=_MIXED.get(precision),
+            param_dtype=_TRUE.get(precision, torch.float32),
+            grad_scaling=precision == "16-mixed",
+        )
+
+    def forward_context(self, device_type: str) -> contextlib.AbstractContextManager:
+        """Lightning's `precision_plugin.forward_context()`: autocast with the weight cache off
+        (plugins/precision/amp.py: `torch.autocast(device, dtype=dtype, cache_enabled=False)`), or the
+        default dtype set to the half type for the '-true' precisions (plugins/precision/half.py)."""
+        if self.autocast_dtype is not None:
+            return torch.autocast(device_type, dtype=self.autocast_dtype, cache_enabled=False)
+        if self.param_dtype != torch.float32:
+            return _default_dtype(self.param_dtype)
+        return contextlib.nullcontext()
+
+    def convert_batch(self, batch: Any) -> Any:
+        """'-true' precisions cast floating-point inputs to the half type, as Lightning's HalfPrecision does."""
+        if self.param_dtype == torch.float32:
+            return batch
+        return map_tensors(batch, lambda t: t.to(self.param_dtype) if t.is_floating_point() else t)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Apply fn to every tensor in a nested batch (tensors, tuples, lists, dicts, dataclass-like Mappings)."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, Mapping):
+        mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
+        try:
+            return type(obj)(mapped)  # dict, OrderedDict, transformers' BatchEncoding
+        except TypeError:
+            return mapped
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in a nested batch, in order."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from iter_tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from iter_tensors(v)
+
+
+def loss_from_output(output: Any) -> torch.Tensor | None:
+    """What Lightning takes as the loss from training_step: a tensor, or a dict's "loss"."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
+        return output["loss"]
+    loss = getattr(output, "loss", None)  # transformers' ModelOutput
+    return loss if isinstance(loss, torch.Tensor) else None
+
+
+def run_training_step(
+    model: nn.Module,
+    batch: Any,
+    *,
+    loss_fn: LossFn,
+    optimizer: torch.optim.Optimizer,
+    policy: PrecisionPolicy,
+    device_type: str,
+    grad_scale: torch.Tensor | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> torch.Tensor:
+    """One Lightning automatic-optimization step; returns the detached loss.
+
+    `grad_scale` is the loss scale for '16-mixed' (a float32 scalar tensor). Lightning's GradScaler
+    reads `found_inf.item()`, which a fake tensor cannot answer, so the scaler's tensor work is done
+    here op for op: scale the loss, unscale the gradients in place (what `scaler.unscale_` runs), step.
+    `on_phase` is told "forward", "forward_end", "backward", "optimizer" and "end" as the step moves on.
+    """
+    phase = on_phase or (lambda _: None)
+    phase("forward")
+    with policy.forward_context(device_type):
+        loss = loss_fn(model, batch)
+    check_loss(loss)
+    phase("forward_end")
+    optimizer.zero_grad(set_to_none=True)
+    phase("backward")
+    (loss * grad_scale if grad_scale is not None else loss).backward()
+    phase("optimizer")
+    if grad_scale is not None:
+        _unscale_grads(optimizer, grad_scale)
+    optimizer.step()
+    phase("end")
+    return loss.detach()
+
+
+def check_loss(loss: Any) -> None:
+    if not isinstance(loss, torch.Tensor):
+        raise ValueError(
+            f"loss must return a scalar tensor; got {type(loss).__name__}. Pass loss=callable(model, batch) "
+            "that returns one, e.g. loss=lambda m, b: F.cross_entropy(m(b[0]), b[1])"
+        )
+    if loss.numel() != 1:
+        raise ValueError(
+            f"loss must return a scalar tensor; got shape {tuple(loss.shape)}. Reduce it (e.g. .mean()) "
+            "inside the loss callable"
+        )
+    if not loss.requires_grad:
+        raise ValueError(
+            "loss does not require grad, so there is nothing to train: check that the loss is computed "
+            "from the model's output and that some parameters have requires_grad=True"
+        )
+
+
+def _unscale_grads(optimizer: torch.optim.Optimizer, grad_scale: torch.Tensor) -> None:
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not grads:
+        return
+    found_inf = torch.zeros((), dtype=torch.float32, device=grad_scale.device)
+    inv_scale = grad_scale.double().reciprocal().float()
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+
+
+def params_with_grad(params: Sequence[nn.Parameter]) -> list[nn.Parameter]:
+    return [p for p in params if p.requires_grad]

@@ -1,0 +1,175 @@
+"""Follow every tensor storage through one traced training step.
+
+A TorchDispatchMode sits above FakeTensorMode and sees each op's outputs. A storage seen for the
+first time is an allocation; a weakref finalizer on the storage object (UntypedStorage keeps one
+Python object per StorageImpl, so the finalizer runs when the storage itself dies, however many
+views or autograd references held it) is its free. Each allocation goes through a memory model
+(exact bytes for CPU, the CUDA caching allocator's blocks for a GPU), and live bytes are kept per
+category so the breakdown at the peak is a copy of six counters, not a walk over live tensors.
+
+Ops whose tensor inputs are all real (index arithmetic on the user's batch: masks, positions) run
+for real, so data-dependent Python in models (`if mask.all():`) keeps working; small factory
+outputs (`torch.arange(seq)`) are made real for the same reason. Everything touching a parameter
+stays fake: no weight is ever allocated.
+"""
+from __future__ import annotations
+
+import enum
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils.weak import WeakIdKeyDictionary
+
+# Factory ops with no tensor inputs whose output is at most this many elements are made real, so
+# that values like `torch.arange(seq_len)` can be inspected by model code. 64 Ki elements.
+REAL_FACTORY_MAX_NUMEL = 1 << 16
+
+
+class Category(enum.Enum):
+    PARAMETERS = "parameters"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+    BATCH = "batch"
+    WORKSPACES = "workspaces"
+
+
+class Phase(enum.Enum):
+    SETUP = "setup"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+@dataclass
+class _Record:
+    handle: int
+    nbytes: int
+    """Bytes as the memory model counts them (the allocator block size)."""
+    category: Category
+    phase: Phase
+    live: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """Live bytes per category at one moment."""
+
+    total: int
+    by_category: dict[Category, int]
+    phase: Phase
+
+
+class StorageTracker(TorchDispatchMode):
+    """Counts live storage bytes through a memory model. Use as the outermost dispatch mode."""
+
+    def __init__(self, memory_model, fake_mode) -> None:
+        super().__init__()
+        self.memory = memory_model
+        self.fake_mode = fake_mode
+        self.phase = Phase.SETUP
+        self._records: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._by_category = {c: 0 for c in Category}
+        self._active = True
+        self.peak = Snapshot(total=0, by_category=dict(self._by_category), phase=Phase.SETUP)
+        self.ops_seen = 0
+        self.forward_activations = 0
+
+    # --- allocation bookkeeping ------------------------------------------------------------
+    def track(self, tensor: torch.Tensor, category: Category = Category.TEMPORARIES) -> None:
+        """Count a tensor's storage if it is not counted yet; otherwise leave it as it is."""
+        storage = tensor.untyped_storage()
+        if storage in self._records:
+            return
+        handle = self.memory.malloc(storage.nbytes())
+        record = _Record(handle, self.memory.block_bytes(handle), category, self.phase)
+        self._records[storage] = record
+        weakref.finalize(storage, self._on_free, record)
+        self._by_category[category] += record.nbytes
+        self._update_peak()
+
+    def classify(self, tensor: torch.Tensor, category: Category, *, only_from: Category | None = None) -> None:
+        """Move a tensor's storage into `category` (tracking it first if needed)."""
+        storage = tensor.untyped_storage()
+        record = self._records.get(storage)
+        if record is None:
+            self.track(tensor, category)
+            return
+        if only_from is not None and record.category is not only_from:
+            return
+        self._by_category[record.category] -= record.nbytes
+        record.category = category
+        self._by_category[category] += record.nbytes
+
+    def classify_all(self, tensors: Iterable[torch.Tensor], category: Category) -> None:
+        for t in tensors:
+            self.classify(t, category)
+
+    def promote_forward_survivors(self) -> None:
+        """At the end of the forward, what the forward made and is still alive is kept for backward
+        (saved tensors, checkpoint inputs): count it as activations."""
+        for record in list(self._records.values()):
+            if record.live and record.phase is Phase.FORWARD and record.category is Category.TEMPORARIES:
+                self._by_category[Category.TEMPORARIES] -= record.nbytes
+                record.category = Category.ACTIVATIONS
+                self._by_category[Category.ACTIVATIONS] += record.nbytes
+        self.forward_activations = self._by_category[Category.ACTIVATIONS]
+
+    def reserve(self, nbytes: int, category: Category) -> None:
+        """A persistent allocation no traced tensor stands for (a cuBLAS workspace, a DDP bucket)."""
+        handle = self.memory.malloc(nbytes)
+        self._by_category[category] += self.memory.block_bytes(handle)
+        self._update_peak()
+
+    def _on_free(self, record: _Record) -> None:
+        if not self._active or not record.live:
+            return
+        record.live = False
+        self._by_category[record.category] -= record.nbytes
+        self.memory.free(record.handle)
+
+    def _update_peak(self) -> None:
+        total = self.memory.allocated_bytes
+        if total > self.peak.total:
+            self.peak = Snapshot(total=total, by_category=dict(self._by_category), phase=self.phase)
+
+    def reset_peak(self) -> None:
+        """Start a new peak window (the steady-state step)."""
+        self.memory.reset_peaks()
+        self.peak = Snapshot(total=self.memory.allocated_bytes, by_category=dict(self._by_category), phase=self.phase)
+
+    def stop(self) -> None:
+        """Stop counting: finalizers that run later (garbage collected fakes) are ignored."""
+        self._active = False
+
+    # --- dispatch ----------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops_seen += 1
+        flat, _ = tree_flatten((args, kwargs))
+        tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
+            with _disable_current_modes():
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+            if not tensors:
+                out = self._maybe_realize_factory(func, args, kwargs, out)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.track(t)
+        return out
+
+    def _maybe_realize_factory(self, func, args, kwargs, out):
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if len(outs) != 1 or outs[0].numel() > REAL_FACTORY_MAX_NUMEL or outs[0].device.type != "cpu":
+            return out
+        real_kwargs = tree_map_only(torch.device, lambda d: d, kwargs)
+        with _disable_current_modes():
+            return func(*args, **real_kwargs)
