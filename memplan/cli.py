@@ -53,6 +53,25 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_devices(sub) -> None:
+    p = sub.add_parser("devices", help="the GPUs (NVML) and host memory memplan sees")
+    p.add_argument("--json", action="store_true", help="print as JSON (bytes as ints)")
+    p.set_defaults(run=cmd_devices)
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from memplan.hardware import devices_dict, devices_table, host_info, visible_gpus
+
+    gpus, host = visible_gpus(), host_info()
+    if args.json:
+        print(json.dumps(devices_dict(gpus, host), indent=2))
+    else:
+        from rich.console import Console
+
+        Console().print(devices_table(gpus, host))
+    return EXIT_OK
+
+
 def _usage_error(message: str) -> int:
     print(f"memplan: error: {message}", file=sys.stderr)
     return EXIT_USAGE
@@ -62,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memplan", description="Memory planning for PyTorch Lightning training.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_estimate(sub)
+    _add_devices(sub)
     return parser
 
 

@@ -13,7 +13,8 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 
 from memplan.estimate.checkpointing import apply_checkpointing
 from memplan.estimate.ddp import ddp_bucket_bytes
-from memplan.estimate.fake import EstimateError, fake_model, new_fake_mode
+from memplan.estimate.errors import EstimateError
+from memplan.estimate.fake import fake_model, new_fake_mode
 from memplan.estimate.inputs import resolve_loss, resolve_optimizer
 from memplan.estimate.result import MemoryEstimate
 from memplan.estimate.step import LossFn, PrecisionPolicy, iter_tensors, map_tensors, run_training_step
@@ -50,10 +51,7 @@ def estimate(
     device: "cpu", a GPU model name ("A100-80GB"), or None for the local GPU.
     strategy, world_size: None, or "ddp" with the number of ranks (memory is per rank).
     """
-    try:
-        policy = PrecisionPolicy.from_string(precision)
-    except ValueError as err:
-        raise EstimateError(str(err)) from None
+    policy = PrecisionPolicy.from_string(precision)
     _check_strategy(strategy, world_size)
     target = resolve_target(device)
     _check_precision_on_target(policy, target)
@@ -218,7 +216,7 @@ class _Trace:
         if self.strategy == "ddp" and self.target.is_cuda:
             from memplan.estimate.cuda import nccl_buffer_bytes
 
-            communication = nccl_buffer_bytes(world_size)
+            communication = nccl_buffer_bytes(world_size, compute_capability=self.target.compute_capability)
         notes = list(self.notes)
         if self.target.emulates_cuda:
             notes.append("CUDA target traced on CPU fake tensors with CUDA's op semantics emulated")

@@ -9,9 +9,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-
-class EstimateError(ValueError):
-    """Bad input to memplan.estimate, with the argument at fault and the fix in the message."""
+from memplan.estimate.errors import EstimateError
 
 
 def new_fake_mode() -> FakeTensorMode:

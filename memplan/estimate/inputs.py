@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memplan.estimate.fake import EstimateError
+from memplan.estimate.errors import EstimateError
 from memplan.estimate.step import LossFn, loss_from_output
 
 OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
@@ -48,6 +48,12 @@ def _lightning_loss(model: nn.Module, batch: Any) -> torch.Tensor:
 def _output_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     output = call_model(model, batch)
     loss = loss_from_output(output)
+    if isinstance(output, torch.Tensor) and output.numel() != 1:
+        raise EstimateError(
+            f"loss: the model returned a tensor of shape {tuple(output.shape)}, not a scalar loss, and no "
+            "loss= was given. Pass loss=callable(model, batch) -> scalar tensor, e.g. "
+            "loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1])"
+        )
     if loss is None:
         raise EstimateError(
             f"loss: the model returned {type(output).__name__} with no `.loss`, so memplan cannot tell the "

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from memplan.estimate.errors import EstimateError
+
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 _MIXED = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
@@ -44,7 +46,7 @@ class PrecisionPolicy:
         from memplan.estimate.result import PRECISIONS
 
         if precision not in PRECISIONS:
-            raise ValueError(
+            raise EstimateError(
                 f"precision must be one of Lightning's strings {', '.join(PRECISIONS)}; got {precision!r}"
             )
         return cls(
@@ -157,17 +159,17 @@ def run_training_step(
 
 def check_loss(loss: Any) -> None:
     if not isinstance(loss, torch.Tensor):
-        raise ValueError(
+        raise EstimateError(
             f"loss must return a scalar tensor; got {type(loss).__name__}. Pass loss=callable(model, batch) "
             "that returns one, e.g. loss=lambda m, b: F.cross_entropy(m(b[0]), b[1])"
         )
     if loss.numel() != 1:
-        raise ValueError(
+        raise EstimateError(
             f"loss must return a scalar tensor; got shape {tuple(loss.shape)}. Reduce it (e.g. .mean()) "
             "inside the loss callable"
         )
     if not loss.requires_grad:
-        raise ValueError(
+        raise EstimateError(
             "loss does not require grad, so there is nothing to train: check that the loss is computed "
             "from the model's output and that some parameters have requires_grad=True"
         )

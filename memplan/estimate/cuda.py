@@ -1,0 +1,185 @@
+"""CUDA memory a training process uses besides its tensors.
+
+Two kinds, which land in different places:
+- inside the caching allocator: cuBLAS / cuBLASLt workspaces. torch allocates them with
+  CUDACachingAllocator::allocate, so they count in max_memory_allocated and reserved. Feed
+  `CudaOverheads.allocator_workspaces` to the allocator model as never-freed mallocs made at
+  the first matmul of each thread.
+- outside it: the CUDA context (driver state and lazily loaded kernel images) and NCCL's
+  communicator buffers. NVML / nvidia-smi see them; torch.cuda.memory_* do not.
+
+The context and NCCL figures are approximations taken from measurements reported in issues
+(cited below), rounded up; calibrate them on a real GPU before trusting them to 100 MiB.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from memplan.units import KiB, MiB
+
+# CUDA context + kernel images, CUDA_MODULE_LOADING=LAZY (torch sets LAZY when the variable is
+# unset, pytorch/pytorch#86509). Measured bare contexts, after the first CUDA tensor:
+#   287,047,680 B used with one 6.4 MB tensor (a 20 MiB segment): ~266 MB context, CUDA 11.7
+#   (pytorch/pytorch#86509)
+#   "~300MB" (ptrblck, pytorch/pytorch#107667), "around 400MB" (ptrblck, pytorch/pytorch#109888)
+#   426 MiB on an RTX 6000 Ada (sm89), torch 2.10 + CUDA 13.0 (unslothai/unsloth-zoo#1053)
+# A training step then lazily loads cuBLAS(Lt)/cuDNN/NCCL/Triton kernels: no measurement found,
+# estimated +100..300 MiB; assumed (unmeasured) to grow with the GPU generation. Range 270..730
+# MiB; the values below sit at the top of it (a planner should over- rather than under-estimate).
+_CONTEXT_LAZY_BYTES = {7: 512 * MiB, 8: 640 * MiB, 9: 768 * MiB}  # by compute-capability major
+# CUDA_MODULE_LOADING=EAGER loads every kernel of every library at init: 666,632,192 B
+# (pytorch/pytorch#86509, CUDA 11.7), ">1000MB" (pytorch/pytorch#107667). Range 0.65..1.5 GB.
+_CONTEXT_EAGER_BYTES = 1536 * MiB
+
+# aten/src/ATen/cuda/CublasHandlePool.cpp (pytorch/pytorch), parseChosenWorkspaceSize():
+# ":4096:2:16:8 default, 32MiB for Hopper and Blackwell" -> 4096 KiB x 2 + 16 KiB x 8, or
+# 4096 x 8 x 1024 when properties->major is 9, 10, 11 or 12 (older versions: sm90 only).
+_CUBLAS_DEFAULT_BYTES = 4096 * KiB * 2 + 16 * KiB * 8  # 8.125 MiB
+_CUBLAS_BIG_BYTES = 32 * MiB
+_CUBLAS_BIG_MAJORS = (9, 10, 11, 12)
+# parseCUDABlasLtWorkspaceSize(): CUBLASLT_WORKSPACE_SIZE in KiB, "default size in KiB
+# according to #73328" = 1024. getCUDABlasLtWorkspaceSize(): unified with the cuBLAS
+# workspace unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0 (check_env: unset counts as unified).
+_CUBLASLT_DEFAULT_KIB = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaOverheads:
+    """CUDA memory of one training process besides its tensors, in bytes."""
+
+    context_bytes: int
+    """CUDA context and loaded kernel images; outside the caching allocator (NVML sees it)."""
+    cublas_workspace_bytes: int
+    """One cuBLAS workspace, allocated through the caching allocator per (handle, stream)."""
+    cublaslt_workspace_bytes: int = 0
+    """A separate cuBLASLt workspace per (handle, stream); 0 when unified with cuBLAS's (default)."""
+    cublas_workspaces: int = 2
+    """(handle, stream) pairs a step uses: the Python thread (forward, optimizer) and the
+    autograd engine's device thread (backward); cuBLAS handles are per thread."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """Approximations behind these figures, in words."""
+
+    def __post_init__(self) -> None:
+        for name in ("context_bytes", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
+                     "cublas_workspaces"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"CudaOverheads.{name} must be a non-negative int; got {value!r}")
+
+    @property
+    def allocator_workspaces(self) -> tuple[int, ...]:
+        """Request sizes (bytes) to replay into CachingAllocatorModel.malloc and never free."""
+        per_pair = [self.cublas_workspace_bytes]
+        if self.cublaslt_workspace_bytes:
+            per_pair.append(self.cublaslt_workspace_bytes)
+        return tuple(n for n in per_pair * self.cublas_workspaces if n)
+
+
+def _check_cc(compute_capability: tuple[int, int]) -> tuple[int, int]:
+    cc = tuple(compute_capability)
+    if len(cc) != 2 or not all(isinstance(v, int) and v >= 0 for v in cc) or cc[0] < 3:
+        raise ValueError("compute_capability must be (major, minor) ints such as (8, 0) for A100 "
+                         f"or (9, 0) for H100; got {compute_capability!r}")
+    return cc  # type: ignore[return-value]
+
+
+def cublas_workspace_bytes(compute_capability: tuple[int, int], env: Mapping[str, str] = os.environ) -> int:
+    """parseChosenWorkspaceSize(): CUBLAS_WORKSPACE_CONFIG (':SIZE_KiB:COUNT' pairs) or the default."""
+    major, _ = _check_cc(compute_capability)
+    default = _CUBLAS_BIG_BYTES if major in _CUBLAS_BIG_MAJORS else _CUBLAS_DEFAULT_BYTES
+    config = env.get("CUBLAS_WORKSPACE_CONFIG")
+    if config is None:
+        return default
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+    if not pairs:  # torch warns "Could not parse CUBLAS_WORKSPACE_CONFIG" and uses the default
+        return default
+    return sum(int(size) * KiB * int(count) for size, count in pairs)
+
+
+def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] = os.environ) -> CudaOverheads:
+    """Context and cuBLAS workspaces for a GPU of this compute capability under `env`."""
+    major, minor = _check_cc(compute_capability)
+    notes = []
+    loading = env.get("CUDA_MODULE_LOADING", "LAZY").upper()
+    if loading == "EAGER":
+        context = _CONTEXT_EAGER_BYTES
+        notes.append("CUDA_MODULE_LOADING=EAGER: every kernel image is loaded at init "
+                     "(0.65-1.5 GB reported); 1.5 GiB assumed")
+    else:
+        context = _CONTEXT_LAZY_BYTES[min(max(major, 7), 9)]
+        notes.append(f"CUDA context for sm{major}{minor} with lazy module loading: "
+                     f"{context // MiB} MiB assumed (270-730 MiB reported/estimated); "
+                     "calibrate with NVML on this GPU")
+    cublas = cublas_workspace_bytes((major, minor), env)
+    if "CUBLAS_WORKSPACE_CONFIG" in env:
+        notes.append(f"cuBLAS workspace from CUBLAS_WORKSPACE_CONFIG: {cublas} bytes per handle")
+    unified = env.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE") != "0"
+    lt = 0
+    if not unified:
+        raw = env.get("CUBLASLT_WORKSPACE_SIZE", "")
+        lt_kib = int(raw) if raw.strip().isdigit() else _CUBLASLT_DEFAULT_KIB  # torch warns, keeps 1024
+        lt = lt_kib * KiB
+    notes.append("cuBLAS workspaces come from the caching allocator: one per (thread handle, "
+                 "stream), two in a training step (forward thread, autograd backward thread)")
+    return CudaOverheads(context_bytes=context, cublas_workspace_bytes=cublas,
+                         cublaslt_workspace_bytes=lt, notes=tuple(notes))
+
+
+# NVIDIA/nccl src/init.cc: DEFAULT_BUFFSIZE (1 << 22) /* 4MiB */ for the Simple protocol;
+# DEFAULT_LL_BUFFSIZE = NCCL_LL_LINES_PER_THREAD*NCCL_LL_MAX_NTHREADS*NCCL_STEPS*16 = 8*512*8*16;
+# DEFAULT_LL128_BUFFSIZE = NCCL_LL128_ELEMS_PER_THREAD*NCCL_LL128_MAX_NTHREADS*NCCL_STEPS*8
+# = 120*640*8*8. Overridden by NCCL_BUFFSIZE, NCCL_LL_BUFFSIZE, NCCL_LL128_BUFFSIZE (bytes).
+_NCCL_SIMPLE_BYTES = 4 * MiB
+_NCCL_LL_BYTES = 8 * 512 * 8 * 16
+_NCCL_LL128_BYTES = 120 * 640 * 8 * 8
+# Fixed part per communicator (NCCL kernels loaded into the context, work FIFOs, proxy state):
+# no source gives it; chosen so the formula lands at or above the measurements below.
+_NCCL_FIXED_BYTES = 256 * MiB
+
+
+def _default_channels(compute_capability: tuple[int, int]) -> int:
+    # Channels follow the interconnect: NCCL uses up to 32 per peer pair on 8x H100 NVLink
+    # (NVIDIA/nccl#1685), fewer on A100, a handful over PCIe. Defaults assume NVLink servers.
+    major = compute_capability[0]
+    return 32 if major >= 9 else 16 if major == 8 else 8
+
+
+def nccl_buffer_bytes(world_size: int, *, compute_capability: tuple[int, int] = (8, 0),
+                      channels: int | None = None, env: Mapping[str, str] = os.environ) -> int:
+    """NCCL device memory per rank for one DDP process group, outside the caching allocator.
+
+    Model: channels x connections x (Simple + LL + LL128 buffers) + a fixed 256 MiB, with
+    2 connections per channel for 2 ranks (a ring's send and receive side) and 4 for more
+    (ring plus tree). "The memory usage is linearly tied to the number of channels" and "Ring
+    uses a limited amount of memory as it only has 2 connections regardless of the scale"
+    (sjeaugey, NVIDIA/nccl#864 / #986). Measured with PyTorch on 4x A100 NVLink: 544 MB for a
+    2-rank group, 688 MB for larger ones (NVIDIA/nccl#964); 1.06 GB per GPU on 8x H100 NVLink
+    after init (NVIDIA/nccl#1685). This gives 577 MB, 885 MB and 1.50 GB for those three: an
+    approximation on the high side, to be calibrated on a GPU. NVLS/CollNet (NCCL_NVLS_ENABLE,
+    NVSwitch systems) and all-to-all traffic can add gigabytes and are not modelled.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int (number of DDP ranks); got {world_size!r}")
+    if world_size == 1:
+        return 0  # a single rank has no peer connections (runtime connect, NCCL >= 2.22)
+    cc = _check_cc(compute_capability)
+    if channels is None:
+        channels = _default_channels(cc)
+        if env.get("NCCL_MIN_NCHANNELS", "").isdigit():
+            channels = max(channels, int(env["NCCL_MIN_NCHANNELS"]))
+        if env.get("NCCL_MAX_NCHANNELS", "").isdigit():
+            channels = min(channels, int(env["NCCL_MAX_NCHANNELS"]))
+    if not isinstance(channels, int) or channels < 1:
+        raise ValueError(f"channels must be a positive int (NCCL channels per rank); got {channels!r}")
+
+    def size(name: str, default: int) -> int:
+        raw = env.get(name, "")
+        return int(raw) if raw.isdigit() else default
+
+    per_connection = (size("NCCL_BUFFSIZE", _NCCL_SIMPLE_BYTES) + size("NCCL_LL_BUFFSIZE", _NCCL_LL_BYTES)
+                      + size("NCCL_LL128_BUFFSIZE", _NCCL_LL128_BYTES))
+    connections = 2 if world_size == 2 else 4
+    return channels * connections * per_connection + _NCCL_FIXED_BYTES

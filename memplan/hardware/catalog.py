@@ -1,0 +1,170 @@
+"""Known GPU models, for planning on a machine that does not have the GPU (`--gpu H100-80GB`).
+
+Memory figures are what NVML (and so nvidia-smi and nvitop) reports as the board's *total*, in MiB
+times 1 MiB, because that is the number a user compares a plan with. They are neither the marketing
+figure (NVIDIA sells "80 GB" in decimal gigabytes, with headroom: an H100 "80 GB" reports 81559 MiB
+= 85.5 GB) nor what a training process can allocate: the CUDA context and the driver take a few
+hundred MiB more, which memplan's estimate accounts for separately.
+
+Sources: nvidia-smi output published for each board (collected, with the units spelled out, in
+https://thundergolfer.com/blog/nvidia-gpu-memory-capacity for H200, H100, A100, A10, L40S, L4, T4;
+nvidia-smi transcripts in public repositories for the rest). Figures move by a few MiB to a few
+tens of MiB with the driver and with ECC; the comments below say where we have seen them move.
+Compute capabilities are NVIDIA's (https://developer.nvidia.com/cuda-gpus).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from memplan.units import MiB, format_bytes, parse_bytes
+
+BF16_MIN_CAPABILITY = (8, 0)
+"""Native bf16 tensor cores arrived with Ampere (sm_80). Older cards run bf16 only by emulation."""
+
+
+def supports_bf16(compute_capability: tuple[int, int]) -> bool:
+    """True when the GPU has native bf16 (sm_80+), the condition for Lightning's "bf16-mixed"."""
+    return tuple(compute_capability) >= BF16_MIN_CAPABILITY
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuModel:
+    """A GPU model memplan can plan for without the hardware."""
+
+    name: str
+    """Canonical name, as accepted by `--gpu` (e.g. "H100-80GB")."""
+    total_bytes: int
+    """Board memory in bytes as NVML reports it (nvidia-smi's total), or the given size for custom."""
+    compute_capability: tuple[int, int]
+    """CUDA compute capability (major, minor), e.g. (9, 0) for Hopper."""
+    aliases: tuple[str, ...] = ()
+    """Other spellings accepted by lookup_gpu (matched ignoring case and punctuation)."""
+    nvml_names: tuple[str, ...] = ()
+    """Names NVML gives this board (nvmlDeviceGetName), used by match_nvml_name."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.total_bytes, int) or self.total_bytes <= 0:
+            raise ValueError(
+                f"GpuModel.total_bytes must be a positive int of bytes (e.g. 24 * GiB); "
+                f"got {self.total_bytes!r}"
+            )
+        cc = self.compute_capability
+        if (not isinstance(cc, tuple) or len(cc) != 2
+                or not all(isinstance(x, int) and x >= 0 for x in cc)):
+            raise ValueError(
+                f"GpuModel.compute_capability must be a (major, minor) tuple of ints such as (8, 0); "
+                f"got {cc!r}"
+            )
+
+    @property
+    def bf16_supported(self) -> bool:
+        """Native bf16 (compute capability 8.0 or newer)."""
+        return supports_bf16(self.compute_capability)
+
+
+def _m(name: str, mib: int, cc: tuple[int, int], aliases: tuple[str, ...],
+       nvml: tuple[str, ...]) -> GpuModel:
+    return GpuModel(name=name, total_bytes=mib * MiB, compute_capability=cc,
+                    aliases=aliases, nvml_names=nvml)
+
+
+KNOWN_GPUS: tuple[GpuModel, ...] = (
+    # Volta (no bf16). 16160 MiB on most drivers (16152 and 16130 also seen); 32510 MiB for 32 GB
+    # (32480 and 32768 also seen).
+    _m("V100-16GB", 16160, (7, 0), ("v100-16g", "v100-sxm2-16gb", "v100-pcie-16gb"),
+       ("Tesla V100-SXM2-16GB", "Tesla V100-PCIE-16GB", "Tesla V100-FHHL-16GB")),
+    _m("V100-32GB", 32510, (7, 0), ("v100-32g", "v100-sxm2-32gb", "v100-pcie-32gb"),
+       ("Tesla V100-SXM2-32GB", "Tesla V100-PCIE-32GB")),
+    # Turing (no bf16). 15360 MiB with current drivers; drivers before R510 said 15109 MiB
+    # (they left the driver's reservation out of the total).
+    _m("T4", 15360, (7, 5), ("tesla-t4", "t4-16gb"), ("Tesla T4",)),
+    # Ampere. A100 PCIe boards report the same totals as SXM4 (40960 / 81920 MiB).
+    _m("A10G", 23028, (8, 6), ("a10g-24gb",), ("NVIDIA A10G",)),
+    _m("A100-40GB", 40960, (8, 0), ("a100-40g", "a100-sxm4-40gb", "a100-pcie-40gb"),
+       ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB")),
+    _m("A100-80GB", 81920, (8, 0), ("a100-80g", "a100-sxm4-80gb", "a100-pcie-80gb"),
+       ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe")),
+    _m("A40", 46068, (8, 6), ("a40-48gb",), ("NVIDIA A40",)),
+    _m("RTX-A6000", 49140, (8, 6), ("a6000", "rtxa6000"), ("NVIDIA RTX A6000",)),
+    # 24576 MiB on Linux; Windows/WDDM drivers report less.
+    _m("RTX-3090", 24576, (8, 6), ("3090", "rtx3090"), ("NVIDIA GeForce RTX 3090",)),
+    # Ada Lovelace.
+    _m("L4", 23034, (8, 9), ("l4-24gb",), ("NVIDIA L4",)),
+    _m("L40", 46068, (8, 9), ("l40-48gb",), ("NVIDIA L40",)),
+    _m("L40S", 46068, (8, 9), ("l40s-48gb",), ("NVIDIA L40S",)),
+    _m("RTX-4090", 24564, (8, 9), ("4090", "rtx4090"), ("NVIDIA GeForce RTX 4090",)),
+    _m("RTX-6000-Ada", 49140, (8, 9), ("rtx6000ada", "6000ada"),
+       ("NVIDIA RTX 6000 Ada Generation",)),
+    # Hopper. SXM5 and PCIe 80 GB boards both report 81559 MiB.
+    _m("H100-80GB", 81559, (9, 0), ("h100", "h100-sxm", "h100-pcie", "h100-80gb-hbm3"),
+       ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe")),
+    _m("H100-NVL", 95830, (9, 0), ("h100-94gb", "h100nvl"), ("NVIDIA H100 NVL",)),
+    _m("H200", 143771, (9, 0), ("h200-141gb", "h200-nvl"), ("NVIDIA H200", "NVIDIA H200 NVL")),
+    # Blackwell.
+    _m("B200", 183359, (10, 0), ("b200-180gb",), ("NVIDIA B200",)),
+)
+
+_VENDOR_WORDS = {"nvidia", "tesla", "geforce"}
+
+
+def _key(name: str) -> str:
+    """'NVIDIA A100-SXM4-80GB' -> 'a100sxm480g': no case, punctuation, vendor words or 'B' of GB."""
+    words = [w for w in re.split(r"[^0-9a-z]+", name.lower()) if w and w not in _VENDOR_WORDS]
+    return re.sub(r"(\d)gb\b", r"\1g", " ".join(words)).replace(" ", "")
+
+
+def _build_index() -> dict[str, GpuModel]:
+    index: dict[str, GpuModel] = {}
+    for model in KNOWN_GPUS:
+        for spelling in (model.name, *model.aliases, *model.nvml_names):
+            key = _key(spelling)
+            other = index.setdefault(key, model)
+            if other is not model:
+                raise RuntimeError(f"catalog: {spelling!r} names both {other.name} and {model.name}")
+    return index
+
+
+_INDEX = _build_index()
+_NVML_INDEX = {_key(n): model for model in KNOWN_GPUS for n in model.nvml_names}
+# Bare family names that stand for several boards: ask rather than guess.
+_AMBIGUOUS = {"v100": ("V100-16GB", "V100-32GB"), "a100": ("A100-40GB", "A100-80GB")}
+
+
+def known_gpu_names() -> tuple[str, ...]:
+    """Canonical names of every catalogued GPU, in catalog order."""
+    return tuple(model.name for model in KNOWN_GPUS)
+
+
+def lookup_gpu(name: str) -> GpuModel:
+    """A catalogued GPU by name or alias, ignoring case and punctuation ('h100', 'a100_80g',
+    'NVIDIA A100-SXM4-80GB'). Raises ValueError naming the known GPUs when nothing matches."""
+    key = _key(name)
+    if key in _INDEX:
+        return _INDEX[key]
+    if key in _AMBIGUOUS:
+        options = " or ".join(_AMBIGUOUS[key])
+        raise ValueError(f"--gpu {name!r} is ambiguous: say {options}.")
+    raise ValueError(
+        f"--gpu {name!r} is not a GPU memplan knows. Known: {', '.join(known_gpu_names())}. "
+        f"For any other GPU give its memory instead, e.g. --gpu-memory 24GiB."
+    )
+
+
+def match_nvml_name(nvml_name: str) -> GpuModel | None:
+    """The catalogued model for a name NVML reports ("NVIDIA H100 80GB HBM3"), or None for a board
+    not in the catalog. A MIG slice ("NVIDIA A100-SXM4-40GB MIG 1g.5gb") is not its board: None."""
+    return _NVML_INDEX.get(_key(nvml_name))
+
+
+def custom_gpu(total_bytes: int | str, compute_capability: tuple[int, int] = (8, 0)) -> GpuModel:
+    """A GPU outside the catalog, from its memory (`--gpu-memory 24GiB`): bytes or a size string."""
+    size = parse_bytes(total_bytes, field="--gpu-memory")
+    if size <= 0:
+        raise ValueError(f"--gpu-memory must be a positive size such as 24GiB; got {total_bytes!r}")
+    return GpuModel(name=f"custom-{format_bytes(size).replace(' ', '')}", total_bytes=size,
+                    compute_capability=compute_capability)
+
+
+__all__ = ["BF16_MIN_CAPABILITY", "GpuModel", "KNOWN_GPUS", "custom_gpu", "known_gpu_names",
+           "lookup_gpu", "match_nvml_name", "supports_bf16"]

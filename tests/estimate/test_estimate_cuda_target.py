@@ -1,0 +1,70 @@
+"""Estimates for a CUDA target, traced on this CPU-only machine with CUDA semantics emulated.
+
+Real-GPU agreement is measured by benchmarks on a GPU; these tests check the structure a user relies on.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memplan.demos import GPTLM
+from memplan.estimate.api import estimate
+from memplan.units import MiB
+
+
+def tiny_gpt():
+    return GPTLM(vocab_size=512, context=64, d_model=64, n_layers=3, n_heads=4, dropout=0.1)
+
+
+BATCH = GPTLM.example_batch(tiny_gpt(), 4)
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return estimate(tiny_gpt, BATCH, precision="bf16-mixed", device="A100-80GB")
+
+
+def test_gpu_estimate_layers_allocator_context_and_workspaces(a100):
+    parts = (a100.parameters + a100.gradients + a100.optimizer_state + a100.activations
+             + a100.temporaries + a100.batch + a100.workspaces)
+    assert parts == a100.peak_allocated
+    assert a100.peak_reserved >= a100.peak_allocated
+    assert a100.peak_reserved % (2 * MiB) == 0  # the caching allocator reserves whole segments
+    assert a100.device_total == a100.peak_reserved + a100.cuda_context
+    assert a100.cuda_context > 200 * MiB
+    assert a100.workspaces >= 2 * 8 * MiB  # two cuBLAS workspaces (forward and autograd threads)
+
+
+def test_gpu_rounds_every_tensor_to_512_bytes_so_it_is_above_cpu(a100):
+    cpu = estimate(tiny_gpt, BATCH, precision="bf16-mixed", device="cpu")
+    assert a100.parameters > cpu.parameters
+    assert a100.parameters % 512 == 0
+
+
+def test_hopper_gets_bigger_cublas_workspaces_than_ampere(a100):
+    h100 = estimate(tiny_gpt, BATCH, precision="bf16-mixed", device="H100-80GB")
+    assert h100.workspaces == 2 * 32 * MiB
+    assert h100.workspaces > a100.workspaces
+
+
+def test_fused_dropout_keeps_a_bool_mask_on_gpu_not_a_float_one_as_on_cpu():
+    cpu = estimate(tiny_gpt, BATCH, device="cpu")
+    gpu = estimate(tiny_gpt, BATCH, device="A100-80GB")
+    # fp32 model: CPU dropout saves fp32 noise (4 B/elem), CUDA a bool mask (1 B/elem)
+    assert gpu.forward_activations < cpu.forward_activations
+
+
+def test_no_local_gpu_falls_back_to_a_generic_target_and_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("a local GPU is the default target here")
+    est = estimate(tiny_gpt, BATCH, device=None)
+    assert est.device.startswith("generic CUDA GPU")
+    assert any("no local GPU" in note for note in est.notes)
+
+
+def test_ddp_adds_nccl_buffers_outside_the_allocator():
+    one = estimate(tiny_gpt, BATCH, device="A100-80GB")
+    four = estimate(tiny_gpt, BATCH, device="A100-80GB", strategy="ddp", world_size=4)
+    assert four.communication > 0
+    assert four.device_total - four.peak_reserved - four.cuda_context == four.communication
+    assert four.gradients > one.gradients

@@ -1,0 +1,95 @@
+"""Bad input to memplan.estimate gets one clear error naming the argument and the fix."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memplan.estimate import EstimateError
+from memplan.estimate.api import estimate
+
+
+def build():
+    return nn.Sequential(nn.Linear(8, 4))
+
+
+BATCH = (torch.randn(2, 8), torch.randint(0, 4, (2,)))
+
+
+def loss(m, b):
+    return F.cross_entropy(m(b[0]), b[1])
+
+
+def test_unsupported_precision_names_the_valid_strings():
+    with pytest.raises(EstimateError, match=r"precision must be one of .*bf16-mixed.*got 'fp16'"):
+        estimate(build, BATCH, loss=loss, precision="fp16", device="cpu")
+
+
+def test_loss_returning_a_non_scalar_says_to_reduce_it():
+    with pytest.raises(EstimateError, match=r"scalar tensor; got shape \(2, 4\).*\.mean\(\)"):
+        estimate(build, BATCH, loss=lambda m, b: m(b[0]), device="cpu")
+
+
+def test_batch_the_model_rejects_names_the_batch():
+    wrong = (torch.randn(2, 9), torch.randint(0, 4, (2,)))
+    with pytest.raises(EstimateError, match=r"^batch: the model could not run its training step on this batch") as err:
+        estimate(build, wrong, loss=loss, device="cpu")
+    assert "shapes" in str(err.value)
+
+
+def test_builder_that_fails_names_the_model_callable():
+    def broken():
+        raise RuntimeError("config missing")
+
+    with pytest.raises(EstimateError, match=r"^model: the callable that builds the model raised RuntimeError: config missing"):
+        estimate(broken, BATCH, loss=loss, device="cpu")
+
+
+def test_model_without_loss_asks_for_loss():
+    with pytest.raises(EstimateError, match=r"^loss: the model returned a tensor of shape \(2, 4\), not a scalar loss.*Pass loss="):
+        estimate(build, BATCH[0], device="cpu")
+
+
+def test_unknown_optimizer_lists_the_names():
+    with pytest.raises(EstimateError, match=r"optimizer must be one of sgd, sgd-momentum, adam, adamw"):
+        estimate(build, BATCH, loss=loss, optimizer="lion", device="cpu")
+
+
+def test_unknown_gpu_name_says_how_to_name_one():
+    with pytest.raises(ValueError, match=r"^device: .*"):
+        estimate(build, BATCH, loss=loss, device="GTX-9999")
+
+
+def test_bf16_on_a_gpu_without_it_suggests_16_mixed():
+    with pytest.raises(EstimateError, match=r"V100.*sm70.*use precision='16-mixed'"):
+        estimate(build, BATCH, loss=loss, precision="bf16-mixed", device="V100-32GB")
+
+
+def test_world_size_without_ddp_is_refused():
+    with pytest.raises(EstimateError, match=r"world_size=4 needs strategy='ddp'"):
+        estimate(build, BATCH, loss=loss, device="cpu", world_size=4)
+
+
+def test_batch_without_tensors_is_refused():
+    with pytest.raises(EstimateError, match=r"batch has no tensors"):
+        estimate(build, [1, 2, 3], loss=loss, device="cpu")
+
+
+def test_checkpointing_true_without_repeated_blocks_asks_for_classes():
+    with pytest.raises(ValueError, match=r"found no repeated blocks.*checkpointing=\{BlockClass\}"):
+        estimate(build, BATCH, loss=loss, checkpointing=True, device="cpu")
+
+
+def test_data_dependent_op_on_activations_is_explained():
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return h[h > 0].sum()  # shape depends on values
+
+    with pytest.raises(EstimateError, match=r"depends on tensor values"):
+        estimate(Masked, BATCH, loss=lambda m, b: m(b[0]), device="cpu")
