@@ -141,7 +141,9 @@ class _Trace:
         for t in iter_tensors(self.batch):
             tracker.track(t, Category.BATCH)
         self.optimizer = resolve_optimizer(self.model, self.optimizer_arg)
-        if self.target.emulates_cuda:
+        if self.target.is_cuda:
+            # On CUDA, torch's optimizers default to foreach; fake tensors fail that default's
+            # device check even on fake CUDA, so set what CUDA would choose.
             from memplan.estimate.cuda_semantics import apply_cuda_optimizer_defaults
 
             apply_cuda_optimizer_defaults(self.optimizer)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -74,3 +76,88 @@ def peak_total_allocated(prof: profile) -> int:
         raise RuntimeError("the profile has no CPU memory events; was profile_memory=True set?")
     baseline = memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]
     return int(max(e["args"]["Total Allocated"] for e in memory) - baseline)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaMeasurement:
+    """What a real GPU reports for the steady-state step (all bytes)."""
+
+    max_allocated: int
+    """torch.cuda.max_memory_allocated() over step 2 (peaks reset after step 1)."""
+    max_reserved: int
+    """torch.cuda.max_memory_reserved() over the whole run (the cache only grows)."""
+    nvml_process_peak: int | None
+    """Highest NVML per-process usage sampled during the run; None where NVML cannot see the process."""
+
+
+def measure_cuda_peak(
+    build: Callable[[], nn.Module],
+    make_batch: Callable[[], Any],
+    *,
+    loss=None,
+    optimizer=None,
+    precision: str = "32-true",
+    checkpointing: bool | Collection[type[nn.Module]] = False,
+    steps: int = 2,
+) -> CudaMeasurement:
+    """Run real training steps on the current CUDA device and read torch's and NVML's peaks. Use a
+    fresh process: the CUDA context and the allocator cache are part of what is measured."""
+    from memplan.estimate.step import map_tensors
+    from memplan.hardware import gpu_for_cuda_index, process_gpu_bytes
+
+    policy = PrecisionPolicy.from_string(precision)
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu = gpu_for_cuda_index(device.index)
+    sampler = _NvmlSampler(gpu, process_gpu_bytes) if gpu is not None else None
+    try:
+        model = build().train().to(device)
+        if policy.param_dtype != torch.float32:
+            model = model.to(policy.param_dtype)
+        if checkpointing:
+            apply_checkpointing(model, checkpointing)
+        batch = map_tensors(policy.convert_batch(make_batch()), lambda t: t.to(device))
+        opt = resolve_optimizer(model, optimizer)
+        loss_fn = resolve_loss(model, loss)
+        grad_scale = torch.tensor(65536.0, device=device) if policy.grad_scaling else None
+        for step in range(steps):
+            if step == steps - 1:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            run_training_step(model, batch, loss_fn=loss_fn, optimizer=opt, policy=policy,
+                              device_type="cuda", grad_scale=grad_scale)
+        torch.cuda.synchronize()
+    finally:
+        nvml_peak = sampler.stop() if sampler is not None else None
+    stats = torch.cuda.memory_stats()
+    return CudaMeasurement(
+        max_allocated=int(stats["allocated_bytes.all.peak"]),
+        max_reserved=int(stats["reserved_bytes.all.peak"]),
+        nvml_process_peak=nvml_peak,
+    )
+
+
+class _NvmlSampler:
+    """Polls this process's NVML usage on a thread; keeps the maximum."""
+
+    def __init__(self, gpu, read, interval_s: float = 0.002):
+        self._gpu, self._read, self._interval = gpu, read, interval_s
+        self._peak: int | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            value = self._read(os.getpid(), self._gpu)
+            if value is not None:
+                self._peak = value if self._peak is None else max(self._peak, value)
+            if self._done.wait(self._interval):
+                return
+
+    def stop(self) -> int | None:
+        self._done.set()
+        self._thread.join()
+        value = self._read(os.getpid(), self._gpu)
+        if value is not None:
+            self._peak = value if self._peak is None else max(self._peak, value)
+        return self._peak

@@ -1,9 +1,14 @@
 """What the estimate is for: CPU execution, or a CUDA GPU (local, or a named model from the catalog)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
+
+TRACE_ON_CPU_ENV = "MEMPLAN_TRACE_ON_CPU"
+"""Set to 1 to trace a CUDA target on fake CPU tensors with CUDA semantics emulated even where torch
+has CUDA: a diagnostic, to measure how far the emulation is from tracing on fake CUDA tensors."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +42,8 @@ def resolve_target(device: str | None) -> Target:
         raise ValueError(f"device must be 'cpu', a GPU name such as 'A100-80GB', or None; got {device!r}")
     if device is not None and device.strip().lower() == "cpu":
         return Target(name="cpu", is_cuda=False)
-    trace_device = "cuda" if torch.cuda.is_available() else "cpu"
+    native = torch.cuda.is_available() and os.environ.get(TRACE_ON_CPU_ENV, "0") != "1"
+    trace_device = "cuda" if native else "cpu"
     if device is None:
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(torch.cuda.current_device())

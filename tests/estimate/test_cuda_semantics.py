@@ -1,0 +1,441 @@
+"""emulate_cuda: a CPU trace (real or fake tensors) follows CUDA's autocast, dropout, SDPA and
+RMSNorm dispatch; the optimizer defaults follow CUDA's foreach choice."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from memplan.estimate.cuda_autocast import SAME_ON_CPU, cpu_autocast_ops, cuda_policy
+from memplan.estimate.cuda_sdpa import select_backend
+from memplan.estimate.cuda_semantics import apply_cuda_optimizer_defaults, emulate_cuda
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def saved_tensors(fn):
+    """fn()'s result and the (shape, dtype) of every tensor autograd saved while it ran."""
+    saved = []
+
+    def pack(tensor):
+        saved.append((tuple(tensor.shape), tensor.dtype))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = fn()
+    return result, saved
+
+
+@contextlib.contextmanager
+def cuda_autocast(dtype=BF16, compute_capability=(9, 0)):
+    with emulate_cuda(compute_capability=compute_capability, autocast_dtype=dtype):
+        with torch.autocast("cpu", dtype=dtype):
+            yield
+
+
+def fake_mode():
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def modes():
+    """Real CPU tensors, then fake ones."""
+    return pytest.mark.parametrize("mode", [contextlib.nullcontext, fake_mode], ids=["real", "fake"])
+
+
+# --- autocast policy ----------------------------------------------------------------------------
+
+FP32_ON_CUDA = {
+    "layer_norm": lambda x: F.layer_norm(x, (16,), torch.ones(16), torch.zeros(16)),
+    "softmax": lambda x: torch.softmax(x, -1),
+    "log_softmax": lambda x: F.log_softmax(x, -1),
+    "sum": lambda x: x.sum(),
+    "sum_dim": lambda x: x.sum(-1),
+    "group_norm": lambda x: F.group_norm(x.view(4, 16, 1), 4),
+    "rms_norm": lambda x: F.rms_norm(x, (16,), torch.ones(16)),
+    "exp": lambda x: x.exp(),
+    "pow": lambda x: x.pow(2),
+    "norm": lambda x: x.norm(),
+    "cumsum": lambda x: x.cumsum(-1),
+}
+
+
+@modes()
+@pytest.mark.parametrize("op", sorted(FP32_ON_CUDA))
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # CPU's rms_norm
+def test_fp32_ops_run_in_fp32_as_on_cuda(mode, op):
+    with mode():
+        x = torch.randn(4, 16, dtype=BF16)  # e.g. the output of a linear under autocast
+        with torch.autocast("cpu", dtype=BF16):
+            cpu_dtype = FP32_ON_CUDA[op](x).dtype
+        with cuda_autocast():
+            cuda_dtype = FP32_ON_CUDA[op](x).dtype
+    assert cpu_dtype == BF16  # CPU autocast's own policy, which the emulation must replace
+    assert cuda_dtype == FP32
+
+
+@modes()
+def test_lower_precision_ops_stay_bf16_and_cpu_policy_returns_after_exit(mode):
+    with mode():
+        x, w = torch.randn(4, 16), torch.randn(16, 16, requires_grad=True)
+        with cuda_autocast():
+            assert F.linear(x, w).dtype == BF16
+            assert (x @ w).dtype == BF16
+            assert torch.mv(w, x[0]).dtype == BF16  # lower precision on CUDA only: Python kernel
+            assert torch.einsum("ij,jk->ik", x, w).dtype == BF16
+        with torch.autocast("cpu", dtype=BF16):
+            assert F.layer_norm(x.to(BF16), (16,)).dtype == BF16
+            assert x.prod().dtype == FP32 and x.to(BF16).prod().dtype == FP32
+
+
+def test_policy_details():
+    x, y = torch.randn(4, 16, dtype=BF16), torch.randn(4, 16)
+    with cuda_autocast():
+        assert x.sum(dtype=torch.float64).dtype == torch.float64  # an explicit dtype is respected
+        assert torch.softmax(x, -1, dtype=BF16).dtype == BF16
+        assert torch.addcmul(x, x, y).dtype == FP32  # promote: widest wins
+        assert torch.addcmul(x, x, x).dtype == BF16
+        assert torch.norm(x, 2, -1).dtype == FP32  # fp32_append_dtype
+        assert torch.cat([x, x]).dtype == BF16  # CPU-only promote falls through
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            F.binary_cross_entropy(torch.rand(3), torch.rand(3))
+
+
+def test_cross_entropy_follows_cuda_log_softmax_in_input_dtype():
+    """CPU autocast casts cross_entropy_loss's input to fp32; CUDA does not wrap it, so its
+    log_softmax(self, dim, self.dtype) runs in bf16 and nll_loss casts that to fp32."""
+    logits = torch.randn(4, 16, dtype=BF16, requires_grad=True)
+    target = torch.tensor([1, 2, 3, 4])
+
+    def log_softmax_result(loss):
+        node = loss.grad_fn
+        while node.name() != "LogSoftmaxBackward0":
+            node = node.next_functions[0][0]
+        return node._saved_result.dtype
+
+    with torch.autocast("cpu", dtype=BF16):
+        assert log_softmax_result(F.cross_entropy(logits, target)) == FP32
+    with cuda_autocast():
+        loss = F.cross_entropy(logits, target)
+    assert loss.dtype == FP32
+    assert log_softmax_result(loss) == BF16
+
+
+def test_weight_cast_is_cached_for_the_autocast_region():
+    w, x = torch.randn(16, 16, requires_grad=True), torch.randn(16, requires_grad=True)
+
+    def storages(fn):
+        """Storages of the bf16 (16, 16) tensors autograd saved: the cast weight."""
+        ptrs = set()
+
+        def pack(tensor):
+            if tensor.dtype == BF16 and tensor.shape == (16, 16):
+                ptrs.add(tensor.untyped_storage().data_ptr())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            fn()
+        return ptrs
+
+    with emulate_cuda(compute_capability=(8, 0), autocast_dtype=BF16):
+        with torch.autocast("cpu", dtype=BF16):
+            first = storages(lambda: torch.mv(w, x))
+            second = storages(lambda: torch.mv(w, x))
+        with torch.autocast("cpu", dtype=BF16):  # a new region: the cache was cleared on exit
+            third = storages(lambda: torch.mv(w, x))
+    assert first & second  # same bf16 copy of w, as CUDA's cached_cast
+    assert not first & third
+
+
+def test_autocast_dtype_must_match_the_callers_autocast():
+    with emulate_cuda(compute_capability=(8, 0), autocast_dtype=BF16):
+        with torch.autocast("cpu", dtype=FP16), pytest.raises(RuntimeError, match="same dtype"):
+            torch.randn(4).exp()
+
+
+def test_policy_tables_match_this_torch():
+    """Drift check: the hand-copied CUDA lists equal what the dispatcher registered on AutocastCUDA
+    (cudnn_convolution* are CUDA-only ops), and the kept CPU kernels exist."""
+    registered = torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")
+    registered = {name.removeprefix("aten::") for name in registered}
+    assert set(cuda_policy()) | {"cudnn_convolution", "cudnn_convolution_transpose"} == registered
+    assert SAME_ON_CPU <= cpu_autocast_ops()
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="compute_capability"):
+        with emulate_cuda(compute_capability=8.0, autocast_dtype=None):
+            pass
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        with emulate_cuda(compute_capability=(8, 0), autocast_dtype=torch.float64):
+            pass
+
+
+# --- dropout ------------------------------------------------------------------------------------
+
+DROPOUTS = {
+    "F.dropout": lambda x, train: F.dropout(x, 0.25, train),
+    "nn.Dropout": lambda x, train: nn.Dropout(0.25).train(train)(x),
+    "torch.dropout": lambda x, train: torch.dropout(x, 0.25, train),
+}
+
+
+@modes()
+@pytest.mark.parametrize("kind", sorted(DROPOUTS))
+def test_training_dropout_saves_a_bool_mask(mode, kind):
+    with mode():
+        x = torch.randn(8, 32, requires_grad=True)
+        _, cpu_saved = saved_tensors(lambda: DROPOUTS[kind](x, True))
+        with emulate_cuda(compute_capability=(8, 0), autocast_dtype=None):
+            out, saved = saved_tensors(lambda: DROPOUTS[kind](x, True))
+            out.sum().backward()
+    assert cpu_saved == [((8, 32), FP32)]  # CPU's _dropout_impl saves full-precision noise
+    assert saved == [((8, 32), torch.bool)]
+    assert out.grad_fn.name() == "NativeDropoutBackward0"
+    assert x.grad.shape == x.shape
+
+
+@modes()
+@pytest.mark.parametrize("kind", sorted(DROPOUTS))
+def test_eval_dropout_is_identity(mode, kind):
+    with mode():
+        x = torch.randn(8, 32, requires_grad=True)
+        with emulate_cuda(compute_capability=(8, 0), autocast_dtype=None):
+            out, saved = saved_tensors(lambda: DROPOUTS[kind](x, False))
+    assert out is x and saved == []
+
+
+def test_dropout_edge_probabilities_and_exit():
+    x = torch.randn(8, 32, requires_grad=True)
+    with emulate_cuda(compute_capability=(8, 0), autocast_dtype=None):
+        assert F.dropout(x, 0.0, True) is x
+        assert torch.equal(F.dropout(x, 1.0, True), torch.zeros_like(x))
+    assert F.dropout(x, 0.25, True).grad_fn.name() == "MulBackward0"  # CPU path again
+
+
+# --- scaled dot-product attention ---------------------------------------------------------------
+
+def qkv(dtype, *, heads=4, kv_heads=None, length=128, kv_length=None, head_dim=64):
+    kv_heads, kv_length = kv_heads or heads, kv_length or length
+    make = lambda h, n: torch.randn(2, h, n, head_dim, dtype=dtype, requires_grad=True)  # noqa: E731
+    return make(heads, length), make(kv_heads, kv_length), make(kv_heads, kv_length)
+
+
+def has_attention_matrix(saved, length, kv_length=None):
+    return any(shape[-2:] == (length, kv_length or length) for shape, _ in saved)
+
+
+@modes()
+def test_bf16_on_sm90_uses_flash_and_saves_no_attention_matrix(mode):
+    with mode():
+        q, k, v = qkv(BF16)
+        _, cpu_saved = saved_tensors(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1))
+        with emulate_cuda(compute_capability=(9, 0), autocast_dtype=None):
+            out, saved = saved_tensors(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1))
+            out.float().sum().backward()
+    assert has_attention_matrix(cpu_saved, 128)  # CPU takes math with dropout
+    assert out.grad_fn.name() == "ScaledDotProductFlashAttentionBackward0"
+    assert not has_attention_matrix(saved, 128)
+    assert ((2, 4, 128), FP32) in saved  # the logsumexp
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+@modes()
+def test_fp32_uses_efficient_attention(mode):
+    with mode():
+        q, k, v = qkv(FP32)
+        with emulate_cuda(compute_capability=(8, 0), autocast_dtype=None):
+            out, saved = saved_tensors(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+            out.sum().backward()
+    assert out.grad_fn.name() == "ScaledDotProductEfficientAttentionBackward0"
+    assert not has_attention_matrix(saved, 128)
+    assert q.grad.shape == q.shape
+
+
+@modes()
+def test_autocast_sdpa_casts_then_picks_flash(mode):
+    with mode():
+        q, k, v = qkv(FP32)
+        with cuda_autocast():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with emulate_cuda(compute_capability=(9, 0), autocast_dtype=BF16):
+            out.float().sum().backward()
+    assert out.dtype == BF16
+    assert out.grad_fn.name() == "ScaledDotProductFlashAttentionBackward0"
+    assert k.grad.dtype == FP32
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"), [(BF16, "math"), (FP16, "efficient"), (FP32, "efficient")]
+)
+def test_sm70_never_uses_flash(dtype, expected):
+    q, k, v = qkv(dtype)
+    assert select_backend(q, k, v, None, 0.0, False, False, compute_capability=(7, 0)) == expected
+    with emulate_cuda(compute_capability=(7, 0), autocast_dtype=None):
+        out, saved = saved_tensors(lambda: F.scaled_dot_product_attention(q, k, v))
+    assert "Flash" not in out.grad_fn.name()
+    assert has_attention_matrix(saved, 128) == (expected == "math")
+
+
+def test_backend_choice_follows_cuda_rules():
+    def choice(q, k, v, mask=None, dropout_p=0.0, is_causal=False, gqa=False, cc=(8, 0)):
+        return select_backend(q, k, v, mask, dropout_p, is_causal, gqa, compute_capability=cc)
+
+    bf16 = qkv(BF16)
+    assert choice(*bf16) == "flash"
+    assert choice(*bf16, mask=torch.ones(128, 128, dtype=torch.bool)) == "efficient"  # flash: no mask
+    assert choice(*qkv(BF16, kv_length=64), is_causal=True) == "efficient"  # non-square causal
+    assert choice(*qkv(BF16, head_dim=208), cc=(8, 6)) == "efficient"  # sm86 training, (192, 224]
+    assert choice(*qkv(BF16, head_dim=256), cc=(8, 6), dropout_p=0.1) == "efficient"
+    assert choice(*qkv(BF16, head_dim=256), cc=(8, 6)) == "flash"
+    assert choice(*qkv(BF16, head_dim=208), cc=(9, 0)) == "flash"
+    assert choice(*qkv(BF16, head_dim=512)) == "efficient"  # flash: head_dim <= 256
+    assert choice(*qkv(FP32, head_dim=62)) == "math"  # efficient: head_dim % 4 on sm80
+    assert choice(*qkv(FP16, head_dim=60), cc=(7, 5)) == "math"  # efficient: head_dim % 8 for fp16
+    base = torch.randn(2, 4, 128, 65)
+    offset_q = base[..., 1:]  # storage offset 1: not 4-element aligned for sm80's efficient kernel
+    assert choice(offset_q, offset_q, offset_q) == "math"
+    assert choice(offset_q, offset_q, offset_q, cc=(7, 5)) == "efficient"  # checked on sm80+ only
+    assert choice(*qkv(BF16, heads=8, kv_heads=2), gqa=True) == "flash"
+    assert choice(*qkv(FP32, heads=8, kv_heads=2), gqa=True) == "math"  # 2.13 efficient: no GQA
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert choice(*bf16) == "math"
+
+
+@modes()
+def test_gqa_and_odd_head_dim_run_through_flash(mode):
+    with mode():
+        q, k, v = qkv(BF16, heads=8, kv_heads=2, head_dim=60)
+        with emulate_cuda(compute_capability=(8, 0), autocast_dtype=None):
+            out, saved = saved_tensors(
+                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=0.1)
+            )
+            out.float().sum().backward()
+    assert out.shape == (2, 8, 128, 60)
+    assert ((2, 8, 128, 64), BF16) in saved and ((2, 2, 128, 64), BF16) in saved  # padded to 64
+    assert k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["flash_causal", "flash_gqa_padded", "efficient_mask", "efficient_causal_nonsquare", "math_sm70"],
+)
+def test_emulated_attention_matches_the_math_reference(case):
+    """Real CPU tensors: the reference kernels behind the fused ops compute the same values and
+    gradients as the CPU math path."""
+    kwargs, cc = {}, (8, 0)
+    if case == "flash_causal":
+        tensors, kwargs = qkv(BF16), {"is_causal": True}
+    elif case == "flash_gqa_padded":
+        tensors, kwargs = qkv(BF16, heads=4, kv_heads=2, head_dim=20), {"enable_gqa": True, "scale": 0.3}
+    elif case == "efficient_mask":
+        tensors = qkv(FP32)
+        kwargs = {"attn_mask": torch.rand(128, 128) > 0.3}
+    elif case == "efficient_causal_nonsquare":
+        tensors, kwargs = qkv(FP32, length=96, kv_length=128), {"is_causal": True}
+    else:
+        tensors, cc = qkv(BF16), (7, 0)
+    grads = []
+    for emulate in (False, True):
+        for t in tensors:
+            t.grad = None
+        ctx = emulate_cuda(compute_capability=cc, autocast_dtype=None) if emulate else contextlib.nullcontext()
+        with ctx:  # backward too: the fused ops' CPU kernels exist only inside the emulation
+            out = F.scaled_dot_product_attention(*tensors, **kwargs)
+            out.float().pow(2).sum().backward()
+        grads.append([out.detach().float()] + [t.grad.float() for t in tensors])
+    tol = 3e-2 if tensors[0].dtype == BF16 else 1e-4
+    for reference, emulated in zip(*grads):
+        torch.testing.assert_close(emulated, reference, atol=tol, rtol=tol)
+
+
+# --- RMSNorm and fp16 softmax -------------------------------------------------------------------
+
+@modes()
+def test_rms_norm_saves_input_and_rstd_as_on_cuda(mode):
+    with mode():
+        x, w = torch.randn(8, 64, dtype=BF16, requires_grad=True), torch.ones(64, dtype=BF16, requires_grad=True)
+        _, cpu_saved = saved_tensors(lambda: F.rms_norm(x, (64,), w))
+        with emulate_cuda(compute_capability=(8, 0), autocast_dtype=None):
+            out, saved = saved_tensors(lambda: F.rms_norm(x, (64,), w))
+            out.float().sum().backward()
+    assert ((8, 64), FP32) in cpu_saved  # the composite keeps fp32 copies of a bf16 input
+    assert out.grad_fn.name() == "FusedRmsNormBackward0"
+    assert sorted(saved, key=str) == sorted([((8, 64), BF16), ((64,), BF16), ((8, 1), FP32)], key=str)
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
+def test_rms_norm_values_and_grads_match_the_composite():
+    x, w = torch.randn(8, 64, requires_grad=True), torch.randn(64, requires_grad=True)
+    results = []
+    for emulate in (False, True):
+        x.grad = w.grad = None
+        ctx = emulate_cuda(compute_capability=(8, 0), autocast_dtype=None) if emulate else contextlib.nullcontext()
+        with ctx:
+            out = F.rms_norm(x, (64,), w, eps=1e-5)
+            out.pow(2).sum().backward()
+        results.append((out.detach(), x.grad, w.grad))
+    for reference, emulated in zip(*results):
+        torch.testing.assert_close(emulated, reference)
+
+
+def test_fp16_softmax_to_fp32_makes_no_fp32_input_copy_on_fake_tensors():
+    with fake_mode():
+        x = torch.randn(8, 64, dtype=FP16, requires_grad=True)
+        cpu = F.softmax(x, -1, dtype=FP32)
+        with emulate_cuda(compute_capability=(8, 0), autocast_dtype=None):
+            out = F.log_softmax(x, -1, dtype=FP32)
+            out.sum().backward()
+    assert cpu.grad_fn.next_functions[0][0].name() == "ToCopyBackward0"
+    assert out.dtype == FP32 and out.grad_fn.next_functions[0][0].name() == "torch::autograd::AccumulateGrad"
+    assert x.grad.dtype == FP16
+
+
+def test_emulation_is_undone_on_error():
+    clear = torch.clear_autocast_cache
+    with pytest.raises(KeyError):
+        with emulate_cuda(compute_capability=(8, 0), autocast_dtype=BF16):
+            raise KeyError("boom")
+    assert torch.clear_autocast_cache is clear
+    q, k, v = qkv(BF16)
+    assert F.scaled_dot_product_attention(q, k, v).grad_fn.name() != "ScaledDotProductFlashAttentionBackward0"
+
+
+# --- optimizer defaults -------------------------------------------------------------------------
+
+def test_foreach_defaults_to_true_as_on_cuda():
+    params = [nn.Parameter(torch.randn(4))]
+    adamw = torch.optim.AdamW(params, foreach=None)
+    explicit = torch.optim.AdamW(params, foreach=False)
+    fused = torch.optim.AdamW(params, fused=True)
+    sgd = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    differentiable = torch.optim.Adam(params, differentiable=True)
+    tensor_lr = torch.optim.Adam(params, lr=torch.tensor(1e-3))
+    adafactor = torch.optim.Adafactor(params)  # foreach=None means the for-loop on CUDA too
+    lbfgs = torch.optim.LBFGS(params)
+    for opt in (adamw, explicit, fused, sgd, differentiable, tensor_lr, adafactor, lbfgs):
+        apply_cuda_optimizer_defaults(opt)
+    assert adamw.param_groups[0]["foreach"] is True
+    assert sgd.param_groups[0]["foreach"] is True
+    assert explicit.param_groups[0]["foreach"] is False
+    assert fused.param_groups[0]["foreach"] is None
+    assert differentiable.param_groups[0]["foreach"] is None
+    assert tensor_lr.param_groups[0]["foreach"] is None
+    assert adafactor.param_groups[0]["foreach"] is None
+    assert "foreach" not in lbfgs.param_groups[0]
+
+
+def test_foreach_adamw_steps_on_fake_tensors():
+    with fake_mode():
+        model = nn.Linear(8, 8)
+        opt = torch.optim.AdamW(model.parameters())
+        apply_cuda_optimizer_defaults(opt)
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        state = opt.state[model.weight]
+    assert opt.param_groups[0]["foreach"] is True
+    assert state["exp_avg"].shape == model.weight.shape
