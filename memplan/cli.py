@@ -26,7 +26,7 @@ def _add_estimate(sub) -> None:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memplan.estimate.api import estimate
+    import memplan
     from memplan.demos import DEMOS
 
     if args.demo not in DEMOS:
@@ -37,7 +37,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         model = DEMOS[args.demo]()  # born fake: no weight allocated
     batch = model.example_batch(args.batch_size)
     try:
-        est = estimate(
+        est = memplan.estimate(
             model, batch, optimizer=args.optimizer, precision=args.precision,
             checkpointing=args.checkpointing, device=args.device,
             strategy="ddp" if args.ddp else None, world_size=args.ddp or 1,

@@ -25,6 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
+from memplan.estimator.kernels import promotion_scratch_bytes, rnn_workspace_bytes
+
 # Factory ops with no tensor inputs whose output is at most this many elements are made real, so
 # that values like `torch.arange(seq_len)` can be inspected by model code. 64 Ki elements.
 REAL_FACTORY_MAX_NUMEL = 1 << 16
@@ -69,10 +71,12 @@ class Snapshot:
 class StorageTracker(TorchDispatchMode):
     """Counts live storage bytes through a memory model. Use as the outermost dispatch mode."""
 
-    def __init__(self, memory_model, fake_mode) -> None:
+    def __init__(self, memory_model, fake_mode, *, cpu_kernels: bool) -> None:
         super().__init__()
         self.memory = memory_model
         self.fake_mode = fake_mode
+        self.cpu_kernels = cpu_kernels
+        """Model CPU kernels' in-kernel temporaries (type-promotion copies); off for CUDA targets."""
         self.phase = Phase.SETUP
         self._records: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._by_category = {c: 0 for c in Category}
@@ -161,10 +165,31 @@ class StorageTracker(TorchDispatchMode):
             out = func(*args, **kwargs)
             if not tensors:
                 out = self._maybe_realize_factory(func, args, kwargs, out)
+            out = self._fill_library_workspace(func, args, out)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t)
+        if self.cpu_kernels:
+            self._transient(promotion_scratch_bytes(func, tensors))
         return out
+
+    def _fill_library_workspace(self, func, args, out):
+        """Give a library-sized workspace output the size the real kernel would give it."""
+        nbytes = rnn_workspace_bytes(func, args)
+        if nbytes is None or out[3].numel() != 0:
+            return out
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=out[3].device)  # fake: we are above the fake mode
+        return (*out[:3], workspace)
+
+    def _transient(self, nbytes: int) -> None:
+        """Memory a kernel holds only while it runs, on top of what is live (its outputs included)."""
+        if nbytes <= 0:
+            return
+        handle = self.memory.malloc(nbytes)
+        self._by_category[Category.TEMPORARIES] += self.memory.block_bytes(handle)
+        self._update_peak()
+        self._by_category[Category.TEMPORARIES] -= self.memory.block_bytes(handle)
+        self.memory.free(handle)
 
     def _maybe_realize_factory(self, func, args, kwargs, out):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]

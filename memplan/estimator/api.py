@@ -11,15 +11,15 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-from memplan.estimate.checkpointing import apply_checkpointing
-from memplan.estimate.ddp import ddp_bucket_bytes
-from memplan.estimate.errors import EstimateError
-from memplan.estimate.fake import fake_model, new_fake_mode
-from memplan.estimate.inputs import resolve_loss, resolve_optimizer
-from memplan.estimate.result import MemoryEstimate
-from memplan.estimate.step import LossFn, PrecisionPolicy, iter_tensors, map_tensors, run_training_step
-from memplan.estimate.target import GENERIC_CUDA, Target, resolve_target
-from memplan.estimate.tracker import Category, Phase, StorageTracker
+from memplan.estimator.checkpointing import apply_checkpointing
+from memplan.estimator.ddp import ddp_bucket_bytes
+from memplan.estimator.errors import EstimateError
+from memplan.estimator.fake import fake_model, new_fake_mode
+from memplan.estimator.inputs import resolve_loss, resolve_optimizer
+from memplan.estimator.result import MemoryEstimate
+from memplan.estimator.step import LossFn, PrecisionPolicy, iter_tensors, map_tensors, run_training_step
+from memplan.estimator.target import GENERIC_CUDA, Target, resolve_target
+from memplan.estimator.tracker import Category, Phase, StorageTracker
 
 TRACED_STEPS = 2
 """Step 1 creates the optimizer state lazily; step 2 is the steady state the peak is taken from."""
@@ -99,7 +99,7 @@ class _Trace:
         self.batch = batch
         self.loss_arg, self.optimizer_arg = loss, optimizer
         self.memory = _memory_model(target)
-        self.tracker = StorageTracker(self.memory, self.fake_mode)
+        self.tracker = StorageTracker(self.memory, self.fake_mode, cpu_kernels=not target.is_cuda)
         self.overheads = _overheads(target)
 
     # --- the trace ---------------------------------------------------------------------------
@@ -125,7 +125,7 @@ class _Trace:
     def _emulation(self) -> contextlib.AbstractContextManager:
         if not self.target.emulates_cuda:
             return contextlib.nullcontext()
-        from memplan.estimate.cuda_semantics import emulate_cuda
+        from memplan.estimator.cuda_semantics import emulate_cuda
 
         return emulate_cuda(compute_capability=self.target.compute_capability, autocast_dtype=self.policy.autocast_dtype)
 
@@ -144,7 +144,7 @@ class _Trace:
         if self.target.is_cuda:
             # On CUDA, torch's optimizers default to foreach; fake tensors fail that default's
             # device check even on fake CUDA, so set what CUDA would choose.
-            from memplan.estimate.cuda_semantics import apply_cuda_optimizer_defaults
+            from memplan.estimator.cuda_semantics import apply_cuda_optimizer_defaults
 
             apply_cuda_optimizer_defaults(self.optimizer)
         self.loss_fn = resolve_loss(self.model, self.loss_arg)
@@ -216,7 +216,7 @@ class _Trace:
         context = self.overheads.context_bytes if self.overheads else 0
         communication = 0
         if self.strategy == "ddp" and self.target.is_cuda:
-            from memplan.estimate.cuda import nccl_buffer_bytes
+            from memplan.estimator.cuda import nccl_buffer_bytes
 
             communication = nccl_buffer_bytes(world_size, compute_capability=self.target.compute_capability)
         notes = list(self.notes)
@@ -256,7 +256,7 @@ class _Trace:
 
 
 def _memory_model(target: Target):
-    from memplan.estimate.allocator import AllocatorConfig, CachingAllocatorModel, ExactAllocatorModel
+    from memplan.estimator.allocator import AllocatorConfig, CachingAllocatorModel, ExactAllocatorModel
 
     if not target.is_cuda:
         return ExactAllocatorModel()
@@ -266,7 +266,7 @@ def _memory_model(target: Target):
 def _overheads(target: Target):
     if not target.is_cuda:
         return None
-    from memplan.estimate.cuda import cuda_overheads
+    from memplan.estimator.cuda import cuda_overheads
 
     return cuda_overheads(target.compute_capability)
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memplan.estimate import EstimateError
-from memplan.estimate.api import estimate
+from memplan.estimator import EstimateError
+from memplan.estimator.api import estimate
 
 
 def build():

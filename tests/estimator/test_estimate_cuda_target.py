@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from memplan.demos import GPTLM
-from memplan.estimate.api import estimate
+from memplan.estimator.api import estimate
 from memplan.units import MiB
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from memplan.estimate.errors import EstimateError
-from memplan.estimate.step import LossFn, loss_from_output
+from memplan.estimator.errors import EstimateError
+from memplan.estimator.step import LossFn, loss_from_output
 
 OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "sgd": lambda params: torch.optim.SGD(params, lr=1e-3),

@@ -6,7 +6,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from memplan.estimate.result import MemoryEstimate
+from memplan.estimator.result import MemoryEstimate
 from memplan.units import format_bytes
 
 

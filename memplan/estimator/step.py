@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memplan.estimate.errors import EstimateError
+from memplan.estimator.errors import EstimateError
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -43,7 +43,7 @@ class PrecisionPolicy:
 
     @classmethod
     def from_string(cls, precision: str) -> PrecisionPolicy:
-        from memplan.estimate.result import PRECISIONS
+        from memplan.estimator.result import PRECISIONS
 
         if precision not in PRECISIONS:
             raise EstimateError(

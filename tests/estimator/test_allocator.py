@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from memplan.estimate.allocator import (
+from memplan.estimator.allocator import (
     AllocatorConfig,
     CachingAllocatorModel,
     ExactAllocatorModel,

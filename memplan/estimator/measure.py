@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from memplan.estimate.checkpointing import apply_checkpointing
-from memplan.estimate.inputs import resolve_loss, resolve_optimizer
-from memplan.estimate.step import PrecisionPolicy, run_training_step
+from memplan.estimator.checkpointing import apply_checkpointing
+from memplan.estimator.inputs import resolve_loss, resolve_optimizer
+from memplan.estimator.step import PrecisionPolicy, run_training_step
 
 
 def measure_cpu_peak(
@@ -102,7 +102,7 @@ def measure_cuda_peak(
 ) -> CudaMeasurement:
     """Run real training steps on the current CUDA device and read torch's and NVML's peaks. Use a
     fresh process: the CUDA context and the allocator cache are part of what is measured."""
-    from memplan.estimate.step import map_tensors
+    from memplan.estimator.step import map_tensors
     from memplan.hardware import gpu_for_cuda_index, process_gpu_bytes
 
     policy = PrecisionPolicy.from_string(precision)

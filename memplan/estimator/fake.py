@@ -8,8 +8,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from memplan.estimate.errors import EstimateError
+from memplan.estimator.errors import EstimateError
 
 
 def new_fake_mode() -> FakeTensorMode:
@@ -34,7 +35,7 @@ def fake_model(
     if isinstance(model, nn.Module):
         built = _fake_copy(model, fake_mode, device, param_dtype)
     elif callable(model):
-        with fake_mode, device:
+        with fake_mode, device, _InitScalarsAsZero():
             try:
                 built = model()
             except Exception as err:  # the user's builder: report it as theirs, with its own message
@@ -78,3 +79,17 @@ def _fake_like(tensor: torch.Tensor, device: torch.device, float_dtype: torch.dt
     tensors take `float_dtype` when it is not float32, as `module.to(dtype)` would give them."""
     dtype = float_dtype if tensor.is_floating_point() and float_dtype != torch.float32 else tensor.dtype
     return torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=dtype, device=device)
+
+
+class _InitScalarsAsZero(TorchDispatchMode):
+    """While a model is built on fake tensors, answer `.item()` with zero.
+
+    Weight initialisers sometimes read a value back (a truncation bound, a norm); a fake tensor has
+    none to give. Initial values never change how much memory a step takes, so any number will do.
+    Only the build runs under this mode, never the traced step."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            dtype = args[0].dtype
+            return False if dtype == torch.bool else (0.0 if dtype.is_floating_point else 0)
+        return func(*args, **(kwargs or {}))

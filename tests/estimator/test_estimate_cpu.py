@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from memplan.demos import GPTLM, MLP
-from memplan.estimate.api import estimate
-from memplan.estimate.measure import measure_cpu_peak
+from memplan.estimator.api import estimate
+from memplan.estimator.measure import measure_cpu_peak
 from memplan.units import MiB
 
 
@@ -143,3 +143,50 @@ def test_estimate_prints_a_breakdown_table_with_the_rules_of_thumb():
     for word in ("parameters", "optimizer state", "activations", "peak allocated", "seeds' rule", "4 x model size"):
         assert word in text
     assert estimate(mlp, mlp_batch(), loss=ce_loss, device="cpu").to_dict()["peak_allocated"] > 3 * MiB
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_lstm_counts_onednn_workspace_that_the_meta_kernel_leaves_empty(batch_first):
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(100, 32)
+            self.rnn = nn.LSTM(32, 64, num_layers=2, batch_first=batch_first)
+            self.head = nn.Linear(64, 100)
+
+        def forward(self, tokens):
+            x = self.emb(tokens if batch_first else tokens.t())
+            return self.head(self.rnn(x)[0])
+
+    def lm_loss(model, tokens):
+        logits = model(tokens)
+        targets = tokens if batch_first else tokens.t()
+        return F.cross_entropy(logits.reshape(-1, 100), targets.reshape(-1))
+
+    tokens = torch.randint(0, 100, (8, 24), generator=torch.Generator().manual_seed(0))
+    est = estimate(LM, tokens, loss=lm_loss, device="cpu")
+    # The real step's live tensors (the real workspace among them). The profiler's total would also
+    # hold oneDNN's in-kernel RNN scratchpad, which no trace can see.
+    assert est.peak_allocated == real_live_peak(LM(), tokens, lm_loss)
+
+
+def real_live_peak(model, batch, loss_fn, steps=2):
+    """Peak live storage bytes of real steps, counted by the same tracker on real tensors."""
+    from memplan.estimator.allocator import ExactAllocatorModel
+    from memplan.estimator.inputs import resolve_optimizer
+    from memplan.estimator.step import PrecisionPolicy, run_training_step
+    from memplan.estimator.tracker import Category, StorageTracker
+
+    tracker = StorageTracker(ExactAllocatorModel(), None, cpu_kernels=True)
+    opt = resolve_optimizer(model, "adamw")
+    with tracker:
+        for p in model.parameters():
+            tracker.track(p, Category.PARAMETERS)
+        tracker.track(batch, Category.BATCH)
+        for step in range(steps):
+            if step == steps - 1:
+                tracker.reset_peak()
+            run_training_step(model, batch, loss_fn=loss_fn, optimizer=opt,
+                              policy=PrecisionPolicy.from_string("32-true"), device_type="cpu")
+    tracker.stop()
+    return tracker.peak.total

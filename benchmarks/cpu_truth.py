@@ -1,0 +1,309 @@
+"""Ground truth on CPU: the real peak of live tensor bytes over one case's training, read from the profiler.
+
+    python -m benchmarks.cpu_truth CASE     # prints one JSON object
+
+Run each case in a fresh process. The profiler starts before anything is built, so every tensor the
+case ever allocates passes through it; the run is: build the model (+ checkpointing, + '-true'
+conversion), the batch and the optimizer, then 2 training steps through memplan's own
+`run_training_step` (the step the estimator traces).
+
+How the figure is read: with `profile_memory=True`, c10's CPU allocator reports every allocation and
+free to the profiler together with its running total of bytes allocated (`ProfiledCPUMemoryReporter`,
+which counts the requested sizes, as `torch.cuda.memory_allocated` does). The chrome trace holds these
+as "[memory]" instant events with args "Bytes" (+ on allocation, - on free) and "Total Allocated". The
+truth is the largest "Total Allocated" (less the total before the first event, 0 in a fresh process).
+The running sum of "Bytes" is checked against "Total Allocated" at every event, so an event missing
+from the trace would show. Only CPU events count (Device Type 0).
+
+Besides the peak this reports the peak of each phase (build, step 1, step 2: the steps are marked with
+`record_function`), the op running at the peak, and "scratch": bytes allocated and freed inside one
+kernel (oneDNN/MKL workspaces and other buffers a kernel takes through c10's allocator), which are in
+the truth but invisible to an estimate made on fake tensors, since fake tensors never run kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from benchmarks.zoo import CASES, SEED, Case, make_optimizer
+from memplan.estimator.checkpointing import apply_checkpointing
+from memplan.estimator.step import PrecisionPolicy, run_training_step
+
+STEPS = 2
+PHASES = ("build", *(f"step{i}" for i in range(1, STEPS + 1)))
+_MARK = "memplan.truth."
+_FACTORY_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_"})
+"""Ops that only allocate: their allocation belongs to the op that called them."""
+
+
+def measure(case: Case) -> dict:
+    """Build and train `case` for STEPS steps under the profiler; the peak figures and timings.
+
+    Call it in a fresh process (`python -m benchmarks.cpu_truth`): the allocator's running total is
+    process-wide, and tensors allocated before the profile started would be freed without a record.
+    """
+    torch.manual_seed(SEED)
+    torch.set_num_threads(2)
+    wall: dict[str, float] = {}
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        start = time.perf_counter()
+        with record_function(_MARK + "build"):
+            run = prepare(case)
+        wall["build"] = time.perf_counter() - start
+        for i in range(1, STEPS + 1):
+            start = time.perf_counter()
+            with record_function(f"{_MARK}step{i}"):
+                run.step()
+            wall[f"step{i}"] = time.perf_counter() - start
+    num_parameters = sum(p.numel() for p in run.model.parameters())
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    result = analyze_trace(trace)
+    wall["export_and_read"] = time.perf_counter() - start
+    return {
+        "case": case.name,
+        "num_parameters": num_parameters,
+        **result,
+        "wall_seconds": {k: round(v, 3) for k, v in wall.items()},
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "torch": torch.__version__,
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedRun:
+    """A case made ready to train: model, batch and optimizer as the real run holds them."""
+
+    case: Case
+    model: torch.nn.Module
+    batch: Any
+    optimizer: torch.optim.Optimizer
+    policy: PrecisionPolicy
+    grad_scale: torch.Tensor | None
+    """The loss scale for '16-mixed', else None."""
+
+    def step(self) -> torch.Tensor:
+        """One training step, through the function memplan's tracer runs; returns the detached loss."""
+        return run_training_step(
+            self.model, self.batch, loss_fn=self.case.loss, optimizer=self.optimizer, policy=self.policy,
+            device_type="cpu", grad_scale=self.grad_scale,
+        )
+
+
+def prepare(case: Case, batch_size: int | None = None) -> PreparedRun:
+    """Build the case as Lightning would train it: the model (+ checkpointing on every repeated block,
+    + conversion to the half type for '-true' precisions), the batch (floating inputs converted the
+    same way), the optimizer, and for '16-mixed' a loss scale (GradScaler's initial 2**16)."""
+    policy = PrecisionPolicy.from_string(case.precision)
+    model = case.build()
+    if case.checkpointing:
+        apply_checkpointing(model, True)
+    if policy.param_dtype != torch.float32:
+        model.to(policy.param_dtype)
+    batch = policy.convert_batch(case.make_batch(batch_size or case.batch_size))
+    optimizer = make_optimizer(case.optimizer, model.parameters())
+    grad_scale = torch.tensor(65536.0) if policy.grad_scaling else None
+    return PreparedRun(
+        case=case, model=model, batch=batch, optimizer=optimizer, policy=policy, grad_scale=grad_scale,
+    )
+
+
+@dataclass(frozen=True)
+class _Op:
+    start: float
+    end: float
+    name: str
+
+
+def analyze_trace(trace: dict) -> dict:
+    """The peak figures from a chrome trace of a run marked with `record_function(_MARK + phase)`."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    memory = sorted(
+        (e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
+        key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)),
+    )
+    if not memory:
+        raise RuntimeError("the profile holds no CPU [memory] events: was profile_memory=True?")
+    phases = {
+        e["name"][len(_MARK):]: (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e["name"].startswith(_MARK)
+    }
+    ops = _ops_by_thread(events)
+
+    first = memory[0]["args"]
+    baseline = first["Total Allocated"] - first["Bytes"]
+    running = baseline
+    mismatches = 0
+    totals = []
+    for e in memory:
+        running += e["args"]["Bytes"]
+        if running != e["args"]["Total Allocated"]:
+            mismatches += 1
+        totals.append(e["args"]["Total Allocated"] - baseline)
+    peak_index = max(range(len(totals)), key=totals.__getitem__)
+    peak_event = memory[peak_index]
+
+    phase_peaks = {}
+    phase_start_allocated = {}
+    for phase, (lo, hi) in phases.items():
+        inside = [t for e, t in zip(memory, totals) if lo <= e["ts"] <= hi]
+        before = [t for e, t in zip(memory, totals) if e["ts"] < lo]
+        phase_peaks[phase] = max(inside, default=before[-1] if before else 0)
+        phase_start_allocated[phase] = before[-1] if before else 0
+    peak_phase = next((p for p, (lo, hi) in phases.items() if lo <= peak_event["ts"] <= hi), None)
+
+    owners, peak_stack = _owners(memory, ops, peak_index)
+    scratch_live, largest_scratch, peak_without_scratch = _scratch(memory, peak_index, owners, baseline)
+    transient = _op_transient_at_peak(memory, peak_index, peak_stack)
+    return {
+        "peak_allocated": totals[peak_index],
+        "phase_peaks": {p: phase_peaks[p] for p in PHASES if p in phase_peaks},
+        "phase_start_allocated": {p: phase_start_allocated[p] for p in PHASES if p in phase_start_allocated},
+        "end_allocated": totals[-1],
+        "peak_phase": peak_phase,
+        "peak_op_stack": [op.name for op in peak_stack][-4:],
+        "scratch_at_peak": scratch_live,
+        "peak_without_scratch": peak_without_scratch,
+        "op_transient_at_peak": transient,
+        "largest_scratch": largest_scratch,
+        "baseline_allocated": baseline,
+        "memory_events": len(memory),
+        "memory_event_threads": len({e["tid"] for e in memory}),
+        "counter_mismatches": mismatches,
+    }
+
+
+def _ops_by_thread(events: list[dict]) -> dict[object, list[_Op]]:
+    """Per thread: cpu ops sorted by (start, -duration), so an enclosing op precedes the ops it holds."""
+    by_tid: dict[object, list[_Op]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            by_tid.setdefault(e["tid"], []).append(_Op(e["ts"], e["ts"] + e["dur"], e["name"]))
+    for ops in by_tid.values():
+        ops.sort(key=lambda op: (op.start, -(op.end - op.start)))
+    return by_tid
+
+
+def _owners(memory: list[dict], ops: dict[object, list[_Op]], peak_index: int) -> tuple[list[_Op | None], list[_Op]]:
+    """For each memory event, the op it belongs to: the innermost op open on its thread that is not a
+    plain factory (aten::empty & co., whose allocation is the calling op's). Also the op stack at the peak.
+
+    One sweep per thread over ops and events in time order; ops on one thread nest, so the open ops
+    form a stack.
+    """
+    owners: list[_Op | None] = [None] * len(memory)
+    peak_stack: list[_Op] = []
+    by_tid: dict[object, list[int]] = {}
+    for i, e in enumerate(memory):
+        by_tid.setdefault(e["tid"], []).append(i)
+    for tid, indices in by_tid.items():
+        thread_ops = ops.get(tid, [])
+        stack: list[_Op] = []
+        j = 0
+        for i in indices:
+            ts = memory[i]["ts"]
+            while j < len(thread_ops) and thread_ops[j].start <= ts:
+                while stack and stack[-1].end < thread_ops[j].start:
+                    stack.pop()
+                stack.append(thread_ops[j])
+                j += 1
+            while stack and stack[-1].end < ts:
+                stack.pop()
+            owners[i] = next((op for op in reversed(stack) if op.name not in _FACTORY_OPS), None)
+            if i == peak_index:
+                peak_stack = list(stack)
+    return owners, peak_stack
+
+
+def _op_transient_at_peak(memory: list[dict], peak_index: int, peak_stack: list[_Op]) -> dict:
+    """Bytes live at the peak that the outermost aten op running then allocated and frees before it
+    returns: kernel scratch, plus temporaries of sub-ops the op calls (e.g. the dtype-promotion copy
+    TensorIterator makes on CPU for a mixed-dtype add). An upper bound of what a fake-tensor trace cannot
+    see: for a composite op (aten::linear, aten::matmul) it also counts temporaries the trace sees."""
+    outer = next((op for op in peak_stack if op.name.startswith("aten::")), None)
+    if outer is None:
+        return {"op": None, "bytes": 0}
+    freed_by_addr: dict[int, float] = {}
+    for e in memory[peak_index + 1:]:
+        if e["args"]["Bytes"] < 0 and e["args"]["Addr"] not in freed_by_addr:
+            freed_by_addr[e["args"]["Addr"]] = e["ts"]
+    total = 0
+    live: dict[int, dict] = {}
+    for e in memory[: peak_index + 1]:
+        if e["args"]["Bytes"] > 0:
+            live[e["args"]["Addr"]] = e
+        else:
+            live.pop(e["args"]["Addr"], None)
+    for addr, e in live.items():
+        if e["ts"] >= outer.start and freed_by_addr.get(addr, float("inf")) <= outer.end:
+            total += e["args"]["Bytes"]
+    return {"op": outer.name, "bytes": total}
+
+
+def _scratch(
+    memory: list[dict], peak_index: int, owners: list[_Op | None], baseline: int
+) -> tuple[int, dict, int]:
+    """Kernel scratch: allocations freed before the op that made them returns.
+
+    Returns the scratch bytes live at the peak, the largest scratch allocation (op, bytes), and the
+    peak of allocated bytes with all scratch left out (the most a tracer that never runs kernels sees).
+    """
+    free_at: dict[int, int] = {}  # allocation index -> index of its free
+    open_by_addr: dict[int, int] = {}
+    for i, e in enumerate(memory):
+        addr, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
+        if nbytes > 0:
+            open_by_addr[addr] = i
+        elif addr in open_by_addr:
+            free_at[open_by_addr.pop(addr)] = i
+
+    def is_scratch(i: int) -> bool:
+        owner = owners[i]
+        return i in free_at and owner is not None and memory[free_at[i]]["ts"] <= owner.end
+
+    live_scratch = sum(
+        memory[i]["args"]["Bytes"]
+        for i in range(peak_index + 1)
+        if memory[i]["args"]["Bytes"] > 0 and free_at.get(i, len(memory)) > peak_index and is_scratch(i)
+    )
+    scratch = [i for i in free_at if is_scratch(i)]
+    largest = max(scratch, key=lambda i: memory[i]["args"]["Bytes"], default=None)
+    largest_scratch = (
+        {"op": owners[largest].name, "bytes": memory[largest]["args"]["Bytes"]}
+        if largest is not None else {"op": None, "bytes": 0}
+    )
+    scratch_events = set(scratch) | {free_at[i] for i in scratch}
+    running = peak_without = 0
+    for i, e in enumerate(memory):
+        if i not in scratch_events:
+            running += e["args"]["Bytes"]
+            peak_without = max(peak_without, running)
+    return live_scratch, largest_scratch, peak_without
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("case", choices=sorted(CASES), metavar="CASE", help="a name in benchmarks.zoo.CASES")
+    args = parser.parse_args(argv)
+    json.dump(measure(CASES[args.case]), sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

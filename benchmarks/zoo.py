@@ -1,0 +1,368 @@
+"""The benchmark zoo: models, batches and training settings that memplan's accuracy is measured on.
+
+Every case is small enough that one real CPU run (build + 2 training steps, under the profiler) takes
+well under 20 s on 2 cores, and built from code or config classes only (no downloaded weights).
+Batches are real CPU tensors drawn from a fixed-seed generator, so every run sees the same data.
+
+transformers models set `attn_implementation="sdpa"` explicitly; none of them needs "eager".
+`use_cache=False`: a training step keeps no KV cache (what `Trainer` users set, and what
+transformers forces under gradient checkpointing).
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SEED = 0
+
+OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1),
+    "sgd-momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    "rmsprop": lambda params: torch.optim.RMSprop(params, lr=1e-3),
+    "adagrad": lambda params: torch.optim.Adagrad(params, lr=1e-2),
+}
+"""What memplan's optimizer strings mean; the truth harness builds exactly these (foreach: torch's default)."""
+
+
+def make_optimizer(name: str, params) -> torch.optim.Optimizer:
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}")
+    return OPTIMIZERS[name](params)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One model + batch + training setting to estimate and to measure."""
+
+    name: str
+    """Key in CASES; also the CLI name (`python -m benchmarks.cpu_truth NAME`)."""
+    build: Callable[[], nn.Module]
+    """Zero-argument callable returning the model in train mode (fp32, on CPU)."""
+    make_batch: Callable[[int], Any]
+    """batch_size -> batch of real CPU tensors, the same on every call."""
+    loss: Callable[[nn.Module, Any], torch.Tensor]
+    """(model, batch) -> scalar loss, the `loss=` argument of memplan.estimate."""
+    batch_size: int
+    """Samples per step."""
+    precision: str = "32-true"
+    """Lightning precision string."""
+    checkpointing: bool = False
+    """Activation checkpointing on every repeated block (memplan.estimator.checkpointing)."""
+    optimizer: str = "adamw"
+    """A key of OPTIMIZERS."""
+    family: str = ""
+    """Model family, for grouping in the report."""
+
+
+def _generator() -> torch.Generator:
+    return torch.Generator().manual_seed(SEED)
+
+
+# --------------------------------------------------------------------------------------------------
+# Hand-written models
+
+
+def linear() -> nn.Module:
+    """One Linear(1000, 1000): the case whose peak is worked out by hand (tests/benchmarks)."""
+    return nn.Linear(1000, 1000).train()
+
+
+def mlp() -> nn.Module:
+    """1000 -> 4 x 100 -> 10."""
+    layers: list[nn.Module] = [nn.Linear(1000, 100), nn.ReLU()]
+    for _ in range(3):
+        layers += [nn.Linear(100, 100), nn.ReLU()]
+    layers.append(nn.Linear(100, 10))
+    return nn.Sequential(*layers).train()
+
+
+def vectors_and_labels(batch_size: int, *, features: int = 1000, classes: int = 10):
+    g = _generator()
+    return torch.randn(batch_size, features, generator=g), torch.randint(0, classes, (batch_size,), generator=g)
+
+
+def classification_loss(model: nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+class CaptchaCNN(nn.Module):
+    """Conv-BN-ReLU-pool x 4 on 1x50x180 images, then a linear classifier."""
+
+    def __init__(self, classes: int = 36) -> None:
+        super().__init__()
+        channels = [1, 32, 64, 128, 128]
+        blocks = []
+        for c_in, c_out in zip(channels, channels[1:]):
+            blocks.append(
+                nn.Sequential(
+                    nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+                    nn.BatchNorm2d(c_out),
+                    nn.ReLU(inplace=True),
+                    nn.MaxPool2d(2),
+                )
+            )
+        self.features = nn.Sequential(*blocks)
+        self.head = nn.Linear(128 * 3 * 11, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+def captcha_cnn() -> nn.Module:
+    return CaptchaCNN().train()
+
+
+def images_and_labels(batch_size: int, *, shape: tuple[int, ...], classes: int):
+    g = _generator()
+    return torch.randn(batch_size, *shape, generator=g), torch.randint(0, classes, (batch_size,), generator=g)
+
+
+class BasicBlock(nn.Module):
+    """ResNet's two-conv residual block (He et al. 2016), as in torchvision."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or c_in != c_out:
+            self.downsample = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for small images: 3x3 stem without max-pool, stages layer1..layer4 of 2 BasicBlocks."""
+
+    def __init__(self, classes: int = 100, width: int = 64) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        widths = [width, 2 * width, 4 * width, 8 * width]
+        c_in = width
+        for i, (c_out, stride) in enumerate(zip(widths, [1, 2, 2, 2]), start=1):
+            setattr(self, f"layer{i}", nn.Sequential(BasicBlock(c_in, c_out, stride), BasicBlock(c_out, c_out, 1)))
+            c_in = c_out
+        self.fc = nn.Linear(c_in, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def resnet18() -> nn.Module:
+    return ResNet18().train()
+
+
+class RNNLanguageModel(nn.Module):
+    """Embedding -> 2-layer LSTM/GRU -> vocabulary head (next-token prediction)."""
+
+    def __init__(self, cell: str, vocab: int = 5000, embed: int = 128, hidden: int = 256) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, embed)
+        rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell]
+        self.rnn = rnn(embed, hidden, num_layers=2, batch_first=True, dropout=0.1)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embedding(tokens))
+        return self.head(out)
+
+
+def rnn_lm(cell: str) -> nn.Module:
+    return RNNLanguageModel(cell).train()
+
+
+def token_sequences(batch_size: int, *, seq_len: int, vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch_size, seq_len), generator=_generator())
+
+
+def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+# --------------------------------------------------------------------------------------------------
+# transformers models, from config classes
+
+
+def _hf(model_class: str, config_class: str, **config) -> nn.Module:
+    import transformers
+
+    cfg = getattr(transformers, config_class)(attn_implementation="sdpa", **config)
+    return getattr(transformers, model_class)(cfg).train()
+
+
+def hf_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    return model(**batch).loss
+
+
+def causal_lm_batch(batch_size: int, *, seq_len: int, vocab: int) -> dict:
+    ids = token_sequences(batch_size, seq_len=seq_len, vocab=vocab)
+    return {"input_ids": ids, "labels": ids}
+
+
+GPT2 = dict(vocab_size=50257, n_positions=1024, n_embd=256, n_layer=4, n_head=4, use_cache=False)
+gpt2 = functools.partial(_hf, "GPT2LMHeadModel", "GPT2Config", **GPT2)
+gpt2_batch = functools.partial(causal_lm_batch, seq_len=128, vocab=GPT2["vocab_size"])
+
+BERT = dict(
+    vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+    num_labels=4,
+)
+bert = functools.partial(_hf, "BertForSequenceClassification", "BertConfig", **BERT)
+
+
+def bert_batch(batch_size: int, *, seq_len: int = 128) -> dict:
+    """Padded batch: row i has seq_len - 8 * (i % 4) real tokens, so the attention mask is not all ones."""
+    g = _generator()
+    ids = torch.randint(0, BERT["vocab_size"], (batch_size, seq_len), generator=g)
+    lengths = seq_len - 8 * (torch.arange(batch_size) % 4)
+    mask = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
+    labels = torch.randint(0, BERT["num_labels"], (batch_size,), generator=g)
+    return {"input_ids": ids * mask, "attention_mask": mask, "labels": labels}
+
+
+LLAMA = dict(
+    vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+    num_key_value_heads=2, max_position_embeddings=512, use_cache=False,
+)
+llama = functools.partial(_hf, "LlamaForCausalLM", "LlamaConfig", **LLAMA)
+llama_batch = functools.partial(causal_lm_batch, seq_len=256, vocab=LLAMA["vocab_size"])
+
+VIT = dict(
+    image_size=64, patch_size=8, num_channels=3, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+    intermediate_size=1024, num_labels=100,
+)
+vit = functools.partial(_hf, "ViTForImageClassification", "ViTConfig", **VIT)
+
+
+def vit_batch(batch_size: int) -> dict:
+    pixels, labels = images_and_labels(batch_size, shape=(3, 64, 64), classes=VIT["num_labels"])
+    return {"pixel_values": pixels, "labels": labels}
+
+
+T5 = dict(
+    vocab_size=32128, d_model=256, d_kv=64, d_ff=1024, num_layers=3, num_decoder_layers=3, num_heads=4,
+    decoder_start_token_id=0, pad_token_id=0, use_cache=False,
+)
+t5 = functools.partial(_hf, "T5ForConditionalGeneration", "T5Config", **T5)
+
+BART = dict(
+    vocab_size=50265, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, max_position_embeddings=512,
+    use_cache=False,
+)
+bart = functools.partial(_hf, "BartForConditionalGeneration", "BartConfig", **BART)
+
+
+def seq2seq_batch(batch_size: int, *, vocab: int, source_len: int = 128, target_len: int = 64) -> dict:
+    """Source ids + target labels; the model shifts labels right into decoder_input_ids itself."""
+    g = _generator()
+    source = torch.randint(3, vocab, (batch_size, source_len), generator=g)
+    target = torch.randint(3, vocab, (batch_size, target_len), generator=g)
+    return {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": target}
+
+
+# --------------------------------------------------------------------------------------------------
+# The cases
+
+
+def _cases() -> list[Case]:
+    mlp_batch = vectors_and_labels
+    cnn_batch = functools.partial(images_and_labels, shape=(1, 50, 180), classes=36)
+    resnet_batch = functools.partial(images_and_labels, shape=(3, 64, 64), classes=100)
+    rnn_batch = functools.partial(token_sequences, seq_len=65, vocab=5000)
+    t5_batch = functools.partial(seq2seq_batch, vocab=T5["vocab_size"])
+    bart_batch = functools.partial(seq2seq_batch, vocab=BART["vocab_size"])
+
+    def family(name, build, make_batch, loss, variants):
+        return [
+            Case(name=f"{name}-{suffix}", family=name, build=build, make_batch=make_batch, loss=loss, **kw)
+            for suffix, kw in variants
+        ]
+
+    return [
+        *family("linear", linear, functools.partial(vectors_and_labels, classes=1000), classification_loss, [
+            ("b64-sgd", dict(batch_size=64, optimizer="sgd")),
+        ]),
+        *family("mlp", mlp, mlp_batch, classification_loss, [
+            ("b64", dict(batch_size=64)),
+            ("b1024", dict(batch_size=1024)),
+            ("b256-sgd", dict(batch_size=256, optimizer="sgd")),
+            ("b256-sgd-momentum-16true", dict(batch_size=256, optimizer="sgd-momentum", precision="16-true")),
+            ("b256-bf16mixed", dict(batch_size=256, precision="bf16-mixed")),
+            ("b256-16mixed", dict(batch_size=256, precision="16-mixed")),
+        ]),
+        *family("cnn", captcha_cnn, cnn_batch, classification_loss, [
+            ("b32", dict(batch_size=32)),
+            ("b64-bf16mixed", dict(batch_size=64, precision="bf16-mixed")),
+            ("b32-rmsprop", dict(batch_size=32, optimizer="rmsprop")),
+        ]),
+        *family("resnet18", resnet18, resnet_batch, classification_loss, [
+            ("b8", dict(batch_size=8)),
+            ("b16-sgd-momentum", dict(batch_size=16, optimizer="sgd-momentum")),
+            ("b16-ckpt", dict(batch_size=16, checkpointing=True)),
+            ("b16-bf16mixed", dict(batch_size=16, precision="bf16-mixed")),
+        ]),
+        *family("lstm", functools.partial(rnn_lm, "lstm"), rnn_batch, next_token_loss, [
+            ("b32", dict(batch_size=32)),
+            ("b32-adagrad", dict(batch_size=32, optimizer="adagrad")),
+        ]),
+        *family("gru", functools.partial(rnn_lm, "gru"), rnn_batch, next_token_loss, [
+            ("b32", dict(batch_size=32)),
+            ("b32-bf16mixed", dict(batch_size=32, precision="bf16-mixed")),
+        ]),
+        *family("gpt2", gpt2, gpt2_batch, hf_loss, [
+            ("b4", dict(batch_size=4)),
+            ("b8", dict(batch_size=8)),
+            ("b8-ckpt", dict(batch_size=8, checkpointing=True)),
+            ("b8-bf16mixed", dict(batch_size=8, precision="bf16-mixed")),
+            ("b8-bf16mixed-ckpt", dict(batch_size=8, precision="bf16-mixed", checkpointing=True)),
+        ]),
+        *family("bert", bert, bert_batch, hf_loss, [
+            ("b8", dict(batch_size=8)),
+            ("b16-ckpt", dict(batch_size=16, checkpointing=True)),
+            ("b16-adam", dict(batch_size=16, optimizer="adam")),
+        ]),
+        *family("llama-gqa", llama, llama_batch, hf_loss, [
+            ("b2", dict(batch_size=2)),
+            ("b4-bf16mixed", dict(batch_size=4, precision="bf16-mixed")),
+            ("b4-ckpt", dict(batch_size=4, checkpointing=True)),
+            ("b2-bf16true", dict(batch_size=2, precision="bf16-true")),
+        ]),
+        *family("vit", vit, vit_batch, hf_loss, [
+            ("b16", dict(batch_size=16)),
+            ("b8-16mixed", dict(batch_size=8, precision="16-mixed")),
+            ("b32-bf16mixed-ckpt", dict(batch_size=32, precision="bf16-mixed", checkpointing=True)),
+        ]),
+        *family("t5", t5, t5_batch, hf_loss, [
+            ("b4", dict(batch_size=4)),
+            ("b8-ckpt", dict(batch_size=8, checkpointing=True)),
+        ]),
+        *family("bart", bart, bart_batch, hf_loss, [
+            ("b4", dict(batch_size=4)),
+            ("b4-bf16mixed", dict(batch_size=4, precision="bf16-mixed")),
+        ]),
+    ]
+
+
+CASES: dict[str, Case] = {case.name: case for case in _cases()}

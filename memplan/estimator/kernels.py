@@ -1,0 +1,72 @@
+"""Memory that CPU kernels allocate inside themselves, where no fake tensor shows it.
+
+A fake tensor runs an op's meta kernel, which gives the outputs' shapes but knows nothing of buffers
+the real kernel makes and frees while it runs, nor of outputs whose size the real library decides.
+Where such memory follows a rule, it is modelled here; where it does not (oneDNN's convolution and
+bf16 matmul scratchpads, which depend on the algorithm oneDNN picks), the benchmarks report it.
+"""
+from __future__ import annotations
+
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+_PAGE = 4096
+"""oneDNN rounds each workspace part up to a 4 KiB page (rnn_utils set_offsets)."""
+
+_F32 = 4
+
+
+def _good_ld(dim: int, itemsize: int) -> int:
+    """oneDNN's rnn_utils::get_good_ld: 64-byte aligned, and not a multiple of 256 elements."""
+    block = 64 // itemsize
+    ld = -(-dim // block) * block
+    return ld + block if ld % 256 == 0 else ld
+
+
+def lstm_workspace_bytes(seq: int, batch: int, in_features: int, hidden: int, itemsize: int) -> int:
+    """Bytes of the uint8 workspace one `mkldnn_rnn_layer` call (training, 1 layer, 1 direction)
+    saves for backward: gates, h_t, layer/iteration states and their diffs, each rounded up to a
+    4 KiB page (oneDNN rnn_utils set_workspace_sizes / set_offsets). `itemsize`: 4 (fp32) or 2.
+    Checked byte for byte against the real kernel over seq, batch, input, hidden and dtype."""
+    states = 2 * (seq + 1) * batch
+    width = max(in_features, hidden)
+    parts = (
+        seq * batch * _good_ld(4 * hidden, itemsize) * itemsize,  # gates
+        seq * batch * _good_ld(hidden, itemsize) * itemsize,      # h_t
+        states * _good_ld(width, itemsize) * itemsize,            # states (layer == iter)
+        states * hidden * itemsize,                               # c states
+        states * _good_ld(width, _F32) * _F32,                    # diff layer states
+        states * _good_ld(width, _F32) * _F32,                    # diff iteration states
+        states * hidden * _F32,                                   # diff c states
+    )
+    return sum(-(-part // _PAGE) * _PAGE for part in parts)
+
+
+def rnn_workspace_bytes(func, args) -> int | None:
+    """The real workspace of `aten.mkldnn_rnn_layer` (whose meta kernel returns an empty one), or None
+    for any other op. Arguments: (input, w0, w1, w2, w3, hx, cx, reverse, batch_sizes, mode,
+    hidden_size, num_layers, has_biases, bidirectional, batch_first, train)."""
+    if func is not torch.ops.aten.mkldnn_rnn_layer.default:
+        return None
+    x = args[0]  # always time-major here: aten's mkldnn_rnn transposes a batch-first input before the
+    # layer call and still passes batch_first=True along (checked against the real kernel)
+    seq, batch, hidden = x.shape[0], x.shape[1], args[10]
+    return lstm_workspace_bytes(seq, batch, x.shape[-1], hidden, x.element_size())
+
+
+def promotion_scratch_bytes(func, tensors: list[torch.Tensor]) -> int:
+    """CPU TensorIterator copies each input whose dtype differs from the common dtype into a
+    temporary of the common dtype before running a pointwise kernel (TensorIteratorBase::compute_types:
+    `if (common_device == kCPU) ... op.tensor().to(common_dtype_)`); CUDA casts on the fly instead.
+    Returns the bytes of those temporaries, 0 when the inputs already agree."""
+    if torch.Tag.pointwise not in func.tags or len(tensors) < 2:
+        return 0
+    first = tensors[0].dtype
+    if all(t.dtype == first for t in tensors):
+        return 0
+    try:
+        _, common = elementwise_dtypes(*tensors, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+    except (TypeError, ValueError, RuntimeError):
+        return 0
+    itemsize = torch.empty((), dtype=common, device="meta").element_size()
+    return sum(t.numel() * itemsize for t in tensors if t.dtype != common)

@@ -1,0 +1,131 @@
+"""The benchmark zoo trains, and the truth harness reads the allocator's peak to the byte."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.cpu_truth import analyze_trace, prepare
+from benchmarks.zoo import CASES, OPTIMIZERS
+from memplan.estimator.checkpointing import find_repeated_blocks
+from memplan.estimator.result import PRECISIONS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# linear-b64-sgd: Linear(1000, 1000), x: 64 x 1000 fp32, y: 64 int64 targets, cross-entropy, plain SGD
+# (no state; its foreach update is in place). Worked out by hand:
+PARAMS = 1000 * 1000 * 4 + 1000 * 4  # weight + bias = 4_004_000
+BATCH = 64 * 1000 * 4 + 64 * 8  # x + y = 256_512
+LOGITS = 64 * 1000 * 4  # addmm output; log_softmax's output and every [64, 1000] gradient are this size
+LOSS_AND_TOTAL_WEIGHT = 4 + 4  # nll_loss_forward's scalar output and its total_weight (saved for backward)
+# build: parameters, then the batch.
+BUILD_PEAK = PARAMS + BATCH  # 4_260_512
+# step 1 peaks in backward at the bias gradient: the logits' gradient (log_softmax backward) is still
+# alive while mm writes grad W and sum writes grad b.
+STEP1_PEAK = PARAMS + BATCH + LOSS_AND_TOTAL_WEIGHT + LOGITS + PARAMS  # 8_520_520
+# between steps: parameters, gradients (set_to_none happens after the next forward), batch.
+STEP2_START = PARAMS + PARAMS + BATCH  # 8_264_512
+# step 2 peaks in forward, Lightning's order: last step's gradients are alive while the logits
+# (freed right after, as log_softmax saves its output, not its input), log-probs and loss exist.
+STEP2_PEAK = STEP2_START + LOGITS + LOGITS + LOSS_AND_TOTAL_WEIGHT  # 8_776_520
+
+
+def test_truth_of_one_linear_layer_is_the_hand_worked_figure():
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cpu_truth", "linear-b64-sgd"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )
+    truth = json.loads(proc.stdout.splitlines()[-1])
+    assert truth["phase_peaks"] == {"build": BUILD_PEAK, "step1": STEP1_PEAK, "step2": STEP2_PEAK}
+    assert truth["phase_start_allocated"]["step2"] == STEP2_START
+    assert truth["peak_allocated"] == STEP2_PEAK == 8_776_520
+    assert truth["peak_phase"] == "step2"
+    assert truth["end_allocated"] == STEP2_START
+    assert truth["baseline_allocated"] == 0
+    assert truth["counter_mismatches"] == 0
+    assert truth["scratch_at_peak"] == 0
+
+
+def _memory(ts: float, nbytes: int, total: int, addr: int) -> dict:
+    return {
+        "ph": "i", "name": "[memory]", "ts": ts, "tid": 1,
+        "args": {"Bytes": nbytes, "Total Allocated": total, "Addr": addr, "Device Type": 0, "Ev Idx": int(ts)},
+    }
+
+
+def _span(name: str, start: float, end: float, cat: str = "cpu_op") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": start, "dur": end - start, "tid": 1}
+
+
+def test_analyze_trace_finds_phase_peaks_and_kernel_scratch():
+    trace = {"traceEvents": [
+        _span("memplan.truth.build", 0, 10, "user_annotation"),
+        _span("memplan.truth.step1", 10, 20, "user_annotation"),
+        _span("memplan.truth.step2", 20, 40, "user_annotation"),
+        _span("aten::conv", 21, 30),
+        _span("aten::empty", 22, 23),
+        # events out of time order, as in a real chrome trace
+        _memory(35, -200, 100, 0xB),  # conv's output, freed after conv returned: not scratch
+        _memory(1, 100, 100, 0xA),
+        _memory(11, 50, 150, 0xC),
+        _memory(15, -50, 100, 0xC),
+        _memory(22.5, 200, 300, 0xB),  # conv's output, via aten::empty
+        _memory(25, 300, 600, 0xD),  # a workspace conv frees before returning: scratch
+        _memory(28, -300, 300, 0xD),
+    ]}
+    result = analyze_trace(trace)
+    assert result["peak_allocated"] == 600
+    assert result["phase_peaks"] == {"build": 100, "step1": 150, "step2": 600}
+    assert result["peak_phase"] == "step2"
+    assert result["peak_op_stack"] == ["aten::conv"]
+    assert result["scratch_at_peak"] == 300
+    assert result["peak_without_scratch"] == 300
+    assert result["largest_scratch"] == {"op": "aten::conv", "bytes": 300}
+    assert result["op_transient_at_peak"] == {"op": "aten::conv", "bytes": 300}
+    assert result["end_allocated"] == 100
+    assert result["counter_mismatches"] == 0
+
+
+def test_analyze_trace_counts_events_the_running_total_disagrees_with():
+    trace = {"traceEvents": [_memory(1, 100, 100, 0xA), _memory(2, 100, 250, 0xB)]}
+    assert analyze_trace(trace)["counter_mismatches"] == 1
+
+
+def test_zoo_covers_the_families_and_settings_the_benchmark_promises():
+    families = {case.family for case in CASES.values()}
+    assert {"mlp", "cnn", "resnet18", "lstm", "gru", "gpt2", "bert", "llama-gqa", "vit", "t5", "bart"} <= families
+    assert {case.precision for case in CASES.values()} == set(PRECISIONS)
+    assert {case.optimizer for case in CASES.values()} == set(OPTIMIZERS)
+    assert all(case.name == name for name, case in CASES.items())
+    for case in CASES.values():
+        if case.checkpointing:
+            assert len(find_repeated_blocks(case.build())) >= 2, case.name
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_case_trains_one_real_step_at_batch_size_2(name):
+    case = CASES[name]
+    torch.manual_seed(0)
+    run = prepare(case, batch_size=2)
+    assert run.model.training
+    config = getattr(run.model, "config", None)
+    if config is not None:
+        assert config._attn_implementation == "sdpa"
+    batch_again = case.make_batch(2)
+    for a, b in zip(_tensors(case.make_batch(2)), _tensors(batch_again)):
+        assert torch.equal(a, b)
+    loss = run.step()
+    assert loss.dim() == 0 and math.isfinite(loss.item())
+    untrained = [n for n, p in run.model.named_parameters() if p.requires_grad and p.grad is None]
+    assert untrained == []
+
+
+def _tensors(batch):
+    from memplan.estimator.step import iter_tensors
+
+    return list(iter_tensors(batch))
