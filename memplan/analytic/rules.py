@@ -199,35 +199,26 @@ def dropout(tape: Tape, x: Act, p: float) -> tuple[Act, Backward | None]:
 
 
 def batch_norm(tape: Tape, x: Act) -> tuple[Act, Backward]:
-    channels = x.shape[1]
-    out = Act(tape.new(x.nbytes), x.shape, x.itemsize, True)
-    mean, invstd = tape.new(channels * F32), tape.new(channels * F32)
-    saved = tape.save(x.buf, mean, invstd)
-    tape.drop(mean, invstd)
-
-    def backward(g: Buf) -> Buf | None:
-        gi = tape.new(x.nbytes) if x.requires_grad else None
-        tape.new(channels * F32, "gradients")
-        tape.new(channels * F32, "gradients")
-        tape.release(saved)
-        tape.drop(g)
-        return gi
-
-    return out, backward
+    """Saves the input and fp32 mean / invstd per channel."""
+    return _norm(tape, x, stats=x.shape[1], param_width=x.shape[1])
 
 
 def layer_norm(tape: Tape, x: Act) -> tuple[Act, Backward]:
+    """Saves the input and fp32 mean / rstd per row."""
     width = x.shape[-1]
-    rows = x.numel // width
+    return _norm(tape, x, stats=x.numel // width, param_width=width)
+
+
+def _norm(tape: Tape, x: Act, *, stats: int, param_width: int) -> tuple[Act, Backward]:
     out = Act(tape.new(x.nbytes), x.shape, x.itemsize, True)
-    mean, rstd = tape.new(rows * F32), tape.new(rows * F32)
-    saved = tape.save(x.buf, mean, rstd)
-    tape.drop(mean, rstd)
+    mean, inv = tape.new(stats * F32), tape.new(stats * F32)
+    saved = tape.save(x.buf, mean, inv)
+    tape.drop(mean, inv)
 
     def backward(g: Buf) -> Buf | None:
         gi = tape.new(x.nbytes) if x.requires_grad else None
-        tape.new(width * F32, "gradients")
-        tape.new(width * F32, "gradients")
+        tape.new(param_width * F32, "gradients")  # weight
+        tape.new(param_width * F32, "gradients")  # bias
         tape.release(saved)
         tape.drop(g)
         return gi

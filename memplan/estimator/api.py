@@ -169,18 +169,18 @@ class _Trace:
         return batch
 
     def _step(self) -> None:
-        saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        saved_hooks = _SavedTensorsHooks(self._pack)
         try:
             run_training_step(
                 self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer, policy=self.policy,
                 device_type=self.device.type, grad_scale=self.grad_scale,
                 on_phase=lambda name: self._on_phase(name, saved_hooks),
             )
-        except EstimateError:
-            raise
-        except (DataDependentOutputException, DynamicOutputShapeException):
+        except (EstimateError, DataDependentOutputException, DynamicOutputShapeException):
+            saved_hooks.close()
             raise
         except Exception as err:
+            saved_hooks.close()
             if self.tracker.phase is Phase.FORWARD:
                 raise EstimateError(
                     f"batch: the model could not run its training step on this batch ({type(err).__name__}: "
@@ -195,9 +195,9 @@ class _Trace:
         tracker = self.tracker
         if name == "forward":
             tracker.phase = Phase.FORWARD
-            saved_hooks.__enter__()
+            saved_hooks.open()
         elif name == "forward_end":
-            saved_hooks.__exit__(None, None, None)
+            saved_hooks.close()
             tracker.promote_forward_survivors()
         elif name == "backward":
             tracker.phase = Phase.BACKWARD
@@ -253,6 +253,24 @@ class _Trace:
             trace_seconds=seconds,
             notes=tuple(notes),
         )
+
+
+class _SavedTensorsHooks:
+    """Autograd's saved-tensor hooks, opened and closed at step phases; closing twice is harmless, so
+    an error mid-forward never leaves them on autograd's global hook stack."""
+
+    def __init__(self, pack) -> None:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        self._open = False
+
+    def open(self) -> None:
+        self._hooks.__enter__()
+        self._open = True
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._hooks.__exit__(None, None, None)
 
 
 def _memory_model(target: Target):

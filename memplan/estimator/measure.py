@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from memplan.estimator.checkpointing import apply_checkpointing
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
-from memplan.estimator.step import PrecisionPolicy, run_training_step
+from memplan.estimator.step import PrecisionPolicy, map_tensors, run_training_step
 
 
 def measure_cpu_peak(
@@ -35,21 +35,36 @@ def measure_cpu_peak(
     steps: int = 2,
 ) -> int:
     """Peak "Total Allocated" bytes over building the model and batch and `steps` real training steps."""
-    policy = PrecisionPolicy.from_string(precision)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model = build().train()
-        if policy.param_dtype != torch.float32:
-            model = model.to(policy.param_dtype)
-        if checkpointing:
-            apply_checkpointing(model, checkpointing)
-        batch = policy.convert_batch(make_batch())
-        opt = resolve_optimizer(model, optimizer)
-        loss_fn = resolve_loss(model, loss)
-        grad_scale = torch.tensor(65536.0) if policy.grad_scaling else None
-        for _ in range(steps):
-            run_training_step(model, batch, loss_fn=loss_fn, optimizer=opt, policy=policy,
-                              device_type="cpu", grad_scale=grad_scale)
+        _run_steps(build, make_batch, torch.device("cpu"), loss=loss, optimizer=optimizer,
+                   precision=precision, checkpointing=checkpointing, steps=steps)
     return peak_total_allocated(prof)
+
+
+def _run_steps(build, make_batch, device: torch.device, *, loss, optimizer, precision, checkpointing, steps,
+               before_last: Callable[[], None] | None = None) -> None:
+    """Build the model and batch on `device` and run `steps` real training steps, as the trace does."""
+    policy = PrecisionPolicy.from_string(precision)
+    model = build().train()
+    if policy.param_dtype != torch.float32:
+        model = model.to(policy.param_dtype)  # Lightning converts before moving to the device
+    model = model.to(device)
+    if checkpointing:
+        apply_checkpointing(model, checkpointing)
+    batch = map_tensors(policy.convert_batch(make_batch()), lambda t: t.to(device))
+    opt = resolve_optimizer(model, optimizer)
+    loss_fn = resolve_loss(model, loss)
+    grad_scale = torch.tensor(65536.0, device=device) if policy.grad_scaling else None
+    for step in range(steps):
+        if step == steps - 1 and before_last is not None:
+            before_last()
+        run_training_step(model, batch, loss_fn=loss_fn, optimizer=opt, policy=policy,
+                          device_type=device.type, grad_scale=grad_scale)
+
+
+def _reset_cuda_peaks() -> None:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
 
 
 def peak_total_allocated(prof: profile) -> int:
@@ -102,29 +117,14 @@ def measure_cuda_peak(
 ) -> CudaMeasurement:
     """Run real training steps on the current CUDA device and read torch's and NVML's peaks. Use a
     fresh process: the CUDA context and the allocator cache are part of what is measured."""
-    from memplan.estimator.step import map_tensors
     from memplan.hardware import gpu_for_cuda_index, process_gpu_bytes
 
-    policy = PrecisionPolicy.from_string(precision)
     device = torch.device("cuda", torch.cuda.current_device())
     gpu = gpu_for_cuda_index(device.index)
     sampler = _NvmlSampler(gpu, process_gpu_bytes) if gpu is not None else None
     try:
-        model = build().train().to(device)
-        if policy.param_dtype != torch.float32:
-            model = model.to(policy.param_dtype)
-        if checkpointing:
-            apply_checkpointing(model, checkpointing)
-        batch = map_tensors(policy.convert_batch(make_batch()), lambda t: t.to(device))
-        opt = resolve_optimizer(model, optimizer)
-        loss_fn = resolve_loss(model, loss)
-        grad_scale = torch.tensor(65536.0, device=device) if policy.grad_scaling else None
-        for step in range(steps):
-            if step == steps - 1:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            run_training_step(model, batch, loss_fn=loss_fn, optimizer=opt, policy=policy,
-                              device_type="cuda", grad_scale=grad_scale)
+        _run_steps(build, make_batch, device, loss=loss, optimizer=optimizer, precision=precision,
+                   checkpointing=checkpointing, steps=steps, before_last=_reset_cuda_peaks)
         torch.cuda.synchronize()
     finally:
         nvml_peak = sampler.stop() if sampler is not None else None

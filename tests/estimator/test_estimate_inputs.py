@@ -38,6 +38,17 @@ def test_batch_the_model_rejects_names_the_batch():
     assert "shapes" in str(err.value)
 
 
+def test_a_failed_trace_leaves_autograd_and_autocast_as_they_were():
+    wrong = (torch.randn(2, 9), torch.randint(0, 4, (2,)))
+    for device in ("cpu", "A100-80GB"):
+        with pytest.raises(EstimateError):
+            estimate(build, wrong, loss=loss, device=device, precision="bf16-mixed")
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # CUDA's policy would give fp32 here
+        assert F.layer_norm(x.bfloat16(), (8,)).dtype == torch.bfloat16
+
+
 def test_builder_that_fails_names_the_model_callable():
     def broken():
         raise RuntimeError("config missing")

@@ -1,6 +1,7 @@
 """Host readings: RAM, CPUs, the cgroup limit a container or Slurm job imposes, process RSS."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -70,12 +71,15 @@ def test_missing_shm_and_cgroup_files_are_unknown_not_errors(tmp_path):
     assert host.cgroup_limit_bytes is None and host.shm_total_bytes is None
 
 
-def test_process_rss_grows_with_touched_memory():
-    before = process_rss_bytes()
-    block = b"\x01" * (64 * MiB)  # written, so resident
-    after = process_rss_bytes()
-    assert after - before >= 48 * MiB
-    assert block[-1] == 1
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux /proc")
+def test_process_rss_agrees_with_the_kernels_own_count():
+    # /proc/self/statm's second field is resident pages: an independent reading of the same figure.
+    # (Comparing RSS before and after allocating is flaky: the allocator may reuse resident memory.)
+    block = b"\x01" * (64 * MiB)
+    with open("/proc/self/statm") as f:
+        statm = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert abs(process_rss_bytes() - statm) < 16 * MiB
+    assert process_rss_bytes() >= len(block)
 
 
 def test_process_rss_of_a_finished_process_is_none():
