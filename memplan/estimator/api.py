@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch.utils._python_dispatch import _disable_current_modes
 
 from memplan.estimator.checkpointing import apply_checkpointing
 from memplan.estimator.ddp import ddp_bucket_bytes
@@ -162,7 +163,7 @@ class _Trace:
                 f"batch has no tensors (got {type(batch).__name__}); pass one batch exactly as the training "
                 "step receives it, e.g. (inputs, targets) or a dict of tensors"
             )
-        with torch.utils._python_dispatch._disable_current_modes():
+        with _disable_current_modes():  # the user's real batch stays real
             batch = self.policy.convert_batch(batch)
             if self.device.type != "cpu":
                 batch = map_tensors(batch, lambda t: t.to(self.device))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memplan.estimator.kernels import promotion_scratch_bytes, rnn_workspace_bytes
@@ -195,6 +195,5 @@ class StorageTracker(TorchDispatchMode):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if len(outs) != 1 or outs[0].numel() > REAL_FACTORY_MAX_NUMEL or outs[0].device.type != "cpu":
             return out
-        real_kwargs = tree_map_only(torch.device, lambda d: d, kwargs)
         with _disable_current_modes():
-            return func(*args, **real_kwargs)
+            return func(*args, **kwargs)
