@@ -49,7 +49,8 @@ def estimate(
         Default: the LightningModule's configure_optimizers(), else "adamw".
     precision: Lightning's precision string.
     checkpointing: False, True (each repeated block), or a set of module classes to checkpoint.
-    device: "cpu", a GPU model name ("A100-80GB"), or None for the local GPU.
+    device: "cpu", a GPU model name ("A100-80GB"), a memplan.hardware GpuModel (custom_gpu("24GiB")),
+        or None for the local GPU.
     strategy, world_size: None, or "ddp" with the number of ranks (memory is per rank).
     """
     policy = PrecisionPolicy.from_string(precision)

@@ -35,15 +35,20 @@ class Target:
 GENERIC_CUDA = "generic CUDA GPU (sm80)"
 
 
-def resolve_target(device: str | None) -> Target:
-    """'cpu', a GPU model name from the catalog, or None for the local GPU (a generic sm80 GPU when
-    there is none, with a note)."""
+def resolve_target(device) -> Target:
+    """'cpu', a GPU model name from the catalog, a `memplan.hardware.GpuModel` (e.g. from
+    `custom_gpu("24GiB")`), or None for the local GPU (a generic sm80 GPU when there is none, with a note)."""
+    from memplan.hardware.catalog import GpuModel, lookup_gpu
+
+    if isinstance(device, GpuModel):
+        return _gpu_target(device)
     if device is not None and not isinstance(device, str):
-        raise ValueError(f"device must be 'cpu', a GPU name such as 'A100-80GB', or None; got {device!r}")
+        raise ValueError(
+            f"device must be 'cpu', a GPU name such as 'A100-80GB', a GpuModel, or None; got {device!r}"
+        )
     if device is not None and device.strip().lower() == "cpu":
         return Target(name="cpu", is_cuda=False)
-    native = torch.cuda.is_available() and os.environ.get(TRACE_ON_CPU_ENV, "0") != "1"
-    trace_device = "cuda" if native else "cpu"
+    trace_device = _trace_device()
     if device is None:
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -52,13 +57,20 @@ def resolve_target(device: str | None) -> Target:
                 total_bytes=int(props.total_memory), trace_device=trace_device,
             )
         return Target(name=GENERIC_CUDA, is_cuda=True, compute_capability=(8, 0), trace_device="cpu")
-    from memplan.hardware.catalog import lookup_gpu
-
     try:
         model = lookup_gpu(device)
     except ValueError as err:
         raise ValueError(f"device: {err}") from None
+    return _gpu_target(model)
+
+
+def _gpu_target(model) -> Target:
     return Target(
         name=model.name, is_cuda=True, compute_capability=tuple(model.compute_capability),
-        total_bytes=model.total_bytes, trace_device=trace_device,
+        total_bytes=model.total_bytes, trace_device=_trace_device(),
     )
+
+
+def _trace_device() -> str:
+    native = torch.cuda.is_available() and os.environ.get(TRACE_ON_CPU_ENV, "0") != "1"
+    return "cuda" if native else "cpu"

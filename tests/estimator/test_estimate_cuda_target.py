@@ -68,3 +68,11 @@ def test_ddp_adds_nccl_buffers_outside_the_allocator():
     assert four.communication > 0
     assert four.device_total - four.peak_reserved - four.cuda_context == four.communication
     assert four.gradients > one.gradients
+
+
+def test_a_gpu_outside_the_catalog_is_named_by_its_memory():
+    from memplan.hardware.catalog import custom_gpu
+
+    est = estimate(tiny_gpt, BATCH, precision="bf16-mixed", device=custom_gpu("24GiB", compute_capability=(8, 9)))
+    assert est.device.startswith("custom-24")
+    assert est.cuda_context > 0 and est.peak_reserved >= est.peak_allocated
