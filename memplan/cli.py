@@ -11,9 +11,11 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 def _add_estimate(sub) -> None:
     p = sub.add_parser("estimate", help="peak memory of one training step, as a breakdown table")
-    p.add_argument("--demo", required=True, help="a bundled model: mlp, cnn, resnet, gpt2-small")
+    p.add_argument("config", nargs="?", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
+    p.add_argument("--demo", help="a bundled model instead of a config: mlp, cnn, resnet, gpt2-small")
     p.add_argument("--batch-size", type=int, required=True, help="micro-batch size per GPU")
-    p.add_argument("--precision", default="32-true", help="Lightning precision string (default 32-true)")
+    p.add_argument("--precision", default=None,
+                   help="Lightning precision string (default: the config's trainer.precision, else 32-true)")
     p.add_argument("--checkpointing", action="store_true", help="checkpoint each repeated block")
     p.add_argument("--optimizer", default=None, help="sgd, sgd-momentum, adam, adamw, rmsprop, adagrad "
                    "(default: the model's configure_optimizers)")
@@ -24,25 +26,15 @@ def _add_estimate(sub) -> None:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    import memplan
-    from memplan.demos import DEMOS
-
-    if args.demo not in DEMOS:
-        return _usage_error(f"--demo must be one of {', '.join(DEMOS)}; got {args.demo!r}")
+    if (args.config is None) == (args.demo is None):
+        return _usage_error("pass a config file or --demo NAME (one of them)")
     if args.batch_size < 1:
         return _usage_error(f"--batch-size must be a positive integer; got {args.batch_size}")
-    with FakeTensorMode():
-        model = DEMOS[args.demo]()  # born fake: no weight allocated
-    batch = model.example_batch(args.batch_size)
+    options = dict(checkpointing=args.checkpointing, device=args.device,
+                   strategy="ddp" if args.ddp else None, world_size=args.ddp or 1)
     try:
-        est = memplan.estimate(
-            model, batch, optimizer=args.optimizer, precision=args.precision,
-            checkpointing=args.checkpointing, device=args.device,
-            strategy="ddp" if args.ddp else None, world_size=args.ddp or 1,
-        )
-    except ValueError as err:
+        est = _estimate_config(args, options) if args.config else _estimate_demo(args, options)
+    except ValueError as err:  # EstimateError and ConfigError are ValueErrors naming the field
         return _usage_error(str(err))
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))
@@ -72,6 +64,94 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _estimate_demo(args: argparse.Namespace, options: dict):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import memplan
+    from memplan.demos import DEMOS
+
+    if args.demo not in DEMOS:
+        raise ValueError(f"--demo must be one of {', '.join(DEMOS)}; got {args.demo!r}")
+    with FakeTensorMode():
+        model = DEMOS[args.demo]()  # born fake: no weight allocated
+    return memplan.estimate(model, model.example_batch(args.batch_size), optimizer=args.optimizer,
+                            precision=args.precision or "32-true", **options)
+
+
+def _estimate_config(args: argparse.Namespace, options: dict):
+    from memplan.config import load_config
+
+    loaded = load_config(args.config)
+    precision = args.precision or loaded.trainer_precision or "32-true"
+    optimizer = args.optimizer or loaded.optimizer
+    return loaded.estimate(args.batch_size, precision=precision, optimizer=optimizer, **options)
+
+
+def _add_suggest(sub) -> None:
+    p = sub.add_parser("suggest", help="plan micro-batch, GPUs, precision and checkpointing for a config")
+    p.add_argument("config", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs per node to use (default: all visible / 1 named)")
+    p.add_argument("--gpu", default=None, help="plan for this GPU model instead of the local ones (e.g. H100-80GB)")
+    p.add_argument("--gpu-memory", default=None, help="plan for a GPU of this much memory (e.g. 24GiB)")
+    p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step over all GPUs")
+    p.add_argument("--precision", action="append", default=None,
+                   help="allowed precision (repeatable; default: memplan.precisions)")
+    p.add_argument("--no-checkpointing", action="store_true", help="never turn on gradient checkpointing")
+    p.add_argument("--margin", type=float, default=None, help="fraction of each GPU's free memory left unused")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (bytes as ints)")
+    p.add_argument("--output", default=None, help="write the planned config here (and the plan beside it)")
+    p.set_defaults(run=cmd_suggest)
+
+
+def cmd_suggest(args: argparse.Namespace) -> int:
+    from memplan.config import load_config
+    from memplan.planner import NoFit
+    from memplan.suggest import plan_config, resolve_hardware
+
+    if args.nodes < 1:
+        return _usage_error(f"--nodes must be a positive integer; got {args.nodes}")
+    try:
+        loaded = load_config(args.config)
+        hardware = resolve_hardware(gpus=args.gpus, gpu=args.gpu, gpu_memory=args.gpu_memory)
+        plan = plan_config(
+            loaded, hardware, nodes=args.nodes, global_batch_size=args.global_batch_size,
+            precisions=tuple(args.precision) if args.precision else None,
+            allow_checkpointing=False if args.no_checkpointing else None, margin=args.margin,
+        )
+    except NoFit as err:
+        print(f"memplan: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except ValueError as err:
+        return _usage_error(str(err))
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        from rich.console import Console
+
+        from memplan.suggest import render_plan
+
+        Console().print(render_plan(plan))
+    if args.output:
+        _write_output(loaded, plan, args.output)
+    return EXIT_OK
+
+
+def _write_output(loaded, plan, output: str) -> None:
+    from memplan.config import plan_path_for, planner_callback, torchrun_command, write_planned_config
+
+    callback = planner_callback(plan_path_for(output)) if _callback_available() else None
+    write_planned_config(loaded, plan, output, callback=callback)
+    print(f"wrote {output} and {plan_path_for(output)}")
+    print("launch with: " + " ".join(torchrun_command(plan, output)))
+
+
+def _callback_available() -> bool:
+    import memplan
+
+    return hasattr(memplan, "MemoryPlanner")
+
+
 def _usage_error(message: str) -> int:
     print(f"memplan: error: {message}", file=sys.stderr)
     return EXIT_USAGE
@@ -81,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memplan", description="Memory planning for PyTorch Lightning training.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_estimate(sub)
+    _add_suggest(sub)
     _add_devices(sub)
     return parser
 

@@ -1,16 +1,22 @@
-"""Bundled LightningModules for examples, configs and tests (as Lightning ships lightning.pytorch.demos).
+"""Bundled LightningModules and LightningDataModules for examples, configs and tests (as Lightning ships
+lightning.pytorch.demos).
 
-Pure torch, no downloads. Each has `example_batch(batch_size)`, a deterministic batch of real tensors
-shaped exactly as its `training_step` receives it.
+Pure torch, no downloads. Each module has `example_batch(batch_size)`, a deterministic batch of real
+tensors shaped exactly as its `training_step` receives it. Each datamodule serves synthetic,
+deterministic samples (sample i is the same in every run, process and worker) that collate into that
+batch: RandomVectors for MLP, RandomImages for ImageCNN and ResNet, RandomTokens for GPTLM.
 """
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Sequence
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 
 class _Demo(pl.LightningModule):
@@ -182,3 +188,96 @@ class GPTLM(_Demo):
 
 
 DEMOS: dict[str, type[_Demo]] = {"mlp": MLP, "cnn": ImageCNN, "resnet": ResNet, "gpt2-small": GPTLM}
+
+
+# --- datamodules -------------------------------------------------------------------------------------
+class _SyntheticDataset(Dataset):
+    """`length` samples; sample i comes from `make(generator seeded with (seed, i))`, so it is the same
+    in every run and every worker. Samples are made on demand: nothing is held in memory."""
+
+    def __init__(self, length: int, seed: int, make: Callable[[torch.Generator], tuple[torch.Tensor, ...]]):
+        self.length, self.seed, self.make = length, seed, make
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        if not 0 <= index < self.length:
+            raise IndexError(f"sample {index} out of range for {self.length} samples")
+        return self.make(torch.Generator().manual_seed(self.seed * 1_000_003 + index))
+
+
+def _vector_sample(g: torch.Generator, *, in_features: int, num_classes: int):
+    return torch.randn(in_features, generator=g), torch.randint(0, num_classes, (), generator=g)
+
+
+def _image_sample(g: torch.Generator, *, shape: tuple[int, ...], num_classes: int):
+    return torch.randn(*shape, generator=g), torch.randint(0, num_classes, (), generator=g)
+
+
+def _token_sample(g: torch.Generator, *, vocab_size: int, context: int):
+    tokens = torch.randint(0, vocab_size, (context + 1,), generator=g)
+    return tokens[:-1], tokens[1:]
+
+
+class _RandomData(pl.LightningDataModule):
+    """Shared loader settings. Subclasses set `self._make` (a picklable sample function)."""
+
+    def __init__(self, batch_size: int, num_workers: int, pin_memory: bool, num_samples: int, seed: int):
+        super().__init__()
+        for name, value, least in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
+                                   ("num_samples", num_samples, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{type(self).__name__}: {name} must be an int >= {least}; got {value!r}")
+        self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
+        self.num_samples, self.seed = num_samples, seed
+        self._make: Callable[[torch.Generator], tuple[torch.Tensor, ...]]
+        self.train_set: _SyntheticDataset | None = None
+
+    def setup(self, stage: str) -> None:
+        self.train_set = _SyntheticDataset(self.num_samples, self.seed, self._make)
+
+    def train_dataloader(self) -> DataLoader:
+        if self.train_set is None:
+            raise RuntimeError(f"{type(self).__name__}.train_dataloader() needs setup('fit') first")
+        return DataLoader(
+            self.train_set, batch_size=self.batch_size, shuffle=True,
+            generator=torch.Generator().manual_seed(self.seed), num_workers=self.num_workers,
+            pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0, drop_last=True,
+        )
+
+
+class RandomVectors(_RandomData):
+    """(x, y) batches for MLP: x float32 (B, in_features) ~ N(0, 1), y int64 (B,) in [0, num_classes)."""
+
+    def __init__(self, batch_size: int = 256, num_workers: int = 0, in_features: int = 1000, num_classes: int = 10,
+                 pin_memory: bool = False, num_samples: int = 65_536, seed: int = 0):
+        super().__init__(batch_size, num_workers, pin_memory, num_samples, seed)
+        self._make = functools.partial(_vector_sample, in_features=in_features, num_classes=num_classes)
+
+
+class RandomImages(_RandomData):
+    """(x, y) batches for ImageCNN (shape [1, 50, 180]) and ResNet (shape [3, 224, 224]): x float32
+    (B, *shape) ~ N(0, 1), y int64 (B,) in [0, num_classes)."""
+
+    def __init__(self, batch_size: int = 32, num_workers: int = 0, shape: Sequence[int] = (3, 224, 224),
+                 num_classes: int = 1000, pin_memory: bool = False, num_samples: int = 65_536, seed: int = 0):
+        super().__init__(batch_size, num_workers, pin_memory, num_samples, seed)
+        if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ValueError(f"RandomImages: shape must be [channels, height, width] of positive ints; got {shape!r}")
+        self._make = functools.partial(_image_sample, shape=tuple(shape), num_classes=num_classes)
+
+
+class RandomTokens(_RandomData):
+    """(idx, targets) batches for GPTLM: int64 (B, context) token ids in [0, vocab_size), targets the
+    same sequence shifted by one."""
+
+    def __init__(self, batch_size: int = 8, num_workers: int = 0, vocab_size: int = 50257, context: int = 1024,
+                 pin_memory: bool = False, num_samples: int = 65_536, seed: int = 0):
+        super().__init__(batch_size, num_workers, pin_memory, num_samples, seed)
+        self._make = functools.partial(_token_sample, vocab_size=vocab_size, context=context)
+
+
+DATAMODULES: dict[str, type[_RandomData]] = {
+    "mlp": RandomVectors, "cnn": RandomImages, "resnet": RandomImages, "gpt2-small": RandomTokens,
+}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import warnings
 from collections.abc import Callable, Collection
@@ -60,11 +61,24 @@ def estimate(
 
     started = time.perf_counter()
     trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_fake_tensor_log():
         warnings.filterwarnings("ignore", message=".*self.log.*")
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
         trace.run()
     return trace.result(time.perf_counter() - started, world_size)
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log():
+    """FakeTensorMode logs a full traceback at ERROR when a meta kernel rejects its inputs (a batch the
+    model cannot take); memplan turns that failure into one EstimateError, so the log is noise."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _check_strategy(strategy: str | None, world_size: int) -> None:

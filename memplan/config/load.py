@@ -1,0 +1,351 @@
+"""Read a LightningCLI config (the YAML given to `fit --config`) and its optional `memplan:` section.
+
+Nothing is instantiated when the config loads: classes are imported and their init_args checked
+against their signatures. The model is built only by `build_model`, which memplan calls under fake
+tensors, so a 7B-parameter config allocates no weights. The datamodule runs once, for one batch, the
+first time `example_batch` needs it.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import inspect
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from torch import nn
+
+from memplan.batching import resize_batch
+from memplan.config.classes import ClassSpec, parse_class_section
+from memplan.config.errors import ConfigError
+from memplan.config.settings import MemplanSettings, normalize_precision
+from memplan.estimator import EstimateError, MemoryEstimate, estimate
+
+BATCH_SIZE_ARGS = ("batch_size", "train_batch_size")
+"""init_args names that hold the per-GPU (micro-)batch size, looked for in this order."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderHints:
+    """How the training DataLoader loads, for the host-memory estimate."""
+
+    num_workers: int
+    """Worker processes per rank (0: in the training process)."""
+    prefetch_factor: int
+    """Batches each worker loads ahead (DataLoader's default 2; unused without workers)."""
+    pin_memory: bool
+    """Whether batches are copied into pinned host memory."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadedConfig:
+    """A loaded config: checked, not instantiated."""
+
+    path: Path
+    """The YAML file."""
+    raw: dict[str, Any]
+    """The YAML as a dict, with the overrides merged in; the planned config is written from it."""
+    settings: MemplanSettings
+    """The `memplan:` section (defaults where it is absent)."""
+    model: ClassSpec
+    """`model:`: the LightningModule."""
+    data: ClassSpec | None
+    """`data:`: the LightningDataModule, if any."""
+    optimizer_section: ClassSpec | None
+    """`optimizer:`, if any (LightningCLI then replaces the model's configure_optimizers with it)."""
+    trainer: dict[str, Any]
+    """`trainer:` (Trainer keyword arguments) as written."""
+    trainer_world_size: int | None
+    """trainer.devices x trainer.num_nodes, or None when the devices depend on the machine ('auto', -1)."""
+    accumulate_grad_batches: int
+    """trainer.accumulate_grad_batches (default 1)."""
+
+    def build_model(self) -> nn.Module:
+        """Instantiate the model: class_path(**init_args). memplan calls this under fake tensors
+        (memplan.estimate with model=loaded.build_model); called outside them, it allocates every weight."""
+        return self.model.instantiate()
+
+    def example_batch(self, batch_size: int) -> Any:
+        """One batch of `batch_size` samples, as training_step receives it: from memplan.batch_spec, or
+        else one batch of the datamodule's train_dataloader() resized (rows repeated or cut)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+        if self.settings.batch_spec is not None:
+            return self.settings.batch_spec.make(batch_size)
+        return resize_batch(self._datamodule_batch, batch_size)
+
+    @property
+    def batch_size_arg(self) -> tuple[str, str] | None:
+        """(section, init_arg) holding the micro-batch size, e.g. ('data', 'batch_size'); the model's
+        init_args are searched only when there is no datamodule."""
+        spec = self.data if self.data is not None else self.model
+        for name in BATCH_SIZE_ARGS:
+            if name in spec.init_args or spec.signature_default(name) is not _EMPTY:
+                return spec.key, name
+        return None
+
+    @property
+    def data_batch_size(self) -> int | None:
+        """The datamodule's batch size: its init_arg, else its signature default (None if it has none)."""
+        found = self.batch_size_arg
+        if found is None:
+            return None
+        spec = self.data if found[0] == "data" else self.model
+        value = spec.init_args.get(found[1], spec.signature_default(found[1]))
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def global_batch_size(self) -> int:
+        """memplan.global_batch_size, else the config's own: batch size x devices x nodes x accumulation."""
+        if self.settings.global_batch_size is not None:
+            return self.settings.global_batch_size
+        fix = "set memplan.global_batch_size (samples per optimizer step, over all GPUs)"
+        if self.data_batch_size is None:
+            raise ConfigError("memplan.global_batch_size", (
+                "memplan.global_batch_size is not set, and the config has no batch size to derive it from "
+                f"(the datamodule has no {' or '.join(BATCH_SIZE_ARGS)} argument); {fix}"))
+        if self.trainer_world_size is None:
+            devices = self.trainer.get("devices", "auto")
+            raise ConfigError("memplan.global_batch_size", (
+                f"memplan.global_batch_size is not set, and trainer.devices is {devices!r}, so the config's "
+                f"global batch depends on the machine; {fix}, or set trainer.devices to a number"))
+        return self.data_batch_size * self.trainer_world_size * self.accumulate_grad_batches
+
+    @property
+    def trainer_precision(self) -> str | None:
+        """trainer.precision as Lightning's canonical string (16 -> '16-mixed'), or None if unset."""
+        return normalize_precision(self.trainer.get("precision"))
+
+    @property
+    def optimizer(self) -> str | Callable[..., Any] | None:
+        """What to pass as memplan.estimate(optimizer=...): memplan.optimizer, else a callable(params)
+        building the `optimizer:` section, else None (the model's configure_optimizers)."""
+        if self.settings.optimizer is not None:
+            return self.settings.optimizer
+        if self.optimizer_section is not None:
+            return self.optimizer_section.instantiate
+        return None
+
+    @property
+    def loader(self) -> LoaderHints:
+        """DataLoader settings: data.init_args, else the memplan section, else the datamodule's and
+        torch's defaults."""
+        def pick(name: str, default: Any) -> Any:
+            if self.data is not None and name in self.data.init_args:
+                return self.data.init_args[name]
+            if getattr(self.settings, name) is not None:
+                return getattr(self.settings, name)
+            if self.data is not None and self.data.signature_default(name) is not _EMPTY:
+                return self.data.signature_default(name)
+            return default
+
+        return LoaderHints(num_workers=pick("num_workers", 0), pin_memory=bool(pick("pin_memory", False)),
+                           prefetch_factor=pick("prefetch_factor", None) or 2)
+
+    def estimate(self, batch_size: int, **kwargs: Any) -> MemoryEstimate:
+        """memplan.estimate of this config at `batch_size` per GPU (kwargs: precision, checkpointing,
+        device, strategy, world_size; optimizer defaults to `self.optimizer`), with config_errors()."""
+        kwargs.setdefault("optimizer", self.optimizer)
+        batch = self.example_batch(batch_size)
+        with self.config_errors():
+            return estimate(self.build_model, batch, **kwargs)
+
+    @contextlib.contextmanager
+    def config_errors(self) -> Iterator[None]:
+        """Around anything that traces this config (an estimate, the planner's search): an EstimateError
+        about the batch is re-raised as a ConfigError naming where the batch came from (memplan.batch_spec
+        or data); one about building the model, naming model.init_args. Others pass unchanged."""
+        try:
+            yield
+        except EstimateError as err:
+            # The estimator's messages start with the argument at fault; drop its advice about arguments.
+            message = str(err)
+            if message.startswith("batch"):
+                key = "memplan.batch_spec" if self.settings.batch_spec is not None else "data"
+                fix = ("describe the batch exactly as training_step receives it (structure, shapes, dtypes)"
+                       if key == "memplan.batch_spec" else "check data.init_args against model.init_args")
+                what = message.split(". Pass the batch", 1)[0]
+                raise ConfigError(key, f"{key} does not match the model {self.model.class_path}: {what}; "
+                                  f"{fix}") from err
+            if message.startswith("model: the callable that builds"):
+                what = message.split("raised ", 1)[-1].split(". Check that calling it", 1)[0]
+                raise ConfigError("model.init_args", f"model.init_args: {self.model.class_path}(**init_args) "
+                                  f"failed: {what}; fix model.init_args") from err
+            raise
+
+    @functools.cached_property
+    def _datamodule_batch(self) -> Any:
+        if self.data is None:  # load_config refuses a config with neither
+            raise ConfigError("data", "no data: section and no memplan.batch_spec")
+        return _first_batch(self.data)
+
+
+_EMPTY = inspect.Parameter.empty
+
+
+def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> LoadedConfig:
+    """Read a LightningCLI YAML and its optional `memplan:` section; nothing is instantiated.
+
+    overrides: merged over the YAML before it is read, nested ({"memplan": {"margin": 0.2}}) or
+    dotted ({"memplan.margin": 0.2, "trainer.precision": "bf16-mixed"}).
+    Raises ConfigError (a ValueError, exit_code 2) naming the key at fault and the fix.
+    """
+    path = Path(path)
+    raw = _read_yaml(path)
+    if overrides:
+        raw = _merge(raw, _expand_dotted(overrides))
+    if "model" not in raw:
+        raise ConfigError("model", (
+            f"{path}: no model: section; memplan reads the YAML you pass to LightningCLI's `fit --config`, "
+            "with model: {class_path: ..., init_args: {...}} at the top level"))
+    settings = MemplanSettings.from_dict(raw.get("memplan"))
+    model = parse_class_section(raw["model"], "model", base="LightningModule")
+    data = parse_class_section(raw["data"], "data", base="LightningDataModule") if raw.get("data") is not None else None
+    optimizer = None
+    if raw.get("optimizer") is not None:
+        optimizer = parse_class_section(raw["optimizer"], "optimizer", base="Optimizer",
+                                        default_module="torch.optim", leading=1)
+    if data is None and settings.batch_spec is None:
+        raise ConfigError("data", (
+            "no batch to plan with: the config has no data: section (a LightningDataModule) and no "
+            "memplan.batch_spec; add one, e.g. "
+            "memplan: {batch_spec: {input: {shape: [1024], dtype: int64, high: 50257}}}"))
+    trainer = raw.get("trainer") or {}
+    if not isinstance(trainer, Mapping):
+        raise ConfigError("trainer", f"trainer must be a mapping of Trainer arguments; got {trainer!r}")
+    devices = _device_count(trainer.get("devices", "auto"))
+    nodes = _positive_int(trainer, "num_nodes")
+    return LoadedConfig(
+        path=path, raw=raw, settings=settings, model=model, data=data, optimizer_section=optimizer,
+        trainer=dict(trainer), trainer_world_size=None if devices is None else devices * nodes,
+        accumulate_grad_batches=_positive_int(trainer, "accumulate_grad_batches"),
+    )
+
+
+# --- YAML -------------------------------------------------------------------------------------------
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """Reads YAML as LightningCLI does (jsonargparse's loader): `1e-3` is a float, not the string
+    YAML 1.1 makes it, and dates stay strings."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"""^(?:
+    [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError("", f"config file {path} does not exist; pass the YAML you give "
+                          "LightningCLI's --config") from None
+    except OSError as err:
+        raise ConfigError("", f"cannot read config file {path}: {err.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = err.problem or "invalid YAML"
+        if err.context and err.context_mark and err.context_mark is not mark:
+            what = f"{what} ({err.context} started at line {err.context_mark.line + 1})"
+        line = f"line {mark.line + 1}" if mark else "the line shown"
+        raise ConfigError("", f"{where}: YAML syntax error at {line}: {what}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError("", f"{path}: YAML error: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("", f"{path} must hold a YAML mapping (model:, data:, trainer:, memplan:); got "
+                          f"{'an empty file' if data is None else type(data).__name__}")
+    return data
+
+
+def _expand_dotted(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        *parents, leaf = str(key).split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = _expand_dotted(value) if isinstance(value, Mapping) else value
+    return out
+
+
+def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+# --- trainer -----------------------------------------------------------------------------------------
+def _device_count(devices: Any) -> int | None:
+    """GPUs per node from trainer.devices as Lightning parses it; None when the machine decides."""
+    if devices is None or devices == "auto" or devices == -1 or devices == "-1":
+        return None
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        return devices
+    if isinstance(devices, list) and devices:
+        return len(devices)
+    if isinstance(devices, str):
+        text = devices.strip()
+        if "," in text and all(p.strip().isdigit() for p in text.split(",") if p.strip()):
+            return len([p for p in text.split(",") if p.strip()])
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    raise ConfigError("trainer.devices", (
+        "trainer.devices must be a positive number of devices, a list of device indices, 'auto' or -1; "
+        f"got {devices!r}"))
+
+
+def _positive_int(trainer: Mapping[str, Any], name: str) -> int:
+    value = trainer.get(name, 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"trainer.{name}", f"trainer.{name} must be a positive int; got {value!r}")
+    return value
+
+
+# --- the datamodule's batch --------------------------------------------------------------------------
+def _first_batch(data: ClassSpec) -> Any:
+    """One batch of the datamodule's train_dataloader(), loaded in this process."""
+    overrides: dict[str, Any] = {}
+    if data.signature_default("num_workers") is not _EMPTY:
+        overrides["num_workers"] = 0  # one batch needs no worker processes
+    if data.signature_default("pin_memory") is not _EMPTY:
+        overrides["pin_memory"] = False  # nor pinned memory (which warns on a machine without a GPU)
+    if data.signature_default("persistent_workers") is not _EMPTY:
+        overrides["persistent_workers"] = False  # torch refuses persistent workers without workers
+    step = f"{data.cls.__name__}(**data.init_args)"
+    try:
+        datamodule = data.instantiate(**overrides)
+        step = f"{data.cls.__name__}.setup('fit')"
+        datamodule.setup("fit")
+        step = f"{data.cls.__name__}.train_dataloader()"
+        loaders = datamodule.train_dataloader()
+        step = f"iterating {data.cls.__name__}.train_dataloader()"
+        if isinstance(loaders, Mapping):  # Lightning combines several loaders into one batch of each
+            return {name: next(iter(loader)) for name, loader in loaders.items()}
+        if isinstance(loaders, (list, tuple)):
+            return [next(iter(loader)) for loader in loaders]
+        return next(iter(loaders))
+    except StopIteration:
+        raise ConfigError("data", f"data: {data.cls.__name__}.train_dataloader() yielded no batch; check "
+                          "data.init_args (an empty dataset, or drop_last with fewer samples than a batch)") from None
+    except Exception as err:  # the user's datamodule: report it as theirs, with its own message
+        raise ConfigError("data", (
+            f"data: {step} raised {type(err).__name__}: {err}. memplan takes one batch from the datamodule; "
+            "fix data.init_args, or describe the batch in memplan.batch_spec instead")) from err

@@ -1,0 +1,111 @@
+"""The `memplan:` section of a config: what the planner may choose, and what it must keep."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memplan.config.batch_spec import BatchSpec, parse_batch_spec
+from memplan.config.errors import ConfigError, did_you_mean
+from memplan.estimator.inputs import OPTIMIZERS
+from memplan.estimator.result import PRECISIONS, Precision
+
+DEFAULT_PRECISIONS: tuple[Precision, ...] = ("32-true", "16-mixed", "bf16-mixed")
+"""The planner's default choices: full and mixed precision, which keep fp32 weights. The '-true' half
+precisions change what training computes and must be allowed by name."""
+
+PRECISION_ALIASES: dict[Any, Precision] = {
+    32: "32-true", "32": "32-true", 16: "16-mixed", "16": "16-mixed", "bf16": "bf16-mixed",
+}
+"""Lightning's short spellings, as Trainer(precision=...) maps them."""
+
+
+def normalize_precision(value: Any) -> Any:
+    """Lightning's canonical string for a precision alias (16 -> '16-mixed'); anything else unchanged."""
+    return PRECISION_ALIASES.get(value, value) if isinstance(value, (str, int)) else value
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemplanSettings:
+    """What the planner may choose and must keep; the `memplan:` section of a config."""
+
+    global_batch_size: int | None = None
+    """Samples per optimizer step, kept by every plan. None: the config's own, trainer batch x
+    trainer.devices x trainer.num_nodes x trainer.accumulate_grad_batches."""
+    precisions: tuple[Precision, ...] = DEFAULT_PRECISIONS
+    """Lightning precision strings the planner may choose from."""
+    allow_checkpointing: bool = True
+    """Whether the planner may turn on activation checkpointing to fit."""
+    margin: float = 0.10
+    """Fraction of each GPU's free memory kept free as a safety margin (0.10 plans within 90 %)."""
+    batch_spec: BatchSpec | None = None
+    """Describes the batch instead of running the datamodule (see memplan.config.batch_spec)."""
+    optimizer: str | None = None
+    """Optimizer to estimate with, by memplan's name (sgd, sgd-momentum, adam, adamw, rmsprop, adagrad).
+    None: the config's `optimizer:` section, else the model's configure_optimizers()."""
+    num_workers: int | None = None
+    """DataLoader workers per rank, for the host-memory estimate, when data.init_args does not say."""
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead, when data.init_args does not say."""
+    pin_memory: bool | None = None
+    """Whether loaders pin host memory, when data.init_args does not say."""
+
+    def __post_init__(self) -> None:
+        gbs = self.global_batch_size
+        if gbs is not None and (not _is_int(gbs) or gbs < 1):
+            _fail("global_batch_size", "must be a positive int (samples per optimizer step, over all GPUs), "
+                  "or null to keep the config's own", gbs)
+        if not isinstance(self.precisions, tuple) or not self.precisions:
+            _fail("precisions", f"must be a non-empty list of Lightning precision strings ({', '.join(PRECISIONS)})",
+                  self.precisions)
+        for precision in self.precisions:
+            if precision not in PRECISIONS:
+                _fail("precisions", f"must hold Lightning precision strings ({', '.join(PRECISIONS)})", precision)
+        if not isinstance(self.allow_checkpointing, bool):
+            _fail("allow_checkpointing", "must be true or false", self.allow_checkpointing)
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < 1:
+            _fail("margin", "must be a fraction in [0, 1), e.g. 0.10 to keep 10 % of each GPU free", self.margin)
+        if self.batch_spec is not None and not isinstance(self.batch_spec, BatchSpec):
+            _fail("batch_spec", "must be a BatchSpec (in YAML: per-sample shapes, dtypes and ranges)", self.batch_spec)
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            _fail("optimizer", f"must be one of {', '.join(OPTIMIZERS)}, or null to use the config's optimizer"
+                  f"{did_you_mean(str(self.optimizer), OPTIMIZERS)}", self.optimizer)
+        if self.num_workers is not None and (not _is_int(self.num_workers) or self.num_workers < 0):
+            _fail("num_workers", "must be an int >= 0 (DataLoader workers per rank)", self.num_workers)
+        if self.prefetch_factor is not None and (not _is_int(self.prefetch_factor) or self.prefetch_factor < 1):
+            _fail("prefetch_factor", "must be a positive int (batches loaded ahead per worker)", self.prefetch_factor)
+        if self.pin_memory is not None and not isinstance(self.pin_memory, bool):
+            _fail("pin_memory", "must be true or false", self.pin_memory)
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any] | None) -> MemplanSettings:
+        """From the YAML `memplan:` section (None or missing: the defaults). Unknown keys are refused by name."""
+        if section is None:
+            return cls()
+        if not isinstance(section, Mapping):
+            raise ConfigError("memplan", f"memplan must be a mapping of settings (global_batch_size: ..., "
+                              f"precisions: [...]); got {section!r}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in section:
+            if key not in known:
+                raise ConfigError(f"memplan.{key}", (
+                    f"memplan.{key} is not a memplan setting{did_you_mean(str(key), known)}; "
+                    f"the settings are {', '.join(known)}"))
+        values = dict(section)
+        if "precisions" in values:
+            given = values["precisions"]
+            given = [given] if isinstance(given, (str, int)) else given
+            if isinstance(given, list):
+                values["precisions"] = tuple(dict.fromkeys(normalize_precision(p) for p in given))
+        if values.get("batch_spec") is not None:
+            values["batch_spec"] = parse_batch_spec(values["batch_spec"])
+        return cls(**values)
+
+
+def _fail(name: str, requirement: str, got: Any) -> None:
+    raise ConfigError(f"memplan.{name}", f"memplan.{name} {requirement}; got {got!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,109 @@
+"""Write the planned config: the user's YAML with the plan applied, and the plan file beside it."""
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from memplan.config.errors import ConfigError
+from memplan.config.load import BATCH_SIZE_ARGS, LoadedConfig
+from memplan.plan import Plan
+from memplan.units import format_bytes
+
+PLANNER_CLASS_PATH = "memplan.MemoryPlanner"
+
+
+def plan_path_for(config_path: str | Path) -> Path:
+    """Where write_planned_config puts the plan file: beside the config, `<name>.plan.json`."""
+    return Path(config_path).with_suffix(".plan.json")
+
+
+def planner_callback(plan_path: str | Path) -> dict[str, Any]:
+    """The trainer.callbacks entry that applies a plan file (checkpointing included) and watches memory."""
+    return {"class_path": PLANNER_CLASS_PATH, "init_args": {"plan": str(plan_path)}}
+
+
+def write_planned_config(loaded: LoadedConfig, plan: Plan, path: str | Path, *,
+                         callback: Mapping[str, Any] | None = None) -> None:
+    """Write the user's config with the plan applied to `path`, and the plan (Plan.to_dict()) as JSON
+    to plan_path_for(path).
+
+    Sets trainer.devices (the planned GPUs' indices when the plan chose local GPUs, else the count per
+    node), num_nodes, precision, accumulate_grad_batches and strategy, and the micro-batch size in the
+    datamodule's batch_size / train_batch_size init_arg. `callback` (e.g. planner_callback(plan_path_for(path)))
+    is appended to trainer.callbacks, replacing an entry of the same class_path. Every other key keeps
+    its value and order; the `memplan:` section is left out, since LightningCLI refuses keys it does not
+    know; YAML comments are not carried over.
+    """
+    path = Path(path)
+    if path.resolve() == loaded.path.resolve():
+        raise ConfigError("", f"refusing to overwrite the source config {path}; "
+                          "write the planned config to another file")
+    raw = copy.deepcopy(loaded.raw)
+    raw.pop("memplan", None)
+    raw["trainer"] = _planned_trainer(dict(raw.get("trainer") or {}), plan, callback)
+    _set_batch_size(raw, loaded, plan.micro_batch_size)
+    if plan.gradient_checkpointing and callback is None:
+        warnings.warn("the plan checkpoints activations, which the MemoryPlanner callback applies, and no callback "
+                      f"was given: {path} will not fit as planned unless the model checkpoints itself", stacklevel=2)
+    plan_path = plan_path_for(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_header(loaded, plan, plan_path) + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+    plan_path.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+
+
+def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str, Any] | None) -> dict[str, Any]:
+    local = plan.nodes == 1 and len(plan.gpus) == plan.gpus_per_node
+    trainer["devices"] = list(plan.gpus) if local else plan.gpus_per_node
+    trainer["num_nodes"] = plan.nodes
+    trainer["precision"] = plan.precision
+    trainer["accumulate_grad_batches"] = plan.accumulate_grad_batches
+    if not (plan.strategy == "ddp" and _is_ddp(trainer.get("strategy"))):
+        trainer["strategy"] = plan.strategy  # a DDP variant of the user's (find_unused_parameters ...) is kept
+    if callback is not None:
+        existing = trainer.get("callbacks") or []
+        existing = [existing] if isinstance(existing, Mapping) else list(existing)
+        ours = callback.get("class_path")
+        kept = [c for c in existing if not (isinstance(c, Mapping) and c.get("class_path") == ours)]
+        trainer["callbacks"] = [*kept, dict(callback)]
+    return trainer
+
+
+def _is_ddp(strategy: Any) -> bool:
+    if isinstance(strategy, str):
+        return strategy == "ddp" or strategy.startswith("ddp_find_unused_parameters")
+    if isinstance(strategy, Mapping):
+        return str(strategy.get("class_path", "")).endswith(".DDPStrategy")
+    return False
+
+
+def _set_batch_size(raw: dict[str, Any], loaded: LoadedConfig, micro_batch_size: int) -> None:
+    found = loaded.batch_size_arg
+    if found is None:
+        where = "data.init_args" if loaded.data is not None else "model.init_args (there is no data: section)"
+        raise ConfigError("data", (
+            f"cannot apply the plan's micro-batch size: {where} has no {' or '.join(BATCH_SIZE_ARGS)}; "
+            "give the datamodule a batch_size init argument"))
+    section, name = found
+    if isinstance(raw[section], str):
+        raw[section] = {"class_path": raw[section]}
+    raw[section]["init_args"] = {**(raw[section].get("init_args") or {}), name: micro_batch_size}
+
+
+def _header(loaded: LoadedConfig, plan: Plan, plan_path: Path) -> str:
+    lines = [
+        f"Planned by memplan from {loaded.path}, for {plan.world_size} x {plan.gpu_name} "
+        f"({plan.nodes} node(s) x {plan.gpus_per_node} GPU(s)).",
+        f"Micro-batch {plan.micro_batch_size} x {plan.world_size} rank(s) x {plan.accumulate_grad_batches} "
+        f"accumulation = global batch {plan.global_batch_size}; precision {plan.precision}; activation "
+        f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}.",
+        f"Predicted peak per GPU {format_bytes(plan.predicted_peak_bytes)} of "
+        f"{format_bytes(plan.device_budget_bytes)} usable. Plan file: {plan_path.name}.",
+        "The source's memplan: section and comments are not carried over.",
+    ]
+    return "".join(f"# {line}\n" for line in lines)

@@ -1,0 +1,267 @@
+"""The plan in words: why the winner won, and why each runner-up did not."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memplan.estimator.result import MemoryEstimate
+from memplan.plan import Alternative, Plan
+from memplan.planner.candidates import Candidate
+from memplan.planner.costs import CHECKPOINT_FACTOR, TENSOR_CORE_MIN_CAPABILITY
+from memplan.planner.request import PlanRequest
+from memplan.units import format_bytes
+
+if TYPE_CHECKING:
+    from memplan.planner.search import _Search
+
+MAX_ALTERNATIVES = 5
+"""Runners-up kept in the plan."""
+MAX_NEAR_MISSES = 2
+"""Of which, at most this many faster settings that do not fit."""
+
+
+def describe_plan(request: PlanRequest, winner: Candidate, est: MemoryEstimate, search: _Search) -> Plan:
+    """The Plan for the verified winner, with reasons and alternatives."""
+    indices = tuple(sorted(d.cuda_index for d in winner.devices if d.cuda_index is not None))
+    return Plan(
+        gpu_name=winner.devices[-1].name,
+        gpus=indices if len(indices) == len(winner.devices) else (),
+        nodes=request.nodes,
+        world_size=winner.world_size,
+        micro_batch_size=winner.micro_batch_size,
+        accumulate_grad_batches=winner.accumulate_grad_batches,
+        global_batch_size=request.global_batch_size,
+        precision=winner.precision,
+        gradient_checkpointing=winner.checkpointing,
+        strategy="ddp" if winner.world_size > 1 else "auto",
+        predicted_peak_bytes=est.device_total,
+        device_budget_bytes=winner.budget_bytes,
+        host_bytes_per_rank=winner.host_bytes_per_rank,
+        relative_speed=1.0,
+        reasons=tuple(_reasons(request, winner, est, search)),
+        alternatives=tuple(_alternatives(winner, search)),
+    )
+
+
+# --- reasons -------------------------------------------------------------------------------------
+def _reasons(request: PlanRequest, w: Candidate, est: MemoryEstimate, search: _Search) -> list[str]:
+    reasons = [
+        f"{_n(w.world_size, 'rank')} ({_n(request.nodes, 'node')} x {_n(w.gpus_per_node, 'GPU')}) x micro-batch "
+        f"{w.micro_batch_size} x {_n(w.accumulate_grad_batches, 'accumulation step')} = global batch "
+        f"{request.global_batch_size}, kept exactly.",
+        f"Predicted peak {format_bytes(est.device_total)} per GPU, traced at exactly this setting, within the "
+        f"{format_bytes(w.budget_bytes)} budget ({format_bytes(w.devices[-1].free_bytes)} free on "
+        f"{w.devices[-1].label} less the {request.margin:.0%} margin): {format_bytes(w.budget_bytes - est.device_total)} "
+        f"headroom. {_n(search.calls, 'estimator trace')} in the search.",
+        _micro_reason(request, w, search),
+        _precision_reason(request, w, search),
+        _checkpointing_reason(request, w, search),
+    ]
+    reasons.extend(_left_out_reasons(request, w, search))
+    return reasons
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _same(c: Candidate, w: Candidate, **changes) -> bool:
+    fields = {"precision": w.precision, "checkpointing": w.checkpointing, "world_size": w.world_size,
+              "micro_batch_size": w.micro_batch_size}
+    fields.update(changes)
+    return all(getattr(c, k) == v for k, v in fields.items())
+
+
+def _find(search: _Search, w: Candidate, **changes) -> Candidate | None:
+    return next((c for c in search.candidates if _same(c, w, **changes)), None)
+
+
+def _miss(search: _Search, c: Candidate, request: PlanRequest) -> str:
+    """Why a candidate does not fit, in words."""
+    if not search.fits_device(c):
+        need = search.predicted_bytes(c)
+        how = "traced" if c.trace_key in search.traces else "predicted"
+        return (f"needs {format_bytes(need)} per GPU ({how}), over the {format_bytes(c.budget_bytes)} budget "
+                f"by {format_bytes(need - c.budget_bytes)}")
+    return (f"host RAM: {_n(c.gpus_per_node, 'rank')} x {format_bytes(c.host_bytes_per_rank)} = "
+            f"{format_bytes(c.gpus_per_node * c.host_bytes_per_rank)} per node, over the "
+            f"{format_bytes(request.host_budget_bytes or 0)} host budget")
+
+
+def _micro_reason(request: PlanRequest, w: Candidate, search: _Search) -> str:
+    larger = sorted((c for c in search.candidates if _same(c, w, micro_batch_size=c.micro_batch_size)
+                     and c.micro_batch_size > w.micro_batch_size), key=lambda c: c.micro_batch_size)
+    if larger and search.fits(larger[0]):
+        return (f"Micro-batch {w.micro_batch_size}: {larger[0].micro_batch_size} is predicted to fit too but was not "
+                f"confirmed within the search's verification traces.")
+    if larger:
+        nxt = larger[0]
+        return (f"Micro-batch {w.micro_batch_size} is the largest that fits: {nxt.micro_batch_size} "
+                f"{_miss(search, nxt, request)}; {w.accumulate_grad_batches} accumulation steps keep the global batch.")
+    if w.accumulate_grad_batches == 1:
+        return (f"Micro-batch {w.micro_batch_size} is each rank's whole share of the global batch "
+                f"({request.global_batch_size} / {w.world_size}): no accumulation needed.")
+    return f"Micro-batch {w.micro_batch_size} is the largest allowed by max_micro_batch_size={request.max_micro_batch_size}."
+
+
+def _precision_reason(request: PlanRequest, w: Candidate, search: _Search) -> str:
+    amp = ("AMP runs matmuls on tensor cores, ~2x the throughput of 32-true"
+           if w.compute_capability >= TENSOR_CORE_MIN_CAPABILITY else
+           "AMP halves the saved activations (no tensor cores on this GPU, so no speed-up)")
+    if w.precision == "bf16-mixed":
+        return f"bf16-mixed: {amp}, and bf16 needs no GradScaler (sm80+)."
+    if w.precision == "16-mixed":
+        if "bf16-mixed" not in request.precisions:
+            return f"16-mixed: {amp}; bf16-mixed is not among the allowed precisions."
+        old = sorted({d.label for d in request.devices if not d.bf16_supported})
+        if old:
+            lack = f"{old[0]} lacks" if len(old) == 1 else f"{', '.join(old)} lack"
+            return f"16-mixed: {amp}; bf16-mixed needs compute capability 8.0+, which {lack}."
+        return f"16-mixed: {amp}; bf16-mixed ranked lower here."
+    if not any(p in request.precisions for p in ("bf16-mixed", "16-mixed")):
+        return "32-true: the only precision allowed."
+    amp_fits = [c for c in search.candidates if c.group.amp and search.fits(c)]
+    if not amp_fits:
+        return "32-true: no mixed-precision setting fits (nor a faster one)."
+    return "32-true: it ranked above every mixed-precision setting that fits."
+
+
+def _checkpointing_reason(request: PlanRequest, w: Candidate, search: _Search) -> str:
+    if not w.checkpointing:
+        if not request.allow_checkpointing:
+            return "No activation checkpointing (not allowed by the request)."
+        return (f"No activation checkpointing: this setting fits without it, and recomputing each block's "
+                f"forward would cost ~1/3 of a step (x{CHECKPOINT_FACTOR}).")
+    plain = _find(search, w, checkpointing=False)
+    unckpt = [c for c in search.candidates if c.precision == w.precision and not c.checkpointing and search.fits(c)]
+    if unckpt:
+        best = max(unckpt, key=Candidate.rank_key)
+        without = (f"the best setting without it (micro-batch {best.micro_batch_size} on {_n(best.world_size, 'rank')}) "
+                   f"runs at {best.speed / w.speed:.0%} of this speed")
+    elif plain is not None and plain.group in search.explored:
+        without = f"this setting {_miss(search, plain, request)}, and nothing without checkpointing fits"
+    else:
+        without = "nothing fits without it, not even at micro-batch 1"
+    return (f"Activation checkpointing on, at ~1/3 extra compute (x{CHECKPOINT_FACTOR}): without it {without}.")
+
+
+def _left_out_reasons(request: PlanRequest, w: Candidate, search: _Search) -> list[str]:
+    """Why each GPU of the node that the plan does not use was left out."""
+    usable = request.usable_device_indices(w.precision)
+    reasons = []
+    for i, d in enumerate(request.devices):
+        if i not in usable:
+            major, minor = d.compute_capability
+            reasons.append(f"Left out {d.label}: {w.precision} needs compute capability 8.0+, it has {major}.{minor}.")
+    unchosen = [i for i in usable if i not in w.device_indices]
+    if not unchosen:
+        return reasons
+    floor = w.devices[-1].free_bytes
+    for i in unchosen:
+        d = request.devices[i]
+        if d.free_bytes < floor:
+            held = d.total_bytes - d.free_bytes
+            reasons.append(
+                f"Left out {d.label}: only {format_bytes(d.free_bytes)} free of {format_bytes(d.total_bytes)}"
+                f"{f' (other processes hold {format_bytes(held)})' if held else ''}; using it would cap every "
+                f"GPU's budget at {format_bytes(request.budget_bytes(d.free_bytes))}.")
+    reasons.append(f"Uses {w.gpus_per_node} of {len(usable)} GPUs per node: {_more_gpus(request, w, search, len(usable))}.")
+    return reasons
+
+
+def _more_gpus(request: PlanRequest, w: Candidate, search: _Search, available: int) -> str:
+    """What stops each larger number of GPUs per node: the batch split, memory, host RAM or speed."""
+    split, parts = [], []
+    said = set()
+    for gpus in range(w.gpus_per_node + 1, available + 1):
+        with_it = [c for c in search.candidates if c.precision == w.precision and c.gpus_per_node == gpus]
+        if not with_it:
+            split.append(gpus * request.nodes)
+            continue
+        fitting = [c for c in with_it if search.fits(c)]
+        if fitting:
+            kind = "slower"
+            best = max(fitting, key=Candidate.rank_key)
+            text = (f"with {gpus} the best setting that fits (micro-batch {best.micro_batch_size}"
+                    f"{', checkpointing' if best.checkpointing else ''}) runs at {best.speed / w.speed:.0%} of this speed")
+        elif any(search.fits_device(c) for c in with_it):
+            kind = "host"
+            least = min(with_it, key=lambda c: c.host_bytes_per_rank)
+            text = (f"host RAM stops {gpus}: {gpus} x {format_bytes(least.host_bytes_per_rank)} per node is over the "
+                    f"{format_bytes(request.host_budget_bytes or 0)} host budget")
+        else:
+            kind = "memory"
+            known = [search.predicted_bytes(c) for c in with_it if c.group in search.explored]
+            need = f" (the least any needs: {format_bytes(min(known))})" if known else ""
+            text = (f"with {gpus} nothing fits the {format_bytes(with_it[0].budget_bytes)} per-GPU budget{need}")
+        if kind not in said:  # the smallest count of each kind says it; larger ones are alike
+            said.add(kind)
+            parts.append(text)
+    if split:
+        ranks = ", ".join(str(n) for n in split)
+        parts.append(f"the global batch {request.global_batch_size} does not split evenly over {ranks} ranks")
+    return "; ".join(parts)
+
+
+# --- alternatives --------------------------------------------------------------------------------
+def _alternatives(w: Candidate, search: _Search) -> list[Alternative]:
+    """The best fits that lost (one per world size x precision x checkpointing) and the closest
+    faster settings that do not fit, best first."""
+    seen = [c for c in search.candidates if c.group in search.explored and c is not w
+            and (c.group not in search.unfit or c.micro_batch_size == 1)]  # unfit groups: only micro 1 traced
+
+    def kind(c: Candidate) -> tuple:  # bf16-mixed and 16-mixed twins count as one kind
+        return (c.world_size, c.group.amp, c.checkpointing)
+
+    best_fit: dict[tuple, Candidate] = {}
+    for c in (c for c in seen if search.fits(c) and kind(c) != kind(w)):
+        if kind(c) not in best_fit or c.rank_key() > best_fit[kind(c)].rank_key():
+            best_fit[kind(c)] = c
+    fits = sorted(best_fit.values(), key=Candidate.rank_key, reverse=True)
+    # The winner's own kind: its precision twin, and its best smaller micro-batch.
+    twin = [c for c in seen if _same(c, w, precision=c.precision) and search.fits(c)]
+    smaller = [c for c in seen if kind(c) == kind(w) and c.precision == w.precision and search.fits(c)]
+    own = twin[:1] + ([max(smaller, key=Candidate.rank_key)] if smaller else [])
+
+    closest_miss: dict[tuple, Candidate] = {}
+    for c in (c for c in seen if not search.fits(c) and c.speed > w.speed):
+        over = _overshoot(search, c)
+        if kind(c) not in closest_miss or over < _overshoot(search, closest_miss[kind(c)]):
+            closest_miss[kind(c)] = c
+    misses = sorted(closest_miss.values(), key=lambda c: _overshoot(search, c))[:MAX_NEAR_MISSES]
+    chosen = sorted((own + fits)[:MAX_ALTERNATIVES - len(misses)] + misses, key=lambda c: c.speed, reverse=True)
+    return [_alternative(c, w, search) for c in chosen]
+
+
+def _overshoot(search: _Search, c: Candidate) -> float:
+    if not search.fits_device(c):
+        return search.predicted_bytes(c) / c.budget_bytes
+    budget = search.request.host_budget_bytes or 1
+    return c.gpus_per_node * c.host_bytes_per_rank / budget
+
+
+def _alternative(c: Candidate, w: Candidate, search: _Search) -> Alternative:
+    fits = search.fits(c)
+    if fits:
+        why = f"{c.speed / w.speed:.0%} of the winner's predicted speed: {_differences(c, w)}"
+    else:
+        why = f"does not fit: {_miss(search, c, search.request)}"
+    return Alternative(
+        world_size=c.world_size, micro_batch_size=c.micro_batch_size,
+        accumulate_grad_batches=c.accumulate_grad_batches, precision=c.precision,
+        gradient_checkpointing=c.checkpointing, predicted_peak_bytes=search.predicted_bytes(c),
+        relative_speed=c.speed / w.speed, fits=fits, why_not=why)
+
+
+def _differences(c: Candidate, w: Candidate) -> str:
+    out = []
+    if c.world_size < w.world_size:
+        out.append(f"{_n(c.world_size, 'rank')} instead of {w.world_size}")
+    if c.micro_batch_size < w.micro_batch_size:
+        out.append(f"micro-batch {c.micro_batch_size} instead of {w.micro_batch_size}")
+    if c.checkpointing and not w.checkpointing:
+        out.append("activation checkpointing recomputes each block's forward")
+    if c.precision == "32-true" and w.precision != "32-true":
+        out.append("32-true forgoes AMP's tensor-core speed-up")
+    if c.precision == "16-mixed" and w.precision == "bf16-mixed":
+        out.append("16-mixed pays for a GradScaler; same memory as bf16-mixed")
+    return "; ".join(out) or "ranked lower by the throughput model"

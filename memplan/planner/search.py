@@ -1,0 +1,289 @@
+"""make_plan: the fastest setting that fits, found with few traces.
+
+Each estimator call is a trace of one training step (1-2 s for a GPT-2), so the search never traces
+every candidate. It relies on four facts about a training step's memory:
+
+1. AMP precisions share memory. bf16-mixed and 16-mixed keep fp32 weights and optimizer state and
+   save half-precision activations; they differ by the GradScaler's two scalars. One AMP trace
+   (16-mixed when allowed: the larger of the two) serves both; the winner is verified in its own.
+2. DDP's per-rank memory does not depend on the number of ranks, except for the gradient buckets
+   (one gradient's worth, the same for any world size > 1) and NCCL's buffers (outside the
+   allocator). DDP candidates are traced at world_size=2 with NCCL's bytes removed, and
+   `nccl_buffer_bytes(world_size)` is added back per world size; one-GPU candidates are traced at
+   world_size=1 (no buckets, no NCCL).
+3. Memory is linear in the micro-batch (activations and batch grow with it; weights, gradients and
+   optimizer state do not), up to the caching allocator's rounding. Each group (see candidates.py)
+   is traced at micro-batch 1 and PROBE_MICRO; the line through them (slope at least the growth of
+   saved activations, so a peak that sits in the optimizer step at small micro-batches does not
+   hide the slope) predicts larger micro-batches, plus SAFETY_BYTES for the allocator's segments.
+   A group whose sibling (same precision and checkpointing, other world kind) has a slope reuses
+   it and is traced at micro-batch 1 only.
+4. Less memory: checkpointing <= none, AMP <= 32-true, one rank <= DDP. A group that does not fit at
+   micro-batch 1 rules out every group needing no less (on budgets no larger) without a trace.
+
+Groups are explored best-first by the fastest candidate they could hold (costs.py); a group whose
+best cannot beat the best fit found so far is never traced. The best candidate is then traced
+exactly at its setting and the measurement joins its curve: if it does not fit, the chord through
+it is conservative for a convex curve and the search resumes lower; if it fits, a larger
+micro-batch that the refined line now admits is traced next (at most MAX_VERIFICATIONS such
+traces). The plan's peak is always a trace at exactly the chosen setting.
+
+Calls: 3-5 when AMP without checkpointing fits (2 for the group, 1-3 to verify); 6-8 when
+checkpointing or a single-GPU setting competes; at most 12 plus verifications with every group
+traced. When nothing fits, 1 call per group until the frugal ones fail (4 with all allowed), and
+NoFit is raised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from memplan.estimator.cuda import nccl_buffer_bytes
+from memplan.estimator.result import MemoryEstimate
+from memplan.plan import Plan
+from memplan.planner.candidates import Candidate, Group, enumerate_candidates
+from memplan.planner.explain import describe_plan
+from memplan.planner.nofit import NoFit, fsdp_full_shard_bytes
+from memplan.planner.request import PlanRequest
+from memplan.units import MiB, format_bytes
+
+PROBE_MICRO = 4
+"""Second micro-batch traced per group (with 1) to fit the memory line."""
+SAFETY_BYTES = 32 * MiB
+"""Added to every predicted (not traced) figure: the caching allocator rounds large blocks to
+2 MiB and carves mid-size ones from 20 MiB segments, so a line between traces can be off by that."""
+MAX_VERIFICATIONS = 3
+"""Exact traces of the best candidate before settling for the best one that fit; a search that
+has found none that fits keeps shrinking past it."""
+EXTRAPOLATION_SLACK = 0.02
+"""Extra fraction of the predicted growth beyond the largest traced micro-batch."""
+
+
+class Estimator(Protocol):
+    """Per-GPU memory of one training step at a setting (memplan.estimate with the model bound)."""
+
+    def __call__(self, *, micro_batch_size: int, precision: str, checkpointing: bool,
+                 world_size: int) -> MemoryEstimate: ...
+
+
+@dataclass
+class _Curve:
+    """One group's per-rank device bytes (NCCL buffers excluded) by micro-batch: traced points,
+    a line through the largest two, or the sibling group's slope."""
+
+    points: dict[int, int] = field(default_factory=dict)
+    """micro-batch -> device_total - communication, the largest seen."""
+    activation_growth: dict[int, int] = field(default_factory=dict)
+    """micro-batch -> forward_activations + batch (grows with the micro-batch whatever the peak)."""
+    has_communication: bool = False
+    """Whether the estimator reports NCCL buffers (a CUDA target with DDP)."""
+    sibling: _Curve | None = None
+    """The same precision and checkpointing at the other world kind, whose slope this one may reuse."""
+
+    def add(self, micro: int, est: MemoryEstimate) -> None:
+        self.points[micro] = max(self.points.get(micro, 0), est.device_total - est.communication)
+        self.activation_growth[micro] = est.forward_activations + est.batch
+        self.has_communication |= est.communication > 0
+
+    def own_slope(self) -> float | None:
+        """Bytes per sample from this curve's two largest traces; None with fewer than two."""
+        if len(self.points) < 2:
+            return None
+        lo, hi = sorted(self.points)[-2:]
+        chord = (self.points[hi] - self.points[lo]) / (hi - lo)
+        growth = (self.activation_growth[hi] - self.activation_growth[lo]) / (hi - lo)
+        return max(chord, growth, 0.0)
+
+    def slope(self) -> float:
+        own = self.own_slope()
+        if own is None and self.sibling is not None:
+            own = self.sibling.own_slope()
+        return own or 0.0
+
+    def predict(self, micro: int) -> int:
+        """Traced value where traced; else interpolated between traces or extrapolated, plus slack."""
+        known = sorted(self.points)
+        if micro in self.points:
+            return self.points[micro]
+        below = [b for b in known if b < micro]
+        above = [b for b in known if b > micro]
+        if not below:  # memory grows with the micro-batch: the next trace bounds it
+            return self.points[above[0]]
+        lo = below[-1]
+        if above:
+            hi = above[0]
+            value = self.points[lo] + (self.points[hi] - self.points[lo]) * (micro - lo) / (hi - lo)
+            return int(value) + SAFETY_BYTES
+        growth = self.slope() * (micro - lo)
+        return int(self.points[lo] + growth * (1 + EXTRAPOLATION_SLACK)) + SAFETY_BYTES
+
+
+class _Search:
+    def __init__(self, request: PlanRequest, estimator: Estimator) -> None:
+        self.request = request
+        self.estimator = estimator
+        self.candidates = list(enumerate_candidates(request))
+        self.groups: dict[Group, list[Candidate]] = {}
+        for c in self.candidates:
+            self.groups.setdefault(c.group, []).append(c)
+        self.curves: dict[Group, _Curve] = {g: _Curve() for g in self.groups}
+        for g, curve in self.curves.items():
+            curve.sibling = self.curves.get(Group(amp=g.amp, checkpointing=g.checkpointing, multi=not g.multi))
+        self.traces: dict[tuple[int, str, bool, int], MemoryEstimate] = {}
+        self.explored: set[Group] = set()
+        self.unfit: set[Group] = set()
+        self.calls = 0
+
+    # --- estimator calls ------------------------------------------------------------------------
+    def trace(self, micro: int, precision: str, checkpointing: bool, world_size: int) -> MemoryEstimate:
+        key = (micro, precision, checkpointing, world_size)
+        if key not in self.traces:
+            self.calls += 1
+            self.traces[key] = self.estimator(micro_batch_size=micro, precision=precision,
+                                              checkpointing=checkpointing, world_size=world_size)
+        return self.traces[key]
+
+    def trace_precision(self, group: Group) -> str:
+        if not group.amp:
+            return "32-true"
+        # bf16-mixed and 16-mixed have the same memory but for the GradScaler's scalars: trace one
+        # AMP precision for both, 16-mixed where allowed (the larger, and valid on every GPU).
+        return "16-mixed" if "16-mixed" in self.request.precisions else "bf16-mixed"
+
+    # --- memory of a candidate ------------------------------------------------------------------
+    def predicted_bytes(self, c: Candidate) -> int:
+        exact = self.traces.get(c.trace_key)
+        if exact is not None:
+            return exact.device_total
+        curve = self.curves[c.group]
+        value = curve.predict(c.micro_batch_size)
+        if c.world_size > 1 and curve.has_communication:
+            value += nccl_buffer_bytes(c.world_size, compute_capability=c.compute_capability)
+        return value
+
+    def fits_device(self, c: Candidate) -> bool:
+        return c.group in self.explored and self.predicted_bytes(c) <= c.budget_bytes
+
+    def fits(self, c: Candidate) -> bool:
+        return c.host_fits and self.fits_device(c)
+
+    # --- the search -----------------------------------------------------------------------------
+    def bound(self, group: Group) -> float | None:
+        """The fastest candidate the group could hold if memory allowed; None if none fits the host."""
+        speeds = [c.speed for c in self.groups[group] if c.host_fits]
+        return max(speeds) if speeds else None
+
+    def ruled_out(self, group: Group) -> bool:
+        top = max(c.budget_bytes for c in self.groups[group])
+        return any(group.needs_no_less_than(u) and top <= max(c.budget_bytes for c in self.groups[u])
+                   for u in self.unfit)
+
+    def explore(self, group: Group) -> None:
+        self.explored.add(group)
+        curve, precision = self.curves[group], self.trace_precision(group)
+        curve.add(1, self.trace(1, precision, group.checkpointing, group.probe_world_size))
+        if not any(self.fits_device(c) for c in self.groups[group] if c.micro_batch_size == 1):
+            self.unfit.add(group)
+            return
+        largest = max(c.micro_batch_size for c in self.groups[group])
+        sibling_slope = curve.sibling.own_slope() if curve.sibling is not None else None
+        if largest > 1 and sibling_slope is None:
+            probe = min(PROBE_MICRO, largest)
+            curve.add(probe, self.trace(probe, precision, group.checkpointing, group.probe_world_size))
+
+    def best_fit(self) -> Candidate | None:
+        fitting = [c for c in self.candidates if self.fits(c)]
+        return max(fitting, key=Candidate.rank_key) if fitting else None
+
+    def next_group(self, best: Candidate | None) -> Group | None:
+        floor = best.speed if best is not None else float("-inf")
+        pending = [(b, g) for g in self.groups if g not in self.explored and not self.ruled_out(g)
+                   and (b := self.bound(g)) is not None and b > floor]
+        return max(pending, key=lambda item: item[0])[1] if pending else None
+
+    def run(self) -> tuple[Candidate, MemoryEstimate]:
+        """Explore groups best-first, then trace the best candidate exactly until the best is one
+        already traced: a verification that fits can reveal room for a larger micro-batch (the line
+        through it is more accurate up there), one that does not fit shrinks the choice."""
+        verified: list[Candidate] = []
+        verifications = 0
+        while True:
+            best = self.best_fit()
+            group = self.next_group(best)
+            if group is not None:
+                self.explore(group)
+                continue
+            if best is None:
+                raise self.no_fit()
+            if best.trace_key in self.traces:
+                return best, self.traces[best.trace_key]
+            if verifications >= MAX_VERIFICATIONS and verified:
+                top = max(verified, key=Candidate.rank_key)
+                return top, self.traces[top.trace_key]
+            est = self.trace(*best.trace_key)
+            verifications += 1
+            # The measurement joins the curve (which removes this trace's own NCCL bytes, whatever
+            # its world size): every later prediction of the group uses it.
+            self.curves[best.group].add(best.micro_batch_size, est)
+            if est.device_total <= best.budget_bytes and best.host_fits:
+                verified.append(best)
+
+    # --- nothing fits ---------------------------------------------------------------------------
+    def no_fit(self) -> NoFit:
+        """The error for an empty search, with DDP's and FSDP's per-GPU needs at the most frugal
+        allowed setting (AMP and checkpointing when allowed), micro-batch 1, on every GPU allowed."""
+        request = self.request
+        amp = any(g.amp for g in self.groups)
+        frugal = [g for g in self.groups if g.amp == amp and g.checkpointing == request.allow_checkpointing]
+        group = max(frugal, key=lambda g: g.multi)
+        widest = max(self.groups[group], key=lambda c: c.world_size)
+        precision = self.trace_precision(group)
+        ddp_est = self.trace(1, precision, group.checkpointing, group.probe_world_size)
+        ddp_needed = ddp_est.device_total - ddp_est.communication
+        if widest.world_size > 1 and ddp_est.communication:
+            ddp_needed += nccl_buffer_bytes(widest.world_size, compute_capability=widest.compute_capability)
+        # FSDP from the one-GPU trace where there is one: it has no DDP buckets in its gradients.
+        base = self.traces.get((1, precision, group.checkpointing, 1), ddp_est)
+        fsdp_needed = fsdp_full_shard_bytes(base, world_size=widest.world_size,
+                                            largest_block_bytes=request.largest_block_bytes,
+                                            compute_capability=widest.compute_capability)
+        budget = max(c.budget_bytes for c in self.candidates)
+        where = f"across {widest.world_size} GPUs" if widest.world_size > 1 else "on one GPU"
+        setting = ", ".join([precision, *(["activation checkpointing"] if group.checkpointing else []),
+                             "micro-batch 1"])
+        lines = []
+        if not all(c.host_fits for c in self.candidates):
+            least = min(self.candidates, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
+            lines.append(
+                f"host RAM limits the ranks: {least.gpus_per_node} rank(s) per node need "
+                f"{format_bytes(least.gpus_per_node * least.host_bytes_per_rank)} at the least, and "
+                f"{'no' if not any(c.host_fits for c in self.candidates) else 'no other'} setting fits the "
+                f"{format_bytes(request.host_budget_bytes or 0)} host budget ({request.margin:.0%} margin kept); "
+                "free host memory, build the model on meta, or use fewer DataLoader workers.")
+        if ddp_needed > widest.budget_bytes:
+            verdict = ("which would fit: use strategy='fsdp'" if fsdp_needed <= widest.budget_bytes else
+                       "which does not fit either: add GPUs or nodes, offload to CPU, or use GPUs with more memory")
+            lines.append(
+                f"DDP needs {format_bytes(ddp_needed)} per GPU {where} even with {setting}, over the per-GPU "
+                f"budget of {format_bytes(widest.budget_bytes)} ({request.margin:.0%} margin kept). FSDP full "
+                f"shard {where} would need about {format_bytes(fsdp_needed)} per GPU (approximate), {verdict}.")
+            if not amp or not request.allow_checkpointing:
+                allow = [x for x, ok in (("precisions=('bf16-mixed', '16-mixed', ...)", amp),
+                                         ("allow_checkpointing=True", request.allow_checkpointing)) if not ok]
+                lines.append(f"Allowing {' and '.join(allow)} would lower what DDP needs.")
+        else:
+            lines.append(f"GPU memory is not the limit: DDP needs {format_bytes(ddp_needed)} per GPU {where} "
+                         f"with {setting} (FSDP full shard about {format_bytes(fsdp_needed)}).")
+        return NoFit("Nothing fits: " + " ".join(lines), ddp_needed_bytes_per_gpu=ddp_needed,
+                     fsdp_needed_bytes_per_gpu=fsdp_needed, budget_bytes_per_gpu=budget)
+
+
+def make_plan(request: PlanRequest, estimator: Estimator) -> Plan:
+    """The fastest setting (relative_throughput) whose traced memory fits every chosen GPU and the
+    host, with the runners-up and the reasons. Raises NoFit when nothing fits, ValueError for a bad
+    request (checked when the PlanRequest is built)."""
+    if not isinstance(request, PlanRequest):
+        raise ValueError(f"make_plan: request must be a PlanRequest; got {type(request).__name__}")
+    search = _Search(request, estimator)
+    winner, est = search.run()
+    return describe_plan(request, winner, est, search)

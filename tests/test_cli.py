@@ -1,0 +1,93 @@
+"""The memplan command line, end to end in-process (CPU; GPUs named from the catalog)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from memplan.cli import main
+from memplan.plan import Plan
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = str(ROOT / "configs" / "mlp.yaml")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_suggest_off_box_keeps_the_global_batch_and_fits(capsys):
+    code, out, _ = run(capsys, "suggest", "--gpus", "4", "--gpu", "A100-80GB", MLP, "--json")
+    assert code == 0
+    plan = Plan.from_dict(json.loads(out))
+    config = yaml.safe_load(Path(MLP).read_text())
+    assert plan.global_batch_size == config["memplan"]["global_batch_size"]
+    assert plan.micro_batch_size * plan.world_size * plan.accumulate_grad_batches == plan.global_batch_size
+    assert plan.predicted_peak_bytes <= plan.device_budget_bytes
+    assert plan.world_size == 4 and plan.precision == "bf16-mixed"
+
+
+def test_suggest_prints_a_table_with_reasons(capsys):
+    code, out, _ = run(capsys, "suggest", "--gpu-memory", "24GiB", MLP)
+    assert code == 0
+    for word in ("micro-batch per GPU", "gradient accumulation", "predicted per-GPU peak", "Why:"):
+        assert word in out
+
+
+def test_suggest_output_writes_a_planned_config_and_the_plan(capsys, tmp_path):
+    out_path = tmp_path / "planned.yaml"
+    code, out, _ = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, "--output", str(out_path))
+    assert code == 0
+    planned = yaml.safe_load(out_path.read_text())
+    plan = Plan.from_dict(json.loads(out_path.with_suffix(".plan.json").read_text()))
+    assert planned["trainer"]["precision"] == plan.precision == "16-mixed"  # V100: no bf16
+    assert planned["trainer"]["accumulate_grad_batches"] == plan.accumulate_grad_batches
+    assert planned["data"]["init_args"]["batch_size"] == plan.micro_batch_size
+    assert "torchrun --nproc-per-node=2" in out
+
+
+def test_suggest_without_a_gpu_says_how_to_name_one(capsys):
+    code, _, err = run(capsys, "suggest", MLP)
+    assert code == 2
+    assert "--gpu H100-80GB" in err and "--gpu-memory 24GiB" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["suggest", "--gpu", "A100-80GB", "missing.yaml"], "missing.yaml does not exist"),
+    (["suggest", "--gpu", "GTX-9999", MLP], "GTX-9999"),
+    (["suggest", "--gpu", "A100-80GB", "--precision", "16-true", MLP], "--precision: the planner searches"),
+    (["suggest", "--gpu", "A100-80GB", "--global-batch-size", "7", "--nodes", "2", MLP], "global_batch_size"),
+])
+def test_suggest_bad_input_exits_2_with_one_clear_line(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_estimate_a_config_at_one_batch_size(capsys):
+    code, out, _ = run(capsys, "estimate", MLP, "--batch-size", "64", "--device", "cpu", "--json")
+    assert code == 0
+    est = json.loads(out)
+    assert est["batch_size"] == 64 and est["peak_allocated"] > est["parameters"] > 0
+
+
+def test_estimate_a_demo_prints_the_breakdown(capsys):
+    code, out, _ = run(capsys, "estimate", "--demo", "mlp", "--batch-size", "32", "--device", "cpu")
+    assert code == 0
+    assert "peak allocated" in out and "seeds' rule" in out
+
+
+def test_estimate_needs_a_config_or_a_demo(capsys):
+    code, _, err = run(capsys, "estimate", "--batch-size", "8")
+    assert code == 2 and "config file or --demo" in err
+
+
+def test_devices_json_reports_the_host(capsys):
+    code, out, _ = run(capsys, "devices", "--json")
+    assert code == 0
+    assert json.loads(out)["host"]["total_bytes"] > 0

@@ -1,0 +1,77 @@
+"""Every config in configs/ loads, gives the batch its model's training_step takes, traces, and is a
+LightningCLI config (with a CLI that accepts the memplan: section)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import memplan
+from memplan.config import add_memplan_argument, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+EXPECTED = {
+    # name: (model class, parameters, global batch size, optimizer state per fp32 parameter byte)
+    "mlp": ("MLP", 131_410, 1024, 2),               # optimizer: AdamW (exp_avg, exp_avg_sq)
+    "cnn": ("ImageCNN", 245_252, 256, 2),           # the model's configure_optimizers: AdamW
+    "gpt2-small": ("GPTLM", 124_439_808, 512, 2),   # optimizer: AdamW
+    "resnet": ("ResNet", 11_689_512, 256, 1),       # optimizer: SGD with momentum (one buffer)
+}
+
+
+def test_the_four_demo_configs_are_shipped():
+    assert {p.stem for p in CONFIGS.glob("*.yaml")} >= set(EXPECTED)
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_config_loads_and_traces(path):
+    assert path.read_text().startswith("# "), f"{path.name}: start with a comment saying what it is"
+    loaded = load_config(path)
+    assert "memplan" in loaded.raw
+    batch = loaded.example_batch(2)
+
+    with FakeTensorMode():
+        fake = loaded.build_model()  # born fake: example_batch only reads hyperparameters
+    if hasattr(fake, "example_batch"):  # the datamodule serves exactly what the model's training_step takes
+        expected = fake.example_batch(2)
+        assert [(t.shape, t.dtype) for t in batch] == [(t.shape, t.dtype) for t in expected]
+
+    est = memplan.estimate(loaded.build_model, batch, optimizer=loaded.optimizer, device="cpu")
+    assert est.batch_size == 2 and est.peak_allocated > est.parameters > 0
+    if path.stem in EXPECTED:
+        name, parameters, global_batch, state_ratio = EXPECTED[path.stem]
+        found = (loaded.model.cls.__name__, est.num_parameters, loaded.global_batch_size)
+        assert found == (name, parameters, global_batch)
+        assert round(est.optimizer_state / (4 * parameters)) == state_ratio  # the config's optimizer was traced
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Lightning's use of jsonargparse's old API
+def test_shipped_config_is_a_lightning_cli_config(path, monkeypatch, capsys):
+    from pytorch_lightning.cli import LightningCLI
+
+    class CLI(LightningCLI):
+        def add_arguments_to_parser(self, parser):
+            add_memplan_argument(parser)
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    with pytest.raises(SystemExit) as exited:
+        CLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+            args=["fit", "--config", str(path), "--print_config"])
+    printed = capsys.readouterr()
+    assert exited.value.code == 0, printed.err
+    assert f"class_path: {load_config(path).model.class_path}" in printed.out
+
+
+def test_plain_lightning_cli_refuses_the_memplan_section_that_add_memplan_argument_accepts(monkeypatch, capsys):
+    from pytorch_lightning.cli import LightningCLI
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    with pytest.raises(SystemExit) as exited:
+        LightningCLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                     args=["fit", "--config", str(CONFIGS / "mlp.yaml"), "--print_config"])
+    assert exited.value.code == 2 and "Option 'memplan.global_batch_size' is not accepted" in capsys.readouterr().err
