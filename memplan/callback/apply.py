@@ -1,0 +1,199 @@
+"""Apply: turn a plan (given, or made now from an estimate) into the running Trainer's layout.
+
+The batch size is set the way Lightning's BatchSizeFinder sets it (`lightning_setattr` on the
+model, its hparams or the datamodule), so the train loader the fit loop builds next has it; where
+the model has no such attribute the loader's batch is kept and split into micro-batches instead.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_setattr
+from torch import nn
+
+from memplan.callback.layout import Layout, loaded_batch_size
+from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
+from memplan.hardware import gpu_for_cuda_index, host_info
+from memplan.plan import Plan
+from memplan.planner import DeviceBudget, PlanRequest
+from memplan.planner.request import SEARCHED_PRECISIONS
+
+CPU_CAPABILITY = (8, 0)
+"""DeviceBudget needs a compute capability; a CPU has none. (8, 0) admits every precision a CPU runs
+(bf16 autocast included); with the precision fixed to the Trainer's it changes no ranking."""
+
+
+def planning_request(budgets: Sequence[DeviceBudget], *, world_size: int, nodes: int, global_batch_size: int,
+                     precision: str, allow_checkpointing: bool, margin: float,
+                     host_available_bytes: int | None, largest_block: int | None) -> PlanRequest:
+    """The memplan.planner request for this Trainer: its precision only, the devices of one node
+    (each the tightest of its local index over the nodes), its global batch."""
+    if precision not in SEARCHED_PRECISIONS:
+        raise MisconfigurationException(
+            f"MemoryPlanner plans for precision {', '.join(SEARCHED_PRECISIONS)}; the Trainer runs {precision!r}: "
+            "estimate it with `memplan estimate` and pass plan=, or use one of those precisions")
+    per_node = world_size // nodes
+    devices = tuple(
+        DeviceBudget(name=b.name, cuda_index=b.cuda_index, total_bytes=b.total_bytes,
+                     free_bytes=min(o.free_bytes for o in budgets[i::per_node]), compute_capability=b.compute_capability)
+        for i, b in enumerate(budgets[:per_node])
+    )
+    return PlanRequest(global_batch_size=global_batch_size, devices=devices, nodes=nodes,
+                       host_available_bytes=host_available_bytes, precisions=(precision,),
+                       allow_checkpointing=allow_checkpointing, margin=margin, largest_block_bytes=largest_block)
+
+
+def device_budget(device: torch.device, local_world_size: int) -> DeviceBudget:
+    """This rank's DeviceBudget: its GPU through NVML (through CUDA where NVML is unavailable), or on
+    CPU the host's RAM (within the container's limit), the available part shared by the node's ranks."""
+    if device.type != "cuda":
+        host = host_info()
+        total = host.total_bytes if host.cgroup_limit_bytes is None else min(host.total_bytes, host.cgroup_limit_bytes)
+        return DeviceBudget(name="cpu", cuda_index=None, total_bytes=total,
+                            free_bytes=min(total, host.budget_bytes // max(1, local_world_size)),
+                            compute_capability=CPU_CAPABILITY)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    gpu = gpu_for_cuda_index(index)
+    if gpu is not None and gpu.total_bytes is not None and gpu.free_bytes is not None:
+        return DeviceBudget.from_gpu_info(gpu, cuda_index=index)
+    free, total = torch.cuda.mem_get_info(device)
+    props = torch.cuda.get_device_properties(device)
+    return DeviceBudget(name=props.name, cuda_index=index, total_bytes=int(total), free_bytes=int(free),
+                        compute_capability=(props.major, props.minor))
+
+
+def load_plan(plan: Plan | str | os.PathLike) -> Plan:
+    """A Plan object as is, or a plan JSON file (`memplan suggest --output plan.json`)."""
+    if isinstance(plan, Plan):
+        return plan
+    path = Path(plan)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MisconfigurationException(f"MemoryPlanner(plan={str(plan)!r}): no such file; write one with "
+                                        "`memplan suggest ... --output plan.json`") from None
+    except json.JSONDecodeError as err:
+        raise MisconfigurationException(f"MemoryPlanner(plan={str(plan)!r}) is not JSON ({err}); pass the file "
+                                        "`memplan suggest` wrote") from None
+    try:
+        return Plan.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise MisconfigurationException(f"MemoryPlanner(plan={str(plan)!r}): {err}") from None
+
+
+def plan_mismatches(plan: Plan, *, precision: str, world_size: int, nodes: int) -> list[str]:
+    """How the running Trainer differs from what the plan was made for, in words (empty: it matches)."""
+    found = []
+    if plan.precision != precision:
+        found.append(f"the plan is for precision={plan.precision!r}, the Trainer runs {precision!r}; its memory "
+                     f"figures do not hold. Use Trainer(precision={plan.precision!r})")
+    if plan.world_size != world_size or plan.nodes != nodes:
+        found.append(f"the plan is for {plan.nodes} node(s) x {plan.gpus_per_node} device(s) = {plan.world_size} "
+                     f"ranks, the Trainer runs {world_size} rank(s) on {nodes} node(s); the accumulation is "
+                     f"recomputed to keep the global batch of {plan.global_batch_size}. Use "
+                     f"Trainer(num_nodes={plan.nodes}, devices={plan.gpus_per_node})")
+    return found
+
+
+def layout_from_plan(plan: Plan, *, world_size: int, loader_batch_size: int, settable: bool) -> Layout:
+    """The plan on this Trainer: loader batch = micro-batch when the batch size can be set, else the
+    loader's batch split into micro-batches; accumulation fills the plan's global batch."""
+    loader = plan.micro_batch_size if settable else loader_batch_size
+    per_step = loader * world_size
+    if plan.global_batch_size % per_step:
+        fix = (f"set a `batch_size` attribute the train loader reads, so MemoryPlanner can set it to "
+               f"{plan.micro_batch_size}" if not settable else "run it on the world size it was planned for")
+        raise MisconfigurationException(
+            f"MemoryPlanner: the plan's global batch of {plan.global_batch_size} is not a multiple of the loader "
+            f"batch {loader} x {world_size} rank(s) = {per_step}, so no accumulation keeps it: {fix}"
+        )
+    return Layout(loader_batch_size=loader, micro_batch_size=min(plan.micro_batch_size, loader),
+                  accumulate_grad_batches=plan.global_batch_size // per_step, world_size=world_size,
+                  gradient_checkpointing=plan.gradient_checkpointing)
+
+
+def current_loader_batch_size(trainer: Any, module: Any, batch_arg_name: str | None) -> int:
+    """The per-rank batch the train loader yields now: the batch-size attribute (when given), else
+    the loader's own."""
+    if batch_arg_name is not None:
+        return int(lightning_getattr(module, batch_arg_name))
+    loader = _first_loader(trainer.fit_loop._data_source.dataloader())
+    size = getattr(loader, "batch_size", None)
+    return int(size) if size else loaded_batch_size(next(iter(loader))) or 1
+
+
+def first_train_batch(trainer: Any) -> Any:
+    """One batch of the train loader, exactly as training_step will receive it (before device transfer)."""
+    return next(iter(_first_loader(trainer.fit_loop._data_source.dataloader())))
+
+
+def _first_loader(loaders: Any) -> Any:
+    from pytorch_lightning.utilities import CombinedLoader
+
+    if isinstance(loaders, CombinedLoader):
+        loaders = loaders.flattened
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    if isinstance(loaders, Sequence):
+        if len(loaders) != 1:
+            raise MisconfigurationException("MemoryPlanner plans for one train dataloader; this fit has "
+                                            f"{len(loaders)}. Combine them into one")
+        return loaders[0]
+    return loaders
+
+
+def apply_layout(trainer: Any, module: Any, layout: Layout, batch_arg_name: str | None) -> None:
+    """Set the loader batch (through `batch_arg_name`, where the model has one), the accumulation and
+    checkpointing."""
+    if batch_arg_name is not None:
+        lightning_setattr(module, batch_arg_name, layout.loader_batch_size)
+    trainer.accumulate_grad_batches = layout.accumulate_grad_batches
+    if layout.gradient_checkpointing:
+        enable_checkpointing(module)
+
+
+def can_checkpoint(module: nn.Module) -> bool:
+    """Whether the model has a checkpointing switch of its own or repeated blocks memplan can wrap."""
+    return bool(_own_switches(module)) or bool(find_repeated_blocks(module))
+
+
+_SWITCHES = (("activation_checkpointing_enable", "activation_checkpointing_kwargs"),  # transformers >= 5
+             ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs"))
+
+
+def enable_checkpointing(module: nn.Module) -> list[str]:
+    """Turn activation checkpointing on: through the model's own switch where it has one (transformers'
+    `activation_checkpointing_enable` / `gradient_checkpointing_enable`), else by wrapping its repeated
+    blocks. Returns the names of what was switched."""
+    switches = _own_switches(module)
+    for _, switch in switches:
+        kwargs_name = next(kw for name, kw in _SWITCHES if switch.__name__ == name)
+        if kwargs_name in inspect.signature(switch).parameters:
+            switch(**{kwargs_name: {"use_reentrant": False}})  # non-reentrant: what DDP's no_sync expects
+        else:
+            switch()
+    if switches:
+        return [name or type(module).__name__ for name, _ in switches]
+    try:
+        return apply_checkpointing(module, True)
+    except ValueError as err:
+        raise MisconfigurationException(f"MemoryPlanner cannot turn checkpointing on: {err}") from None
+
+
+def _own_switches(module: nn.Module) -> list[tuple[str, Callable[..., Any]]]:
+    """The checkpointing switches of the outermost submodules that have one (the newer name first)."""
+    found: list[tuple[str, Callable[..., Any]]] = []
+    for name, sub in module.named_modules():
+        if any(name.startswith(f"{outer}.") or not outer for outer, _ in found):
+            continue  # inside a model already switched
+        switch = next((getattr(sub, attr) for attr, _ in _SWITCHES if callable(getattr(sub, attr, None))), None)
+        if switch is not None:
+            found.append((name, switch))
+    return found

@@ -1,0 +1,63 @@
+"""Checks MemoryPlanner makes before it runs: its arguments (at construction), the Trainer (at setup),
+and a checkpoint's layout (at fit start). Each error names the fix."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.strategies import DDPStrategy, SingleDeviceStrategy
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
+from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
+
+from memplan.callback.layout import Layout
+from memplan.plan import Plan
+
+
+def check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_margin, grow_patience, planner) -> None:
+    """ValueError naming the argument and what it accepts."""
+    if plan is not None and not isinstance(plan, (Plan, str, os.PathLike)):
+        raise ValueError(f"MemoryPlanner(plan=...) must be a memplan Plan or a plan file path; got {type(plan).__name__}")
+    for name, value in (("global_batch_size", global_batch_size), ("every_n_steps", every_n_steps)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"MemoryPlanner({name}=...) must be a positive int or None; got {value!r}")
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"MemoryPlanner(margin=...) is a fraction of device memory in [0, 1); got {margin!r}")
+    if grow and not margin < grow_margin <= 1.0:
+        raise ValueError(f"MemoryPlanner(grow_margin=...) must be in (margin, 1] = ({margin}, 1]; got {grow_margin!r}")
+    if not isinstance(grow_patience, int) or grow_patience < 1:
+        raise ValueError(f"MemoryPlanner(grow_patience=...) must be a positive int; got {grow_patience!r}")
+    if planner is not None and not callable(planner):
+        raise ValueError(f"MemoryPlanner(planner=...) must be callable(PlanRequest, estimator) -> Plan; got {planner!r}")
+
+
+def check_can_adjust(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    """Chunking and per-rank OOM retries need one synchronised backward per batch and no collective
+    in the forward: single-device or DDP, automatic optimization, a batch to split, no SyncBatchNorm."""
+    fix = "pass MemoryPlanner(adjust=False) to apply the plan and watch memory only"
+    if not isinstance(trainer.strategy, (SingleDeviceStrategy, DDPStrategy)):
+        raise MisconfigurationException(f"MemoryPlanner adjusts micro-batches under single-device and DDP "
+                                        f"strategies, not {type(trainer.strategy).__name__}: {fix}")
+    if not pl_module.automatic_optimization:
+        raise MisconfigurationException(f"MemoryPlanner adjusts micro-batches under automatic optimization; "
+                                        f"this module optimizes manually: {fix}")
+    if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):
+        raise MisconfigurationException(f"MemoryPlanner splits the batch training_step receives; this "
+                                        f"training_step takes a dataloader_iter: {fix}")
+    if getattr(trainer.strategy, "_layer_sync", None) is not None or any(
+            isinstance(m, torch.nn.SyncBatchNorm) for m in pl_module.modules()):
+        raise MisconfigurationException(f"SyncBatchNorm synchronises every forward, so every rank must run the "
+                                        f"same number of micro-batches, which a rank retrying an OOM does not: {fix}")
+
+
+def restored_layout(state: dict[str, Any] | None, world_size: int) -> Layout | None:
+    """The layout a checkpoint kept (MemoryPlanner.state_dict), if it is for this world size."""
+    if not state or "micro_batch_size" not in state:
+        return None
+    if state.get("world_size") != world_size:
+        rank_zero_warn(f"MemoryPlanner: the checkpoint's layout is for {state.get('world_size')} ranks, this run "
+                       f"has {world_size}; planning afresh instead of resuming it")
+        return None
+    return Layout.from_dict(state)

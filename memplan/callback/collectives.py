@@ -1,0 +1,36 @@
+"""The two collectives of fit start: every rank's object to every rank, and one decision made on
+rank 0 for all. (The per-check gather of readings is memplan.monitor.gather_statuses.)"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """`obj` from every rank, in rank order (just [obj] without torch.distributed)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def decide_on_rank_zero(trainer: pl.Trainer, decide: Callable[[], Any]) -> Any:
+    """Run `decide` on rank 0 and give every rank its result. An error there ends every rank (so none
+    waits in the broadcast for a result that never comes): rank 0 raises it, the others raise its
+    text (an exception may not survive pickling); hence the broad except, which swallows nothing."""
+    result, error, failure = None, None, None
+    if trainer.is_global_zero:
+        try:
+            result = decide()
+        except Exception as err:  # re-raised below, on every rank
+            error, failure = err, f"{type(err).__name__}: {err}"
+    result, failure = trainer.strategy.broadcast((result, failure), src=0)
+    if error is not None:
+        raise error
+    if failure is not None:
+        raise RuntimeError(f"MemoryPlanner: planning on rank 0 failed: {failure}")
+    return result

@@ -1,0 +1,409 @@
+"""MemoryPlanner: apply a memory plan to a Lightning Trainer, watch every rank, keep the run fitting."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback, GradientAccumulationScheduler
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.utilities.parsing import lightning_hasattr
+from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+from memplan import monitor
+from memplan.callback.apply import (
+    apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
+    layout_from_plan, load_plan, plan_mismatches, planning_request,
+)
+from memplan.callback.checks import check_arguments, check_can_adjust, restored_layout
+from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
+from memplan.callback.collectives import decide_on_rank_zero, gather_objects
+from memplan.callback.layout import Layout, loaded_batch_size
+from memplan.hardware import host_info
+from memplan.monitor import Adjuster, Change, RankLog, RankStatus, gather_rows, gather_statuses, log_metrics, summary_line
+from memplan.plan import Plan
+from memplan.planner import Estimator, PlanRequest, estimator_for, largest_block_bytes, make_plan
+
+log = logging.getLogger(__name__)
+
+RESTORED = "restored from the checkpoint"
+
+
+class MemoryPlanner(Callback):
+    r"""Apply a memory plan, watch every rank's memory, and lower the micro-batch before it runs out.
+
+    Apply (at fit start): with ``plan`` (a :class:`memplan.plan.Plan` or the path of the JSON file
+    ``memplan suggest`` writes) the plan is checked against the Trainer and applied; without one the
+    model is estimated on one batch of its train loader under the Trainer's precision and world size,
+    and a planner picks the micro-batch, accumulation and checkpointing that keep the global batch.
+    The batch size goes where Lightning users keep it (the ``batch_size`` attribute of the model, its
+    hparams or the datamodule), the accumulation to ``trainer.accumulate_grad_batches``.
+
+    Watch: every ``every_n_steps`` optimizer steps each rank reads its own device (NVML and torch on a
+    GPU, psutil on CPU), writes ``<log_dir>/rank<R>.jsonl``, and the readings of all ranks, gathered,
+    go to the Trainer's loggers as ``memplan/rank<R>/...``.
+
+    Adjust: when any rank's headroom falls under ``margin``, or a rank ran out of memory, all ranks
+    agree (one all-gather) to halve the micro-batch (at 1: turn checkpointing on) while the loaded
+    batch and the global batch stay as they are: each loaded batch runs as micro-batch chunks inside
+    ``training_step``. An OOM is retried on the same samples at a smaller micro-batch on the rank
+    where it happened, with no collective in flight (see :mod:`memplan.callback.chunking`).
+
+    Args:
+        plan: a Plan, or a plan JSON file; None plans now from an estimate.
+        global_batch_size: samples per optimizer step to keep when planning now. Default: the
+            loader's batch x ranks x ``accumulate_grad_batches``.
+        every_n_steps: optimizer steps between readings and shared decisions. Default: the
+            Trainer's ``log_every_n_steps``.
+        margin: fraction of each device's memory to keep free; a rank under it lowers all ranks.
+        adjust: adjust during training and retry OOMs; False only applies and watches.
+        grow: grow back toward the planned micro-batch when headroom has lasted.
+        grow_margin: fraction of memory every rank must have free for growth.
+        grow_patience: checks in a row with ``grow_margin`` free before growing.
+        allow_checkpointing: whether checkpointing may be turned on (by a plan, or at micro-batch 1).
+        strict: a plan that does not match the Trainer raises instead of warning.
+        batch_arg_name: the attribute holding the train loader's batch size.
+        log_dir: folder of the per-rank logs. Default: ``<trainer.log_dir>/memplan``.
+        planner: ``callable(PlanRequest, estimator) -> Plan`` for planning now. Default:
+            :func:`memplan.planner.make_plan` (plans keep twice ``margin`` free, so a plan that
+            fits is not lowered at once).
+
+    Example::
+
+        trainer = Trainer(accelerator="gpu", devices=4, callbacks=[MemoryPlanner(plan="plan.json")])
+    """
+
+    def __init__(
+        self,
+        plan: Plan | str | os.PathLike | None = None,
+        *,
+        global_batch_size: int | None = None,
+        every_n_steps: int | None = None,
+        margin: float = 0.05,
+        adjust: bool = True,
+        grow: bool = True,
+        grow_margin: float = 0.25,
+        grow_patience: int = 5,
+        allow_checkpointing: bool = True,
+        strict: bool = False,
+        batch_arg_name: str = "batch_size",
+        log_dir: str | os.PathLike | None = None,
+        planner: Callable[[PlanRequest, Estimator], Plan] | None = None,
+    ) -> None:
+        check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_margin, grow_patience, planner)
+        self._plan_arg = plan
+        self._global_batch_size = global_batch_size
+        self._every_n_steps = every_n_steps
+        self._margin = margin
+        self._adjust = adjust
+        self._grow = grow
+        self._grow_margin = grow_margin
+        self._grow_patience = grow_patience
+        self._allow_checkpointing = allow_checkpointing
+        self._strict = strict
+        self._batch_arg_name = batch_arg_name
+        self._log_dir = log_dir
+        self._planner = planner or make_plan
+        self._given_plan: Plan | None = None
+        self._restored: dict[str, Any] | None = None
+        self._runner: MicroBatchRunner | None = None
+        self._adjuster: Adjuster | None = None
+        self._log: RankLog | None = None
+        self._every = 1
+        self._last_step = 0
+        self._planned_micro_batch_size = 0
+        self._first_batch_seen = False
+        self._peak_process_bytes: int | None = None
+        self._min_headroom_bytes: int | None = None
+
+        self.plan: Plan | None = None
+        """The plan applied: the one given, or the one made at fit start (None when resumed without one)."""
+        self.layout: Layout | None = None
+        """The layout every rank shares now."""
+        self.log_path: Path | None = None
+        """This rank's JSON-lines log."""
+        self.changes: list[dict[str, Any]] = []
+        """The shared changes made during fit, as logged."""
+
+    # --- hooks: one line each ----------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._setup(trainer, pl_module)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = dict(state_dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state_dict()
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._apply(trainer, pl_module)
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        self._restore_grads()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._check_first_batch(trainer, batch)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._maybe_check(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._summarize(trainer)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._record_exception(trainer, exception)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._close()
+
+    # --- setup: environment checks -----------------------------------------------------------
+    def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
+            raise MisconfigurationException("MemoryPlanner sets `accumulate_grad_batches` itself; remove the "
+                                            "GradientAccumulationScheduler callback, or MemoryPlanner")
+        if self._adjust:
+            check_can_adjust(trainer, pl_module)
+        if self._plan_arg is not None:
+            self._given_plan = load_plan(self._plan_arg)
+            self._check_plan(trainer, self._given_plan)
+        directory = Path(self._log_dir) if self._log_dir is not None else Path(trainer.log_dir or ".") / "memplan"
+        self._log = RankLog(directory, trainer.global_rank)  # trainer.log_dir above is a collective: every rank
+        self.log_path = self._log.path
+        self._every = self._every_n_steps or trainer.log_every_n_steps
+
+    def _check_plan(self, trainer: pl.Trainer, plan: Plan) -> None:
+        mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
+                                     nodes=trainer.num_nodes)
+        for message in mismatches:
+            if self._strict:
+                raise MisconfigurationException(f"MemoryPlanner(strict=True): {message}")
+            rank_zero_warn(f"MemoryPlanner: {message}")
+
+    # --- apply -------------------------------------------------------------------------------
+    def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # the batch size can be set where the model (hparams, datamodule) has it and builds the loader
+        settable = lightning_hasattr(pl_module, self._batch_arg_name) and trainer.fit_loop._data_source.is_module()
+        layout, source = self._resolve_layout(trainer, pl_module, settable)
+        checkpointable = self._allow_checkpointing and can_checkpoint(pl_module)
+        if layout.gradient_checkpointing and not self._allow_checkpointing:
+            raise MisconfigurationException("MemoryPlanner: the plan turns checkpointing on, which "
+                                            "allow_checkpointing=False forbids; allow it, or plan without it")
+        apply_layout(trainer, pl_module, layout, self._batch_arg_name if settable else None)
+        self.layout = layout
+        self._adjuster = Adjuster(margin=self._margin, grow=self._grow, grow_margin=self._grow_margin,
+                                  grow_patience=self._grow_patience, can_checkpoint=checkpointable,
+                                  planned_micro_batch_size=self._planned_micro_batch_size or layout.micro_batch_size)
+        if source == RESTORED:
+            self._adjuster.load_state_dict(self._restored)
+        if self._adjust or layout.chunks > 1:
+            self._install_runner(trainer, pl_module, layout, checkpointable)
+        self._log.write("apply", trainer.global_step, source=source, layout=layout.to_dict(),
+                        plan=None if self.plan is None else self.plan.to_dict())
+        rank_zero_info(f"MemoryPlanner ({source}): {layout.describe()}")
+
+    def _resolve_layout(self, trainer: pl.Trainer, pl_module: pl.LightningModule, settable: bool
+                        ) -> tuple[Layout, str]:
+        restored = restored_layout(self._restored, trainer.world_size)
+        if restored is not None:
+            self.plan = self._given_plan
+            self._planned_micro_batch_size = int(self._restored.get("planned_micro_batch_size", 0))
+            return restored, RESTORED
+        loader_batch = current_loader_batch_size(trainer, pl_module, self._batch_arg_name if settable else None)
+        if self._given_plan is not None:
+            self.plan, source = self._given_plan, "plan"
+        else:
+            self.plan, source = self._plan_now(trainer, pl_module, loader_batch), "planned from an estimate"
+        self._planned_micro_batch_size = self.plan.micro_batch_size
+        layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
+                                  settable=settable)
+        return layout, source
+
+    def _plan_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader_batch: int) -> Plan:
+        """Estimate and plan on rank 0 with every rank's budget; every rank gets the same plan."""
+        device = trainer.strategy.root_device
+        budgets = gather_objects(device_budget(device, trainer.num_devices))
+        global_batch = self._global_batch_size or loader_batch * trainer.world_size * trainer.accumulate_grad_batches
+
+        def plan() -> Plan:
+            request = planning_request(
+                budgets, world_size=trainer.world_size, nodes=trainer.num_nodes, global_batch_size=global_batch,
+                precision=str(trainer.precision), margin=min(0.5, 2 * self._margin),
+                allow_checkpointing=self._allow_checkpointing and can_checkpoint(pl_module),
+                host_available_bytes=host_info().budget_bytes if device.type == "cuda" else None,
+                largest_block=largest_block_bytes(pl_module),
+            )
+            estimator = estimator_for(pl_module, first_train_batch(trainer), device="cpu" if device.type == "cpu" else None)
+            made = self._planner(request, estimator)
+            if made.world_size != trainer.world_size:
+                rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "
+                               f"{trainer.world_size}, so its micro-batch runs on {trainer.world_size} with the "
+                               "accumulation recomputed")
+            return made
+
+        return decide_on_rank_zero(trainer, plan)
+
+    def _install_runner(self, trainer, pl_module, layout: Layout, checkpointable: bool) -> None:
+        self._runner = MicroBatchRunner(
+            trainer, pl_module, layout=layout, can_checkpoint=checkpointable and self._adjust,
+            retry=self._adjust, enable_checkpointing=lambda: enable_checkpointing(pl_module),
+            on_retry=lambda retry: self._record_retry(trainer, retry),
+            out_of_memory=lambda message, size: self._out_of_memory(trainer, message, size),
+        )
+        self._runner.install()
+
+    def _check_first_batch(self, trainer: pl.Trainer, batch: Any) -> None:
+        """The first batch tells whether the loader yields the batch size the layout has: a loader
+        that does not read the batch-size attribute keeps its own, and the chunks follow it."""
+        if self._first_batch_seen or self.layout is None:
+            return
+        self._first_batch_seen = True
+        size = loaded_batch_size(batch)
+        if size is None or size == self.layout.loader_batch_size:
+            return
+        rank_zero_warn(f"MemoryPlanner: the train loader yields {size} samples per batch, not the "
+                       f"{self.layout.loader_batch_size} of the layout (it does not read `{self._batch_arg_name}`); "
+                       f"micro-batches are cut from its {size}, and the global batch is "
+                       f"{size * self.layout.world_size * self.layout.accumulate_grad_batches}")
+        self.layout = self.layout.with_loader_batch(size)
+        if self._runner is not None:
+            self._runner.loader_batch_size = size
+        self._log.write("loader", trainer.global_step, layout=self.layout.to_dict())
+
+    def _restore_grads(self) -> None:
+        if self._runner is not None:
+            self._runner.restore_grads()
+
+    # --- watch and adjust --------------------------------------------------------------------
+    def _maybe_check(self, trainer: pl.Trainer) -> None:
+        step = trainer.global_step
+        if step == self._last_step or step % self._every or self.layout is None:
+            return
+        self._last_step = step
+        statuses = gather_statuses(trainer.strategy, self._status(trainer), trainer.world_size)
+        self._record_sample(trainer, statuses[trainer.global_rank])
+        log_metrics(trainer.loggers, statuses, self.layout, trainer.global_step)
+        if not self._adjust:
+            return
+        change = self._adjuster.decide(statuses, self.layout.micro_batch_size, self.layout.gradient_checkpointing)
+        if change is not None:
+            self._apply_change(trainer, change)
+
+    def _status(self, trainer: pl.Trainer) -> RankStatus:
+        return dataclasses.replace(self._status_without_reading(trainer),
+                                   reading=monitor.read_memory(trainer.strategy.root_device))
+
+    def _status_without_reading(self, trainer: pl.Trainer) -> RankStatus:
+        runner, layout = self._runner, self.layout
+        return RankStatus(
+            rank=trainer.global_rank, reading=monitor.MemoryReading(),
+            micro_batch_size=runner.micro_batch_size if runner else layout.micro_batch_size,
+            gradient_checkpointing=runner.gradient_checkpointing if runner else layout.gradient_checkpointing,
+            oom_retries=runner.oom_retries if runner else 0,
+            oom_micro_batch_size=runner.oom_micro_batch_size if runner else None,
+        )
+
+    def _record_sample(self, trainer: pl.Trainer, status: RankStatus) -> None:
+        reading = status.reading
+        if reading.process_bytes is not None:
+            self._peak_process_bytes = max(reading.process_bytes, self._peak_process_bytes or 0)
+        if reading.headroom_bytes is not None:
+            low = self._min_headroom_bytes
+            self._min_headroom_bytes = reading.headroom_bytes if low is None else min(low, reading.headroom_bytes)
+        self._log.write("sample", trainer.global_step, **reading.to_dict(), **self._runs_as(status))
+
+    def _runs_as(self, status: RankStatus) -> dict[str, Any]:
+        layout = self.layout.with_micro_batch(status.micro_batch_size, status.gradient_checkpointing)
+        return {"micro_batch_size": layout.micro_batch_size, "loader_batch_size": layout.loader_batch_size,
+                "accumulate_grad_batches": layout.micro_batches_per_step,
+                "trainer_accumulate_grad_batches": layout.accumulate_grad_batches,
+                "gradient_checkpointing": layout.gradient_checkpointing,
+                "global_batch_size": layout.global_batch_size, "oom_retries": status.oom_retries}
+
+    def _apply_change(self, trainer: pl.Trainer, change: Change) -> None:
+        before = self.layout
+        self.layout = before.with_micro_batch(change.micro_batch_size, change.gradient_checkpointing)
+        self._runner.set_layout(change.micro_batch_size, change.gradient_checkpointing)
+        record = self._log.write("change", trainer.global_step, cause=change.cause, ranks=list(change.ranks),
+                                 reason=change.reason, before=before.to_dict(), after=self.layout.to_dict())
+        self.changes.append(record)
+        rank_zero_info(f"MemoryPlanner at step {trainer.global_step}: {change.reason}; now {self.layout.describe()}")
+
+    def _record_retry(self, trainer: pl.Trainer, retry: OomRetry) -> None:
+        reading = monitor.read_memory(trainer.strategy.root_device, reset_peak=False)
+        self._log.write("oom_retry", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
+                        phase=retry.phase, failed_micro_batch_size=retry.failed_micro_batch_size,
+                        micro_batch_size=retry.micro_batch_size, gradient_checkpointing=retry.gradient_checkpointing,
+                        error=retry.message, **reading.to_dict())
+        log.warning("MemoryPlanner: rank %d ran out of memory at step %d in a %s of %d samples; retrying the same "
+                    "samples with micro-batch %d%s", trainer.global_rank, trainer.global_step, retry.phase,
+                    retry.failed_micro_batch_size, retry.micro_batch_size,
+                    " and checkpointing" if retry.gradient_checkpointing else "")
+
+    def _out_of_memory(self, trainer: pl.Trainer, message: str, size: int) -> NothingFitsError:
+        reading = monitor.read_memory(trainer.strategy.root_device, reset_peak=False)
+        checkpointing = self._runner is not None and self._runner.gradient_checkpointing
+        self._log.write("fatal", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
+                        micro_batch_size=size, gradient_checkpointing=checkpointing, error=message,
+                        **reading.to_dict())
+        return NothingFitsError(
+            f"MemoryPlanner: rank {trainer.global_rank} ran out of memory at step {trainer.global_step} (batch "
+            f"{trainer.fit_loop.epoch_loop.batch_idx}) with micro-batch {size}"
+            f"{' and activation checkpointing on' if checkpointing else ''}, and nothing smaller fits. "
+            f"{reading.describe()}. Use GPUs with more memory, more of them, a lower precision or shorter "
+            f"samples. torch: {message}"
+        )
+
+    def _record_exception(self, trainer: pl.Trainer, exception: BaseException) -> None:
+        """An OOM MemoryPlanner did not raise itself happened where it cannot retry: log it. Then
+        take the training_step wrapper off, as teardown would (Lightning skips it after an error)."""
+        if self._log is not None and isinstance(exception, torch.OutOfMemoryError) \
+                and not isinstance(exception, NothingFitsError):
+            self._log.write("fatal", trainer.global_step, error=str(exception), where="outside the retried chunks "
+                            "(Lightning's synchronised backward or optimizer step): not retried",
+                            **monitor.read_memory(trainer.strategy.root_device, reset_peak=False).to_dict())
+        self._close()
+
+    # --- end of fit --------------------------------------------------------------------------
+    def _summarize(self, trainer: pl.Trainer) -> None:
+        """Every rank's peak, least headroom and how it ran at the end, gathered, printed on rank 0."""
+        if self.layout is None:
+            return
+        status = self._status_without_reading(trainer)
+        mine = [-1 if self._peak_process_bytes is None else self._peak_process_bytes,
+                -1 if self._min_headroom_bytes is None else self._min_headroom_bytes,
+                status.micro_batch_size, status.gradient_checkpointing, status.oom_retries]
+        rows = gather_rows(trainer.strategy, [float(v) for v in mine], trainer.world_size)
+        self._log.write("summary", trainer.global_step, peak_process_bytes=self._peak_process_bytes,
+                        min_headroom_bytes=self._min_headroom_bytes, oom_retries=status.oom_retries,
+                        layout=self.layout.to_dict())
+        lines = []
+        for rank, (peak, low, micro, checkpointing, ooms) in enumerate(rows):
+            runs = self.layout.with_micro_batch(int(micro), bool(checkpointing))
+            lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low),
+                                      runs.micro_batch_size, runs.micro_batches_per_step, runs.gradient_checkpointing,
+                                      int(ooms)))
+        rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines))
+
+    def _close(self) -> None:
+        if self._runner is not None:
+            self._runner.remove()
+            self._runner = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _state_dict(self) -> dict[str, Any]:
+        if self.layout is None:
+            return {}
+        state = {**self.layout.to_dict(), "planned_micro_batch_size": self._planned_micro_batch_size}
+        if self._adjuster is not None:
+            state.update(self._adjuster.state_dict())
+        return state

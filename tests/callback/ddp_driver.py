@@ -1,0 +1,91 @@
+"""One MemoryPlanner scenario under Lightning DDP on CPU: gloo, 2 processes, strategy="ddp".
+
+    python ddp_driver.py <scenario> <out_dir>
+
+Lightning's "ddp" launcher starts rank 1 by running this script again (LOCAL_RANK=1), as it does a
+user's training script. Scenarios (SIMULATED devices: see callback_sim):
+  adjust  rank 1's memory readings are SIMULATED: too little headroom at the first two checks, then
+          plenty; all ranks lower 8 -> 4 -> 2, then grow back to 8.
+  oom     no plan given: rank 0 estimates and plans (memplan's planner, host RAM budgets), every rank
+          applies that plan. Rank 1's SIMULATED memory fails forwards of more than 5 samples and
+          backwards of more than 3; rank 1 retries on its own, then all ranks agree on its micro-batch.
+  fatal   rank 1's SIMULATED memory fits no sample at all: the job must end with one clear error.
+  accumulate  no batch_size attribute: the loader's 8 run as chunks of 2, 2 batches a step (the
+          inner chunks' gradients kept across Lightning's zero_grad), DDP finding unused parameters;
+          rank 1's SIMULATED memory fails backwards of more than 1 sample.
+Each rank writes samples_rank<R>.json (the samples of each optimizer step); rank 0 writes weights.pt;
+the RecordingLogger writes metrics.json; MemoryPlanner writes memplan/rank<R>.jsonl.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytorch_lightning as pl  # noqa: E402
+from pytorch_lightning.strategies import DDPStrategy  # noqa: E402
+import torch  # noqa: E402
+from callback_sim import RecordingLogger, Regression, SimulatedBudget, make_plan, weights_of  # noqa: E402
+
+from memplan import monitor  # noqa: E402
+from memplan.callback import MemoryPlanner  # noqa: E402
+from memplan.units import GiB  # noqa: E402
+
+RANK = int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def simulated_readings(tight_checks: int):
+    """SIMULATED rank-1 readings: 1% of a 16 GiB device free for `tight_checks` checks, then 60%."""
+    calls = {"n": 0}
+
+    def read(device: torch.device, *, reset_peak: bool = True) -> monitor.MemoryReading:
+        if reset_peak:
+            calls["n"] += 1
+        free = 0.01 if calls["n"] <= tight_checks else 0.60
+        total = 16 * GiB
+        return monitor.MemoryReading(process_bytes=2 * GiB, device_used_bytes=int(total * (1 - free)),
+                                     device_total_bytes=total, peak_bytes=2 * GiB, headroom_bytes=int(total * free))
+
+    return read
+
+
+def main(scenario: str, out: Path) -> None:
+    budget = None
+    options = dict(every_n_steps=1, grow=False)
+    steps = 6
+    if scenario == "adjust":
+        options = dict(every_n_steps=1, grow=True, grow_patience=2)
+        steps = 8
+        if RANK == 1:
+            monitor.read_memory = simulated_readings(tight_checks=2)
+    elif scenario == "oom":
+        options = dict(every_n_steps=2, grow=False)
+        steps = 4
+        budget = SimulatedBudget(forward_limit=5, backward_limit=3, ranks=(1,))
+    elif scenario == "fatal":
+        budget = SimulatedBudget(forward_limit=0, ranks=(1,))
+    plan = make_plan(8, 1, world_size=2)  # global batch 16
+    strategy = "ddp"
+    with_attr = True
+    if scenario == "accumulate":
+        plan = make_plan(2, 8, world_size=2)  # global batch 32: the loader's 8 x 2 ranks x 2 batches
+        budget = SimulatedBudget(backward_limit=1, ranks=(1,))
+        strategy, with_attr, steps = DDPStrategy(find_unused_parameters=True), False, 4
+        options = dict(every_n_steps=2, grow=False)
+    module = Regression(batch_size=8, budget=budget, with_attr=with_attr)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=RecordingLogger(out),
+        callbacks=[MemoryPlanner(None if scenario == "oom" else plan, **options)], enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=out,
+    )
+    trainer.fit(module)
+    (out / f"samples_rank{trainer.global_rank}.json").write_text(json.dumps(module.step_samples))
+    if trainer.is_global_zero:
+        torch.save(weights_of(module), out / "weights.pt")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,106 @@
+"""MemoryPlanner under Lightning DDP on CPU (gloo, 2 processes, strategy="ddp"), each scenario in its
+own subprocess with a timeout, so a hang fails the test instead of blocking the suite. The scenarios
+and their SIMULATED devices are in ddp_driver.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from callback_sim import ddp_batches, read_jsonl, reference_weights
+
+DRIVER = Path(__file__).with_name("ddp_driver.py")
+TIMEOUT_S = 90  # a run takes ~10 s on 2 CPU cores; a hang in a collective would take forever
+
+pytestmark = pytest.mark.slow
+
+
+def run_scenario(scenario: str, out: Path) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([sys.executable, str(DRIVER), scenario, str(out)], capture_output=True, text=True,
+                              timeout=TIMEOUT_S, cwd=out.parent)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"the {scenario} scenario hung for {TIMEOUT_S} s:\n{(err.stderr or b'')[-3000:]}")
+
+
+def changes(events: list[dict]) -> list[dict]:
+    """The shared decisions, without what differs by rank (its number, the clock)."""
+    return [{k: v for k, v in e.items() if k not in ("rank", "time")} for e in events if e["event"] == "change"]
+
+
+def check_trained_like_one_process(out: Path, steps: int, per_rank_batch: int = 8) -> None:
+    """Every global batch seen whole (each rank's samples per step together), weights as plain SGD."""
+    per_rank = [json.loads((out / f"samples_rank{r}.json").read_text()) for r in (0, 1)]
+    batches = ddp_batches(per_rank_batch=per_rank_batch, world_size=2, steps=steps)
+    assert [sorted(set(a) | set(b)) for a, b in zip(*per_rank)] == batches
+    weights, expected = torch.load(out / "weights.pt"), reference_weights(batches)
+    for name, value in weights.items():
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-12, msg=name)
+
+
+def test_both_ranks_lower_together_when_one_rank_is_short_and_grow_back(tmp_path):
+    out = tmp_path / "adjust"
+    result = run_scenario("adjust", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
+    assert changes(logs[0]) == changes(logs[1])
+    assert [(c["step"], c["cause"], c["ranks"], c["after"]["micro_batch_size"]) for c in changes(logs[0])] == [
+        (1, "headroom", [1], 4), (2, "headroom", [1], 2), (4, "grow", [0, 1], 4), (6, "grow", [0, 1], 8)]
+    assert {c["after"]["global_batch_size"] for c in changes(logs[0])} == {16}
+    check_trained_like_one_process(out, steps=8)
+    # the logger (rank 0 only) received both ranks' readings, gathered, at every check
+    metrics = json.loads((out / "metrics.json").read_text())
+    memplan_steps = [m for m in metrics if "memplan/rank1/headroom_bytes" in m]
+    assert [m["step"] for m in memplan_steps] == list(range(1, 9))
+    assert memplan_steps[0]["memplan/rank1/headroom_bytes"] < 0.05 * 16 * 2**30  # rank 1's SIMULATED reading
+    assert memplan_steps[0]["memplan/rank0/process_bytes"] > 0
+    assert [m["memplan/micro_batch_size"] for m in memplan_steps][:3] == [8, 4, 2]
+    assert "rank 1: peak 2.00 GiB in this process, least headroom 163.84 MiB" in result.stderr
+
+
+def test_an_oom_on_one_rank_is_retried_there_without_a_hang_and_then_shared(tmp_path):
+    out = tmp_path / "oom"
+    result = run_scenario("oom", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
+    # no plan was given: rank 0 planned, every rank applied the same plan (global batch 16 kept)
+    applied = [log[0] for log in logs]
+    assert all(a["source"] == "planned from an estimate" for a in applied)
+    assert applied[0]["plan"] == applied[1]["plan"] and applied[0]["layout"] == applied[1]["layout"]
+    assert applied[0]["plan"]["world_size"] == 2 and applied[0]["layout"]["global_batch_size"] == 16
+    assert applied[0]["layout"]["micro_batch_size"] == 8  # a tiny model: the whole per-rank batch fits
+    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
+               for e in logs[1] if e["event"] == "oom_retry"]
+    assert retries == [(0, "forward", 8, 4), (0, "backward", 4, 2)]
+    assert not [e for e in logs[0] if e["event"] == "oom_retry"]
+    assert changes(logs[0]) == changes(logs[1])
+    assert [(c["step"], c["cause"], c["ranks"], c["after"]["micro_batch_size"]) for c in changes(logs[0])] == [
+        (2, "oom", [1], 2)]
+    check_trained_like_one_process(out, steps=4)
+
+
+def test_when_nothing_fits_the_job_ends_with_one_error_naming_the_rank(tmp_path):
+    out = tmp_path / "fatal"
+    result = run_scenario("fatal", out)
+    assert result.returncode != 0
+    assert ("NothingFitsError: MemoryPlanner: rank 1 ran out of memory at step 0 (batch 0) with "
+            "micro-batch 1 and activation checkpointing on, and nothing smaller fits. device:") in result.stderr
+    fatal = read_jsonl(out / "memplan" / "rank1.jsonl")[-1]
+    assert fatal["event"] == "fatal" and fatal["device_total_bytes"] > 0 and fatal["process_bytes"] > 0
+
+
+def test_chunks_with_accumulation_under_ddp_keep_every_gradient(tmp_path):
+    out = tmp_path / "accumulate"
+    result = run_scenario("accumulate", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
+    apply = logs[0][0]
+    assert (apply["layout"]["loader_batch_size"], apply["layout"]["micro_batch_size"],
+            apply["layout"]["accumulate_grad_batches"]) == (8, 2, 2)
+    retries = [(e["phase"], e["failed_micro_batch_size"]) for e in logs[1] if e["event"] == "oom_retry"]
+    assert retries == [("backward", 2)]
+    assert changes(logs[0]) == changes(logs[1]) and changes(logs[0])[0]["after"]["micro_batch_size"] == 1
+    check_trained_like_one_process(out, steps=4, per_rank_batch=16)
