@@ -1,0 +1,26 @@
+"""LightningCLI entry point for memplan-planned configs.
+
+    torchrun --nproc-per-node=4 --nnodes=1 --standalone launch/train.py fit --config planned.yaml
+
+The same as `python -m pytorch_lightning.cli`-style training scripts, except that it accepts (and
+ignores) a config's `memplan:` section, so a config can be planned and trained from one file. The plan
+itself reaches the Trainer through the MemoryPlanner callback entry that `memplan suggest --output` writes.
+"""
+from __future__ import annotations
+
+from pytorch_lightning.cli import LightningCLI
+
+from memplan.config import add_memplan_argument
+
+
+class MemplanCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        add_memplan_argument(parser)
+
+
+def main(args: list[str] | None = None) -> None:
+    MemplanCLI(subclass_mode_model=True, subclass_mode_data=True, save_config_kwargs={"overwrite": True}, args=args)
+
+
+if __name__ == "__main__":
+    main()
