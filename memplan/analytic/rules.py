@@ -164,19 +164,25 @@ def conv2d(tape: Tape, x: Act, out_shape: tuple[int, ...], kernel: int, bias: bo
 
 
 # -- elementwise, normalisation, pooling -----------------------------------------------------------
+def _input_sized_backward(tape: Tape, nbytes: int, saved) -> Backward:
+    """Backward of an op whose input gradient is one new input-sized buffer: make it, release what the
+    forward saved, drop the incoming gradient."""
+    def backward(g: Buf) -> Buf:
+        gi = tape.new(nbytes)
+        tape.release(saved)
+        tape.drop(g)
+        return gi
+
+    return backward
+
+
 def activation(tape: Tape, x: Act, kind: str) -> tuple[Act, Backward | None]:
     out = Act(tape.new(x.nbytes), x.shape, x.itemsize, x.requires_grad, x.contiguous)
     if not x.requires_grad:
         return out, None
     saved = tape.save(x.buf if kind == "gelu" else out.buf)
 
-    def backward(g: Buf) -> Buf:
-        gi = tape.new(x.nbytes)
-        tape.release(saved)
-        tape.drop(g)
-        return gi
-
-    return out, backward
+    return out, _input_sized_backward(tape, x.nbytes, saved)
 
 
 def dropout(tape: Tape, x: Act, p: float) -> tuple[Act, Backward | None]:
@@ -189,13 +195,7 @@ def dropout(tape: Tape, x: Act, p: float) -> tuple[Act, Backward | None]:
     if not x.requires_grad:
         return out, None
 
-    def backward(g: Buf) -> Buf:
-        gi = tape.new(x.nbytes)
-        tape.release(saved)
-        tape.drop(g)
-        return gi
-
-    return out, backward
+    return out, _input_sized_backward(tape, x.nbytes, saved)
 
 
 def batch_norm(tape: Tape, x: Act) -> tuple[Act, Backward]:
@@ -234,13 +234,7 @@ def pool(tape: Tape, x: Act, kind: str, out_shape: tuple[int, ...]) -> tuple[Act
     saved = tape.save(x.buf, indices)
     tape.drop(indices)
 
-    def backward(g: Buf) -> Buf:
-        gi = tape.new(x.nbytes)
-        tape.release(saved)
-        tape.drop(g)
-        return gi
-
-    return out, backward
+    return out, _input_sized_backward(tape, x.nbytes, saved)
 
 
 def flatten(tape: Tape, x: Act) -> tuple[Act, Backward | None]:
