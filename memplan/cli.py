@@ -64,6 +64,140 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="plot and summarise a run's MemoryPlanner logs (memory per rank, changes, OOMs)")
+    p.add_argument("log_dir", help="the run's log directory, or its memplan/ folder holding rank<R>.jsonl")
+    p.add_argument("--output", default=None, help="PNG to write (default: LOG_DIR/memplan_report.png)")
+    p.set_defaults(run=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from memplan.report import NoRankLogs, load_logs, plot, summary_renderables
+
+    try:
+        histories = load_logs(args.log_dir)
+    except NoRankLogs as err:
+        return _usage_error(str(err))
+    console = Console()
+    for renderable in summary_renderables(histories):
+        console.print(renderable)
+    path = plot(histories, args.output or Path(args.log_dir) / "memplan_report.png")
+    print(f"wrote {path}")
+    return EXIT_OK
+
+
+def _add_watch(sub) -> None:
+    p = sub.add_parser("watch", help="each rank's latest memory reading, refreshed (like gpustat -i)")
+    p.add_argument("log_dir", help="the run's log directory, or its memplan/ folder holding rank<R>.jsonl")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--once", action="store_true", help="print the table once and exit")
+    p.set_defaults(run=cmd_watch)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from memplan.report import NoRankLogs, load_logs, watch_table
+
+    if args.interval <= 0:
+        return _usage_error(f"--interval must be a positive number of seconds; got {args.interval}")
+    try:
+        table = watch_table(load_logs(args.log_dir))
+    except NoRankLogs as err:
+        return _usage_error(str(err))
+    if args.once:
+        Console().print(table)
+        return EXIT_OK
+    try:
+        with Live(table, refresh_per_second=4) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(watch_table(load_logs(args.log_dir)))
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _add_validate(sub) -> None:
+    p = sub.add_parser("validate", help="run real training steps on this machine and compare with the estimate")
+    p.add_argument("config", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
+    p.add_argument("--batch-size", type=int, default=None, help="micro-batch size per device (default: the "
+                   "plan's, else the config's data batch size)")
+    p.add_argument("--plan", default=None, help="a plan file from memplan suggest --output (*.plan.json): "
+                   "its micro-batch, precision and checkpointing")
+    p.add_argument("--precision", default=None, help="Lightning precision string (default: the plan's, "
+                   "else the config's trainer.precision, else 32-true)")
+    p.add_argument("--checkpointing", action="store_true", help="checkpoint each repeated block")
+    p.add_argument("--steps", type=int, default=2, help="real training steps to run (default 2)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON (bytes as ints)")
+    p.set_defaults(run=cmd_validate)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    import torch
+
+    from memplan.calibration import calibration_path, save_calibration
+    from memplan.config import load_config
+    from memplan.plan import Plan
+    from memplan.validate import (Setting, calibration_from, compare, estimate_for, measure_in_subprocess,
+                                  report_lines)
+
+    if args.plan and args.batch_size is not None:
+        return _usage_error("pass --batch-size or --plan, not both")
+    try:
+        loaded = load_config(args.config)
+        plan = Plan.from_dict(json.loads(open(args.plan).read())) if args.plan else None
+        batch_size = plan.micro_batch_size if plan else args.batch_size or loaded.data_batch_size
+        if batch_size is None:
+            return _usage_error("the config has no data batch size; pass --batch-size N or --plan FILE")
+        setting = Setting(
+            config=args.config, batch_size=batch_size, steps=args.steps,
+            precision=args.precision or (plan.precision if plan else None) or loaded.trainer_precision or "32-true",
+            checkpointing=args.checkpointing or bool(plan and plan.gradient_checkpointing),
+        )
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        est = estimate_for(loaded, setting, device)
+    except (OSError, ValueError) as err:  # ConfigError and EstimateError are ValueErrors naming the field
+        return _usage_error(str(err))
+    try:
+        measured = measure_in_subprocess(setting)
+    except RuntimeError as err:
+        print(f"memplan: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    rows = compare(est, measured)
+    calibration = calibration_from(measured)
+    saved = save_calibration(calibration, calibration_path()) if calibration is not None else None
+    if measured.device == "cpu":
+        calib_line = "CPU run: no CUDA context to calibrate; nothing saved"
+    elif saved is None:
+        calib_line = "GPU run, but NVML could not see this process: no calibration saved"
+    else:
+        calib_line = (f"saved calibration to {saved}: CUDA context {calibration.context_bytes} bytes, "
+                      f"allocator overhead {calibration.allocator_overhead:.4f} ({calibration.key.as_str()})")
+    failed = any(not r.within_goal for r in rows)
+    if args.json:
+        print(json.dumps({"setting": setting.__dict__, "device": measured.device, "estimate": est.to_dict(),
+                          "measurement": measured.__dict__,
+                          "rows": [dict(r.__dict__, error_pct=r.error_pct) for r in rows],
+                          "within_goal": not failed,
+                          "calibration": calibration.to_dict() if calibration else None}, indent=2))
+    else:
+        print(f"validate {args.config}: batch {setting.batch_size}, {setting.precision}, checkpointing "
+              f"{'on' if setting.checkpointing else 'off'}, {setting.steps} steps on {measured.device}")
+        print("\n".join(report_lines(rows, measured.device)))
+        print(calib_line)
+    if failed:  # the loud line goes to stderr too, so --json and pipes still show it
+        print("memplan: " + report_lines(rows, measured.device)[-1], file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
 def _estimate_demo(args: argparse.Namespace, options: dict):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -133,17 +267,18 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 
         Console().print(render_plan(plan))
     if args.output:
-        _write_output(loaded, plan, args.output)
+        _write_output(loaded, plan, args.output, stream=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
 
 
-def _write_output(loaded, plan, output: str) -> None:
+def _write_output(loaded, plan, output: str, *, stream) -> None:
+    """Write the planned config and plan file; say so on `stream` (stderr under --json, so stdout stays JSON)."""
     from memplan.config import plan_path_for, planner_callback, torchrun_command, write_planned_config
 
     callback = planner_callback(plan_path_for(output)) if _callback_available() else None
     write_planned_config(loaded, plan, output, callback=callback)
-    print(f"wrote {output} and {plan_path_for(output)}")
-    print("launch with: " + " ".join(torchrun_command(plan, output)))
+    print(f"wrote {output} and {plan_path_for(output)}", file=stream)
+    print("launch with: " + " ".join(torchrun_command(plan, output)), file=stream)
 
 
 def _callback_available() -> bool:
@@ -163,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_estimate(sub)
     _add_suggest(sub)
     _add_devices(sub)
+    _add_report(sub)
+    _add_watch(sub)
+    _add_validate(sub)
     return parser
 
 

@@ -91,3 +91,10 @@ def test_devices_json_reports_the_host(capsys):
     code, out, _ = run(capsys, "devices", "--json")
     assert code == 0
     assert json.loads(out)["host"]["total_bytes"] > 0
+
+
+def test_suggest_json_with_output_keeps_stdout_pure_json(capsys, tmp_path):
+    code, out, err = run(capsys, "suggest", "--gpu", "A100-80GB", MLP, "--json", "--output", str(tmp_path / "p.yaml"))
+    assert code == 0
+    assert json.loads(out)["world_size"] >= 1
+    assert "launch with: torchrun" in err

@@ -13,12 +13,15 @@ The context and NCCL figures are approximations taken from measurements reported
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from memplan.units import KiB, MiB
+
+log = logging.getLogger(__name__)
 
 # CUDA context + kernel images, CUDA_MODULE_LOADING=LAZY (torch sets LAZY when the variable is
 # unset, pytorch/pytorch#86509). Measured bare contexts, after the first CUDA tensor:
@@ -113,6 +116,10 @@ def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] =
         notes.append(f"CUDA context for sm{major}{minor} with lazy module loading: "
                      f"{context // MiB} MiB assumed (270-730 MiB reported/estimated); "
                      "calibrate with NVML on this GPU")
+    calibrated = _calibrated_context((major, minor), env)
+    if calibrated is not None:
+        context = calibrated[0]
+        notes[-1] = calibrated[1]
     cublas = cublas_workspace_bytes((major, minor), env)
     if "CUBLAS_WORKSPACE_CONFIG" in env:
         notes.append(f"cuBLAS workspace from CUBLAS_WORKSPACE_CONFIG: {cublas} bytes per handle")
@@ -126,6 +133,24 @@ def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] =
                  "stream), two in a training step (forward thread, autograd backward thread)")
     return CudaOverheads(context_bytes=context, cublas_workspace_bytes=cublas,
                          cublaslt_workspace_bytes=lt, notes=tuple(notes))
+
+
+def _calibrated_context(compute_capability: tuple[int, int], env: Mapping[str, str]) -> tuple[int, str] | None:
+    """(context bytes, note) from `memplan validate`'s saved calibration of this machine's GPU, driver,
+    torch and CUDA when one matches (see memplan.calibration); None otherwise."""
+    from memplan.calibration import local_calibration
+
+    try:
+        found = local_calibration(compute_capability, env)
+    except ValueError as err:  # an unreadable calibration file: warn, keep the sourced figure
+        log.warning("ignoring the CUDA calibration: %s", err)
+        return None
+    if found is None:
+        return None
+    calibration, path = found
+    return calibration.context_bytes, (
+        f"CUDA context {calibration.context_bytes / MiB:.0f} MiB measured by memplan validate on "
+        f"{calibration.key.as_str()} ({path})")
 
 
 # NVIDIA/nccl src/init.cc: DEFAULT_BUFFSIZE (1 << 22) /* 4MiB */ for the Simple protocol;

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Plan a config on this node, then train it under torchrun (one node).
+#
+#   launch/torchrun.sh CONFIG [-- extra LightningCLI args]
+#   launch/torchrun.sh configs/mlp.yaml -- --trainer.max_steps=100
+#
+# With GPUs (memplan devices sees at least one through NVML):
+#   1. memplan suggest CONFIG --output $MEMPLAN_OUTPUT_DIR/<stem>.planned.yaml --json
+#      writes the planned config and <stem>.planned.plan.json (the plan the MemoryPlanner callback applies);
+#   2. CUDA_VISIBLE_DEVICES is narrowed to the GPUs the plan chose (the plan's `gpus` are CUDA indices,
+#      mapped through any CUDA_VISIBLE_DEVICES already set), and --trainer.devices to their count, since
+#      the planned config names the chosen indices, which the narrowing renumbers 0..N-1;
+#   3. torchrun --nproc-per-node=<plan world_size> --standalone launch/train.py fit --config <planned.yaml>.
+#
+# Without GPUs (or MEMPLAN_CPU=1) -- the CPU path, and why:
+#   memplan suggest plans for a GPU: its estimate adds CUDA context and allocator overheads and its budget
+#   is a GPU's free memory. Planning CPU processes with `--gpu-memory <RAM per process>` would print a plan
+#   for a device that does not exist, so this script does not plan ahead on CPU. It launches
+#   MEMPLAN_CPU_PROCS gloo processes on the unplanned config with
+#   --trainer.accelerator=cpu --trainer.devices=N --trainer.strategy=ddp and a MemoryPlanner callback
+#   without a plan: at fit start it estimates the model on one real batch with the CPU estimator, budgets
+#   from host RAM (within the cgroup limit, shared by the node's processes), plans on rank 0 for the
+#   config's memplan.global_batch_size, and applies the same plan on every rank. No planned.yaml is written.
+#
+# Environment (all optional):
+#   MEMPLAN_PYTHON      Python with memplan, torch and Lightning installed (default: python3 on PATH);
+#                       memplan runs as `$MEMPLAN_PYTHON -m memplan.cli`, torchrun as `-m torch.distributed.run`.
+#   MEMPLAN_GPUS        GPUs of this node the planner may use (memplan suggest --gpus; default: all visible).
+#   MEMPLAN_OUTPUT_DIR  where the planned config and plan go (default: the current directory; Lightning
+#                       writes lightning_logs/ to the current directory as usual).
+#   MEMPLAN_CPU         1: take the CPU path even where GPUs are visible.
+#   MEMPLAN_CPU_PROCS   gloo processes on the CPU path (default 2).
+#   OMP_NUM_THREADS     passed through; torchrun sets 1 when unset.
+#
+# One node only: torchrun's standalone rendezvous. Planning separately on several nodes could give them
+# different plans; for several nodes use launch/slurm.sbatch, which plans once for all of them.
+#
+# Exit status: torchrun's; 2 for a usage error; memplan suggest's when planning fails (1: nothing fits).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${MEMPLAN_PYTHON:-python3}"
+
+usage() { echo "usage: $0 CONFIG [-- extra LightningCLI args]" >&2; exit 2; }
+
+[[ $# -ge 1 && "$1" != "--" ]] || usage
+CONFIG="$1"; shift
+[[ -f "$CONFIG" ]] || { echo "$0: no such config: $CONFIG" >&2; exit 2; }
+if [[ $# -gt 0 ]]; then
+    [[ "$1" == "--" ]] || usage
+    shift
+fi
+CONFIG="$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")"
+TRAIN="$REPO/launch/train.py"
+
+gpu_count() {
+    "$PYTHON" -m memplan.cli devices --json | "$PYTHON" -c 'import json, sys; print(len(json.load(sys.stdin)["gpus"]))'
+}
+
+run_torchrun() {  # NPROC, then train.py's arguments
+    local nproc="$1"; shift
+    set +e
+    "$PYTHON" -m torch.distributed.run --nproc-per-node="$nproc" --standalone "$TRAIN" "$@"
+    local status=$?
+    set -e
+    return "$status"
+}
+
+GPU_COUNT=0
+[[ "${MEMPLAN_CPU:-0}" == 1 ]] || GPU_COUNT="$(gpu_count)"
+if [[ "$GPU_COUNT" -eq 0 ]]; then
+    NPROC="${MEMPLAN_CPU_PROCS:-2}"
+    [[ "$NPROC" =~ ^[1-9][0-9]*$ ]] || { echo "$0: MEMPLAN_CPU_PROCS must be a positive integer; got $NPROC" >&2; exit 2; }
+    GLOBAL_BATCH="$("$PYTHON" -c 'import sys, yaml
+section = (yaml.safe_load(open(sys.argv[1])) or {}).get("memplan") or {}
+print(section.get("global_batch_size") or "")' "$CONFIG")"
+    PLANNER_ARGS=(--trainer.callbacks+=memplan.MemoryPlanner)
+    [[ -z "$GLOBAL_BATCH" ]] || PLANNER_ARGS+=(--trainer.callbacks.global_batch_size="$GLOBAL_BATCH")
+    echo "memplan: no GPU here; training on $NPROC CPU process(es), MemoryPlanner planning at fit start" >&2
+    export CUDA_VISIBLE_DEVICES=""
+    run_torchrun "$NPROC" fit --config "$CONFIG" --trainer.accelerator=cpu --trainer.devices="$NPROC" \
+        --trainer.strategy=ddp "${PLANNER_ARGS[@]}" "$@"
+    exit $?
+fi
+
+OUT_DIR="$(mkdir -p "${MEMPLAN_OUTPUT_DIR:-.}" && cd "${MEMPLAN_OUTPUT_DIR:-.}" && pwd)"
+STEM="$(basename "${CONFIG%.*}")"
+PLANNED="$OUT_DIR/$STEM.planned.yaml"
+PLAN_JSON="$OUT_DIR/$STEM.planned.plan.json"
+SUGGEST=(suggest "$CONFIG" --output "$PLANNED" --json)
+[[ -z "${MEMPLAN_GPUS:-}" ]] || SUGGEST+=(--gpus "$MEMPLAN_GPUS")
+"$PYTHON" -m memplan.cli "${SUGGEST[@]}" > "$OUT_DIR/$STEM.suggest.log"
+echo "memplan: planned $PLANNED (plan $PLAN_JSON; suggest output in $OUT_DIR/$STEM.suggest.log)" >&2
+
+# "<CUDA_VISIBLE_DEVICES for the chosen GPUs> <processes>", from the plan file
+LAYOUT="$("$PYTHON" -c 'import json, os, sys
+plan = json.load(open(sys.argv[1]))
+nodes, world, gpus = plan["nodes"], plan["world_size"], [int(i) for i in plan["gpus"]]
+if nodes != 1:
+    sys.exit(f"memplan: the plan is for {nodes} nodes; launch/torchrun.sh runs one")
+if len(gpus) != world:
+    sys.exit(f"memplan: the plan chose GPUs {gpus} for world size {world}; expected one index per rank")
+given = os.environ.get("CUDA_VISIBLE_DEVICES")
+names = [s.strip() for s in given.split(",")] if given else [str(i) for i in range(max(gpus) + 1)]
+print(",".join(names[i] for i in gpus), world)' "$PLAN_JSON")"
+read -r VISIBLE NPROC <<< "$LAYOUT"
+export CUDA_VISIBLE_DEVICES="$VISIBLE"
+echo "memplan: CUDA_VISIBLE_DEVICES=$VISIBLE, $NPROC process(es)" >&2
+run_torchrun "$NPROC" fit --config "$PLANNED" --trainer.devices="$NPROC" "$@"

@@ -1,0 +1,150 @@
+"""launch/torchrun.sh and launch/slurm.sbatch, run from a temporary directory (the scripts find the
+repository from their own path): the CPU path end to end under torchrun with 2 gloo processes; the GPU
+path on a simulated 4-GPU node (a stub Python answering `memplan devices`/`suggest` and recording the
+torchrun call); the Slurm template with a stub `srun` on PATH and fake SLURM_* variables."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN_SH = ROOT / "launch" / "torchrun.sh"
+SLURM_SBATCH = ROOT / "launch" / "slurm.sbatch"
+MLP = ROOT / "configs" / "mlp.yaml"
+
+
+def _write_executable(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("script", [TORCHRUN_SH, SLURM_SBATCH], ids=lambda p: p.name)
+def test_script_parses(script):
+    run = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize("script", [TORCHRUN_SH, SLURM_SBATCH], ids=lambda p: p.name)
+def test_script_without_config_is_a_usage_error(script, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CONFIG"}
+    run = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 2 and "usage:" in run.stderr
+
+
+def test_torchrun_sh_trains_on_cpu_with_the_planner_planning_at_fit_start(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MEMPLAN_PYTHON=sys.executable, MEMPLAN_CPU="1")
+    run = subprocess.run(
+        [str(TORCHRUN_SH), str(MLP), "--", "--trainer.max_steps=3", "--trainer.log_every_n_steps=1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert not list(tmp_path.glob("*.planned.yaml")), "the CPU path does not plan ahead"
+    logs = sorted(tmp_path.glob("lightning_logs/*/memplan/rank*.jsonl"))
+    assert [p.name for p in logs] == ["rank0.jsonl", "rank1.jsonl"]
+    layouts = []
+    for log in logs:
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        applied = [e for e in events if e.get("event") == "apply"]
+        assert applied[0]["source"] == "planned from an estimate"
+        layouts.append(applied[0]["layout"])
+    assert layouts[0] == layouts[1], "every rank applies the same plan"
+    # the config's memplan.global_batch_size reaches the callback, over 2 ranks
+    assert layouts[0]["world_size"] == 2 and layouts[0]["global_batch_size"] == 1024
+    # and memplan report turns the run's logs into the picture and the summary
+    run_dir = logs[0].parent.parent
+    report = subprocess.run([sys.executable, "-m", "memplan.cli", "report", str(run_dir)], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr[-2000:]
+    png = run_dir / "memplan_report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "rank" in report.stdout and "peak" in report.stdout
+
+
+def test_torchrun_sh_narrows_cuda_visible_devices_to_the_planned_gpus(tmp_path):
+    """A simulated GPU node: the stub Python says 4 GPUs are visible, 'plans' GPUs 1 and 3, and records
+    the torchrun call instead of running it; CUDA_VISIBLE_DEVICES=4,5,6,7 was already set."""
+    record = tmp_path / "torchrun.json"
+    stub = _write_executable(tmp_path / "python-stub", f"""#!/usr/bin/env bash
+set -euo pipefail
+if [[ "$1 ${{2:-}} ${{3:-}}" == "-m memplan.cli devices" ]]; then
+    echo '{{"gpus": [{{"index": 0}}, {{"index": 1}}, {{"index": 2}}, {{"index": 3}}]}}'
+elif [[ "$1 ${{2:-}} ${{3:-}}" == "-m memplan.cli suggest" ]]; then
+    out="${{@: -2:1}}"   # suggest CONFIG --output PATH --json
+    echo 'trainer: {{devices: [1, 3]}}' > "$out"
+    echo '{{"nodes": 1, "world_size": 2, "gpus": [1, 3]}}' > "${{out%.yaml}}.plan.json"
+    echo '{{"world_size": 2}}'
+elif [[ "$1 ${{2:-}}" == "-m torch.distributed.run" ]]; then
+    shift 2
+    {sys.executable} -c 'import json, os, sys
+json.dump({{"argv": sys.argv[1:], "cuda_visible_devices": os.environ["CUDA_VISIBLE_DEVICES"]}}, open("{record}", "w"))' "$@"
+    exit 3
+else
+    exec {sys.executable} "$@"
+fi
+""")
+    env = dict(os.environ, MEMPLAN_PYTHON=str(stub), CUDA_VISIBLE_DEVICES="4,5,6,7")
+    for key in ("MEMPLAN_CPU", "MEMPLAN_GPUS", "MEMPLAN_OUTPUT_DIR"):
+        env.pop(key, None)
+    run = subprocess.run([str(TORCHRUN_SH), str(MLP), "--", "--trainer.max_steps=3"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 3, run.stderr  # torchrun's exit status is the script's
+    called = json.loads(record.read_text())
+    assert called["cuda_visible_devices"] == "5,7"
+    assert called["argv"] == ["--nproc-per-node=2", "--standalone", str(ROOT / "launch" / "train.py"), "fit",
+                              "--config", str(tmp_path / "mlp.planned.yaml"), "--trainer.devices=2",
+                              "--trainer.max_steps=3"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_slurm_template_plans_once_and_sruns_the_planned_config(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "python-calls.txt"
+    srun_calls = tmp_path / "srun.jsonl"
+    # counts every Python invocation of the batch script, then runs the real one
+    python = _write_executable(bin_dir / "python-counting", f"""#!/usr/bin/env bash
+echo "$*" >> {calls}
+exec {sys.executable} "$@"
+""")
+    _write_executable(bin_dir / "srun", f"""#!{sys.executable}
+import json, os, sys
+env = {{k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "MASTER_"))}}
+with open("{srun_calls}", "a") as f:
+    f.write(json.dumps({{"argv": sys.argv[1:], "env": env, "cwd": os.getcwd()}}) + "\\n")
+""")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", MEMPLAN_PYTHON=str(python),
+               MEMPLAN_GPU="A100-80GB", SLURM_JOB_ID="4242", SLURM_NNODES="2", SLURM_NTASKS_PER_NODE="4",
+               SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_NODELIST="node[01-02]")
+    for key in ("CONFIG", "NODES", "GPUS_PER_NODE", "OUTPUT_DIR", "MASTER_PORT", "MEMPLAN_REPO"):
+        env.pop(key, None)
+    run = subprocess.run(["bash", str(SLURM_SBATCH), "configs/mlp.yaml", "--", "--trainer.max_steps=5"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    suggests = [line for line in calls.read_text().splitlines() if line.startswith("-m memplan.cli suggest")]
+    out_dir = tmp_path / "memplan-4242"
+    planned = out_dir / "planned.yaml"
+    assert suggests == [f"-m memplan.cli suggest {MLP} --nodes 2 --gpus 4 --output {planned} --gpu A100-80GB"]
+    plan = json.loads((out_dir / "planned.plan.json").read_text())
+    assert plan["nodes"] == 2
+    per_node = plan["world_size"] // 2
+    trainer = yaml.safe_load(planned.read_text())["trainer"]
+    assert trainer["num_nodes"] == 2 and trainer["devices"] == per_node
+
+    sruns = [json.loads(line) for line in srun_calls.read_text().splitlines()]
+    assert len(sruns) == 1
+    assert sruns[0]["argv"] == [
+        "--nodes=2", f"--ntasks-per-node={per_node}", f"--ntasks={2 * per_node}", "--kill-on-bad-exit=1",
+        str(python), str(ROOT / "launch" / "train.py"), "fit", "--config", str(planned), "--trainer.max_steps=5",
+    ]
+    assert "torchrun" not in " ".join(sruns[0]["argv"])
+    assert sruns[0]["env"]["MASTER_PORT"] == "29500" and sruns[0]["env"]["SLURM_NNODES"] == "2"
+    assert sruns[0]["cwd"] == str(tmp_path)
