@@ -4,43 +4,33 @@ Why inside training_step: changing the DataLoader's batch size mid-epoch would r
 samples (the sampler and the iterator's position count in batches). Splitting the batch the loader
 gave keeps the data order, the global batch and Lightning's progress counters as they are.
 
-One loaded batch of B samples at micro-batch m runs as chunks c_1..c_k of at most m samples (k = 1
-when m >= B), and every chunk, the last included, runs its forward and its backward here, under DDP's
-`no_sync` (no all-reduce), through `strategy.backward` (so the precision plugin scales it as it scales
-Lightning's own backward: 16-mixed's GradScaler), each loss scaled by its share |c_i|/B and by
-1/accumulate_grad_batches, as Lightning scales the loss it backwards.
-
-training_step then returns a loss whose value is the whole batch's (each chunk's part, detached), so
-the progress bar and loggers show what they would without chunking, and whose backward adds zero to
-the gradient of every parameter that holds one: `sum(p.sum() for p) * 0` (a sum's backward is an
-expanded view, added in place: no parameter-sized buffer). Lightning backwards it: that is the rank's
-one backward outside `no_sync`, so DDP's reducer runs once per step on every rank, however many chunks
-each ran (ranks may run different micro-batches after an OOM on one) and pairs with the other ranks
-without a hang. DDP's hook fires after the zero is accumulated and reads the parameter's whole `.grad`,
-so it all-reduces every chunk's gradient; with `find_unused_parameters`, DDP finds those parameters in
-the returned loss's graph. A parameter no chunk gave a gradient is not touched, so its `.grad` stays
-None as it would without chunking. On batches Lightning runs under its own `no_sync` (accumulation)
-the zero backward changes nothing.
+One loaded batch of B samples at micro-batch m runs as chunks c_1..c_k of at most m samples:
+  - c_1..c_{k-1}: forward and backward here, under DDP's `no_sync` (no all-reduce), each loss scaled
+    by its share |c_i|/B and by 1/accumulate_grad_batches, as Lightning scales the loss it backwards;
+  - c_k: forward here; its loss times its share is returned, and Lightning backwards it. That is the
+    rank's one synchronised backward, so it pairs with every other rank's one backward however many
+    chunks each ran: ranks may run different micro-batches (after an OOM on one) without a hang.
+  The returned loss's value is the whole batch's (the inner chunks' parts enter detached), so the
+  progress bar and loggers show what they would without chunking.
 
 Gradients: Lightning zeroes them *after* training_step on the first batch of each accumulation
-window, which would wipe the chunks' gradients. On such a batch the stale gradients are dropped first
-(Lightning would drop them anyway), the chunks' gradients are set aside before returning, and put back
-in `on_before_backward`: after the zeroing, before the zero backward, so DDP all-reduces them.
+window, which would wipe the inner chunks' gradients. On such a batch the stale gradients are dropped
+first (Lightning would drop them anyway), the inner chunks' gradients are set aside before returning,
+and put back in `on_before_backward`: after the zeroing, before the final backward, so DDP all-reduces
+them with the last chunk's.
 
-OOM: a `torch.OutOfMemoryError` in any chunk's forward or backward is caught here, where no collective
-is in flight, and the chunk is retried in halves: the same samples, none skipped. A forward touches no
-gradient. A backward that fails part-way has added the chunk's gradient to some parameters already
-(post-accumulate-grad hooks record which), so the retry runs with those frozen: every parameter gets
-each sample's gradient exactly once. At micro-batch 1 the rank turns checkpointing on (same math, less
-memory) and retries; with checkpointing on and still no room, it raises one error naming the rank, the
-step and the memory figures. What is left outside the retry (Lightning's zero backward, DDP's
-all-reduce, the optimizer step) is not retried. A batch without a common leading dimension runs whole,
-with Lightning's backward, as without MemoryPlanner; so do batches whose backward Lightning skips.
+OOM: a `torch.OutOfMemoryError` in any chunk's forward or in an inner chunk's backward is caught here,
+where no collective is in flight, and the chunk is retried in halves: the same samples, none skipped.
+A forward touches no gradient. A backward that fails part-way has added the chunk's gradient to some
+parameters already (post-accumulate-grad hooks record which), so the retry runs with those frozen:
+every parameter gets each sample's gradient exactly once. At micro-batch 1 the rank turns checkpointing
+on (same math, less memory) and retries; with checkpointing on and still no room, it raises one error
+naming the rank, the step and the memory figures. An OOM inside Lightning's final backward is not
+retried: DDP's all-reduce may have started there.
 
-Values `self.log`-ged in training_step come from each batch's last chunk: inner chunks' logging is
-muted, and the last chunk's is held back and replayed once its backward has succeeded, so every rank
-logs, and syncs, once per batch even when the last chunk is retried. BatchNorm running statistics see
-the samples of a failed chunk twice (they are buffers, not gradients).
+Values `self.log`-ged in training_step come from each batch's last chunk (inner chunks' logging is
+muted, so every rank logs, and syncs, once per batch). BatchNorm running statistics see the samples
+of a failed forward twice (they are buffers, not gradients).
 """
 from __future__ import annotations
 
@@ -148,7 +138,7 @@ class MicroBatchRunner:
         self.gradient_checkpointing = self.gradient_checkpointing or gradient_checkpointing
 
     def restore_grads(self) -> None:
-        """Put the chunks' gradients back (from `on_before_backward`, after Lightning's zero_grad)."""
+        """Put the inner chunks' gradients back (from `on_before_backward`, after Lightning's zero_grad)."""
         stash, self._stash = self._stash, []
         for param, grad in stash:
             if param.grad is None:
@@ -158,58 +148,71 @@ class MicroBatchRunner:
 
     # --- the wrapped training_step -----------------------------------------------------------
     def _training_step(self, args: tuple, kwargs: dict) -> Any:
+        if self.micro_batch_size >= self.loader_batch_size:
+            try:
+                return self._original(*args, **kwargs)
+            except torch.OutOfMemoryError as err:
+                if not self._retry:
+                    raise
+                failure = _Failure(0, 0, "forward", frozenset(), str(err))  # bounds filled in below
+            return self._run_chunks(args, kwargs, failure)
+        return self._run_chunks(args, kwargs, None)
+
+    def _run_chunks(self, args: tuple, kwargs: dict, failure: _Failure | None) -> Any:
         batch = args[0] if args else kwargs["batch"]
         size = loaded_batch_size(batch)
-        if size is not None and not self._skips_backward():
-            return self._run_chunks(args, kwargs, batch, size)
-        try:  # run whole, as Lightning would; Lightning backwards it
+        if size is None:  # the batch cannot be split: run it whole, as Lightning would
+            if failure is not None:
+                raise torch.OutOfMemoryError(f"{failure.message} (MemoryPlanner cannot retry it smaller: the batch "
+                                             "has no common leading dimension to split it by)")
             return self._original(*args, **kwargs)
-        except torch.OutOfMemoryError as err:
-            if not self._retry or size is not None:
-                raise
-            raise torch.OutOfMemoryError(f"{err} (MemoryPlanner cannot retry it smaller: the batch has no "
-                                         "common leading dimension to split it by)") from err
-
-    def _run_chunks(self, args: tuple, kwargs: dict, batch: Any, size: int) -> Any:
         self._drop_stale_grads()
         self._inner_value = None
-        pending = deque((lo, hi, frozenset()) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
-        output = None
-        while pending:
+        if failure is None:
+            pending = deque((lo, hi, frozenset()) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
+        else:  # the whole batch failed on the fast path
+            pending = self._after_failure(_Failure(0, size, failure.phase, frozenset(), failure.message), deque())
+        while True:
             start, stop, frozen = pending.popleft()
-            output, failure = self._chunk(args, kwargs, batch, size, start, stop, frozen, last=not pending)
+            if pending:
+                failure = self._inner_chunk(args, kwargs, batch, size, start, stop, frozen)
+                output = None
+            else:
+                output, failure = self._last_chunk(args, kwargs, batch, size, start, stop)
+            if failure is None and output is not None:
+                self._stash_grads()
+                return self._with_batch_loss(output, (stop - start) / size)
             if failure is not None:
                 pending = self._after_failure(failure, pending)
-        if loss_from_output(output) is None:  # the last chunk returned None or no loss (a skipped step)
-            self._inner_value = None
-            return output
-        touched = self._zero_touch()
-        self._stash_grads()
-        return self._with_batch_loss(output, touched)
+            elif not pending:  # the last chunk returned None (a skipped step)
+                return None
 
-    def _chunk(self, args, kwargs, batch, size, start, stop, frozen, *, last: bool) -> tuple[Any, _Failure | None]:
-        """Forward and backward of samples [start, stop) under no_sync; the output and no failure, or
-        no output and what failed."""
+    def _inner_chunk(self, args, kwargs, batch, size, start, stop, frozen) -> _Failure | None:
         share = (stop - start) / size
         touched: set[int] = set()
-        logged: list[tuple[tuple, dict]] = []
         phase = "forward"
         try:
-            with self._no_sync(), self._frozen(frozen), _held_logging(self._module, logged if last else None):
+            with self._no_sync(), self._frozen(frozen), _muted_logging(self._module):
                 chunk_args, chunk_kwargs = _with_chunk(args, kwargs, batch, size, start, stop)
                 output = self._original(*chunk_args, **chunk_kwargs)
                 loss = loss_from_output(output)
-                if loss is not None:  # None: the step skips this batch
-                    phase = "backward"
-                    with self._tracking(touched, frozen), torch.autocast(self._device_type(), enabled=False):
-                        scale = share / self._trainer.accumulate_grad_batches
-                        self._trainer.strategy.backward(loss * scale, self._trainer.optimizers[0])
-                    self._add_value(loss.detach() * share)
+                if loss is None:
+                    return None
+                phase = "backward"
+                with self._tracking(touched, frozen), torch.autocast(self._device_type(), enabled=False):
+                    scale = share / self._trainer.accumulate_grad_batches
+                    self._trainer.strategy.backward(loss * scale, self._trainer.optimizers[0])
+                self._add_value(loss.detach() * share)
         except torch.OutOfMemoryError as err:
-            return None, _Failure(start, stop, phase, frozen | frozenset(touched), str(err))
-        for log_args, log_kwargs in logged:  # the last chunk's logging, once it has succeeded
-            self._module.log(*log_args, **log_kwargs)
-        return output, None
+            return _Failure(start, stop, phase, frozen | frozenset(touched), str(err))
+        return None
+
+    def _last_chunk(self, args, kwargs, batch, size, start, stop) -> tuple[Any, _Failure | None]:
+        try:
+            chunk_args, chunk_kwargs = _with_chunk(args, kwargs, batch, size, start, stop)
+            return self._original(*chunk_args, **chunk_kwargs), None
+        except torch.OutOfMemoryError as err:
+            return None, _Failure(start, stop, "forward", frozenset(), str(err))
 
     def _after_failure(self, failure: _Failure, pending: deque) -> deque:
         """Lower this rank's micro-batch (or turn checkpointing on) and re-cut what is left."""
@@ -235,15 +238,12 @@ class MicroBatchRunner:
                      for lo, hi in chunk_bounds(start, stop, self.micro_batch_size))
 
     # --- gradients ---------------------------------------------------------------------------
-    def _skips_backward(self) -> bool:
-        """Lightning skips the backward (StochasticWeightAveraging's BatchNorm pass)."""
-        return self._trainer.fit_loop.epoch_loop.automatic_optimization._skip_backward
-
     def _drop_stale_grads(self) -> None:
         """On the first batch of an accumulation window Lightning zeroes gradients after
-        training_step; drop them now, so the chunks accumulate from nothing."""
+        training_step; drop them now, so the inner chunks accumulate from nothing."""
         loop = self._trainer.fit_loop.epoch_loop
-        self._zeroes_after_step = loop.batch_idx % self._trainer.accumulate_grad_batches == 0
+        self._zeroes_after_step = (not loop.automatic_optimization._skip_backward
+                                   and loop.batch_idx % self._trainer.accumulate_grad_batches == 0)
         if self._zeroes_after_step:
             for param in self._params:
                 param.grad = None
@@ -258,18 +258,12 @@ class MicroBatchRunner:
     def _add_value(self, value: torch.Tensor) -> None:
         self._inner_value = value if self._inner_value is None else self._inner_value + value
 
-    def _zero_touch(self) -> torch.Tensor | None:
-        """Zero, with a backward that reaches every trainable parameter holding a gradient (call it
-        before the gradients are set aside): Lightning's backward of it runs DDP's reducer."""
-        params = [p for p in self._params if p.requires_grad and p.grad is not None]
-        if not params:
-            return None
-        with torch.autocast(self._device_type(), enabled=False):
-            return torch.stack([p.sum().float() for p in params]).sum() * 0
-
-    def _with_batch_loss(self, output: Any, touched: torch.Tensor | None) -> Any:
-        value, self._inner_value = self._inner_value, None
-        whole = value if touched is None else value + touched.to(value.dtype)
+    def _with_batch_loss(self, output: Any, share: float) -> Any:
+        loss = loss_from_output(output)
+        if loss is None:
+            return output
+        whole = loss * share if self._inner_value is None else loss * share + self._inner_value
+        self._inner_value = None
         if isinstance(output, torch.Tensor):
             return whole
         if isinstance(output, Mapping):
@@ -316,9 +310,8 @@ def _with_chunk(args: tuple, kwargs: dict, batch: Any, size: int, start: int, st
 
 
 @contextlib.contextmanager
-def _held_logging(module: Any, held: list[tuple[tuple, dict]] | None) -> Iterator[None]:
-    """`module.log` calls are appended to `held` (to replay later), or dropped when it is None."""
-    module.__dict__["log"] = _discard if held is None else lambda *args, **kwargs: held.append((args, kwargs))
+def _muted_logging(module: Any) -> Iterator[None]:
+    module.__dict__["log"] = _discard
     try:
         yield
     finally:
