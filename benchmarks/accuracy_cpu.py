@@ -19,17 +19,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from benchmarks.results_io import machine, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 MiB = 1 << 20
 TIMEOUT_S = 600
 GOAL_MEDIAN, GOAL_WORST = 0.01, 0.03
@@ -130,21 +128,6 @@ def summarize(rows: list[dict]) -> dict:
     return summary
 
 
-def machine() -> dict:
-    import torch
-    import transformers
-
-    model = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")),
-        platform.processor(),
-    ) if Path("/proc/cpuinfo").exists() else platform.processor()
-    return {
-        "cpu": model, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-    }
-
-
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.3f}%"
 
@@ -232,9 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render_markdown(report)
     print(markdown)
     if args.write or not args.only:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "accuracy_cpu.json").write_text(json.dumps(report, indent=1) + "\n")
-        (RESULTS / "accuracy_cpu.md").write_text(markdown)
+        write_results("accuracy_cpu", report, markdown, indent=1)
     return 0 if all("error" in r for r in rows) else 1
 
 

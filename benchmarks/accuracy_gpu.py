@@ -22,9 +22,8 @@ import statistics
 import subprocess
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
+from benchmarks.results_io import write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _measure(name: str) -> dict:
@@ -96,8 +95,6 @@ def run(names: list[str]) -> dict:
 
 
 def write(report: dict) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "accuracy_gpu.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# GPU accuracy ({report['gpu']}, torch {report['torch']}, {report['date']})", "",
              "| metric | median abs | worst abs | most under | n |", "|---|---|---|---|---|"]
     for key, s in report["summary"].items():
@@ -111,7 +108,7 @@ def write(report: dict) -> None:
         lines.append(f"| {r['case']} | {t.get('max_allocated', t.get('error'))} | {pct(r['native_err_allocated'])} | "
                      f"{pct(r['emulated_err_allocated'])} | {t.get('max_reserved', '-')} | {pct(r['native_err_reserved'])} | "
                      f"{t.get('nvml_process_peak', '-')} | {pct(r['native_err_nvml'])} |")
-    (RESULTS / "accuracy_gpu.md").write_text("\n".join(lines) + "\n")
+    write_results("accuracy_gpu", report, "\n".join(lines) + "\n")
 
 
 def main() -> int:

@@ -19,7 +19,6 @@ writes benchmarks/results/callback_overhead.json and .md.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -41,9 +40,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from memplan.callback import MemoryPlanner
 from memplan.demos import MLP, ImageCNN
 from memplan.plan import Plan
+from benchmarks.results_io import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 GOAL = 0.005
 WARMUP = 20
 INSTRUMENTED_REPEATS = 2
@@ -199,8 +198,6 @@ def write_report(rows: list[dict], repeat: int) -> None:
     report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.platform(),
               "cpu_count": os.cpu_count(), "torch": torch.__version__, "lightning": pl.__version__,
               "command": f"python -m benchmarks.callback_overhead --repeat {repeat}", "goal": GOAL, "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "callback_overhead.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# MemoryPlanner overhead on CPU ({report['date']}, {report['machine']}, {report['cpu_count']} CPUs, "
              f"torch {report['torch']}, Lightning {report['lightning']})", "",
              f"Command: `{report['command']}`. Default interval (one reading every 50 steps); {repeat} runs without "
@@ -220,7 +217,7 @@ def write_report(rows: list[dict], repeat: int) -> None:
               "training_step wrapper less the user's step; the reading, the gather, the JSON line and the logger call "
               "of every 50th step included. Any callback's dispatch: the same for an empty Callback, the floor no "
               "callback gets under. End to end: the same cost seen through the machine's noise."]
-    (RESULTS / "callback_overhead.md").write_text("\n".join(lines) + "\n")
+    write_results("callback_overhead", report, "\n".join(lines) + "\n")
 
 
 def main() -> int:

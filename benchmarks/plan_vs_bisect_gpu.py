@@ -21,9 +21,9 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from benchmarks.results_io import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("gpt2-small", "resnet", "cnn")
 
 
@@ -115,8 +115,6 @@ def main() -> int:
     rows = [run_one(name) for name in (args.only or CONFIGS)]
     report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "plan_vs_bisect_gpu.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# memplan's micro-batch vs real bisection ({report['gpu']}, torch {report['torch']}, {report['date']})", "",
              "| config | precision | ckpt | memplan max | truth max | ratio | memplan's runs | suggest s | BatchSizeFinder s |",
              "|---|---|---|---:|---:|---:|---|---:|---:|"]
@@ -125,7 +123,7 @@ def main() -> int:
         lines.append(f"| {r['config']} | {r['precision']} | {r['checkpointing']} | {r['memplan_max_micro_batch']} | "
                      f"{r['truth_max_micro_batch']} | {ratio} | {r['memplan_max_runs']} | {r['suggest_seconds']:.1f} | "
                      f"{r['batch_size_finder_seconds']:.1f} |")
-    (RESULTS / "plan_vs_bisect_gpu.md").write_text("\n".join(lines) + "\n")
+    write_results("plan_vs_bisect_gpu", report, "\n".join(lines) + "\n")
     return 0
 
 

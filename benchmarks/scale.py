@@ -20,7 +20,8 @@ import resource
 import sys
 import time
 
-from benchmarks.accuracy_cpu import RESULTS, _run_json, machine
+from benchmarks.accuracy_cpu import _run_json
+from benchmarks.results_io import machine, write_results
 from benchmarks.zoo import Case, _hf, causal_lm_batch, hf_loss
 
 GiB = 1 << 30
@@ -151,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render_markdown(report)
     print(markdown)
     if args.write or not args.only:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "scale.json").write_text(json.dumps(report, indent=1) + "\n")
-        (RESULTS / "scale.md").write_text(markdown)
+        write_results("scale", report, markdown, indent=1)
     return 0 if all("estimate" in r for r in rows) else 1
 
 

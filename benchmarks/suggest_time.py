@@ -16,9 +16,9 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from benchmarks.results_io import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("gpt2-small", "resnet", "cnn", "mlp")
 GOAL_S = {"gpt2-small": 15.0}
 
@@ -50,8 +50,6 @@ def main() -> int:
     report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.platform(),
               "cpu_count": __import__("os").cpu_count(), "command": "memplan suggest --gpus 4 --gpu A100-80GB CONFIG --json",
               "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "suggest_time.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# memplan suggest wall time ({report['date']}, {report['machine']}, {report['cpu_count']} CPUs, no GPU)", "",
              f"Command: `{report['command']}` in a fresh process, {args.repeat} runs each.", "",
              "| config | median s | runs s | plan (world x micro x accum, precision, ckpt) | goal |", "|---|---:|---|---|---|"]
@@ -62,7 +60,7 @@ def main() -> int:
         lines.append(f"| {r['config']} | {r['median_s']:.1f} | {', '.join(f'{s:.1f}' for s in r['seconds'])} | "
                      f"{p['world_size']} x {p['micro_batch_size']} x {p['accumulate_grad_batches']}, {p['precision']}, "
                      f"{'on' if p['gradient_checkpointing'] else 'off'} | {verdict} |")
-    (RESULTS / "suggest_time.md").write_text("\n".join(lines) + "\n")
+    write_results("suggest_time", report, "\n".join(lines) + "\n")
     return 0
 
 
