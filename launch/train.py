@@ -8,6 +8,7 @@ itself reaches the Trainer through the MemoryPlanner callback entry that `mempla
 """
 from __future__ import annotations
 
+import torch.distributed as dist
 from pytorch_lightning.cli import LightningCLI
 
 from memplan.config import add_memplan_argument
@@ -20,6 +21,16 @@ class MemplanCLI(LightningCLI):
 
 def main(args: list[str] | None = None) -> None:
     MemplanCLI(subclass_mode_model=True, subclass_mode_data=True, save_config_kwargs={"overwrite": True}, args=args)
+    close_process_group()
+
+
+def close_process_group() -> None:
+    """After a successful run, destroy the process group while the interpreter is whole: left to
+    interpreter shutdown, gloo's worker threads can abort the process ("terminate called without an
+    active exception", pytorch/pytorch#190489) and turn a finished run into a failed exit code. Not
+    on error: destroying while other ranks are in a collective deadlocks (as torchtitan does it)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -89,3 +89,7 @@ def main(scenario: str, out: Path) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], Path(sys.argv[2]))
+    # As launch/train.py does: destroy the group before interpreter shutdown, which can otherwise
+    # abort a finished run from gloo's threads (pytorch/pytorch#190489).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
