@@ -4,32 +4,35 @@ Why inside training_step: changing the DataLoader's batch size mid-epoch would r
 samples (the sampler and the iterator's position count in batches). Splitting the batch the loader
 gave keeps the data order, the global batch and Lightning's progress counters as they are.
 
-One loaded batch of B samples at micro-batch m runs as chunks c_1..c_k of at most m samples:
-  - c_1..c_{k-1}: forward and backward here, under DDP's `no_sync` (no all-reduce), each loss scaled
-    by its share |c_i|/B and by 1/accumulate_grad_batches, as Lightning scales the loss it backwards;
-  - c_k: forward here; its loss times its share is returned, and Lightning backwards it. That is the
-    rank's one synchronised backward, so it pairs with every other rank's one backward however many
-    chunks each ran: ranks may run different micro-batches (after an OOM on one) without a hang.
-  The returned loss's value is the whole batch's (the inner chunks' parts enter detached), so the
-  progress bar and loggers show what they would without chunking.
+One loaded batch of B samples at micro-batch m runs as chunks c_1..c_k of at most m samples (k = 1
+when m >= B). Every chunk's forward *and* backward run here, under DDP's `no_sync`, each loss scaled
+by its share |c_i|/B, by 1/accumulate_grad_batches and by the GradScaler's scale (16-mixed), exactly
+as Lightning scales the loss it backwards. What training_step returns is a *carrier*: a loss whose
+value is the whole batch's and whose backward hands every parameter the gradient already computed
+(`_CarryGradients`: the gradients are moved out of `.grad` before returning and given back, not
+copied, by Lightning's one backward). So:
+  - Lightning's backward is the rank's one synchronised backward: DDP's hooks fire once per
+    parameter and all-reduce the whole gradient, however many chunks each rank ran. Ranks may run
+    different micro-batches (after an OOM on one) without a hang.
+  - That backward allocates nothing (the gradients exist already), so every backward that can run
+    out of memory runs here, where no collective is in flight, and can be retried.
+  - Lightning zeroes gradients after training_step on the first batch of an accumulation window;
+    the gradients are out of `.grad` by then, so the zeroing cannot wipe them.
+  - Users' `on_before_backward` / `on_after_backward` run once per batch, as without chunking, and
+    `on_after_backward` sees the whole batch's gradient. The in-step backwards call the module's own
+    `backward` (so an override is honoured) but not Lightning's backward hooks.
 
-Gradients: Lightning zeroes them *after* training_step on the first batch of each accumulation
-window, which would wipe the inner chunks' gradients. On such a batch the stale gradients are dropped
-first (Lightning would drop them anyway), the inner chunks' gradients are set aside before returning,
-and put back in `on_before_backward`: after the zeroing, before the final backward, so DDP all-reduces
-them with the last chunk's.
+OOM: a `torch.OutOfMemoryError` in any chunk's forward or backward is caught here and the chunk is
+retried in halves: the same samples, none skipped. A forward touches no gradient. A backward that
+fails part-way has added the chunk's gradient to some parameters already (their `.grad` changed:
+another tensor or a newer version), so the retry runs with those frozen: every parameter gets each
+sample's gradient exactly once. At micro-batch 1 the rank turns checkpointing on (same math, less
+memory) and retries; with checkpointing on and still no room, it raises one error naming the rank,
+the step and the memory figures.
 
-OOM: a `torch.OutOfMemoryError` in any chunk's forward or in an inner chunk's backward is caught here,
-where no collective is in flight, and the chunk is retried in halves: the same samples, none skipped.
-A forward touches no gradient. A backward that fails part-way has added the chunk's gradient to some
-parameters already (post-accumulate-grad hooks record which), so the retry runs with those frozen:
-every parameter gets each sample's gradient exactly once. At micro-batch 1 the rank turns checkpointing
-on (same math, less memory) and retries; with checkpointing on and still no room, it raises one error
-naming the rank, the step and the memory figures. An OOM inside Lightning's final backward is not
-retried: DDP's all-reduce may have started there.
-
-Values `self.log`-ged in training_step come from each batch's last chunk (inner chunks' logging is
-muted, so every rank logs, and syncs, once per batch). BatchNorm running statistics see the samples
+Values `self.log`-ged in training_step come from each batch's last chunk: every chunk's calls are
+held, and the last chunk's are made once its backward has succeeded, so every rank logs, and syncs,
+once per batch however many chunks it ran or retried. BatchNorm running statistics see the samples
 of a failed forward twice (they are buffers, not gradients).
 """
 from __future__ import annotations
@@ -79,6 +82,40 @@ class _Failure:
     message: str
 
 
+class _Handoff:
+    """The gradients a carrier gives back, dropped as they are given (so autograd can take them
+    over without a copy), and dropped too if the carrier is never backwarded."""
+
+    def __init__(self, grads: list[torch.Tensor]) -> None:
+        self.grads: list[torch.Tensor] | None = grads
+
+    def take(self) -> list[torch.Tensor]:
+        grads, self.grads = self.grads, None
+        if grads is None:
+            raise RuntimeError("MemoryPlanner: a batch's loss was backwarded twice; its gradients were already "
+                               "given to the parameters by the first backward")
+        return grads
+
+
+class _CarryGradients(torch.autograd.Function):
+    """value -> value; its backward gives each parameter the gradient in the handoff.
+
+    The gradients were computed in training_step with the scale Lightning applies to the loss it
+    backwards (the batch share, 1/accumulate_grad_batches, the GradScaler's scale), so the incoming
+    gradient, which is that same scale, is not applied again."""
+
+    @staticmethod
+    def forward(ctx: Any, value: torch.Tensor, handoff: _Handoff, *params: torch.Tensor) -> torch.Tensor:
+        ctx.handoff = handoff
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grads = ctx.handoff.take()
+        ctx.handoff = None
+        return (None, None, *grads)
+
+
 class MicroBatchRunner:
     """Wraps the LightningModule's `training_step` (an instance attribute, removed by `remove`)."""
 
@@ -103,9 +140,6 @@ class MicroBatchRunner:
         self._on_retry = on_retry
         self._out_of_memory = out_of_memory
         self._params = list(module.parameters())
-        self._stash: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        self._inner_value: torch.Tensor | None = None
-        self._zeroes_after_step = False
         self._original: Callable[..., Any] | None = None
         self._previous: Any = None
 
@@ -137,82 +171,83 @@ class MicroBatchRunner:
         self.micro_batch_size = micro_batch_size
         self.gradient_checkpointing = self.gradient_checkpointing or gradient_checkpointing
 
-    def restore_grads(self) -> None:
-        """Put the inner chunks' gradients back (from `on_before_backward`, after Lightning's zero_grad)."""
-        stash, self._stash = self._stash, []
-        for param, grad in stash:
-            if param.grad is None:
-                param.grad = grad
-            else:  # zero_grad(set_to_none=False) left zeros
-                param.grad.add_(grad)
-
     # --- the wrapped training_step -----------------------------------------------------------
     def _training_step(self, args: tuple, kwargs: dict) -> Any:
-        if self.micro_batch_size >= self.loader_batch_size:
-            try:
-                return self._original(*args, **kwargs)
-            except torch.OutOfMemoryError as err:
-                if not self._retry:
-                    raise
-                failure = _Failure(0, 0, "forward", frozenset(), str(err))  # bounds filled in below
-            return self._run_chunks(args, kwargs, failure)
-        return self._run_chunks(args, kwargs, None)
-
-    def _run_chunks(self, args: tuple, kwargs: dict, failure: _Failure | None) -> Any:
+        loop = self._trainer.fit_loop.epoch_loop
+        if loop.automatic_optimization._skip_backward:  # e.g. SWA's batch-norm epoch: no backward to run
+            return self._original(*args, **kwargs)
         batch = args[0] if args else kwargs["batch"]
         size = loaded_batch_size(batch)
         if size is None:  # the batch cannot be split: run it whole, as Lightning would
-            if failure is not None:
-                raise torch.OutOfMemoryError(f"{failure.message} (MemoryPlanner cannot retry it smaller: the batch "
-                                             "has no common leading dimension to split it by)")
             return self._original(*args, **kwargs)
-        self._drop_stale_grads()
-        self._inner_value = None
-        if failure is None:
-            pending = deque((lo, hi, frozenset()) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
-        else:  # the whole batch failed on the fast path
-            pending = self._after_failure(_Failure(0, size, failure.phase, frozenset(), failure.message), deque())
-        while True:
+        if loop.batch_idx % self._trainer.accumulate_grad_batches == 0:
+            # Lightning zeroes gradients after this step on the first batch of a window: drop the
+            # stale ones now, so the chunks accumulate from nothing
+            for param in self._params:
+                param.grad = None
+        pending = deque((lo, hi, frozenset()) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
+        value: torch.Tensor | None = None
+        while pending:
             start, stop, frozen = pending.popleft()
-            if pending:
-                failure = self._inner_chunk(args, kwargs, batch, size, start, stop, frozen)
-                output = None
-            else:
-                output, failure = self._last_chunk(args, kwargs, batch, size, start, stop)
-            if failure is None and output is not None:
-                self._stash_grads()
-                return self._with_batch_loss(output, (stop - start) / size)
+            output, loss, logged, failure = self._chunk(args, kwargs, batch, size, start, stop, frozen)
             if failure is not None:
                 pending = self._after_failure(failure, pending)
-            elif not pending:  # the last chunk returned None (a skipped step)
-                return None
+                continue
+            if loss is not None:
+                share = loss.detach() * ((stop - start) / size)
+                value = share if value is None else value + share
+            if not pending:  # the batch's last chunk succeeded: its `self.log` calls are the batch's
+                _replay(self._module, logged)
+                if loss is None:  # no loss: Lightning skips this batch's backward
+                    return output
+        return self._carry(output, value)
 
-    def _inner_chunk(self, args, kwargs, batch, size, start, stop, frozen) -> _Failure | None:
-        share = (stop - start) / size
-        touched: set[int] = set()
-        phase = "forward"
+    def _chunk(self, args, kwargs, batch, size, start, stop, frozen
+               ) -> tuple[Any, torch.Tensor | None, list[tuple[tuple, dict]], _Failure | None]:
+        """Forward and backward of samples [start, stop): (training_step's output, its loss, its
+        held `self.log` calls, None), or (None, None, [], what failed)."""
+        phase, before = "forward", []
         try:
-            with self._no_sync(), self._frozen(frozen), _muted_logging(self._module):
+            with self._no_sync(), self._frozen(frozen), _held_logging(self._module) as logged:
                 chunk_args, chunk_kwargs = _with_chunk(args, kwargs, batch, size, start, stop)
                 output = self._original(*chunk_args, **chunk_kwargs)
                 loss = loss_from_output(output)
                 if loss is None:
-                    return None
+                    return output, None, logged, None
                 phase = "backward"
-                with self._tracking(touched, frozen), torch.autocast(self._device_type(), enabled=False):
-                    scale = share / self._trainer.accumulate_grad_batches
-                    self._trainer.strategy.backward(loss * scale, self._trainer.optimizers[0])
-                self._add_value(loss.detach() * share)
+                before = [(g, g._version) if (g := p.grad) is not None else (None, 0) for p in self._params]
+                self._backward(loss * ((stop - start) / size / self._trainer.accumulate_grad_batches))
         except torch.OutOfMemoryError as err:
-            return _Failure(start, stop, phase, frozen | frozenset(touched), str(err))
-        return None
+            return None, None, [], _Failure(start, stop, phase, frozen | self._touched(before), str(err))
+        return output, loss, logged, None
 
-    def _last_chunk(self, args, kwargs, batch, size, start, stop) -> tuple[Any, _Failure | None]:
-        try:
-            chunk_args, chunk_kwargs = _with_chunk(args, kwargs, batch, size, start, stop)
-            return self._original(*chunk_args, **chunk_kwargs), None
-        except torch.OutOfMemoryError as err:
-            return None, _Failure(start, stop, "forward", frozenset(), str(err))
+    def _backward(self, loss: torch.Tensor) -> None:
+        """What Lightning's backward does with a loss, less its hooks and DDP's synchronisation: the
+        GradScaler's scale (16-mixed), then the module's `backward` (autocast off, as in Lightning)."""
+        scaler = getattr(self._trainer.precision_plugin, "scaler", None)
+        if scaler is not None:
+            loss = scaler.scale(loss)
+        with torch.autocast(self._trainer.strategy.root_device.type, enabled=False):
+            self._module.backward(loss)
+
+    def _touched(self, before: list[tuple[torch.Tensor | None, int]]) -> frozenset[int]:
+        """Parameters whose gradient a failed backward changed (a new tensor, or one written to)."""
+        return frozenset(i for i, (param, (grad, version)) in enumerate(zip(self._params, before))
+                         if param.grad is not grad or (grad is not None and grad._version != version))
+
+    def _carry(self, output: Any, value: torch.Tensor) -> Any:
+        """training_step's output with its loss replaced by a carrier of the gradients (module docstring)."""
+        params = [p for p in self._params if p.grad is not None and p.requires_grad]
+        handoff = _Handoff([p.grad for p in params])
+        for param in params:
+            param.grad = None
+        carrier = _CarryGradients.apply(value, handoff, *params)
+        if isinstance(output, torch.Tensor):
+            return carrier
+        if isinstance(output, Mapping):
+            return {**output, "loss": carrier}
+        raise TypeError(f"training_step returned {type(output).__name__}; MemoryPlanner chunks batches whose "
+                        "training_step returns a loss tensor or a dict with 'loss'")
 
     def _after_failure(self, failure: _Failure, pending: deque) -> deque:
         """Lower this rank's micro-batch (or turn checkpointing on) and re-cut what is left."""
@@ -237,40 +272,6 @@ class MicroBatchRunner:
         return deque((lo, hi, frozen) for start, stop, frozen in ranges
                      for lo, hi in chunk_bounds(start, stop, self.micro_batch_size))
 
-    # --- gradients ---------------------------------------------------------------------------
-    def _drop_stale_grads(self) -> None:
-        """On the first batch of an accumulation window Lightning zeroes gradients after
-        training_step; drop them now, so the inner chunks accumulate from nothing."""
-        loop = self._trainer.fit_loop.epoch_loop
-        self._zeroes_after_step = (not loop.automatic_optimization._skip_backward
-                                   and loop.batch_idx % self._trainer.accumulate_grad_batches == 0)
-        if self._zeroes_after_step:
-            for param in self._params:
-                param.grad = None
-
-    def _stash_grads(self) -> None:
-        if not self._zeroes_after_step:
-            return
-        self._stash = [(p, p.grad) for p in self._params if p.grad is not None]
-        for param, _ in self._stash:
-            param.grad = None
-
-    def _add_value(self, value: torch.Tensor) -> None:
-        self._inner_value = value if self._inner_value is None else self._inner_value + value
-
-    def _with_batch_loss(self, output: Any, share: float) -> Any:
-        loss = loss_from_output(output)
-        if loss is None:
-            return output
-        whole = loss * share if self._inner_value is None else loss * share + self._inner_value
-        self._inner_value = None
-        if isinstance(output, torch.Tensor):
-            return whole
-        if isinstance(output, Mapping):
-            return {**output, "loss": whole}
-        raise TypeError(f"training_step returned {type(output).__name__}; MemoryPlanner chunks batches whose "
-                        "training_step returns a loss tensor or a dict with 'loss'")
-
     @contextlib.contextmanager
     def _frozen(self, frozen: frozenset[int]) -> Iterator[None]:
         params = [self._params[i] for i in frozen if self._params[i].requires_grad]
@@ -282,22 +283,9 @@ class MicroBatchRunner:
             for param in params:
                 param.requires_grad_(True)
 
-    @contextlib.contextmanager
-    def _tracking(self, touched: set[int], frozen: frozenset[int]) -> Iterator[None]:
-        handles = [p.register_post_accumulate_grad_hook(lambda _, i=i: touched.add(i))
-                   for i, p in enumerate(self._params) if p.requires_grad and i not in frozen]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
     def _no_sync(self) -> contextlib.AbstractContextManager:
         block = getattr(self._trainer.strategy, "block_backward_sync", None)  # DDP: model.no_sync()
         return block() if block is not None else contextlib.nullcontext()
-
-    def _device_type(self) -> str:
-        return self._trainer.strategy.root_device.type
 
 
 def _with_chunk(args: tuple, kwargs: dict, batch: Any, size: int, start: int, stop: int) -> tuple[tuple, dict]:
@@ -310,16 +298,22 @@ def _with_chunk(args: tuple, kwargs: dict, batch: Any, size: int, start: int, st
 
 
 @contextlib.contextmanager
-def _muted_logging(module: Any) -> Iterator[None]:
-    module.__dict__["log"] = _discard
+def _held_logging(module: Any) -> Iterator[list[tuple[tuple, dict]]]:
+    """Hold the module's `self.log` calls (and `log_dict`'s, which go through it) instead of making
+    them: a chunk that fails, or is not the batch's last, must not log (with sync_dist=True a log is a
+    collective, and a rank that logged twice in a batch would wait forever for the others)."""
+    calls: list[tuple[tuple, dict]] = []
+    module.__dict__["log"] = lambda *args, **kwargs: calls.append((args, kwargs))
     try:
-        yield
+        yield calls
     finally:
         module.__dict__.pop("log", None)
 
 
-def _discard(*args: Any, **kwargs: Any) -> None:
-    return None
+def _replay(module: Any, calls: list[tuple[tuple, dict]]) -> None:
+    """Make the held `self.log` calls (through the class's `log`, a user's override included)."""
+    for args, kwargs in calls:
+        module.log(*args, **kwargs)
 
 
 def _release_memory() -> None:

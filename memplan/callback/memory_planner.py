@@ -32,6 +32,8 @@ from memplan.planner import Estimator, PlanRequest, estimator_for, largest_block
 log = logging.getLogger(__name__)
 
 RESTORED = "restored from the checkpoint"
+OUTSIDE_CHUNKS = ("outside training_step's forward and backward (in the optimizer step, validation or another hook), "
+                  "which a smaller micro-batch does not shrink: not retried")
 
 
 class MemoryPlanner(Callback):
@@ -143,9 +145,6 @@ class MemoryPlanner(Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._apply(trainer, pl_module)
-
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        self._restore_grads()
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -277,10 +276,6 @@ class MemoryPlanner(Callback):
             self._runner.loader_batch_size = size
         self._log.write("loader", trainer.global_step, layout=self.layout.to_dict())
 
-    def _restore_grads(self) -> None:
-        if self._runner is not None:
-            self._runner.restore_grads()
-
     # --- watch and adjust --------------------------------------------------------------------
     def _maybe_check(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
@@ -362,13 +357,16 @@ class MemoryPlanner(Callback):
         )
 
     def _record_exception(self, trainer: pl.Trainer, exception: BaseException) -> None:
-        """An OOM MemoryPlanner did not raise itself happened where it cannot retry: log it. Then
-        take the training_step wrapper off, as teardown would (Lightning skips it after an error)."""
+        """An OOM MemoryPlanner did not raise itself happened outside the chunks it retries: log it,
+        with the rank, the step and the memory figures. Then take the training_step wrapper off, as
+        teardown would (Lightning skips it after an error)."""
         if self._log is not None and isinstance(exception, torch.OutOfMemoryError) \
                 and not isinstance(exception, NothingFitsError):
-            self._log.write("fatal", trainer.global_step, error=str(exception), where="outside the retried chunks "
-                            "(Lightning's synchronised backward or optimizer step): not retried",
-                            **monitor.read_memory(trainer.strategy.root_device, reset_peak=False).to_dict())
+            reading = monitor.read_memory(trainer.strategy.root_device, reset_peak=False)
+            self._log.write("fatal", trainer.global_step, error=str(exception), where=OUTSIDE_CHUNKS,
+                            **reading.to_dict())
+            log.error("MemoryPlanner: rank %d ran out of memory at step %d %s. %s", trainer.global_rank,
+                      trainer.global_step, OUTSIDE_CHUNKS, reading.describe())
         self._close()
 
     # --- end of fit --------------------------------------------------------------------------

@@ -13,7 +13,11 @@ user's training script. Scenarios (SIMULATED devices: see callback_sim):
   accumulate  no batch_size attribute: the loader's 8 run as chunks of 2, 2 batches a step (the
           inner chunks' gradients kept across Lightning's zero_grad), DDP finding unused parameters;
           rank 1's SIMULATED memory fails backwards of more than 1 sample.
-Each rank writes samples_rank<R>.json (the samples of each optimizer step); rank 0 writes weights.pt;
+  final   the loader's 8 run as one chunk; rank 1's SIMULATED memory fails backwards of more than 5
+          samples, so its only chunk's backward fails and is retried as 4 + 4 while rank 0 runs 8
+          whole; training_step logs with sync_dist=True (a rank logging twice in a batch would hang).
+Each rank writes samples_rank<R>.json (the samples of each optimizer step) and log_calls_rank<R>.json;
+rank 0 writes weights.pt (and, in `final`, rank 1 weights_rank1.pt);
 the RecordingLogger writes metrics.json; MemoryPlanner writes memplan/rank<R>.jsonl.
 """
 from __future__ import annotations
@@ -28,13 +32,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.strategies import DDPStrategy  # noqa: E402
 import torch  # noqa: E402
-from callback_sim import RecordingLogger, Regression, SimulatedBudget, make_plan, weights_of  # noqa: E402
+from callback_sim import RecordingLogger, Regression, SimulatedBudget, make_plan, run_net, weights_of  # noqa: E402
 
 from memplan import monitor  # noqa: E402
 from memplan.callback import MemoryPlanner  # noqa: E402
 from memplan.units import GiB  # noqa: E402
 
 RANK = int(os.environ.get("LOCAL_RANK", "0"))
+
+
+class SyncLogged(Regression):
+    """Logs its loss with sync_dist=True (a collective) and counts its `log` calls."""
+
+    log_calls = 0
+
+    def training_step(self, batch, batch_idx):
+        x, y, index = batch
+        loss = torch.nn.functional.mse_loss(run_net(self.net, x), y)
+        self.seen.append(index.tolist())
+        self._pending.extend(index.tolist())
+        self.log("train_loss", loss, sync_dist=True)
+        return loss
+
+    def log(self, *args, **kwargs) -> None:
+        self.log_calls += 1
+        super().log(*args, **kwargs)
 
 
 def simulated_readings(tight_checks: int):
@@ -75,7 +97,11 @@ def main(scenario: str, out: Path) -> None:
         budget = SimulatedBudget(backward_limit=1, ranks=(1,))
         strategy, with_attr, steps = DDPStrategy(find_unused_parameters=True), False, 4
         options = dict(every_n_steps=2, grow=False)
-    module = Regression(batch_size=8, budget=budget, with_attr=with_attr)
+    module_class = Regression
+    if scenario == "final":
+        budget, module_class = SimulatedBudget(backward_limit=5, ranks=(1,)), SyncLogged
+        options = dict(every_n_steps=2, grow=False)
+    module = module_class(batch_size=8, budget=budget, with_attr=with_attr)
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=RecordingLogger(out),
         callbacks=[MemoryPlanner(None if scenario == "oom" else plan, **options)], enable_checkpointing=False, enable_progress_bar=False,
@@ -83,8 +109,11 @@ def main(scenario: str, out: Path) -> None:
     )
     trainer.fit(module)
     (out / f"samples_rank{trainer.global_rank}.json").write_text(json.dumps(module.step_samples))
+    (out / f"log_calls_rank{trainer.global_rank}.json").write_text(json.dumps(getattr(module, "log_calls", None)))
     if trainer.is_global_zero:
         torch.save(weights_of(module), out / "weights.pt")
+    elif scenario == "final":
+        torch.save(weights_of(module), out / f"weights_rank{trainer.global_rank}.pt")
 
 
 if __name__ == "__main__":

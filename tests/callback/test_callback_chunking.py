@@ -109,3 +109,31 @@ def test_an_oom_is_not_retried_when_adjusting_is_off(make_trainer):
     trainer = make_trainer([MemoryPlanner(make_plan(4, 1), adjust=False)], max_steps=1)
     with pytest.raises(torch.OutOfMemoryError, match="SIMULATED"):
         trainer.fit(module)
+
+
+class OomInOptimizerStep(Regression):
+    """SIMULATED: the optimizer step runs out of memory (as Adam's first step can, allocating its state)."""
+
+    def configure_optimizers(self):
+        optimizer = super().configure_optimizers()
+
+        def step(closure=None):
+            if closure is not None:
+                closure()
+            raise torch.OutOfMemoryError("SIMULATED out of memory in the optimizer step")
+
+        optimizer.step = step
+        return optimizer
+
+
+def test_an_oom_in_the_optimizer_step_ends_the_job_and_the_logs_say_where(make_trainer, caplog):
+    module = OomInOptimizerStep(batch_size=8)
+    planner = MemoryPlanner(make_plan(8, 1), grow=False)
+    trainer = make_trainer([planner], max_steps=2)
+    with pytest.raises(torch.OutOfMemoryError, match="SIMULATED out of memory in the optimizer step"):
+        trainer.fit(module)
+    fatal = read_jsonl(planner.log_path)[-1]
+    assert fatal["event"] == "fatal" and fatal["step"] == 0 and "optimizer step" in fatal["where"]
+    assert "not retried" in fatal["where"] and fatal["device_total_bytes"] > 0
+    assert "MemoryPlanner: rank 0 ran out of memory at step 0 outside training_step" in caplog.text
+    assert "training_step" not in module.__dict__  # the wrapper is off after the error

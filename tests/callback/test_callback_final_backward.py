@@ -1,0 +1,158 @@
+"""Every chunk's backward runs inside training_step, the last one included, and Lightning's one
+backward only hands the finished gradients to the parameters (memplan.callback.chunking). So an OOM
+in the backward of a batch's last (or only) chunk, which used to be Lightning's synchronised backward
+and ended the job, is retried smaller on the same samples, on one process and under DDP; the handoff
+copies no gradient; users' backward hooks run once per batch and see the whole batch's gradient. The
+SIMULATED device is callback_sim's SimulatedBudget; weights must equal plain full-batch SGD."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from callback_sim import IndexedData, Regression, SimulatedBudget, build_net, make_plan, read_jsonl, run_net
+from pytorch_lightning.plugins import MixedPrecision
+from test_callback_chunking import assert_trained_like_full_batches
+from test_callback_ddp import check_trained_like_one_process, run_scenario
+
+from memplan.callback import MemoryPlanner
+
+
+class Watched(Regression):
+    """Counts its `self.log` calls and backward hooks, keeps the loss each batch returned and the
+    whole batch's loss computed apart, the gradient `on_after_backward` saw on the first batch, and
+    at each optimizer step whether an unused parameter got a gradient."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.unused = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))  # no forward uses it
+        self.log_calls = 0
+        self.backward_hooks = {"on_before_backward": 0, "on_after_backward": 0}
+        self.returned: list[float] = []
+        self.expected: list[float] = []
+        self.unused_grads: list[torch.Tensor | None] = []
+        self.first_grads: dict[str, torch.Tensor] | None = None
+
+    def log(self, *args, **kwargs) -> None:
+        self.log_calls += 1
+        super().log(*args, **kwargs)
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        x, y, _ = batch
+        with torch.no_grad():
+            self.expected.append(F.mse_loss(run_net(self.net, x), y).item())
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.returned.append(outputs["loss"].item())
+
+    def on_before_backward(self, loss) -> None:
+        self.backward_hooks["on_before_backward"] += 1
+
+    def on_after_backward(self) -> None:
+        self.backward_hooks["on_after_backward"] += 1
+        if self.first_grads is None:
+            self.first_grads = {name: p.grad.clone() for name, p in self.net.named_parameters()}
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        super().on_before_optimizer_step(optimizer)
+        self.unused_grads.append(self.unused.grad)
+
+
+def whole_batch_grads(samples: list[int]) -> dict[str, torch.Tensor]:
+    """Plain torch: the gradient of the mean loss over `samples` at the initial weights."""
+    data, net = IndexedData(), build_net()
+    F.mse_loss(run_net(net, data.x[samples]), data.y[samples]).backward()
+    return {name: p.grad for name, p in net.named_parameters()}
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_an_oom_in_the_only_chunks_backward_is_retried_smaller_on_the_same_samples(make_trainer, precision):
+    # micro-batch 8 = the loaded batch: one chunk, whose backward was Lightning's before the carrier.
+    # SIMULATED: a backward of more than 5 samples fails after the head's gradient was accumulated
+    budget = SimulatedBudget(backward_limit=5)
+    module = Watched(batch_size=8, budget=budget)
+    planner = MemoryPlanner(make_plan(8, 1, precision=precision), every_n_steps=10, grow=False)
+    # Lightning turns Trainer(precision="16-mixed") into bf16-mixed on CPU; the plugin keeps fp16
+    # autocast and its GradScaler (scale 2**16: exact on the float64 layers, which autocast leaves be)
+    scaler = torch.amp.GradScaler("cpu") if precision == "16-mixed" else None
+    plugins = [MixedPrecision(precision, "cpu", scaler)] if scaler is not None else []
+    trainer = make_trainer([planner], max_steps=3, plugins=plugins)
+    trainer.fit(module)
+    assert trainer.precision == precision
+    if scaler is not None:
+        assert scaler.get_scale() == 2.0**16 and scaler._scale is not None  # used, never lowered
+    events = read_jsonl(planner.log_path)
+    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
+               for e in events if e["event"] == "oom_retry"]
+    assert retries == [(0, "backward", 8, 4)]
+    assert not [e for e in events if e["event"] == "fatal"]
+    # the failed chunk's forward ran twice (training_step records forwards), its gradient counts once;
+    # under 16-mixed the GradScaler scaled every chunk's backward alike and unscaled once
+    assert module.step_samples[0].count(0) == 2 and module.step_samples[1].count(8) == 1
+    assert_trained_like_full_batches(module, 8, steps=3, forwarded_twice=True)
+    # the returned loss is the whole batch's; logged once per batch (the failed chunk's log dropped)
+    torch.testing.assert_close(module.returned, module.expected, rtol=1e-12, atol=0)
+    assert module.log_calls == 3
+    # users' backward hooks ran once per batch, and saw the whole first batch's gradient (scaled by
+    # the GradScaler under 16-mixed, as without MemoryPlanner: Lightning unscales at the step)
+    assert module.backward_hooks == {"on_before_backward": 3, "on_after_backward": 3}
+    expected = whole_batch_grads(list(range(8)))
+    scale = 2.0**16 if scaler is not None else 1.0
+    for name, grad in module.first_grads.items():
+        torch.testing.assert_close(grad, expected[name] * scale, rtol=1e-12, atol=0, msg=name)
+    # the handoff gave no parameter without a gradient one
+    assert module.unused_grads == [None, None, None]
+
+
+def test_chunks_with_accumulation_keep_every_gradient_when_a_backward_fails(make_trainer):
+    # the loader's 8 as chunks of 4, 2 batches a step: Lightning zeroes after the first batch's
+    # training_step and backwards the second under no gradient sync
+    budget = SimulatedBudget(backward_limit=3)
+    module = Watched(batch_size=8, budget=budget, with_attr=False)
+    planner = MemoryPlanner(make_plan(4, 4), every_n_steps=10, grow=False)
+    trainer = make_trainer([planner], max_steps=3)
+    trainer.fit(module)
+    retries = [(e["phase"], e["failed_micro_batch_size"]) for e in read_jsonl(planner.log_path)
+               if e["event"] == "oom_retry"]
+    assert retries == [("backward", 4)]  # the first chunk; then micro-batch 2 fits
+    assert_trained_like_full_batches(module, 16, steps=3, forwarded_twice=True)
+    assert module.log_calls == 6 and module.unused_grads == [None, None, None]
+    assert module.backward_hooks == {"on_before_backward": 6, "on_after_backward": 6}
+
+
+def test_the_handoff_moves_each_gradient_without_copying_it(make_trainer):
+    # A copy would hold every gradient twice at Lightning's backward: as much extra memory as the
+    # model's gradients. Each parameter's gradient must stay one buffer through a batch: the one its
+    # first chunk's backward made, added to by the next chunks, then given back by the carrier.
+    module = Regression(batch_size=8, with_attr=False)
+    pointers: dict[str, list[int]] = {name: [] for name, _ in module.net.named_parameters()}
+    for name, param in module.net.named_parameters():
+        param.register_post_accumulate_grad_hook(lambda p, name=name: pointers[name].append(p.grad.data_ptr()))
+    planner = MemoryPlanner(make_plan(4, 2), every_n_steps=10, grow=False)  # 2 chunks a batch
+    trainer = make_trainer([planner], max_steps=3)
+    trainer.fit(module)
+    for name, seen in pointers.items():
+        # per batch: chunk 1 and chunk 2 in training_step, then the carrier's handoff
+        assert len(seen) == 3 * 3, name
+        batches = [seen[i:i + 3] for i in range(0, len(seen), 3)]
+        assert all(len(set(b)) == 1 for b in batches), f"{name}: gradient reallocated within a batch: {batches}"
+
+
+@pytest.mark.slow
+def test_an_oom_in_one_ranks_only_backward_is_retried_there_without_a_hang(tmp_path):
+    out = tmp_path / "final"
+    result = run_scenario("final", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
+    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
+               for e in logs[1] if e["event"] == "oom_retry"]
+    assert retries == [(0, "backward", 8, 4)]
+    assert not [e for e in logs[0] if e["event"] == "oom_retry"]
+    assert not [e for log in logs for e in log if e["event"] == "fatal"]
+    # step 0: rank 0 ran one chunk of 8, rank 1 two chunks of 4 after the failed 8; DDP paired them
+    check_trained_like_one_process(out, steps=6)  # rank 0's weights: plain SGD on both ranks' samples
+    for name, value in torch.load(out / "weights_rank1.pt").items():
+        torch.testing.assert_close(value, torch.load(out / "weights.pt")[name], rtol=0, atol=1e-12, msg=name)
+    # each rank logged (sync_dist=True, a collective) once per batch, the failed chunk's log dropped
+    assert [json.loads((out / f"log_calls_rank{r}.json").read_text()) for r in (0, 1)] == [6, 6]
