@@ -7,8 +7,11 @@ matches the loader (so nothing changes but the watching), a CSVLogger (so the me
               mean step time from step WARMUP on. Overhead = median(with) / median(without) - 1. On a
               shared 2-core machine the run-to-run noise is of the same size; the table shows both.
   own code    instrumented runs: the time Lightning spends dispatching every hook to MemoryPlanner
-              and in the hooks' bodies, plus its training_step wrapper less the user's training_step,
-              per step (the end-of-fit summary excluded). Precise where end to end is noisy.
+              and in the hooks' bodies, plus its training_step wrapper less the user's work in it (the
+              training_step, the module's backward it runs, the user's `self.log` calls it holds
+              and makes after the chunk), plus all of Lightning's backward of
+              the carrier loss (the gradient handoff; an upper bound: a plain backward pays autograd's
+              start-up too), per step (the end-of-fit summary excluded). Precise where end to end is noisy.
   floor       the same instrumentation on an empty Callback: what Lightning's dispatch of ~8 hooks a
               step costs for any callback (DeviceStatsMonitor included); MemoryPlanner's own work is
               `own code - floor`.
@@ -37,7 +40,7 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.trainer import call
 from torch.utils.data import DataLoader, TensorDataset
 
-from memplan.callback import MemoryPlanner
+from memplan.callback import MemoryPlanner, chunking
 from memplan.demos import MLP, ImageCNN
 from memplan.plan import Plan
 from benchmarks.results_io import write_results
@@ -46,6 +49,10 @@ ROOT = Path(__file__).resolve().parent.parent
 GOAL = 0.005
 WARMUP = 20
 INSTRUMENTED_REPEATS = 2
+GUARDS = ("auto", "always")
+"""auto (the default): guarded until the first reading (step 50) shows this CPU's plenty of room, then
+Lightning backwards each whole batch; always: every backward in training_step and the gradient
+handoff, every step (what a rank pays while its memory is tight)."""
 
 SCENARIOS = {
     # name: (build, batch size, steps): a 1.5 ms step (the worst case for a fixed per-step cost) and
@@ -78,15 +85,19 @@ class StepClock(Callback):
 
 class OwnTime:
     """Time `target` adds inside the clock's window: Lightning's per-callback loop body for every hook
-    (getattr, profiler context, the hook), and MemoryPlanner's training_step wrapper less the user's
-    step. The other callbacks run first, `target` last."""
+    (getattr, profiler context, the hook), MemoryPlanner's training_step wrapper less the user's work
+    in it (training_step and the backward of each chunk), and Lightning's backward of the carrier.
+    The other callbacks run first, `target` last."""
 
     def __init__(self, target: Callback, clock: StepClock) -> None:
         self.seconds = 0.0
         self._user = 0.0
+        self._inside = False
+        self._carried = False
         self._target, self._clock = target, clock
         self._original = call._call_callback_hooks
         call._call_callback_hooks = self._dispatch
+        self._replay = chunking._replay
 
     def _dispatch(self, trainer, hook_name, *args, monitoring_callbacks=None, **kwargs):
         everyone = trainer.callbacks
@@ -108,7 +119,7 @@ class OwnTime:
 
     def _wrap_training_step(self, module) -> None:
         runner = self._target._runner
-        user, wrapper = runner._original, module.training_step
+        user, wrapper, backward = runner._original, module.training_step, module.backward
 
         def timed_user(*args, **kwargs):
             started = time.perf_counter()
@@ -119,22 +130,55 @@ class OwnTime:
                     self._user += time.perf_counter() - started
 
         def timed_wrapper(*args, **kwargs):
-            started = time.perf_counter()
+            started, self._inside = time.perf_counter(), True
             try:
-                return wrapper(*args, **kwargs)
+                output = wrapper(*args, **kwargs)
             finally:
+                self._inside = False
                 if self._clock.timing:
                     self.seconds += time.perf_counter() - started
+            loss = output if isinstance(output, torch.Tensor) else output.get("loss")
+            self._carried = loss.grad_fn is not None and type(loss.grad_fn).__name__.startswith("_CarryGradients")
+            return output
+
+        def timed_backward(*args, **kwargs):
+            # inside the wrapper: a chunk's backward, the user's work (timed in the wrapper: taken
+            # out); outside it, Lightning's backward: of the carrier, which only hands the gradients
+            # over (MemoryPlanner's: counted), or on an unguarded batch of the user's loss (neither)
+            started = time.perf_counter()
+            try:
+                return backward(*args, **kwargs)
+            finally:
+                if self._clock.timing:
+                    elapsed = time.perf_counter() - started
+                    if self._inside:
+                        self._user += elapsed
+                    elif self._carried:
+                        self.seconds += elapsed
+
+        replay = self._replay
+
+        def timed_replay(*args, **kwargs):
+            # the user's `self.log` calls, held during a chunk and made after it: the user's work
+            started = time.perf_counter()
+            try:
+                return replay(*args, **kwargs)
+            finally:
+                if self._clock.timing:
+                    self._user += time.perf_counter() - started
 
         runner._original = timed_user
         module.training_step = timed_wrapper
+        module.backward = timed_backward
+        chunking._replay = timed_replay
 
     def close(self) -> float:
         call._call_callback_hooks = self._original
+        chunking._replay = self._replay
         return self.seconds - self._user
 
 
-def run_once(name: str, arm: str, steps: int, out: Path) -> dict:
+def run_once(name: str, arm: str, steps: int, out: Path, guard: str = "auto") -> dict:
     """arm: 'without', 'with' (MemoryPlanner, not instrumented), 'own' (MemoryPlanner, instrumented),
     'floor' (an empty Callback, instrumented)."""
     build, batch_size, _ = SCENARIOS[name]
@@ -149,7 +193,7 @@ def run_once(name: str, arm: str, steps: int, out: Path) -> dict:
                     accumulate_grad_batches=1, global_batch_size=batch_size, precision="32-true",
                     gradient_checkpointing=False, strategy="auto", predicted_peak_bytes=1, device_budget_bytes=1,
                     host_bytes_per_rank=0)
-        target = MemoryPlanner(plan, log_dir=out / "memplan")  # the default interval: log_every_n_steps
+        target = MemoryPlanner(plan, log_dir=out / "memplan", guard=guard)  # the default interval
     elif arm == "floor":
         target = Callback()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=CSVLogger(out),
@@ -166,24 +210,24 @@ def run_once(name: str, arm: str, steps: int, out: Path) -> dict:
     return row
 
 
-def measure(name: str, repeat: int, scale: float) -> dict:
+def measure(name: str, guard: str, repeat: int, scale: float) -> dict:
     steps = max(WARMUP + 100, int(SCENARIOS[name][2] * scale))
     arms = ["without", "with"] * repeat + ["own", "floor"] * INSTRUMENTED_REPEATS
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         run_once(name, "without", WARMUP + 10, Path(tmp))  # warm the process (kernels, imports)
         for i, arm in enumerate(arms):
-            row = run_once(name, arm, steps, Path(tmp) / str(i))
+            row = run_once(name, arm, steps, Path(tmp) / str(i), guard)
             runs.append(row)
             extra = f", {row['us_per_step']:.1f} us/step" if "us_per_step" in row else ""
-            print(f"{name} {arm}: {row['step_ms']:.3f} ms/step{extra}", flush=True)
+            print(f"{name} guard={guard} {arm}: {row['step_ms']:.3f} ms/step{extra}", flush=True)
     step = {arm: [r["step_ms"] for r in runs if r["arm"] == arm] for arm in ("without", "with")}
     base = statistics.median(step["without"])
     paired = [w / wo - 1 for wo, w in zip(step["without"], step["with"])]
     own = statistics.median(r["us_per_step"] for r in runs if r["arm"] == "own")
     floor = statistics.median(r["us_per_step"] for r in runs if r["arm"] == "floor")
     return {
-        "scenario": name, "steps": steps, "repeat": repeat, "runs": runs,
+        "scenario": name, "guard": guard, "steps": steps, "repeat": repeat, "runs": runs,
         "median_step_ms_without": base, "median_step_ms_with": statistics.median(step["with"]),
         "end_to_end_overhead": statistics.median(step["with"]) / base - 1,
         "paired_overhead_min": min(paired), "paired_overhead_max": max(paired),
@@ -203,18 +247,21 @@ def write_report(rows: list[dict], repeat: int) -> None:
              f"Command: `{report['command']}`. Default interval (one reading every 50 steps); {repeat} runs without "
              f"and with, interleaved, plus {INSTRUMENTED_REPEATS} instrumented runs each of MemoryPlanner and of an "
              "empty Callback. Goal: < 0.5 % of step time.", "",
-             "| model | steps | ms/step without | ms/step with | end to end: median (paired min..max) | noise | "
+             "| model | guard | steps | ms/step without | ms/step with | end to end: median (paired min..max) | noise | "
              "own code us/step (%) | of which any callback's dispatch us/step | < 0.5 % for steps over | goal |",
-             "|---|---:|---:|---:|---|---:|---|---:|---:|---|"]
+             "|---|---|---:|---:|---:|---|---:|---|---:|---:|---|"]
     for r in rows:
         verdict = "met" if r["own_overhead"] < GOAL else "NOT met"
         lines.append(
-            f"| {r['scenario']} | {r['steps']} | {r['median_step_ms_without']:.3f} | {r['median_step_ms_with']:.3f} | "
+            f"| {r['scenario']} | {r['guard']} | {r['steps']} | {r['median_step_ms_without']:.3f} | {r['median_step_ms_with']:.3f} | "
             f"{r['end_to_end_overhead']:+.2%} ({r['paired_overhead_min']:+.2%}..{r['paired_overhead_max']:+.2%}) | "
             f"{r['noise_without']:.1%} | {r['own_us_per_step']:.1f} ({r['own_overhead']:.2%}) | "
             f"{r['floor_us_per_step']:.1f} | {r['breakeven_step_ms']:.1f} ms | {verdict} |")
     lines += ["", "Own code: Lightning's dispatch of every hook to MemoryPlanner and the hooks' bodies, plus its "
-              "training_step wrapper less the user's step; the reading, the gather, the JSON line and the logger call "
+              "training_step wrapper less the user's work in it (training_step, each chunk's backward, the user's "
+              "self.log calls it holds and makes after the chunk), plus "
+              "Lightning's whole backward of the carrier loss (the gradient handoff; an upper bound, as a plain "
+              "backward pays autograd's start-up too); the reading, the gather, the JSON line and the logger call "
               "of every 50th step included. Any callback's dispatch: the same for an empty Callback, the floor no "
               "callback gets under. End to end: the same cost seen through the machine's noise."]
     write_results("callback_overhead", report, "\n".join(lines) + "\n")
@@ -228,7 +275,8 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
     logging.getLogger("memplan").setLevel(logging.WARNING)
-    write_report([measure(name, args.repeat, args.steps_scale) for name in SCENARIOS], args.repeat)
+    write_report([measure(name, guard, args.repeat, args.steps_scale) for name in SCENARIOS for guard in GUARDS],
+                 args.repeat)
     return 0
 
 

@@ -264,12 +264,17 @@ class Adjuster:
         if tight:
             self.calm_checks = 0
             return self._lower(statuses, tight, micro_batch_size, checkpointing)
-        roomy = all(_fraction_free(s.reading) is not None and _fraction_free(s.reading) >= self.grow_margin
-                    for s in statuses)
+        roomy = all(self.roomy(s.reading) for s in statuses)
         self.calm_checks = self.calm_checks + 1 if roomy else 0
         if self.grow and self.calm_checks >= self.grow_patience:
             return self._grow(micro_batch_size, checkpointing, tuple(s.rank for s in statuses))
         return None
+
+    def roomy(self, reading: MemoryReading) -> bool:
+        """Whether a reading shows `grow_margin` of the device free at its interval's peak: room to
+        grow, and too much room for the next steps to run out (unless their inputs grow)."""
+        free = _fraction_free(reading)
+        return free is not None and free >= self.grow_margin
 
     def _after_ooms(self, statuses, ranks, micro_batch_size, checkpointing) -> Change | None:
         self.calm_checks = 0

@@ -16,7 +16,8 @@ from memplan.callback.layout import Layout
 from memplan.plan import Plan
 
 
-def check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_margin, grow_patience, planner) -> None:
+def check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_margin, grow_patience, guard,
+                    planner) -> None:
     """ValueError naming the argument and what it accepts."""
     if plan is not None and not isinstance(plan, (Plan, str, os.PathLike)):
         raise ValueError(f"MemoryPlanner(plan=...) must be a memplan Plan or a plan file path; got {type(plan).__name__}")
@@ -29,6 +30,8 @@ def check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_m
         raise ValueError(f"MemoryPlanner(grow_margin=...) must be in (margin, 1] = ({margin}, 1]; got {grow_margin!r}")
     if not isinstance(grow_patience, int) or grow_patience < 1:
         raise ValueError(f"MemoryPlanner(grow_patience=...) must be a positive int; got {grow_patience!r}")
+    if guard not in ("auto", "always"):
+        raise ValueError(f"MemoryPlanner(guard=...) must be 'auto' or 'always'; got {guard!r}")
     if planner is not None and not callable(planner):
         raise ValueError(f"MemoryPlanner(planner=...) must be callable(PlanRequest, estimator) -> Plan; got {planner!r}")
 

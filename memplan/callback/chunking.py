@@ -17,10 +17,20 @@ copied, by Lightning's one backward). So:
   - That backward allocates nothing (the gradients exist already), so every backward that can run
     out of memory runs here, where no collective is in flight, and can be retried.
   - Lightning zeroes gradients after training_step on the first batch of an accumulation window;
-    the gradients are out of `.grad` by then, so the zeroing cannot wipe them.
+    the gradients are out of `.grad` by then, so the zeroing cannot wipe them. (The previous step's
+    gradients are dropped before the first chunk's forward, where Lightning keeps them alive through
+    it: a guarded step peaks lower, by up to the gradients' size, than the step memplan estimates.)
   - Users' `on_before_backward` / `on_after_backward` run once per batch, as without chunking, and
     `on_after_backward` sees the whole batch's gradient. The in-step backwards call the module's own
     `backward` (so an override is honoured) but not Lightning's backward hooks.
+
+Guarded and unguarded: that costs a second, empty autograd pass and a few Python calls per batch
+(about 0.1 ms on a 2-core CPU: `benchmarks/callback_overhead.py`), worth it while a rank may run out
+of memory and not when it has plenty. So the runner is `guarded` (the above) until a reading shows
+this rank comfortably inside its memory; then a batch that runs whole is left to Lightning as if
+MemoryPlanner were not there, except that its forward runs here, where an OOM still drops the batch
+back to the guarded path. Any OOM, change of layout or tight reading guards it again (the callback
+decides: MemoryPlanner(guard=...)). Ranks may differ: each does one synchronised backward either way.
 
 OOM: a `torch.OutOfMemoryError` in any chunk's forward or backward is caught here and the chunk is
 retried in halves: the same samples, none skipped. A forward touches no gradient. A backward that
@@ -41,7 +51,7 @@ import contextlib
 import functools
 import gc
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +60,9 @@ import torch
 from memplan.callback.layout import Layout, chunk_bounds, loaded_batch_size
 from memplan.estimator.step import loss_from_output, map_tensors
 from memplan.monitor import smaller_micro_batch
+
+_NONE: frozenset[int] = frozenset()
+_NO_OP = contextlib.nullcontext()
 
 
 class NothingFitsError(torch.OutOfMemoryError):
@@ -132,6 +145,9 @@ class MicroBatchRunner:
         """OOMs recovered from."""
         self.oom_micro_batch_size: int | None = None
         """The smallest chunk that ran out of memory."""
+        self.guarded = True
+        """Whether every backward runs here, where an OOM in it can be retried (module docstring);
+        else a batch that runs whole is backwarded by Lightning."""
         self._trainer = trainer
         self._module = module
         self._can_checkpoint = can_checkpoint
@@ -142,6 +158,9 @@ class MicroBatchRunner:
         self._params = list(module.parameters())
         self._original: Callable[..., Any] | None = None
         self._previous: Any = None
+        self._device_type = "cpu"
+        self._scaler: Any = None
+        self._block_sync: Callable[[], contextlib.AbstractContextManager] | None = None
 
     # --- installation and shared decisions ---------------------------------------------------
     def install(self) -> None:
@@ -154,6 +173,10 @@ class MicroBatchRunner:
 
         self._original = original
         self._module.training_step = training_step
+        # fixed for the fit: the device autocast would run on, the GradScaler (16-mixed), DDP's no_sync
+        self._device_type = self._trainer.strategy.root_device.type
+        self._scaler = getattr(self._trainer.precision_plugin, "scaler", None)
+        self._block_sync = getattr(self._trainer.strategy, "block_backward_sync", None)
 
     def remove(self) -> None:
         if self._original is None:
@@ -170,31 +193,59 @@ class MicroBatchRunner:
             self._enable_checkpointing()
         self.micro_batch_size = micro_batch_size
         self.gradient_checkpointing = self.gradient_checkpointing or gradient_checkpointing
+        self.guarded = True  # a new layout is untried
 
     # --- the wrapped training_step -----------------------------------------------------------
     def _training_step(self, args: tuple, kwargs: dict) -> Any:
-        loop = self._trainer.fit_loop.epoch_loop
-        if loop.automatic_optimization._skip_backward:  # e.g. SWA's batch-norm epoch: no backward to run
-            return self._original(*args, **kwargs)
+        if self._trainer.fit_loop.epoch_loop.automatic_optimization._skip_backward:
+            return self._original(*args, **kwargs)  # e.g. SWA's batch-norm epoch: no backward to run
+        error = None
+        if not self.guarded and self.micro_batch_size >= self.loader_batch_size:
+            # unguarded, a whole batch: its forward here, its backward Lightning's
+            output, error = self._unguarded(args, kwargs)
+            if error is None:
+                return output
         batch = args[0] if args else kwargs["batch"]
         size = loaded_batch_size(batch)
         if size is None:  # the batch cannot be split: run it whole, as Lightning would
+            if error is not None:
+                raise torch.OutOfMemoryError(f"{error} (MemoryPlanner cannot retry it smaller: the batch has no "
+                                             "common leading dimension to split it by)") from error
             return self._original(*args, **kwargs)
-        if loop.batch_idx % self._trainer.accumulate_grad_batches == 0:
+        if error is not None:  # the unguarded forward ran out of memory: retry it guarded, smaller
+            pending = self._after_failure(_Failure(0, size, "forward", _NONE, str(error)), deque())
+        else:
+            pending = deque((lo, hi, _NONE) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
+        return self._guarded(args, kwargs, batch, size, pending)
+
+    def _unguarded(self, args: tuple, kwargs: dict) -> tuple[Any, torch.OutOfMemoryError | None]:
+        with _HeldLogging(self._module) as logged:
+            try:
+                output = self._original(*args, **kwargs)
+            except torch.OutOfMemoryError as err:
+                return None, err
+        _replay(self._module, logged)
+        return output, None
+
+    def _guarded(self, args: tuple, kwargs: dict, batch: Any, size: int, pending: deque) -> Any:
+        """Every chunk's forward and backward here, OOMs retried; returns the carrier."""
+        clear = self._trainer.fit_loop.epoch_loop.batch_idx % self._trainer.accumulate_grad_batches == 0
+        if clear:
             # Lightning zeroes gradients after this step on the first batch of a window: drop the
             # stale ones now, so the chunks accumulate from nothing
             for param in self._params:
                 param.grad = None
-        pending = deque((lo, hi, frozenset()) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
         value: torch.Tensor | None = None
         while pending:
             start, stop, frozen = pending.popleft()
-            output, loss, logged, failure = self._chunk(args, kwargs, batch, size, start, stop, frozen)
+            output, loss, logged, failure = self._chunk(args, kwargs, batch, size, start, stop, frozen, clear)
             if failure is not None:
+                clear = clear and failure.phase == "forward"
                 pending = self._after_failure(failure, pending)
                 continue
+            clear = False
             if loss is not None:
-                share = loss.detach() * ((stop - start) / size)
+                share = loss.detach() if stop - start == size else loss.detach() * ((stop - start) / size)
                 value = share if value is None else value + share
             if not pending:  # the batch's last chunk succeeded: its `self.log` calls are the batch's
                 _replay(self._module, logged)
@@ -202,21 +253,25 @@ class MicroBatchRunner:
                     return output
         return self._carry(output, value)
 
-    def _chunk(self, args, kwargs, batch, size, start, stop, frozen
+    def _chunk(self, args, kwargs, batch, size, start, stop, frozen, clear: bool
                ) -> tuple[Any, torch.Tensor | None, list[tuple[tuple, dict]], _Failure | None]:
         """Forward and backward of samples [start, stop): (training_step's output, its loss, its
-        held `self.log` calls, None), or (None, None, [], what failed)."""
-        phase, before = "forward", []
+        held `self.log` calls, None), or (None, None, [], what failed). `clear`: no parameter holds
+        a gradient yet (so a failed backward touched exactly those that hold one after it)."""
+        phase, before = "forward", None
         try:
-            with self._no_sync(), self._frozen(frozen), _held_logging(self._module) as logged:
-                chunk_args, chunk_kwargs = _with_chunk(args, kwargs, batch, size, start, stop)
-                output = self._original(*chunk_args, **chunk_kwargs)
+            with self._no_sync(), self._frozen(frozen), _HeldLogging(self._module) as logged:
+                if stop - start != size:
+                    args, kwargs = _with_chunk(args, kwargs, batch, size, start, stop)
+                output = self._original(*args, **kwargs)
                 loss = loss_from_output(output)
                 if loss is None:
                     return output, None, logged, None
                 phase = "backward"
-                before = [(g, g._version) if (g := p.grad) is not None else (None, 0) for p in self._params]
-                self._backward(loss * ((stop - start) / size / self._trainer.accumulate_grad_batches))
+                if not clear:
+                    before = [(g, g._version) if (g := p.grad) is not None else (None, 0) for p in self._params]
+                scale = (stop - start) / size / self._trainer.accumulate_grad_batches
+                self._backward(loss if scale == 1.0 else loss * scale)
         except torch.OutOfMemoryError as err:
             return None, None, [], _Failure(start, stop, phase, frozen | self._touched(before), str(err))
         return output, loss, logged, None
@@ -224,24 +279,32 @@ class MicroBatchRunner:
     def _backward(self, loss: torch.Tensor) -> None:
         """What Lightning's backward does with a loss, less its hooks and DDP's synchronisation: the
         GradScaler's scale (16-mixed), then the module's `backward` (autocast off, as in Lightning)."""
-        scaler = getattr(self._trainer.precision_plugin, "scaler", None)
-        if scaler is not None:
-            loss = scaler.scale(loss)
-        with torch.autocast(self._trainer.strategy.root_device.type, enabled=False):
+        if self._scaler is not None:
+            loss = self._scaler.scale(loss)
+        if torch.is_autocast_enabled(self._device_type):  # training_step runs under the precision's autocast
+            with torch.autocast(self._device_type, enabled=False):
+                self._module.backward(loss)
+        else:
             self._module.backward(loss)
 
-    def _touched(self, before: list[tuple[torch.Tensor | None, int]]) -> frozenset[int]:
-        """Parameters whose gradient a failed backward changed (a new tensor, or one written to)."""
+    def _touched(self, before: list[tuple[torch.Tensor | None, int]] | None) -> frozenset[int]:
+        """Parameters whose gradient a failed backward changed (a new tensor, or one written to);
+        `before` None: no parameter had a gradient before it."""
+        if before is None:
+            return frozenset(i for i, param in enumerate(self._params) if param.grad is not None)
         return frozenset(i for i, (param, (grad, version)) in enumerate(zip(self._params, before))
                          if param.grad is not grad or (grad is not None and grad._version != version))
 
     def _carry(self, output: Any, value: torch.Tensor) -> Any:
         """training_step's output with its loss replaced by a carrier of the gradients (module docstring)."""
-        params = [p for p in self._params if p.grad is not None and p.requires_grad]
-        handoff = _Handoff([p.grad for p in params])
-        for param in params:
-            param.grad = None
-        carrier = _CarryGradients.apply(value, handoff, *params)
+        params, grads = [], []
+        for param in self._params:
+            grad = param.grad
+            if grad is not None and param.requires_grad:
+                params.append(param)
+                grads.append(grad)
+                param.grad = None
+        carrier = _CarryGradients.apply(value, _Handoff(grads), *params)
         if isinstance(output, torch.Tensor):
             return carrier
         if isinstance(output, Mapping):
@@ -253,6 +316,7 @@ class MicroBatchRunner:
         """Lower this rank's micro-batch (or turn checkpointing on) and re-cut what is left."""
         if not self._retry:
             raise torch.OutOfMemoryError(failure.message)
+        self.guarded = True
         _release_memory()
         failed = failure.stop - failure.start
         self.oom_retries += 1
@@ -272,20 +336,11 @@ class MicroBatchRunner:
         return deque((lo, hi, frozen) for start, stop, frozen in ranges
                      for lo, hi in chunk_bounds(start, stop, self.micro_batch_size))
 
-    @contextlib.contextmanager
-    def _frozen(self, frozen: frozenset[int]) -> Iterator[None]:
-        params = [self._params[i] for i in frozen if self._params[i].requires_grad]
-        for param in params:
-            param.requires_grad_(False)
-        try:
-            yield
-        finally:
-            for param in params:
-                param.requires_grad_(True)
+    def _frozen(self, frozen: frozenset[int]) -> contextlib.AbstractContextManager:
+        return _Frozen([self._params[i] for i in frozen if self._params[i].requires_grad]) if frozen else _NO_OP
 
     def _no_sync(self) -> contextlib.AbstractContextManager:
-        block = getattr(self._trainer.strategy, "block_backward_sync", None)  # DDP: model.no_sync()
-        return block() if block is not None else contextlib.nullcontext()
+        return self._block_sync() if self._block_sync is not None else _NO_OP  # DDP: model.no_sync()
 
 
 def _with_chunk(args: tuple, kwargs: dict, batch: Any, size: int, start: int, stop: int) -> tuple[tuple, dict]:
@@ -297,17 +352,41 @@ def _with_chunk(args: tuple, kwargs: dict, batch: Any, size: int, start: int, st
     return args, {**kwargs, "batch": chunk}
 
 
-@contextlib.contextmanager
-def _held_logging(module: Any) -> Iterator[list[tuple[tuple, dict]]]:
+# The context managers below are classes, not @contextmanager generators: they run for every chunk
+# of every step, where a generator's set-up costs a few microseconds each.
+
+
+class _HeldLogging:
     """Hold the module's `self.log` calls (and `log_dict`'s, which go through it) instead of making
     them: a chunk that fails, or is not the batch's last, must not log (with sync_dist=True a log is a
     collective, and a rank that logged twice in a batch would wait forever for the others)."""
-    calls: list[tuple[tuple, dict]] = []
-    module.__dict__["log"] = lambda *args, **kwargs: calls.append((args, kwargs))
-    try:
-        yield calls
-    finally:
-        module.__dict__.pop("log", None)
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def __enter__(self) -> list[tuple[tuple, dict]]:
+        calls = self.calls
+        self._module.__dict__["log"] = lambda *args, **kwargs: calls.append((args, kwargs))
+        return calls
+
+    def __exit__(self, *exc: Any) -> None:
+        self._module.__dict__.pop("log", None)
+
+
+class _Frozen:
+    """Parameters that already hold a chunk's gradient take no gradient in its retry."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self._params = params
+
+    def __enter__(self) -> None:
+        for param in self._params:
+            param.requires_grad_(False)
+
+    def __exit__(self, *exc: Any) -> None:
+        for param in self._params:
+            param.requires_grad_(True)
 
 
 def _replay(module: Any, calls: list[tuple[tuple, dict]]) -> None:

@@ -12,11 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from callback_sim import IndexedData, Regression, SimulatedBudget, build_net, make_plan, read_jsonl, run_net
+from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.plugins import MixedPrecision
 from test_callback_chunking import assert_trained_like_full_batches
 from test_callback_ddp import check_trained_like_one_process, run_scenario
 
+from memplan import monitor
 from memplan.callback import MemoryPlanner
+from memplan.units import GiB
 
 
 class Watched(Regression):
@@ -156,3 +159,88 @@ def test_an_oom_in_one_ranks_only_backward_is_retried_there_without_a_hang(tmp_p
         torch.testing.assert_close(value, torch.load(out / "weights.pt")[name], rtol=0, atol=1e-12, msg=name)
     # each rank logged (sync_dist=True, a collective) once per batch, the failed chunk's log dropped
     assert [json.loads((out / f"log_calls_rank{r}.json").read_text()) for r in (0, 1)] == [6, 6]
+
+
+# --- the guard: unguarded while a rank has plenty of room, guarded again when it has not ------------
+
+def simulated_free(fraction: float):
+    """SIMULATED readings: `fraction` of a 16 GiB device free at every check."""
+
+    def read(device: torch.device, *, reset_peak: bool = True) -> monitor.MemoryReading:
+        total = 16 * GiB
+        return monitor.MemoryReading(process_bytes=2 * GiB, device_used_bytes=int(total * (1 - fraction)),
+                                     device_total_bytes=total, peak_bytes=2 * GiB, headroom_bytes=int(total * fraction))
+
+    return read
+
+
+class TightenAt(Callback):
+    """SIMULATED inputs that grow: from optimizer step `step` on, backwards of more than `limit`
+    samples (or forwards, with `phase="forward"`) run out of memory."""
+
+    def __init__(self, budget: SimulatedBudget, step: int, limit: int, phase: str = "backward") -> None:
+        self.budget, self.step, self.limit, self.phase = budget, step, limit, phase
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            setattr(self.budget, f"{self.phase}_limit", self.limit)
+
+
+def test_a_rank_with_plenty_of_room_leaves_the_backward_to_lightning(make_trainer, monkeypatch):
+    monkeypatch.setattr(monitor, "read_memory", simulated_free(0.60))
+    module = Regression(batch_size=8)
+    accumulations = []
+    for param in module.net.parameters():
+        param.register_post_accumulate_grad_hook(lambda p: accumulations.append(p))
+    planner = MemoryPlanner(make_plan(8, 1), every_n_steps=1, grow=False)
+    trainer = make_trainer([planner], max_steps=4)
+    trainer.fit(module)
+    samples = [e for e in read_jsonl(planner.log_path) if e["event"] == "sample"]
+    # each sample line says how the rank ran since the previous one: guarded until the first reading
+    assert [(e["step"], e["guarded"]) for e in samples] == [(1, True), (2, False), (3, False), (4, False)]
+    # guarded, each gradient is accumulated twice (the chunk's backward, then the handoff); unguarded once
+    per_batch = len(list(module.net.parameters()))
+    assert len(accumulations) == 2 * per_batch + 3 * per_batch
+    assert_trained_like_full_batches(module, 8, steps=4)
+
+
+@pytest.mark.parametrize(("free", "guard", "retried"), [
+    (0.10, "auto", True),     # above the 5 % margin (no lowering), under grow_margin's 25 %: guarded
+    (0.60, "always", True),   # plenty of room, but guard="always"
+    (0.60, "auto", False),    # plenty of room: unguarded, Lightning's backward, not retried
+])
+def test_a_backward_oom_after_the_first_reading_is_retried_while_the_rank_is_guarded(
+        make_trainer, monkeypatch, caplog, free, guard, retried):
+    monkeypatch.setattr(monitor, "read_memory", simulated_free(free))
+    budget = SimulatedBudget()
+    module = Regression(batch_size=8, budget=budget)
+    planner = MemoryPlanner(make_plan(8, 1), every_n_steps=1, grow=False, guard=guard)
+    trainer = make_trainer([planner, TightenAt(budget, step=2, limit=5)], max_steps=4)
+    if not retried:
+        with pytest.raises(torch.OutOfMemoryError, match="SIMULATED out of memory in backward"):
+            trainer.fit(module)
+        fatal = read_jsonl(planner.log_path)[-1]
+        assert fatal["event"] == "fatal" and fatal["step"] == 2 and "unguarded" in fatal["where"]
+        assert "guard='always'" in caplog.text
+        return
+    trainer.fit(module)
+    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
+               for e in read_jsonl(planner.log_path) if e["event"] == "oom_retry"]
+    assert retries == [(2, "backward", 8, 4)]
+    assert_trained_like_full_batches(module, 8, steps=4, forwarded_twice=True)
+
+
+def test_a_forward_oom_while_unguarded_is_retried_and_guards_the_rank_again(make_trainer, monkeypatch):
+    monkeypatch.setattr(monitor, "read_memory", simulated_free(0.60))
+    budget = SimulatedBudget()
+    module = Regression(batch_size=8, budget=budget)
+    planner = MemoryPlanner(make_plan(8, 1), every_n_steps=2, grow=False)
+    trainer = make_trainer([planner, TightenAt(budget, step=2, limit=5, phase="forward")], max_steps=4)
+    trainer.fit(module)
+    events = read_jsonl(planner.log_path)
+    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
+               for e in events if e["event"] == "oom_retry"]
+    assert retries == [(2, "forward", 8, 4)]
+    # steps 0-1 guarded (no reading yet), step 2 unguarded until its forward failed, then guarded
+    assert [(e["step"], e["guarded"]) for e in events if e["event"] == "sample"] == [(2, True), (4, True)]
+    assert_trained_like_full_batches(module, 8, steps=4, forwarded_twice=True)
