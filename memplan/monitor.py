@@ -259,8 +259,7 @@ class Adjuster:
         self._ooms_seen = {s.rank: s.oom_retries for s in statuses}
         if oom_ranks:
             return self._after_ooms(statuses, oom_ranks, micro_batch_size, checkpointing)
-        tight = tuple(s.rank for s in statuses if _fraction_free(s.reading) is not None
-                      and _fraction_free(s.reading) < self.margin)
+        tight = tuple(s.rank for s in statuses if _fraction_free(s.reading) is not None and not self.has_margin(s.reading))
         if tight:
             self.calm_checks = 0
             return self._lower(statuses, tight, micro_batch_size, checkpointing)
@@ -271,10 +270,14 @@ class Adjuster:
         return None
 
     def roomy(self, reading: MemoryReading) -> bool:
-        """Whether a reading shows `grow_margin` of the device free at its interval's peak: room to
-        grow, and too much room for the next steps to run out (unless their inputs grow)."""
+        """Whether a reading shows `grow_margin` of the device free at its interval's peak: room to grow."""
         free = _fraction_free(reading)
         return free is not None and free >= self.grow_margin
+
+    def has_margin(self, reading: MemoryReading) -> bool:
+        """Whether a reading shows `margin` of the device free at its interval's peak (unknown: no)."""
+        free = _fraction_free(reading)
+        return free is not None and free >= self.margin
 
     def _after_ooms(self, statuses, ranks, micro_batch_size, checkpointing) -> Change | None:
         self.calm_checks = 0

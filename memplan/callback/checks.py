@@ -36,10 +36,15 @@ def check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_m
         raise ValueError(f"MemoryPlanner(planner=...) must be callable(PlanRequest, estimator) -> Plan; got {planner!r}")
 
 
-def check_can_adjust(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+ADJUST_FIX = "pass MemoryPlanner(adjust=False) to apply the plan and watch memory only"
+CHUNKS_FIX = ("let the loader yield the plan's micro-batch (give the model or datamodule the batch-size attribute "
+              "MemoryPlanner sets, batch_arg_name), so no batch has to be split")
+
+
+def check_can_adjust(trainer: pl.Trainer, pl_module: pl.LightningModule, fix: str = ADJUST_FIX) -> None:
     """Chunking and per-rank OOM retries need one synchronised backward per batch and no collective
-    in the forward: single-device or DDP, automatic optimization, a batch to split, no SyncBatchNorm."""
-    fix = "pass MemoryPlanner(adjust=False) to apply the plan and watch memory only"
+    in the forward: single-device or DDP (without static_graph), automatic optimization, a batch to
+    split, no SyncBatchNorm."""
     if not isinstance(trainer.strategy, (SingleDeviceStrategy, DDPStrategy)):
         raise MisconfigurationException(f"MemoryPlanner adjusts micro-batches under single-device and DDP "
                                         f"strategies, not {type(trainer.strategy).__name__}: {fix}")
@@ -49,10 +54,42 @@ def check_can_adjust(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None
     if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):
         raise MisconfigurationException(f"MemoryPlanner splits the batch training_step receives; this "
                                         f"training_step takes a dataloader_iter: {fix}")
+    if isinstance(trainer.strategy, DDPStrategy) and trainer.strategy._ddp_kwargs.get("static_graph"):
+        raise MisconfigurationException(
+            "DDP's static_graph=True counts each parameter's gradient hooks over the first iteration, the "
+            "micro-batch backwards MemoryPlanner runs under no_sync included, and then skips the all-reduce "
+            f"of later steps without an error: drop static_graph=True, or {fix}")
     if getattr(trainer.strategy, "_layer_sync", None) is not None or any(
             isinstance(m, torch.nn.SyncBatchNorm) for m in pl_module.modules()):
         raise MisconfigurationException(f"SyncBatchNorm synchronises every forward, so every rank must run the "
                                         f"same number of micro-batches, which a rank retrying an OOM does not: {fix}")
+
+
+def check_gradient_hooks(pl_module: pl.LightningModule, fix: str = ADJUST_FIX) -> None:
+    """Micro-batches hand their gradients over in one backward (memplan.callback.chunking), so a
+    parameter's gradient hook would run once per micro-batch and again on the whole gradient."""
+    hooked = [name for name, p in pl_module.named_parameters()
+              if p.requires_grad and (p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None))]
+    if hooked:
+        more = f" and {len(hooked) - 3} more" if len(hooked) > 3 else ""
+        raise MisconfigurationException(
+            f"MemoryPlanner runs micro-batches inside training_step and hands their gradients over in one backward, "
+            f"so the gradient hooks (register_hook / register_post_accumulate_grad_hook) on parameter(s) "
+            f"{', '.join(hooked[:3])}{more} would run once per micro-batch and again on the whole gradient: "
+            f"remove them, or {fix}")
+
+
+def check_guard(trainer: pl.Trainer, guard: str) -> str | None:
+    """Why this Trainer's backwards cannot be guarded (memplan.callback.chunking), or None; with
+    guard='always', which cannot then be honoured, MisconfigurationException."""
+    blocker = None
+    if isinstance(trainer.strategy, DDPStrategy) and trainer.strategy._ddp_kwargs.get("gradient_as_bucket_view"):
+        blocker = ("DDP's gradient_as_bucket_view=True: handing a guarded step's gradients over would copy them "
+                   "out of DDP's buckets, one more gradient's worth of memory at the step's peak")
+    if blocker is not None and guard == "always":
+        raise MisconfigurationException(f"MemoryPlanner(guard='always') cannot guard backwards under {blocker}: "
+                                        "use guard='auto', or drop gradient_as_bucket_view")
+    return blocker
 
 
 def restored_layout(state: dict[str, Any] | None, world_size: int) -> Layout | None:

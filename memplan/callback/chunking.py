@@ -24,13 +24,30 @@ copied, by Lightning's one backward). So:
     `on_after_backward` sees the whole batch's gradient. The in-step backwards call the module's own
     `backward` (so an override is honoured) but not Lightning's backward hooks.
 
-Guarded and unguarded: that costs a second, empty autograd pass and a few Python calls per batch
-(about 0.1 ms on a 2-core CPU: `benchmarks/callback_overhead.py`), worth it while a rank may run out
-of memory and not when it has plenty. So the runner is `guarded` (the above) until a reading shows
-this rank comfortably inside its memory; then a batch that runs whole is left to Lightning as if
-MemoryPlanner were not there, except that its forward runs here, where an OOM still drops the batch
-back to the guarded path. Any OOM, change of layout or tight reading guards it again (the callback
-decides: MemoryPlanner(guard=...)). Ranks may differ: each does one synchronised backward either way.
+What it costs, and what it cannot do:
+  - A second, empty autograd pass and a few Python calls per batch (0.2-0.4 ms a step on a 2-core
+    CPU: benchmarks/results/callback_overhead.md).
+  - Under DDP, every gradient is ready only when the whole backward is done, so the step's
+    all-reduce cannot overlap it.
+  - DDP rebuilds its buckets once, from the order its hooks fire in the first synchronised
+    backward. A single carrier fires them in the autograd engine's heap order, which can put the
+    first layer in bucket 0 and hold back every all-reduce of the run (buckets go out in order).
+    So on that one backward the gradients go through a chain of `_Deliver` links, one per
+    parameter, in the order this step's own backward made them.
+  - Parameter gradient hooks would run per chunk and again on the whole gradient: refused
+    (checks.check_gradient_hooks).
+  - Under DDP's gradient_as_bucket_view the handoff would copy the gradients out of DDP's buckets:
+    not guarded (checks.check_guard).
+  - DDP's static_graph counts each parameter's hooks over the first iteration, the chunks' no_sync
+    backwards included, and then skips the all-reduce of later steps: refused (checks.check_can_adjust).
+
+Guarded and unguarded: so the runner is `guarded` (the above) only while a rank may run out of
+memory: until a reading at its current layout shows the margin free (those steps fit, and steps of
+the same shapes will), and again after any OOM or change of layout (the callback decides:
+MemoryPlanner(guard=...)). Unguarded, a batch that runs whole is left to Lightning as if MemoryPlanner
+were not there, except that its forward runs here, where an OOM still drops the batch back to the
+guarded path; a batch split into chunks always runs guarded. Ranks may differ: each does one
+synchronised backward either way.
 
 OOM: a `torch.OutOfMemoryError` in any chunk's forward or backward is caught here and the chunk is
 retried in halves: the same samples, none skipped. A forward touches no gradient. A backward that
@@ -129,11 +146,32 @@ class _CarryGradients(torch.autograd.Function):
         return (None, None, *grads)
 
 
+class _Deliver(torch.autograd.Function):
+    """token -> token; its backward gives one parameter its gradient and passes the token on.
+
+    A chain of these hands the gradients over one at a time, in the chain's order: when a link has
+    run, the engine runs the parameter's AccumulateGrad (the highest priority it knows) before the
+    next link. DDP rebuilds its buckets once, from the order its hooks fired in the first synchronised
+    backward; a single carrier would fire them in the engine's heap order, which can put an early
+    layer in bucket 0 and so hold back every all-reduce of the run."""
+
+    @staticmethod
+    def forward(ctx: Any, token: torch.Tensor, handoff: _Handoff, param: torch.Tensor) -> torch.Tensor:
+        ctx.handoff = handoff
+        return token.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (grad,) = ctx.handoff.take()
+        ctx.handoff = None
+        return grad_output, None, grad
+
+
 class MicroBatchRunner:
     """Wraps the LightningModule's `training_step` (an instance attribute, removed by `remove`)."""
 
     def __init__(self, trainer: Any, module: Any, *, layout: Layout, can_checkpoint: bool, retry: bool,
-                 enable_checkpointing: Callable[[], None], on_retry: Callable[[OomRetry], None],
+                 can_guard: bool, enable_checkpointing: Callable[[], None], on_retry: Callable[[OomRetry], None],
                  out_of_memory: Callable[[str, int], NothingFitsError]) -> None:
         self.micro_batch_size = layout.micro_batch_size
         """This rank's micro-batch now (a shared decision, or lower after a local OOM)."""
@@ -145,9 +183,11 @@ class MicroBatchRunner:
         """OOMs recovered from."""
         self.oom_micro_batch_size: int | None = None
         """The smallest chunk that ran out of memory."""
-        self.guarded = True
-        """Whether every backward runs here, where an OOM in it can be retried (module docstring);
-        else a batch that runs whole is backwarded by Lightning."""
+        self.lightning_backward = False
+        """Whether the current batch's backward is Lightning's own (unguarded or unsplittable): an
+        OOM in it is not retried."""
+        self._can_guard = can_guard
+        self._guarded = can_guard
         self._trainer = trainer
         self._module = module
         self._can_checkpoint = can_checkpoint
@@ -161,6 +201,17 @@ class MicroBatchRunner:
         self._device_type = "cpu"
         self._scaler: Any = None
         self._block_sync: Callable[[], contextlib.AbstractContextManager] | None = None
+        self._ddp: Any = None
+
+    @property
+    def guarded(self) -> bool:
+        """Whether every backward runs here, where an OOM in it can be retried (module docstring);
+        else a batch that runs whole is backwarded by Lightning. Never, where guarding cannot work."""
+        return self._guarded
+
+    @guarded.setter
+    def guarded(self, on: bool) -> None:
+        self._guarded = on and self._can_guard
 
     # --- installation and shared decisions ---------------------------------------------------
     def install(self) -> None:
@@ -177,6 +228,8 @@ class MicroBatchRunner:
         self._device_type = self._trainer.strategy.root_device.type
         self._scaler = getattr(self._trainer.precision_plugin, "scaler", None)
         self._block_sync = getattr(self._trainer.strategy, "block_backward_sync", None)
+        model = getattr(self._trainer.strategy, "model", None)
+        self._ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
 
     def remove(self) -> None:
         if self._original is None:
@@ -197,12 +250,13 @@ class MicroBatchRunner:
 
     # --- the wrapped training_step -----------------------------------------------------------
     def _training_step(self, args: tuple, kwargs: dict) -> Any:
+        self.lightning_backward = True
         if self._trainer.fit_loop.epoch_loop.automatic_optimization._skip_backward:
             return self._original(*args, **kwargs)  # e.g. SWA's batch-norm epoch: no backward to run
         error = None
         if not self.guarded and self.micro_batch_size >= self.loader_batch_size:
             # unguarded, a whole batch: its forward here, its backward Lightning's
-            output, error = self._unguarded(args, kwargs)
+            output, error = self._run_unguarded(args, kwargs)
             if error is None:
                 return output
         batch = args[0] if args else kwargs["batch"]
@@ -210,24 +264,31 @@ class MicroBatchRunner:
         if size is None:  # the batch cannot be split: run it whole, as Lightning would
             if error is not None:
                 raise torch.OutOfMemoryError(f"{error} (MemoryPlanner cannot retry it smaller: the batch has no "
-                                             "common leading dimension to split it by)") from error
+                                             "common leading dimension to split it by)")
             return self._original(*args, **kwargs)
+        self.lightning_backward = False
         if error is not None:  # the unguarded forward ran out of memory: retry it guarded, smaller
-            pending = self._after_failure(_Failure(0, size, "forward", _NONE, str(error)), deque())
+            pending = self._after_failure(_Failure(0, size, "forward", _NONE, error), deque())
         else:
             pending = deque((lo, hi, _NONE) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
-        return self._guarded(args, kwargs, batch, size, pending)
+        return self._run_guarded(args, kwargs, batch, size, pending)
 
-    def _unguarded(self, args: tuple, kwargs: dict) -> tuple[Any, torch.OutOfMemoryError | None]:
+    def _run_unguarded(self, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
+        """(training_step's output, None), or (None, the OOM's message). Only the message leaves the
+        except clause: the exception's traceback would keep the failed forward's tensors alive."""
         with _HeldLogging(self._module) as logged:
             try:
                 output = self._original(*args, **kwargs)
             except torch.OutOfMemoryError as err:
-                return None, err
+                message = str(err)
+            else:
+                message = None
+        if message is not None:
+            return None, message
         _replay(self._module, logged)
         return output, None
 
-    def _guarded(self, args: tuple, kwargs: dict, batch: Any, size: int, pending: deque) -> Any:
+    def _run_guarded(self, args: tuple, kwargs: dict, batch: Any, size: int, pending: deque) -> Any:
         """Every chunk's forward and backward here, OOMs retried; returns the carrier."""
         clear = self._trainer.fit_loop.epoch_loop.batch_idx % self._trainer.accumulate_grad_batches == 0
         if clear:
@@ -235,10 +296,15 @@ class MicroBatchRunner:
             # stale ones now, so the chunks accumulate from nothing
             for param in self._params:
                 param.grad = None
+        # DDP rebuilds its buckets from the first synchronised backward: hand the gradients over in
+        # the order this step's own backward made them (_Deliver)
+        order: list[int] | None = [] if self._rebuilds_buckets() else None
         value: torch.Tensor | None = None
         while pending:
             start, stop, frozen = pending.popleft()
-            output, loss, logged, failure = self._chunk(args, kwargs, batch, size, start, stop, frozen, clear)
+            output = loss = logged = None  # a chunk's output (logits, say) is not kept through the next
+            output, loss, logged, failure = self._chunk(args, kwargs, batch, size, start, stop, frozen, clear,
+                                                        order if not order else None)
             if failure is not None:
                 clear = clear and failure.phase == "forward"
                 pending = self._after_failure(failure, pending)
@@ -251,13 +317,14 @@ class MicroBatchRunner:
                 _replay(self._module, logged)
                 if loss is None:  # no loss: Lightning skips this batch's backward
                     return output
-        return self._carry(output, value)
+        return self._carry(output, value, order)
 
-    def _chunk(self, args, kwargs, batch, size, start, stop, frozen, clear: bool
+    def _chunk(self, args, kwargs, batch, size, start, stop, frozen, clear: bool, order: list[int] | None
                ) -> tuple[Any, torch.Tensor | None, list[tuple[tuple, dict]], _Failure | None]:
         """Forward and backward of samples [start, stop): (training_step's output, its loss, its
         held `self.log` calls, None), or (None, None, [], what failed). `clear`: no parameter holds
-        a gradient yet (so a failed backward touched exactly those that hold one after it)."""
+        a gradient yet (so a failed backward touched exactly those that hold one after it). `order`:
+        a list to record the parameters' indices in, as the backward makes their gradients."""
         phase, before = "forward", None
         try:
             with self._no_sync(), self._frozen(frozen), _HeldLogging(self._module) as logged:
@@ -271,10 +338,20 @@ class MicroBatchRunner:
                 if not clear:
                     before = [(g, g._version) if (g := p.grad) is not None else (None, 0) for p in self._params]
                 scale = (stop - start) / size / self._trainer.accumulate_grad_batches
-                self._backward(loss if scale == 1.0 else loss * scale)
+                with _Recording(self._params, order) if order is not None else _NO_OP:
+                    self._backward(loss if scale == 1.0 else loss * scale)
         except torch.OutOfMemoryError as err:
-            return None, None, [], _Failure(start, stop, phase, frozen | self._touched(before), str(err))
+            # a failed forward touched no gradient; a failed backward may have added to some
+            touched = self._touched(before) if phase == "backward" else _NONE
+            return None, None, [], _Failure(start, stop, phase, frozen | touched, str(err))
         return output, loss, logged, None
+
+    def _rebuilds_buckets(self) -> bool:
+        """Whether this batch's backward is the one DDP rebuilds its buckets from: the first
+        synchronised one, where DDP is not finding unused parameters (it then never rebuilds)."""
+        ddp = self._ddp
+        return (ddp is not None and ddp.require_backward_grad_sync and not ddp.find_unused_parameters
+                and not getattr(ddp, "_has_rebuilt_buckets", False))
 
     def _backward(self, loss: torch.Tensor) -> None:
         """What Lightning's backward does with a loss, less its hooks and DDP's synchronisation: the
@@ -295,8 +372,9 @@ class MicroBatchRunner:
         return frozenset(i for i, (param, (grad, version)) in enumerate(zip(self._params, before))
                          if param.grad is not grad or (grad is not None and grad._version != version))
 
-    def _carry(self, output: Any, value: torch.Tensor) -> Any:
-        """training_step's output with its loss replaced by a carrier of the gradients (module docstring)."""
+    def _carry(self, output: Any, value: torch.Tensor, order: list[int] | None) -> Any:
+        """training_step's output with its loss replaced by a carrier of the gradients (module
+        docstring): one node, or with `order` a chain handing them over in that order (_Deliver)."""
         params, grads = [], []
         for param in self._params:
             grad = param.grad
@@ -304,7 +382,17 @@ class MicroBatchRunner:
                 params.append(param)
                 grads.append(grad)
                 param.grad = None
-        carrier = _CarryGradients.apply(value, _Handoff(grads), *params)
+        if order is None:
+            carrier = _CarryGradients.apply(value, _Handoff(grads), *params)
+        else:
+            rank = {index: position for position, index in enumerate(dict.fromkeys(order))}
+            index = {id(param): i for i, param in enumerate(self._params)}
+            # the recorded order first; any other parameter after it, latest registered first
+            first = sorted(zip(params, grads), key=lambda pg: (rank.get(index[id(pg[0])], len(rank)),
+                                                               -index[id(pg[0])]))
+            carrier = value
+            for param, grad in reversed(first):  # the last link made runs first in the backward
+                carrier = _Deliver.apply(carrier, _Handoff([grad]), param)
         if isinstance(output, torch.Tensor):
             return carrier
         if isinstance(output, Mapping):
@@ -316,7 +404,7 @@ class MicroBatchRunner:
         """Lower this rank's micro-batch (or turn checkpointing on) and re-cut what is left."""
         if not self._retry:
             raise torch.OutOfMemoryError(failure.message)
-        self.guarded = True
+        self.guarded = True  # (where guarding can work)
         _release_memory()
         failed = failure.stop - failure.start
         self.oom_retries += 1
@@ -372,6 +460,23 @@ class _HeldLogging:
 
     def __exit__(self, *exc: Any) -> None:
         self._module.__dict__.pop("log", None)
+
+
+class _Recording:
+    """Record the order in which a backward makes the parameters' gradients (post-accumulate hooks,
+    on for this one backward only)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], order: list[int]) -> None:
+        self._params, self._order, self._handles = params, order, []
+
+    def __enter__(self) -> None:
+        order = self._order
+        self._handles = [p.register_post_accumulate_grad_hook(lambda _, i=i: order.append(i))
+                         for i, p in enumerate(self._params) if p.requires_grad]
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 class _Frozen:

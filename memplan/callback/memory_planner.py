@@ -20,7 +20,9 @@ from memplan.callback.apply import (
     apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
     layout_from_plan, load_plan, plan_mismatches, planning_request,
 )
-from memplan.callback.checks import check_arguments, check_can_adjust, restored_layout
+from memplan.callback.checks import (
+    ADJUST_FIX, CHUNKS_FIX, check_arguments, check_can_adjust, check_gradient_hooks, check_guard, restored_layout,
+)
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects
 from memplan.callback.layout import Layout, loaded_batch_size
@@ -33,8 +35,8 @@ log = logging.getLogger(__name__)
 
 RESTORED = "restored from the checkpoint"
 OUTSIDE_CHUNKS = "where MemoryPlanner does not retry (the optimizer step, validation or another hook)"
-UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a rank left unguarded by a roomy "
-             "reading, the optimizer step, validation or another hook)")
+UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a batch this rank ran unguarded, "
+             "the optimizer step, validation or another hook)")
 
 
 class MemoryPlanner(Callback):
@@ -56,8 +58,8 @@ class MemoryPlanner(Callback):
     batch and the global batch stay as they are: each loaded batch runs as micro-batch chunks inside
     ``training_step``. An OOM is retried on the same samples at a smaller micro-batch on the rank
     where it happened, with no collective in flight (see :mod:`memplan.callback.chunking`): in the
-    forward always; in the backward while the rank is guarded, which it is until a reading shows
-    ``grow_margin`` of its memory free, and again after any OOM, change or tight reading.
+    forward always; in the backward while the rank is guarded, which it is until a reading at the
+    current layout shows ``margin`` free, and again after any OOM or change.
 
     Args:
         plan: a Plan, or a plan JSON file; None plans now from an estimate.
@@ -70,10 +72,12 @@ class MemoryPlanner(Callback):
         grow: grow back toward the planned micro-batch when headroom has lasted.
         grow_margin: fraction of memory every rank must have free for growth.
         grow_patience: checks in a row with ``grow_margin`` free before growing.
-        guard: ``"auto"``: a rank whose last reading showed ``grow_margin`` of its memory free
-            leaves a batch that runs whole to Lightning's own backward (an OOM there is not
-            retried; it saves about 0.1 ms a step); ``"always"``: every backward runs where its
-            OOM can be retried, for inputs whose size varies a lot from batch to batch.
+        guard: ``"auto"``: once a reading at the current layout shows ``margin`` free (and no OOM
+            since the last one), a rank leaves a batch that runs whole to Lightning's own backward
+            (an OOM there is not retried; a guarded step costs a second autograd pass and, under
+            DDP, its all-reduce cannot overlap the backward); any change of layout or OOM guards it
+            again. ``"always"``: every backward runs where its OOM can be retried, for inputs
+            whose size varies a lot from batch to batch.
         allow_checkpointing: whether checkpointing may be turned on (by a plan, or at micro-batch 1).
         strict: a plan that does not match the Trainer raises instead of warning.
         batch_arg_name: the attribute holding the train loader's batch size.
@@ -261,9 +265,17 @@ class MemoryPlanner(Callback):
         return decide_on_rank_zero(trainer, plan)
 
     def _install_runner(self, trainer, pl_module, layout: Layout, checkpointable: bool) -> None:
+        fix = None if self._adjust else CHUNKS_FIX  # (with adjust, setup checked the Trainer already)
+        if fix is not None:
+            check_can_adjust(trainer, pl_module, fix)
+        check_gradient_hooks(pl_module, fix or ADJUST_FIX)
+        blocker = check_guard(trainer, self._guard)
+        if blocker is not None and self._adjust:
+            rank_zero_warn(f"MemoryPlanner: backwards are not guarded under {blocker}; an OOM in a backward is not "
+                           "retried (forwards still are), and a batch split into micro-batches holds that copy too")
         self._runner = MicroBatchRunner(
             trainer, pl_module, layout=layout, can_checkpoint=checkpointable and self._adjust,
-            retry=self._adjust, enable_checkpointing=lambda: enable_checkpointing(pl_module),
+            retry=self._adjust, can_guard=blocker is None, enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
             out_of_memory=lambda message, size: self._out_of_memory(trainer, message, size),
         )
@@ -305,11 +317,12 @@ class MemoryPlanner(Callback):
             self._update_guard(statuses[trainer.global_rank])
 
     def _update_guard(self, status: RankStatus) -> None:
-        """Guard this rank's backwards unless its reading shows plenty of room and it ran out of
-        memory nowhere since the last check (memplan.callback.chunking)."""
+        """Unguard this rank's backwards once a reading at the current layout shows the margin free
+        and no OOM since the last check: those steps fit, and steps of the same shapes will. A change
+        of layout guards it again (set_layout), as does an OOM (memplan.callback.chunking)."""
         retried = status.oom_retries > self._oom_retries_seen
         self._oom_retries_seen = status.oom_retries
-        self._runner.guarded = self._guard == "always" or retried or not self._adjuster.roomy(status.reading)
+        self._runner.guarded = self._guard == "always" or retried or not self._adjuster.has_margin(status.reading)
 
     def _status(self, trainer: pl.Trainer) -> RankStatus:
         return dataclasses.replace(self._status_without_reading(trainer),
@@ -384,7 +397,7 @@ class MemoryPlanner(Callback):
         if self._log is not None and isinstance(exception, torch.OutOfMemoryError) \
                 and not isinstance(exception, NothingFitsError):
             reading = monitor.read_memory(trainer.strategy.root_device, reset_peak=False)
-            unguarded = self._runner is not None and not self._runner.guarded
+            unguarded = self._runner is not None and self._runner.lightning_backward
             where = UNGUARDED if unguarded else OUTSIDE_CHUNKS
             self._log.write("fatal", trainer.global_step, error=str(exception), where=where, **reading.to_dict())
             log.error("MemoryPlanner: rank %d ran out of memory at step %d, %s. %s.%s", trainer.global_rank,

@@ -11,6 +11,7 @@ weights mean every sample of every global batch was counted once, at the right s
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,9 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from memplan import monitor
 from memplan.plan import Plan
+from memplan.units import GiB
 
 IN_FEATURES = 6
 SAMPLES = 96
@@ -57,20 +60,33 @@ class _RaiseInBackward(torch.autograd.Function):
 
 class SimulatedBudget(nn.Module):
     """SIMULATED device memory: raise torch.OutOfMemoryError past `forward_limit` / `backward_limit`
-    samples, on the ranks listed (every rank when `ranks` is None)."""
+    samples, or in the forward calls numbered in `fail_forward_calls` (from 1), on the ranks listed
+    (every rank when `ranks` is None). `freed_before_retry` tells, for each forward after a failed
+    one, whether the failed forward's input had been freed by then."""
 
     def __init__(self, forward_limit: int | None = None, backward_limit: int | None = None,
-                 ranks: tuple[int, ...] | None = None) -> None:
+                 ranks: tuple[int, ...] | None = None, fail_forward_calls: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.forward_limit, self.backward_limit, self.ranks = forward_limit, backward_limit, ranks
+        self.fail_forward_calls = set(fail_forward_calls)
         self.raised = 0
+        self.calls = 0
+        self.freed_before_retry: list[bool] = []
+        self._failed_input: weakref.ref | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ranks is not None and _rank() not in self.ranks:
             return x
-        if self.forward_limit is not None and x.shape[0] > self.forward_limit:
+        self.calls += 1
+        if self._failed_input is not None:
+            self.freed_before_retry.append(self._failed_input() is None)
+            self._failed_input = None
+        over = self.forward_limit is not None and x.shape[0] > self.forward_limit
+        if over or self.calls in self.fail_forward_calls:
             self.raised += 1
-            raise torch.OutOfMemoryError(f"SIMULATED out of memory in forward: {x.shape[0]} samples > {self.forward_limit}")
+            self._failed_input = weakref.ref(x)
+            raise torch.OutOfMemoryError(f"SIMULATED out of memory in forward call {self.calls}: {x.shape[0]} samples"
+                                         + (f" > {self.forward_limit}" if over else ""))
         if self.backward_limit is not None:
             return _RaiseInBackward.apply(x, self.backward_limit)
         return x
@@ -222,6 +238,32 @@ class RecordingLogger(Logger):
     def finalize(self, status: str) -> None:
         Path(self._save_dir).mkdir(parents=True, exist_ok=True)
         (Path(self._save_dir) / "metrics.json").write_text(json.dumps(self.metrics))
+
+
+def simulated_free(fraction: float | None):
+    """SIMULATED readings for monitor.read_memory: `fraction` of a 16 GiB device free at every check
+    (None: a device whose free memory cannot be read)."""
+
+    def read(device: torch.device, *, reset_peak: bool = True) -> monitor.MemoryReading:
+        total = 16 * GiB
+        if fraction is None:
+            return monitor.MemoryReading(process_bytes=2 * GiB, device_total_bytes=total)
+        return monitor.MemoryReading(process_bytes=2 * GiB, device_used_bytes=int(total * (1 - fraction)),
+                                     device_total_bytes=total, peak_bytes=2 * GiB, headroom_bytes=int(total * fraction))
+
+    return read
+
+
+class TightenAt(pl.Callback):
+    """SIMULATED inputs that grow: from optimizer step `step` on, backwards of more than `limit`
+    samples (or forwards, with `phase="forward"`) run out of memory."""
+
+    def __init__(self, budget: SimulatedBudget, step: int, limit: int, phase: str = "backward") -> None:
+        self.budget, self.step, self.limit, self.phase = budget, step, limit, phase
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            setattr(self.budget, f"{self.phase}_limit", self.limit)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

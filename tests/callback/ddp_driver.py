@@ -16,6 +16,14 @@ user's training script. Scenarios (SIMULATED devices: see callback_sim):
   final   the loader's 8 run as one chunk; rank 1's SIMULATED memory fails backwards of more than 5
           samples, so its only chunk's backward fails and is retried as 4 + 4 while rank 0 runs 8
           whole; training_step logs with sync_dist=True (a rank logging twice in a batch would hang).
+  buckets  tiny DDP buckets (a parameter or two each); step 0 is guarded (no reading yet), so the
+          gradients of DDP's first synchronised backward, which DDP rebuilds its buckets from, come
+          through MemoryPlanner's carrier. Rank 0 writes DDP's rebuilt assignment to buckets.json.
+  buckets_plain  the same run without MemoryPlanner: the assignment a plain backward gives.
+  mixed   SIMULATED readings with plenty of room on both ranks (unguarded from the check at step 2);
+          from step 3 rank 1's SIMULATED memory fails forwards of more than 5 samples, so in step 3
+          rank 1 retries its batch guarded (4 + 4, through the carrier) while rank 0 leaves its whole
+          batch's backward to Lightning.
 Each rank writes samples_rank<R>.json (the samples of each optimizer step) and log_calls_rank<R>.json;
 rank 0 writes weights.pt (and, in `final`, rank 1 weights_rank1.pt);
 the RecordingLogger writes metrics.json; MemoryPlanner writes memplan/rank<R>.jsonl.
@@ -32,7 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.strategies import DDPStrategy  # noqa: E402
 import torch  # noqa: E402
-from callback_sim import RecordingLogger, Regression, SimulatedBudget, make_plan, run_net, weights_of  # noqa: E402
+from callback_sim import (  # noqa: E402
+    RecordingLogger, Regression, SimulatedBudget, TightenAt, make_plan, run_net, simulated_free, weights_of,
+)
+from pytorch_lightning.callbacks import Callback  # noqa: E402
 
 from memplan import monitor  # noqa: E402
 from memplan.callback import MemoryPlanner  # noqa: E402
@@ -57,6 +68,19 @@ class SyncLogged(Regression):
     def log(self, *args, **kwargs) -> None:
         self.log_calls += 1
         super().log(*args, **kwargs)
+
+
+class RecordBuckets(Callback):
+    """Rank 0 writes DDP's rebuilt bucket assignment (parameter indices per bucket) to buckets.json."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:
+            data = trainer.strategy.model._get_ddp_logging_data()
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "buckets.json").write_text(json.dumps(data["rebuilt_per_bucket_param_indices"]))
 
 
 def simulated_readings(tight_checks: int):
@@ -98,13 +122,23 @@ def main(scenario: str, out: Path) -> None:
         strategy, with_attr, steps = DDPStrategy(find_unused_parameters=True), False, 4
         options = dict(every_n_steps=2, grow=False)
     module_class = Regression
+    extra: list[Callback] = []
     if scenario == "final":
         budget, module_class = SimulatedBudget(backward_limit=5, ranks=(1,)), SyncLogged
         options = dict(every_n_steps=2, grow=False)
+    elif scenario in ("buckets", "buckets_plain"):
+        strategy, steps, options = DDPStrategy(bucket_cap_mb=0.001), 3, dict(every_n_steps=10, grow=False)
+        extra = [RecordBuckets(out)]
+    elif scenario == "mixed":
+        monitor.read_memory = simulated_free(0.60)
+        budget = SimulatedBudget(ranks=(1,))
+        extra = [TightenAt(budget, step=3, limit=5, phase="forward")]
+        options = dict(every_n_steps=2, grow=False)
     module = module_class(batch_size=8, budget=budget, with_attr=with_attr)
+    planner = [] if scenario == "buckets_plain" else [MemoryPlanner(None if scenario == "oom" else plan, **options)]
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=RecordingLogger(out),
-        callbacks=[MemoryPlanner(None if scenario == "oom" else plan, **options)], enable_checkpointing=False, enable_progress_bar=False,
+        callbacks=[*planner, *extra], enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=out,
     )
     trainer.fit(module)

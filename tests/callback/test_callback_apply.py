@@ -3,17 +3,20 @@ from __future__ import annotations
 
 import json
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import pytorch_lightning as pl
 from callback_sim import IndexedData, Regression, make_plan
 from pytorch_lightning.callbacks import GradientAccumulationScheduler
+from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
 from torch.utils.data import DataLoader
 
 from memplan.callback import MemoryPlanner
 from memplan.callback.apply import enable_checkpointing
+from memplan.callback.checks import check_can_adjust, check_guard
 from memplan.hardware import host_info
 from memplan.plan import Plan
 from memplan.planner import NoFit, PlanRequest
@@ -171,8 +174,8 @@ def test_setup_refuses_what_it_cannot_do_with_the_fix(make_trainer):
         trainer.fit(Regression())
 
     class Manual(Regression):
-        def __init__(self):
-            super().__init__()
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
             self.automatic_optimization = False
 
         def training_step(self, batch, batch_idx):
@@ -186,6 +189,34 @@ def test_setup_refuses_what_it_cannot_do_with_the_fix(make_trainer):
     module = Manual()
     make_trainer([MemoryPlanner(make_plan(4, 1), adjust=False)], max_steps=1).fit(module)
     assert module.batch_size == 4
+    # without adjusting, a batch the loader will not shrink still runs as micro-batches inside
+    # training_step, which needs what adjusting needs; the fix is a loader that yields the micro-batch
+    with pytest.raises(MisconfigurationException, match=r"optimizes manually: let the loader yield the plan's"):
+        make_trainer([MemoryPlanner(make_plan(4, 2), adjust=False)], max_steps=1).fit(Manual(with_attr=False))
+
+
+def test_gradient_hooks_on_parameters_are_refused_with_the_fix(make_trainer):
+    # micro-batches hand their gradients over in one backward: a hook would run per micro-batch and again
+    module = Regression()
+    module.net["out"].weight.register_hook(lambda grad: grad * 0.5)
+    with pytest.raises(MisconfigurationException, match=r"gradient hooks .* net\.out\.weight would run .*adjust=False"):
+        make_trainer([MemoryPlanner(make_plan(8, 1))], max_steps=1).fit(module)
+    # watching only, with a loader that yields the micro-batch: nothing runs inside training_step
+    make_trainer([MemoryPlanner(make_plan(8, 1), adjust=False)], max_steps=1).fit(module)
+    assert "training_step" not in module.__dict__
+
+
+def test_ddp_settings_a_guarded_step_cannot_work_with_are_named():
+    def trainer(**ddp_kwargs):  # only what the checks read: the strategy, with no process group
+        return SimpleNamespace(strategy=DDPStrategy(**ddp_kwargs))
+
+    with pytest.raises(MisconfigurationException, match=r"static_graph=True .* skips the all-reduce"):
+        check_can_adjust(trainer(static_graph=True), Regression())
+    check_can_adjust(trainer(), Regression())
+    assert check_guard(trainer(), "always") is None
+    assert "gradient_as_bucket_view=True" in check_guard(trainer(gradient_as_bucket_view=True), "auto")
+    with pytest.raises(MisconfigurationException, match=r"guard='always'\) cannot guard backwards"):
+        check_guard(trainer(gradient_as_bucket_view=True), "always")
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -193,6 +224,7 @@ def test_setup_refuses_what_it_cannot_do_with_the_fix(make_trainer):
     ({"every_n_steps": 0}, r"every_n_steps=\.\.\.\) must be a positive int"),
     ({"grow_margin": 0.01}, r"grow_margin=\.\.\.\) must be in \(margin, 1\]"),
     ({"plan": 3}, r"plan=\.\.\.\) must be a memplan Plan or a plan file path"),
+    ({"guard": "sometimes"}, r"guard=\.\.\.\) must be 'auto' or 'always'"),
 ])
 def test_arguments_are_checked_at_once(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -104,3 +104,34 @@ def test_chunks_with_accumulation_under_ddp_keep_every_gradient(tmp_path):
     assert retries == [("backward", 2)]
     assert changes(logs[0]) == changes(logs[1]) and changes(logs[0])[0]["after"]["micro_batch_size"] == 1
     check_trained_like_one_process(out, steps=4, per_rank_batch=16)
+
+
+def test_ddp_rebuilds_its_buckets_in_the_order_a_plain_backward_gives(tmp_path):
+    # DDP launches bucket i's all-reduce only after buckets 0..i-1: a bucket order scrambled by the
+    # gradient handoff would hold back every all-reduce for the rest of the run
+    buckets = {}
+    for scenario in ("buckets", "buckets_plain"):
+        out = tmp_path / scenario
+        result = run_scenario(scenario, out)
+        assert result.returncode == 0, result.stderr[-3000:]
+        buckets[scenario] = json.loads((out / "buckets.json").read_text())
+    assert buckets["buckets"] == buckets["buckets_plain"]
+    assert buckets["buckets"].count(",") >= 3, buckets  # several buckets, so the order shows
+    check_trained_like_one_process(tmp_path / "buckets", steps=3)
+
+
+def test_ranks_on_different_paths_in_one_step_pair_their_backwards(tmp_path):
+    out = tmp_path / "mixed"
+    result = run_scenario("mixed", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
+    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
+               for e in logs[1] if e["event"] == "oom_retry"]
+    assert retries == [(3, "forward", 8, 4)]
+    assert not [e for e in logs[0] if e["event"] == "oom_retry"]
+    # steps 2-3: rank 0 unguarded throughout, rank 1 guarded again by its OOM in step 3
+    guarded = [[(e["step"], e["guarded"]) for e in log if e["event"] == "sample"][:2] for log in logs]
+    assert guarded == [[(2, True), (4, False)], [(2, True), (4, True)]]
+    assert changes(logs[0]) == changes(logs[1])
+    assert [(c["step"], c["cause"], c["after"]["micro_batch_size"]) for c in changes(logs[0])] == [(4, "oom", 4)]
+    check_trained_like_one_process(out, steps=6)

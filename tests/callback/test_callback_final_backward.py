@@ -11,15 +11,15 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from callback_sim import IndexedData, Regression, SimulatedBudget, build_net, make_plan, read_jsonl, run_net
-from pytorch_lightning.callbacks import Callback
+from callback_sim import (
+    IndexedData, Regression, SimulatedBudget, TightenAt, build_net, make_plan, read_jsonl, run_net, simulated_free,
+)
 from pytorch_lightning.plugins import MixedPrecision
 from test_callback_chunking import assert_trained_like_full_batches
 from test_callback_ddp import check_trained_like_one_process, run_scenario
 
 from memplan import monitor
-from memplan.callback import MemoryPlanner
-from memplan.units import GiB
+from memplan.callback import MemoryPlanner, chunking
 
 
 class Watched(Regression):
@@ -84,7 +84,7 @@ def test_an_oom_in_the_only_chunks_backward_is_retried_smaller_on_the_same_sampl
     trainer.fit(module)
     assert trainer.precision == precision
     if scaler is not None:
-        assert scaler.get_scale() == 2.0**16 and scaler._scale is not None  # used, never lowered
+        assert scaler.get_scale() == 2.0**16  # never lowered: no step saw an inf
     events = read_jsonl(planner.log_path)
     retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
                for e in events if e["event"] == "oom_retry"]
@@ -124,22 +124,42 @@ def test_chunks_with_accumulation_keep_every_gradient_when_a_backward_fails(make
     assert module.backward_hooks == {"on_before_backward": 6, "on_after_backward": 6}
 
 
-def test_the_handoff_moves_each_gradient_without_copying_it(make_trainer):
+class Handoffs:
+    """Records what each carrier hands over (memplan.callback.chunking._Handoff): the gradients'
+    buffers, per batch."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.pointers: list[set[int]] = []
+        original = chunking._Handoff.__init__
+
+        def record(handoff, grads):
+            self.pointers.append({g.data_ptr() for g in grads})
+            original(handoff, grads)
+
+        monkeypatch.setattr(chunking._Handoff, "__init__", record)
+
+
+class GradPointers(Regression):
+    """Records the buffers of its parameters' gradients after Lightning's backward."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.after_backward: list[set[int]] = []
+
+    def on_after_backward(self) -> None:
+        self.after_backward.append({p.grad.data_ptr() for p in self.net.parameters()})
+
+
+def test_the_handoff_moves_each_gradient_without_copying_it(make_trainer, monkeypatch):
     # A copy would hold every gradient twice at Lightning's backward: as much extra memory as the
-    # model's gradients. Each parameter's gradient must stay one buffer through a batch: the one its
-    # first chunk's backward made, added to by the next chunks, then given back by the carrier.
-    module = Regression(batch_size=8, with_attr=False)
-    pointers: dict[str, list[int]] = {name: [] for name, _ in module.net.named_parameters()}
-    for name, param in module.net.named_parameters():
-        param.register_post_accumulate_grad_hook(lambda p, name=name: pointers[name].append(p.grad.data_ptr()))
-    planner = MemoryPlanner(make_plan(4, 2), every_n_steps=10, grow=False)  # 2 chunks a batch
+    # model's gradients. The buffers the carrier hands over must be the parameters' gradients after it.
+    handoffs = Handoffs(monkeypatch)
+    module = GradPointers(batch_size=8, with_attr=False)
+    planner = MemoryPlanner(make_plan(4, 2), every_n_steps=10, grow=False)  # 2 chunks a batch: guarded
     trainer = make_trainer([planner], max_steps=3)
     trainer.fit(module)
-    for name, seen in pointers.items():
-        # per batch: chunk 1 and chunk 2 in training_step, then the carrier's handoff
-        assert len(seen) == 3 * 3, name
-        batches = [seen[i:i + 3] for i in range(0, len(seen), 3)]
-        assert all(len(set(b)) == 1 for b in batches), f"{name}: gradient reallocated within a batch: {batches}"
+    assert len(handoffs.pointers) == 3 and handoffs.pointers == module.after_backward
+    assert_trained_like_full_batches(module, 8, steps=3)
 
 
 @pytest.mark.slow
@@ -161,53 +181,26 @@ def test_an_oom_in_one_ranks_only_backward_is_retried_there_without_a_hang(tmp_p
     assert [json.loads((out / f"log_calls_rank{r}.json").read_text()) for r in (0, 1)] == [6, 6]
 
 
-# --- the guard: unguarded while a rank has plenty of room, guarded again when it has not ------------
+# --- the guard: unguarded once a reading shows the margin free, guarded again after a change or OOM ---
 
-def simulated_free(fraction: float):
-    """SIMULATED readings: `fraction` of a 16 GiB device free at every check."""
-
-    def read(device: torch.device, *, reset_peak: bool = True) -> monitor.MemoryReading:
-        total = 16 * GiB
-        return monitor.MemoryReading(process_bytes=2 * GiB, device_used_bytes=int(total * (1 - fraction)),
-                                     device_total_bytes=total, peak_bytes=2 * GiB, headroom_bytes=int(total * fraction))
-
-    return read
-
-
-class TightenAt(Callback):
-    """SIMULATED inputs that grow: from optimizer step `step` on, backwards of more than `limit`
-    samples (or forwards, with `phase="forward"`) run out of memory."""
-
-    def __init__(self, budget: SimulatedBudget, step: int, limit: int, phase: str = "backward") -> None:
-        self.budget, self.step, self.limit, self.phase = budget, step, limit, phase
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            setattr(self.budget, f"{self.phase}_limit", self.limit)
-
-
-def test_a_rank_with_plenty_of_room_leaves_the_backward_to_lightning(make_trainer, monkeypatch):
-    monkeypatch.setattr(monitor, "read_memory", simulated_free(0.60))
+def test_a_rank_with_the_margin_free_leaves_the_backward_to_lightning(make_trainer, monkeypatch):
+    monkeypatch.setattr(monitor, "read_memory", simulated_free(0.10))  # above the 5 % margin, as plans leave
+    handoffs = Handoffs(monkeypatch)
     module = Regression(batch_size=8)
-    accumulations = []
-    for param in module.net.parameters():
-        param.register_post_accumulate_grad_hook(lambda p: accumulations.append(p))
     planner = MemoryPlanner(make_plan(8, 1), every_n_steps=1, grow=False)
     trainer = make_trainer([planner], max_steps=4)
     trainer.fit(module)
     samples = [e for e in read_jsonl(planner.log_path) if e["event"] == "sample"]
     # each sample line says how the rank ran since the previous one: guarded until the first reading
     assert [(e["step"], e["guarded"]) for e in samples] == [(1, True), (2, False), (3, False), (4, False)]
-    # guarded, each gradient is accumulated twice (the chunk's backward, then the handoff); unguarded once
-    per_batch = len(list(module.net.parameters()))
-    assert len(accumulations) == 2 * per_batch + 3 * per_batch
+    assert len(handoffs.pointers) == 1  # only the guarded batch went through a carrier
     assert_trained_like_full_batches(module, 8, steps=4)
 
 
 @pytest.mark.parametrize(("free", "guard", "retried"), [
-    (0.10, "auto", True),     # above the 5 % margin (no lowering), under grow_margin's 25 %: guarded
     (0.60, "always", True),   # plenty of room, but guard="always"
-    (0.60, "auto", False),    # plenty of room: unguarded, Lightning's backward, not retried
+    (None, "auto", True),     # a device whose free memory cannot be read stays guarded
+    (0.10, "auto", False),    # the margin free: unguarded, Lightning's backward, not retried
 ])
 def test_a_backward_oom_after_the_first_reading_is_retried_while_the_rank_is_guarded(
         make_trainer, monkeypatch, caplog, free, guard, retried):
@@ -220,7 +213,7 @@ def test_a_backward_oom_after_the_first_reading_is_retried_while_the_rank_is_gua
         with pytest.raises(torch.OutOfMemoryError, match="SIMULATED out of memory in backward"):
             trainer.fit(module)
         fatal = read_jsonl(planner.log_path)[-1]
-        assert fatal["event"] == "fatal" and fatal["step"] == 2 and "unguarded" in fatal["where"]
+        assert fatal["event"] == "fatal" and fatal["step"] == 2 and "ran unguarded" in fatal["where"]
         assert "guard='always'" in caplog.text
         return
     trainer.fit(module)
@@ -230,7 +223,7 @@ def test_a_backward_oom_after_the_first_reading_is_retried_while_the_rank_is_gua
     assert_trained_like_full_batches(module, 8, steps=4, forwarded_twice=True)
 
 
-def test_a_forward_oom_while_unguarded_is_retried_and_guards_the_rank_again(make_trainer, monkeypatch):
+def test_a_forward_oom_while_unguarded_is_retried_freed_and_guards_the_rank_again(make_trainer, monkeypatch):
     monkeypatch.setattr(monitor, "read_memory", simulated_free(0.60))
     budget = SimulatedBudget()
     module = Regression(batch_size=8, budget=budget)
@@ -241,6 +234,26 @@ def test_a_forward_oom_while_unguarded_is_retried_and_guards_the_rank_again(make
     retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
                for e in events if e["event"] == "oom_retry"]
     assert retries == [(2, "forward", 8, 4)]
+    # the failed forward's tensors were freed before the retry ran (not kept by its traceback)
+    assert budget.freed_before_retry == [True]
     # steps 0-1 guarded (no reading yet), step 2 unguarded until its forward failed, then guarded
     assert [(e["step"], e["guarded"]) for e in events if e["event"] == "sample"] == [(2, True), (4, True)]
     assert_trained_like_full_batches(module, 8, steps=4, forwarded_twice=True)
+
+
+@pytest.mark.parametrize(("loader", "micro", "accumulate", "failing_call"), [
+    (8, 4, 1, 2),   # the second chunk of the first batch: the first chunk's gradients exist
+    (8, 8, 2, 2),   # the second batch of an accumulation window: the first batch's gradients exist
+])
+def test_a_forward_oom_after_gradients_exist_freezes_nothing(make_trainer, loader, micro, accumulate, failing_call):
+    # A failed forward added to no gradient: its retry must give every parameter its gradient
+    budget = SimulatedBudget(fail_forward_calls=(failing_call,))
+    module = Regression(batch_size=loader, budget=budget, with_attr=micro == loader)
+    planner = MemoryPlanner(make_plan(micro, loader // micro * accumulate), every_n_steps=10, grow=False)
+    trainer = make_trainer([planner], max_steps=2)
+    trainer.fit(module)
+    retries = [(e["phase"], e["failed_micro_batch_size"]) for e in read_jsonl(planner.log_path)
+               if e["event"] == "oom_retry"]
+    assert retries == [("forward", micro)]
+    assert budget.freed_before_retry == [True]
+    assert_trained_like_full_batches(module, loader * accumulate, steps=2)
