@@ -25,7 +25,7 @@ copied, by Lightning's one backward). So:
     `backward` (so an override is honoured) but not Lightning's backward hooks.
 
 What it costs, and what it cannot do:
-  - A second, empty autograd pass and a few Python calls per batch (0.2-0.4 ms a step on a 2-core
+  - A second, empty autograd pass and a few Python calls per batch (0.2-0.44 ms a step on a 2-core
     CPU: benchmarks/results/callback_overhead.md).
   - Under DDP, every gradient is ready only when the whole backward is done, so the step's
     all-reduce cannot overlap it.
