@@ -3,6 +3,8 @@
     layout.py    the per-rank layout of the global batch (loader batch, micro-batch, accumulation)
     apply.py     plan -> layout on the running Trainer; the planner's request when no plan is given
     chunking.py  micro-batch chunks inside training_step, and OOM retries
+    checks.py    what MemoryPlanner refuses, with the fix
+    framework.py the two Lightning packages (pytorch_lightning, lightning.pytorch) it works under
     memory_planner.py  the callback: thin hooks over the above and memplan.monitor
 """
 from memplan.callback.chunking import NothingFitsError

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_setattr
 from torch import nn
 
+from memplan.callback.framework import COMBINED_LOADERS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
 from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
 from memplan.hardware import gpu_for_cuda_index, host_info
@@ -135,9 +135,7 @@ def first_train_batch(trainer: Any) -> Any:
 
 
 def _first_loader(loaders: Any) -> Any:
-    from pytorch_lightning.utilities import CombinedLoader
-
-    if isinstance(loaders, CombinedLoader):
+    if isinstance(loaders, COMBINED_LOADERS):
         loaders = loaders.flattened
     if isinstance(loaders, Mapping):
         loaders = list(loaders.values())

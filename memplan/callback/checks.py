@@ -7,11 +7,10 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.strategies import DDPStrategy, SingleDeviceStrategy
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 
+from memplan.callback.framework import DDP_STRATEGIES, SINGLE_DEVICE_STRATEGIES, MisconfigurationException
 from memplan.callback.layout import Layout
 from memplan.plan import Plan
 
@@ -45,7 +44,7 @@ def check_can_adjust(trainer: pl.Trainer, pl_module: pl.LightningModule, fix: st
     """Chunking and per-rank OOM retries need one synchronised backward per batch and no collective
     in the forward: single-device or DDP (without static_graph), automatic optimization, a batch to
     split, no SyncBatchNorm."""
-    if not isinstance(trainer.strategy, (SingleDeviceStrategy, DDPStrategy)):
+    if not isinstance(trainer.strategy, SINGLE_DEVICE_STRATEGIES + DDP_STRATEGIES):
         raise MisconfigurationException(f"MemoryPlanner adjusts micro-batches under single-device and DDP "
                                         f"strategies, not {type(trainer.strategy).__name__}: {fix}")
     if not pl_module.automatic_optimization:
@@ -54,7 +53,7 @@ def check_can_adjust(trainer: pl.Trainer, pl_module: pl.LightningModule, fix: st
     if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):
         raise MisconfigurationException(f"MemoryPlanner splits the batch training_step receives; this "
                                         f"training_step takes a dataloader_iter: {fix}")
-    if isinstance(trainer.strategy, DDPStrategy) and trainer.strategy._ddp_kwargs.get("static_graph"):
+    if isinstance(trainer.strategy, DDP_STRATEGIES) and trainer.strategy._ddp_kwargs.get("static_graph"):
         raise MisconfigurationException(
             "DDP's static_graph=True counts each parameter's gradient hooks over the first iteration, the "
             "micro-batch backwards MemoryPlanner runs under no_sync included, and then skips the all-reduce "
@@ -83,7 +82,7 @@ def check_guard(trainer: pl.Trainer, guard: str) -> str | None:
     """Why this Trainer's backwards cannot be guarded (memplan.callback.chunking), or None; with
     guard='always', which cannot then be honoured, MisconfigurationException."""
     blocker = None
-    if isinstance(trainer.strategy, DDPStrategy) and trainer.strategy._ddp_kwargs.get("gradient_as_bucket_view"):
+    if isinstance(trainer.strategy, DDP_STRATEGIES) and trainer.strategy._ddp_kwargs.get("gradient_as_bucket_view"):
         blocker = ("DDP's gradient_as_bucket_view=True: handing a guarded step's gradients over would copy them "
                    "out of DDP's buckets, one more gradient's worth of memory at the step's peak")
     if blocker is not None and guard == "always":

@@ -10,8 +10,6 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, GradientAccumulationScheduler
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.utilities.parsing import lightning_hasattr
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
@@ -25,6 +23,7 @@ from memplan.callback.checks import (
 )
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects
+from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
 from memplan.hardware import host_info
 from memplan.monitor import Adjuster, Change, RankLog, RankStatus, gather_rows, gather_statuses, log_metrics, summary_line
@@ -39,7 +38,7 @@ UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a 
              "the optimizer step, validation or another hook)")
 
 
-class MemoryPlanner(Callback):
+class MemoryPlanner(*CALLBACKS):
     r"""Apply a memory plan, watch every rank's memory, and lower the micro-batch before it runs out.
 
     Apply (at fit start): with ``plan`` (a :class:`memplan.plan.Plan` or the path of the JSON file
@@ -180,7 +179,7 @@ class MemoryPlanner(Callback):
 
     # --- setup: environment checks -----------------------------------------------------------
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
+        if any(isinstance(c, ACCUMULATION_SCHEDULERS) for c in trainer.callbacks):
             raise MisconfigurationException("MemoryPlanner sets `accumulate_grad_batches` itself; remove the "
                                             "GradientAccumulationScheduler callback, or MemoryPlanner")
         if self._adjust:

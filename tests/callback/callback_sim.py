@@ -131,8 +131,9 @@ def run_net(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return net["out"](net["budget"](net["blocks"](net["inp"](x))))
 
 
-class Regression(pl.LightningModule):
-    """float64 MLP, SGD, mean squared error. `seen` lists the sample indices of each training_step call."""
+class RegressionSteps:
+    """float64 MLP, SGD, mean squared error. `seen` lists the sample indices of each training_step
+    call. A mixin, so the same model is a LightningModule of either Lightning package."""
 
     def __init__(self, batch_size: int = 8, lr: float = 0.05, budget: SimulatedBudget | None = None,
                  with_attr: bool = True) -> None:
@@ -163,6 +164,10 @@ class Regression(pl.LightningModule):
 
     def train_dataloader(self):
         return DataLoader(IndexedData(), batch_size=getattr(self, "batch_size", self._loader_batch), shuffle=False)
+
+
+class Regression(RegressionSteps, pl.LightningModule):
+    """RegressionSteps as a pytorch_lightning LightningModule."""
 
 
 def consecutive_batches(global_batch: int, steps: int) -> list[list[int]]:

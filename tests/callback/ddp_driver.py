@@ -20,6 +20,8 @@ user's training script. Scenarios (SIMULATED devices: see callback_sim):
           gradients of DDP's first synchronised backward, which DDP rebuilds its buckets from, come
           through MemoryPlanner's carrier. Rank 0 writes DDP's rebuilt assignment to buckets.json.
   buckets_plain  the same run without MemoryPlanner: the assignment a plain backward gives.
+  lightning  `final` under lightning.pytorch (the unified `lightning` package) instead of
+          pytorch_lightning: rank 1's only chunk's backward fails and is retried there.
   mixed   SIMULATED readings with plenty of room on both ranks (unguarded from the check at step 2);
           from step 3 rank 1's SIMULATED memory fails forwards of more than 5 samples, so in step 3
           rank 1 retries its batch guarded (4 + 4, through the carrier) while rank 0 leaves its whole
@@ -98,7 +100,29 @@ def simulated_readings(tight_checks: int):
     return read
 
 
+def main_lightning_pytorch(out: Path) -> None:
+    """The `lightning` scenario: lightning.pytorch's Trainer, strategy and LightningModule."""
+    import lightning.pytorch as L
+    from callback_sim import RegressionSteps
+
+    class LRegression(RegressionSteps, L.LightningModule):
+        pass
+
+    module = LRegression(batch_size=8, budget=SimulatedBudget(backward_limit=5, ranks=(1,)))
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=4, logger=False,
+                        callbacks=[MemoryPlanner(make_plan(8, 1, world_size=2), every_n_steps=2, grow=False,
+                                                 log_dir=out / "memplan")],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=out)
+    trainer.fit(module)
+    (out / f"samples_rank{trainer.global_rank}.json").write_text(json.dumps(module.step_samples))
+    if trainer.is_global_zero:
+        torch.save(weights_of(module), out / "weights.pt")
+
+
 def main(scenario: str, out: Path) -> None:
+    if scenario == "lightning":
+        return main_lightning_pytorch(out)
     budget = None
     options = dict(every_n_steps=1, grow=False)
     steps = 6
