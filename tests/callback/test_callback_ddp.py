@@ -26,6 +26,19 @@ def run_scenario(scenario: str, out: Path) -> subprocess.CompletedProcess:
         pytest.fail(f"the {scenario} scenario hung for {TIMEOUT_S} s:\n{(err.stderr or b'')[-3000:]}")
 
 
+def run_logs(scenario: str, out: Path) -> list[list[dict]]:
+    """Run a scenario that must succeed; each rank's MemoryPlanner log."""
+    result = run_scenario(scenario, out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
+
+
+def retries(log: list[dict]) -> list[tuple]:
+    """A rank's OOM retries: (step, phase, failed micro-batch, micro-batch retried with)."""
+    return [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
+            for e in log if e["event"] == "oom_retry"]
+
+
 def changes(events: list[dict]) -> list[dict]:
     """The shared decisions, without what differs by rank (its number, the clock)."""
     return [{k: v for k, v in e.items() if k not in ("rank", "time")} for e in events if e["event"] == "change"]
@@ -63,19 +76,14 @@ def test_both_ranks_lower_together_when_one_rank_is_short_and_grow_back(tmp_path
 
 def test_an_oom_on_one_rank_is_retried_there_without_a_hang_and_then_shared(tmp_path):
     out = tmp_path / "oom"
-    result = run_scenario("oom", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
+    logs = run_logs("oom", out)
     # no plan was given: rank 0 planned, every rank applied the same plan (global batch 16 kept)
     applied = [log[0] for log in logs]
     assert all(a["source"] == "planned from an estimate" for a in applied)
     assert applied[0]["plan"] == applied[1]["plan"] and applied[0]["layout"] == applied[1]["layout"]
     assert applied[0]["plan"]["world_size"] == 2 and applied[0]["layout"]["global_batch_size"] == 16
     assert applied[0]["layout"]["micro_batch_size"] == 8  # a tiny model: the whole per-rank batch fits
-    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
-               for e in logs[1] if e["event"] == "oom_retry"]
-    assert retries == [(0, "forward", 8, 4), (0, "backward", 4, 2)]
-    assert not [e for e in logs[0] if e["event"] == "oom_retry"]
+    assert retries(logs[1]) == [(0, "forward", 8, 4), (0, "backward", 4, 2)] and not retries(logs[0])
     assert changes(logs[0]) == changes(logs[1])
     assert [(c["step"], c["cause"], c["ranks"], c["after"]["micro_batch_size"]) for c in changes(logs[0])] == [
         (2, "oom", [1], 2)]
@@ -122,13 +130,8 @@ def test_ddp_rebuilds_its_buckets_in_the_order_a_plain_backward_gives(tmp_path):
 
 def test_ranks_on_different_paths_in_one_step_pair_their_backwards(tmp_path):
     out = tmp_path / "mixed"
-    result = run_scenario("mixed", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
-    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
-               for e in logs[1] if e["event"] == "oom_retry"]
-    assert retries == [(3, "forward", 8, 4)]
-    assert not [e for e in logs[0] if e["event"] == "oom_retry"]
+    logs = run_logs("mixed", out)
+    assert retries(logs[1]) == [(3, "forward", 8, 4)] and not retries(logs[0])
     # steps 2-3: rank 0 unguarded throughout, rank 1 guarded again by its OOM in step 3
     guarded = [[(e["step"], e["guarded"]) for e in log if e["event"] == "sample"][:2] for log in logs]
     assert guarded == [[(2, True), (4, False)], [(2, True), (4, True)]]

@@ -16,7 +16,7 @@ from callback_sim import (
 )
 from pytorch_lightning.plugins import MixedPrecision
 from test_callback_chunking import assert_trained_like_full_batches
-from test_callback_ddp import check_trained_like_one_process, run_scenario
+from test_callback_ddp import check_trained_like_one_process, retries, run_logs
 
 from memplan import monitor
 from memplan.callback import MemoryPlanner, chunking
@@ -86,9 +86,7 @@ def test_an_oom_in_the_only_chunks_backward_is_retried_smaller_on_the_same_sampl
     if scaler is not None:
         assert scaler.get_scale() == 2.0**16  # never lowered: no step saw an inf
     events = read_jsonl(planner.log_path)
-    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
-               for e in events if e["event"] == "oom_retry"]
-    assert retries == [(0, "backward", 8, 4)]
+    assert retries(events) == [(0, "backward", 8, 4)]
     assert not [e for e in events if e["event"] == "fatal"]
     # the failed chunk's forward ran twice (training_step records forwards), its gradient counts once;
     # under 16-mixed the GradScaler scaled every chunk's backward alike and unscaled once
@@ -116,9 +114,7 @@ def test_chunks_with_accumulation_keep_every_gradient_when_a_backward_fails(make
     planner = MemoryPlanner(make_plan(4, 4), every_n_steps=10, grow=False)
     trainer = make_trainer([planner], max_steps=3)
     trainer.fit(module)
-    retries = [(e["phase"], e["failed_micro_batch_size"]) for e in read_jsonl(planner.log_path)
-               if e["event"] == "oom_retry"]
-    assert retries == [("backward", 4)]  # the first chunk; then micro-batch 2 fits
+    assert retries(read_jsonl(planner.log_path)) == [(0, "backward", 4, 2)]  # the first chunk; then 2 fits
     assert_trained_like_full_batches(module, 16, steps=3, forwarded_twice=True)
     assert module.log_calls == 6 and module.unused_grads == [None, None, None]
     assert module.backward_hooks == {"on_before_backward": 6, "on_after_backward": 6}
@@ -165,13 +161,8 @@ def test_the_handoff_moves_each_gradient_without_copying_it(make_trainer, monkey
 @pytest.mark.slow
 def test_an_oom_in_one_ranks_only_backward_is_retried_there_without_a_hang(tmp_path):
     out = tmp_path / "final"
-    result = run_scenario("final", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
-    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
-               for e in logs[1] if e["event"] == "oom_retry"]
-    assert retries == [(0, "backward", 8, 4)]
-    assert not [e for e in logs[0] if e["event"] == "oom_retry"]
+    logs = run_logs("final", out)
+    assert retries(logs[1]) == [(0, "backward", 8, 4)] and not retries(logs[0])
     assert not [e for log in logs for e in log if e["event"] == "fatal"]
     # step 0: rank 0 ran one chunk of 8, rank 1 two chunks of 4 after the failed 8; DDP paired them
     check_trained_like_one_process(out, steps=6)  # rank 0's weights: plain SGD on both ranks' samples
@@ -217,9 +208,7 @@ def test_a_backward_oom_after_the_first_reading_is_retried_while_the_rank_is_gua
         assert "guard='always'" in caplog.text
         return
     trainer.fit(module)
-    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
-               for e in read_jsonl(planner.log_path) if e["event"] == "oom_retry"]
-    assert retries == [(2, "backward", 8, 4)]
+    assert retries(read_jsonl(planner.log_path)) == [(2, "backward", 8, 4)]
     assert_trained_like_full_batches(module, 8, steps=4, forwarded_twice=True)
 
 
@@ -231,9 +220,7 @@ def test_a_forward_oom_while_unguarded_is_retried_freed_and_guards_the_rank_agai
     trainer = make_trainer([planner, TightenAt(budget, step=2, limit=5, phase="forward")], max_steps=4)
     trainer.fit(module)
     events = read_jsonl(planner.log_path)
-    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"], e["micro_batch_size"])
-               for e in events if e["event"] == "oom_retry"]
-    assert retries == [(2, "forward", 8, 4)]
+    assert retries(events) == [(2, "forward", 8, 4)]
     # the failed forward's tensors were freed before the retry ran (not kept by its traceback)
     assert budget.freed_before_retry == [True]
     # steps 0-1 guarded (no reading yet), step 2 unguarded until its forward failed, then guarded
@@ -252,8 +239,6 @@ def test_a_forward_oom_after_gradients_exist_freezes_nothing(make_trainer, loade
     planner = MemoryPlanner(make_plan(micro, loader // micro * accumulate), every_n_steps=10, grow=False)
     trainer = make_trainer([planner], max_steps=2)
     trainer.fit(module)
-    retries = [(e["phase"], e["failed_micro_batch_size"]) for e in read_jsonl(planner.log_path)
-               if e["event"] == "oom_retry"]
-    assert retries == [("forward", micro)]
+    assert retries(read_jsonl(planner.log_path)) == [(0, "forward", micro, micro // 2)]  # in the first step
     assert budget.freed_before_retry == [True]
     assert_trained_like_full_batches(module, loader * accumulate, steps=2)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from callback_sim import RegressionSteps, SimulatedBudget, make_plan, read_jsonl
 from test_callback_chunking import assert_trained_like_full_batches
-from test_callback_ddp import check_trained_like_one_process, run_scenario
+from test_callback_ddp import check_trained_like_one_process, retries, run_logs
 
 from memplan.callback import MemoryPlanner
 
@@ -50,10 +50,6 @@ def test_refusals_are_lightning_pytorch_misconfiguration_exceptions(tmp_path):
 @pytest.mark.slow
 def test_an_oom_in_one_ranks_backward_is_retried_under_lightning_pytorch_ddp(tmp_path):
     out = tmp_path / "lightning"
-    result = run_scenario("lightning", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
-    retries = [(e["step"], e["phase"], e["failed_micro_batch_size"]) for e in logs[1] if e["event"] == "oom_retry"]
-    assert retries == [(0, "backward", 8)]
-    assert not [e for e in logs[0] if e["event"] == "oom_retry"]
+    logs = run_logs("lightning", out)
+    assert retries(logs[1]) == [(0, "backward", 8, 4)] and not retries(logs[0])
     check_trained_like_one_process(out, steps=4)
