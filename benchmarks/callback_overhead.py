@@ -120,58 +120,51 @@ class OwnTime:
 
     def _wrap_training_step(self, module) -> None:
         runner = self._target._runner
-        user, wrapper, backward = runner._original, module.training_step, module.backward
+        wrapper = module.training_step
 
-        def timed_user(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return user(*args, **kwargs)
-            finally:
-                if self._clock.timing:
-                    self._user += time.perf_counter() - started
-
-        def timed_wrapper(*args, **kwargs):
-            started, self._inside = time.perf_counter(), True
+        def inside_wrapper(*args, **kwargs):
+            self._inside = True
             try:
                 output = wrapper(*args, **kwargs)
             finally:
                 self._inside = False
-                if self._clock.timing:
-                    self.seconds += time.perf_counter() - started
             loss = output if isinstance(output, torch.Tensor) else output.get("loss")
             self._carried = loss.grad_fn is not None and type(loss.grad_fn).__name__.startswith("_CarryGradients")
             return output
 
-        def timed_backward(*args, **kwargs):
+        def backward_seconds(seconds: float) -> None:
             # inside the wrapper: a chunk's backward, the user's work (timed in the wrapper: taken
             # out); outside it, Lightning's backward: of the carrier, which only hands the gradients
             # over (MemoryPlanner's: counted), or on an unguarded batch of the user's loss (neither)
+            if self._inside:
+                self._user += seconds
+            elif self._carried:
+                self.seconds += seconds
+
+        runner._original = self._timed(runner._original, self._add_user)  # the user's training_step
+        module.training_step = self._timed(inside_wrapper, self._add_own)
+        module.backward = self._timed(module.backward, backward_seconds)
+        # the user's `self.log` calls, held during a chunk and made after it: the user's work
+        chunking._replay = self._timed(self._replay, self._add_user)
+
+    def _timed(self, fn, book):
+        """`fn`, with its wall time inside the clock's window passed to `book(seconds)`."""
+
+        def timed(*args, **kwargs):
             started = time.perf_counter()
             try:
-                return backward(*args, **kwargs)
+                return fn(*args, **kwargs)
             finally:
                 if self._clock.timing:
-                    elapsed = time.perf_counter() - started
-                    if self._inside:
-                        self._user += elapsed
-                    elif self._carried:
-                        self.seconds += elapsed
+                    book(time.perf_counter() - started)
 
-        replay = self._replay
+        return timed
 
-        def timed_replay(*args, **kwargs):
-            # the user's `self.log` calls, held during a chunk and made after it: the user's work
-            started = time.perf_counter()
-            try:
-                return replay(*args, **kwargs)
-            finally:
-                if self._clock.timing:
-                    self._user += time.perf_counter() - started
+    def _add_user(self, seconds: float) -> None:
+        self._user += seconds
 
-        runner._original = timed_user
-        module.training_step = timed_wrapper
-        module.backward = timed_backward
-        chunking._replay = timed_replay
+    def _add_own(self, seconds: float) -> None:
+        self.seconds += seconds
 
     def close(self) -> float:
         call._call_callback_hooks = self._original

@@ -53,7 +53,7 @@ def check_can_adjust(trainer: pl.Trainer, pl_module: pl.LightningModule, fix: st
     if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):
         raise MisconfigurationException(f"MemoryPlanner splits the batch training_step receives; this "
                                         f"training_step takes a dataloader_iter: {fix}")
-    if isinstance(trainer.strategy, DDP_STRATEGIES) and trainer.strategy._ddp_kwargs.get("static_graph"):
+    if _ddp_option(trainer, "static_graph"):
         raise MisconfigurationException(
             "DDP's static_graph=True counts each parameter's gradient hooks over the first iteration, the "
             "micro-batch backwards MemoryPlanner runs under no_sync included, and then skips the all-reduce "
@@ -82,13 +82,19 @@ def check_guard(trainer: pl.Trainer, guard: str) -> str | None:
     """Why this Trainer's backwards cannot be guarded (memplan.callback.chunking), or None; with
     guard='always', which cannot then be honoured, MisconfigurationException."""
     blocker = None
-    if isinstance(trainer.strategy, DDP_STRATEGIES) and trainer.strategy._ddp_kwargs.get("gradient_as_bucket_view"):
+    if _ddp_option(trainer, "gradient_as_bucket_view"):
         blocker = ("DDP's gradient_as_bucket_view=True: handing a guarded step's gradients over would copy them "
                    "out of DDP's buckets, one more gradient's worth of memory at the step's peak")
     if blocker is not None and guard == "always":
         raise MisconfigurationException(f"MemoryPlanner(guard='always') cannot guard backwards under {blocker}: "
                                         "use guard='auto', or drop gradient_as_bucket_view")
     return blocker
+
+
+def _ddp_option(trainer: pl.Trainer, name: str) -> Any:
+    """A DistributedDataParallel argument the Trainer's DDP strategy was given (None elsewhere)."""
+    strategy = trainer.strategy
+    return strategy._ddp_kwargs.get(name) if isinstance(strategy, DDP_STRATEGIES) else None
 
 
 def restored_layout(state: dict[str, Any] | None, world_size: int) -> Layout | None:

@@ -32,8 +32,8 @@ What it costs, and what it cannot do:
   - DDP rebuilds its buckets once, from the order its hooks fire in the first synchronised
     backward. A single carrier fires them in the autograd engine's heap order, which can put the
     first layer in bucket 0 and hold back every all-reduce of the run (buckets go out in order).
-    So on that one backward the gradients go through a chain of `_Deliver` links, one per
-    parameter, in the order this step's own backward made them.
+    So on that one backward the gradients go through a chain of carriers, one per parameter, in
+    the order this step's own backward made them.
   - Parameter gradient hooks would run per chunk and again on the whole gradient: refused
     (checks.check_gradient_hooks).
   - Under DDP's gradient_as_bucket_view the handoff would copy the gradients out of DDP's buckets:
@@ -128,11 +128,15 @@ class _Handoff:
 
 
 class _CarryGradients(torch.autograd.Function):
-    """value -> value; its backward gives each parameter the gradient in the handoff.
+    """value -> value; its backward gives the parameters it was applied to the gradients in the
+    handoff, and passes the incoming gradient on to `value`.
 
     The gradients were computed in training_step with the scale Lightning applies to the loss it
     backwards (the batch share, 1/accumulate_grad_batches, the GradScaler's scale), so the incoming
-    gradient, which is that same scale, is not applied again."""
+    gradient, which is that same scale, is not applied again. One carrier hands over every gradient at
+    once. A chain of carriers, one parameter each, hands them over one at a time in the chain's order:
+    when a link has run, the engine runs its parameter's AccumulateGrad (the highest priority it
+    knows) before the next link (MicroBatchRunner._carry, for DDP's bucket rebuild)."""
 
     @staticmethod
     def forward(ctx: Any, value: torch.Tensor, handoff: _Handoff, *params: torch.Tensor) -> torch.Tensor:
@@ -143,28 +147,7 @@ class _CarryGradients(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grads = ctx.handoff.take()
         ctx.handoff = None
-        return (None, None, *grads)
-
-
-class _Deliver(torch.autograd.Function):
-    """token -> token; its backward gives one parameter its gradient and passes the token on.
-
-    A chain of these hands the gradients over one at a time, in the chain's order: when a link has
-    run, the engine runs the parameter's AccumulateGrad (the highest priority it knows) before the
-    next link. DDP rebuilds its buckets once, from the order its hooks fired in the first synchronised
-    backward; a single carrier would fire them in the engine's heap order, which can put an early
-    layer in bucket 0 and so hold back every all-reduce of the run."""
-
-    @staticmethod
-    def forward(ctx: Any, token: torch.Tensor, handoff: _Handoff, param: torch.Tensor) -> torch.Tensor:
-        ctx.handoff = handoff
-        return token.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        (grad,) = ctx.handoff.take()
-        ctx.handoff = None
-        return grad_output, None, grad
+        return (grad_output, None, *grads)
 
 
 class MicroBatchRunner:
@@ -297,7 +280,7 @@ class MicroBatchRunner:
             for param in self._params:
                 param.grad = None
         # DDP rebuilds its buckets from the first synchronised backward: hand the gradients over in
-        # the order this step's own backward made them (_Deliver)
+        # the order this step's own backward made them (a chain of carriers)
         order: list[int] | None = [] if self._rebuilds_buckets() else None
         value: torch.Tensor | None = None
         while pending:
@@ -374,7 +357,7 @@ class MicroBatchRunner:
 
     def _carry(self, output: Any, value: torch.Tensor, order: list[int] | None) -> Any:
         """training_step's output with its loss replaced by a carrier of the gradients (module
-        docstring): one node, or with `order` a chain handing them over in that order (_Deliver)."""
+        docstring): one carrier, or with `order` a chain of carriers handing them over in that order."""
         params, grads = [], []
         for param in self._params:
             grad = param.grad
@@ -392,7 +375,7 @@ class MicroBatchRunner:
                                                                -index[id(pg[0])]))
             carrier = value
             for param, grad in reversed(first):  # the last link made runs first in the backward
-                carrier = _Deliver.apply(carrier, _Handoff([grad]), param)
+                carrier = _CarryGradients.apply(carrier, _Handoff([grad]), param)
         if isinstance(output, torch.Tensor):
             return carrier
         if isinstance(output, Mapping):
