@@ -71,7 +71,7 @@ def run_one(name: str) -> dict:
 
     started = time.perf_counter()
     plan = json.loads(subprocess.run(
-        [sys.executable, "-m", "memplan.cli", "suggest", "--gpus", "1", _config(name), "--json"],
+        [sys.executable, "-m", "memplan", "suggest", "--gpus", "1", _config(name), "--json"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout)
     suggest_s = time.perf_counter() - started
     precision, ckpt = plan["precision"], plan["gradient_checkpointing"]

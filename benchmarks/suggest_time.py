@@ -24,7 +24,7 @@ GOAL_S = {"gpt2-small": 15.0}
 
 
 def time_one(config: str) -> tuple[float, dict]:
-    cmd = [sys.executable, "-m", "memplan.cli", "suggest", "--gpus", "4", "--gpu", "A100-80GB",
+    cmd = [sys.executable, "-m", "memplan", "suggest", "--gpus", "4", "--gpu", "A100-80GB",
            str(ROOT / "configs" / f"{config}.yaml"), "--json"]
     started = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)

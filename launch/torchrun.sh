@@ -24,7 +24,7 @@
 #
 # Environment (all optional):
 #   MEMPLAN_PYTHON      Python with memplan, torch and Lightning installed (default: python3 on PATH);
-#                       memplan runs as `$MEMPLAN_PYTHON -m memplan.cli`, torchrun as `-m torch.distributed.run`.
+#                       memplan runs as `$MEMPLAN_PYTHON -m memplan`, torchrun as `-m torch.distributed.run`.
 #   MEMPLAN_GPUS        GPUs of this node the planner may use (memplan suggest --gpus; default: all visible).
 #   MEMPLAN_OUTPUT_DIR  where the planned config and plan go (default: the current directory; Lightning
 #                       writes lightning_logs/ to the current directory as usual).
@@ -54,7 +54,7 @@ CONFIG="$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")"
 TRAIN="$REPO/launch/train.py"
 
 gpu_count() {
-    "$PYTHON" -m memplan.cli devices --json | "$PYTHON" -c 'import json, sys; print(len(json.load(sys.stdin)["gpus"]))'
+    "$PYTHON" -m memplan devices --json | "$PYTHON" -c 'import json, sys; print(len(json.load(sys.stdin)["gpus"]))'
 }
 
 run_torchrun() {  # NPROC, then train.py's arguments
@@ -89,7 +89,7 @@ PLANNED="$OUT_DIR/$STEM.planned.yaml"
 PLAN_JSON="$OUT_DIR/$STEM.planned.plan.json"
 SUGGEST=(suggest "$CONFIG" --output "$PLANNED" --json)
 [[ -z "${MEMPLAN_GPUS:-}" ]] || SUGGEST+=(--gpus "$MEMPLAN_GPUS")
-"$PYTHON" -m memplan.cli "${SUGGEST[@]}" > "$OUT_DIR/$STEM.suggest.log"
+"$PYTHON" -m memplan "${SUGGEST[@]}" > "$OUT_DIR/$STEM.suggest.log"
 echo "memplan: planned $PLANNED (plan $PLAN_JSON; suggest output in $OUT_DIR/$STEM.suggest.log)" >&2
 
 # "<CUDA_VISIBLE_DEVICES for the chosen GPUs> <processes>", from the plan file

@@ -60,7 +60,7 @@ def test_torchrun_sh_trains_on_cpu_with_the_planner_planning_at_fit_start(tmp_pa
     assert layouts[0]["world_size"] == 2 and layouts[0]["global_batch_size"] == 1024
     # and memplan report turns the run's logs into the picture and the summary
     run_dir = logs[0].parent.parent
-    report = subprocess.run([sys.executable, "-m", "memplan.cli", "report", str(run_dir)], cwd=tmp_path,
+    report = subprocess.run([sys.executable, "-m", "memplan", "report", str(run_dir)], cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr[-2000:]
     png = run_dir / "memplan_report.png"
@@ -74,9 +74,9 @@ def test_torchrun_sh_narrows_cuda_visible_devices_to_the_planned_gpus(tmp_path):
     record = tmp_path / "torchrun.json"
     stub = _write_executable(tmp_path / "python-stub", f"""#!/usr/bin/env bash
 set -euo pipefail
-if [[ "$1 ${{2:-}} ${{3:-}}" == "-m memplan.cli devices" ]]; then
+if [[ "$1 ${{2:-}} ${{3:-}}" == "-m memplan devices" ]]; then
     echo '{{"gpus": [{{"index": 0}}, {{"index": 1}}, {{"index": 2}}, {{"index": 3}}]}}'
-elif [[ "$1 ${{2:-}} ${{3:-}}" == "-m memplan.cli suggest" ]]; then
+elif [[ "$1 ${{2:-}} ${{3:-}}" == "-m memplan suggest" ]]; then
     out="${{@: -2:1}}"   # suggest CONFIG --output PATH --json
     echo 'trainer: {{devices: [1, 3]}}' > "$out"
     echo '{{"nodes": 1, "world_size": 2, "gpus": [1, 3]}}' > "${{out%.yaml}}.plan.json"
@@ -129,10 +129,10 @@ with open("{srun_calls}", "a") as f:
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
-    suggests = [line for line in calls.read_text().splitlines() if line.startswith("-m memplan.cli suggest")]
+    suggests = [line for line in calls.read_text().splitlines() if line.startswith("-m memplan suggest")]
     out_dir = tmp_path / "memplan-4242"
     planned = out_dir / "planned.yaml"
-    assert suggests == [f"-m memplan.cli suggest {MLP} --nodes 2 --gpus 4 --output {planned} --gpu A100-80GB"]
+    assert suggests == [f"-m memplan suggest {MLP} --nodes 2 --gpus 4 --output {planned} --gpu A100-80GB"]
     plan = json.loads((out_dir / "planned.plan.json").read_text())
     assert plan["nodes"] == 2
     per_node = plan["world_size"] // 2

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
                     reason="torchrun is not installed beside this Python")
 def test_planned_config_trains_under_torchrun_with_two_cpu_processes(tmp_path):
-    memplan = [sys.executable, "-m", "memplan.cli"]
+    memplan = [sys.executable, "-m", "memplan"]
     subprocess.run([*memplan, "suggest", "--gpus", "2", "--gpu", "A100-80GB", str(ROOT / "configs" / "mlp.yaml"),
                     "--output", "planned.yaml"], cwd=tmp_path, check=True, capture_output=True, timeout=120)
     plan = json.loads((tmp_path / "planned.plan.json").read_text())

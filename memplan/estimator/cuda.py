@@ -137,8 +137,8 @@ def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] =
 
 def _calibrated_context(compute_capability: tuple[int, int], env: Mapping[str, str]) -> tuple[int, str] | None:
     """(context bytes, note) from `memplan validate`'s saved calibration of this machine's GPU, driver,
-    torch and CUDA when one matches (see memplan.calibration); None otherwise."""
-    from memplan.calibration import local_calibration
+    torch and CUDA when one matches (see memplan.estimator.calibration); None otherwise."""
+    from memplan.estimator.calibration import local_calibration
 
     try:
         found = local_calibration(compute_capability, env)

@@ -82,11 +82,11 @@ class MemoryEstimate:
         }
 
     def __str__(self) -> str:
-        from memplan.estimator.report import render_text
+        from memplan.estimator.table import render_text
 
         return render_text(self)
 
     def __rich__(self):
-        from memplan.estimator.report import render_table
+        from memplan.estimator.table import render_table
 
         return render_table(self)

@@ -24,11 +24,10 @@ from memplan.hardware.nvml import (
     set_backend,
     visible_gpus,
 )
-from memplan.hardware.report import devices_dict, devices_table
 
 __all__ = [
     "KNOWN_GPUS", "NA", "GpuInfo", "GpuModel", "GpuProcess", "HostInfo", "custom_gpu",
-    "devices_dict", "devices_table", "gpu_for_cuda_index", "gpu_for_local_rank", "host_info",
+    "gpu_for_cuda_index", "gpu_for_local_rank", "host_info",
     "known_gpu_names", "list_gpus", "lookup_gpu", "match_nvml_name", "nvml_available", "nvml_query",
     "nvml_unavailable_reason", "process_gpu_bytes", "process_rss_bytes", "set_backend",
     "supports_bf16", "visible_gpus",

@@ -52,7 +52,8 @@ def _add_devices(sub) -> None:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from memplan.hardware import devices_dict, devices_table, host_info, visible_gpus
+    from memplan.commands.devices import devices_dict, devices_table
+    from memplan.hardware import host_info, visible_gpus
 
     gpus, host = visible_gpus(), host_info()
     if args.json:
@@ -76,7 +77,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from memplan.report import NoRankLogs, load_logs, plot, summary_renderables
+    from memplan.commands.report import NoRankLogs, load_logs, plot, summary_renderables
 
     try:
         histories = load_logs(args.log_dir)
@@ -104,7 +105,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from memplan.report import NoRankLogs, load_logs, watch_table
+    from memplan.commands.report import NoRankLogs, load_logs, watch_table
 
     if args.interval <= 0:
         return _usage_error(f"--interval must be a positive number of seconds; got {args.interval}")
@@ -142,10 +143,10 @@ def _add_validate(sub) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     import torch
 
-    from memplan.calibration import calibration_path, save_calibration
+    from memplan.estimator.calibration import calibration_path, save_calibration
     from memplan.config import load_config
     from memplan.plan import Plan
-    from memplan.validate import (Setting, calibration_from, compare, estimate_for, measure_in_subprocess,
+    from memplan.commands.validate import (Setting, calibration_from, compare, estimate_for, measure_in_subprocess,
                                   report_lines)
 
     if args.plan and args.batch_size is not None:
@@ -241,7 +242,7 @@ def _add_suggest(sub) -> None:
 def cmd_suggest(args: argparse.Namespace) -> int:
     from memplan.config import load_config
     from memplan.planner import NoFit
-    from memplan.suggest import plan_config, resolve_hardware
+    from memplan.commands.suggest import plan_config, resolve_hardware
 
     if args.nodes < 1:
         return _usage_error(f"--nodes must be a positive integer; got {args.nodes}")
@@ -263,7 +264,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        from memplan.suggest import render_plan
+        from memplan.commands.suggest import render_plan
 
         Console().print(render_plan(plan))
     if args.output:

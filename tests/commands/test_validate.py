@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from memplan import calibration as calib
-from memplan import validate
-from memplan.calibration import Calibration, CalibrationKey, find_calibration, load_calibrations, save_calibration
-from memplan.cli import main
+from memplan.estimator import calibration as calib
+from memplan.commands import validate
+from memplan.estimator.calibration import Calibration, CalibrationKey, find_calibration, load_calibrations, save_calibration
+from memplan.commands.cli import main
 from memplan.estimator.cuda import cuda_overheads
 from memplan.units import MiB
 
-MLP = str(Path(__file__).resolve().parents[1] / "configs" / "mlp.yaml")
+MLP = str(Path(__file__).resolve().parents[2] / "configs" / "mlp.yaml")
 H100 = CalibrationKey(gpu_name="NVIDIA H100 80GB HBM3", driver_version="550.54.15", torch_version="2.13.0",
                       cuda_version="12.8")
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memplan.cli import main
+from memplan.commands.cli import main
 from memplan.plan import Plan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MLP = str(ROOT / "configs" / "mlp.yaml")
 
 

@@ -1,9 +1,9 @@
 """Hold an estimate to a real run: a few training steps at the planned setting on this machine.
 
-The measurement runs in a fresh process (`python -m memplan.validate --measure ...`) so that the
+The measurement runs in a fresh process (`python -m memplan.commands.validate --measure ...`) so that the
 caching allocator and the CUDA context start clean. On a GPU it reads torch's max_memory_allocated /
 reserved and NVML's per-process peak (memplan.estimator.measure.measure_cuda_peak), and saves the
-measured CUDA context as a calibration (memplan.calibration); on CPU it reads the profiler's peak
+measured CUDA context as a calibration (memplan.estimator.calibration); on CPU it reads the profiler's peak
 allocation (measure_cpu_peak), and there is no context to calibrate.
 
 Goals (issue 2): on CPU every figure within 3 %; on a GPU an over-estimate of at most 6 % and an
@@ -121,8 +121,8 @@ def compare(estimate, measurement: Measurement) -> tuple[Row, ...]:
 
 # --- the parent: estimate, spawn the measurement, compare --------------------------------------
 def measure_in_subprocess(setting: Setting) -> Measurement:
-    """Run the steps in a fresh `python -m memplan.validate --measure` and read its result line."""
-    cmd = [sys.executable, "-m", "memplan.validate", "--measure", *setting.argv()]
+    """Run the steps in a fresh `python -m memplan.commands.validate --measure` and read its result line."""
+    cmd = [sys.executable, "-m", "memplan.commands.validate", "--measure", *setting.argv()]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith(MEASURE_MARKER)]
     if done.returncode != 0 or not lines:
@@ -139,7 +139,7 @@ def estimate_for(loaded, setting: Setting, device: str):
 
 def calibration_from(measurement: Measurement):
     """The Calibration a GPU run gives, or None (CPU, or NVML could not see the process)."""
-    from memplan.calibration import Calibration, CalibrationKey
+    from memplan.estimator.calibration import Calibration, CalibrationKey
 
     if measurement.device != "cuda" or measurement.nvml_process_peak is None or measurement.gpu is None:
         return None
@@ -187,7 +187,7 @@ def _measure(setting: Setting) -> Measurement:
                   checkpointing=setting.checkpointing, steps=setting.steps)
     if not torch.cuda.is_available():
         return Measurement(device="cpu", max_allocated=measure_cpu_peak(loaded.build_model, make_batch, **kwargs))
-    from memplan.calibration import current_key
+    from memplan.estimator.calibration import current_key
 
     got = measure_cuda_peak(loaded.build_model, make_batch, **kwargs)
     key = current_key()
@@ -198,7 +198,7 @@ def _measure(setting: Setting) -> Measurement:
 
 
 def _child_main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m memplan.validate",
+    p = argparse.ArgumentParser(prog="python -m memplan.commands.validate",
                                 description="internal: measure one setting and print one JSON line")
     p.add_argument("--measure", action="store_true", required=True)
     p.add_argument("config")

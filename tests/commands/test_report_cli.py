@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memplan.cli import main
+from memplan.commands.cli import main
 from memplan.monitor import MemoryReading, RankLog
 from memplan.units import GiB, MiB
 

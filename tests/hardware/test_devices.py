@@ -9,7 +9,7 @@ from rich.console import Console
 
 from memplan.hardware.host import HostInfo
 from memplan.hardware.nvml import visible_gpus
-from memplan.hardware.report import devices_dict, devices_table
+from memplan.commands.devices import devices_dict, devices_table
 from memplan.units import GiB, MiB
 
 HOST = HostInfo(total_bytes=512 * GiB, available_bytes=400 * GiB, cpu_count=64, usable_cpu_count=16,

@@ -18,7 +18,7 @@ from memplan.estimator.checkpointing import find_repeated_blocks
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.step import iter_tensors
 from memplan.hardware import custom_gpu, host_info, lookup_gpu, visible_gpus
-from memplan.hardware.report import OFF_BOX_HINT
+from memplan.commands.devices import OFF_BOX_HINT
 from memplan.plan import Plan
 from memplan.planner import DeviceBudget, HostLoad, PlanRequest, estimator_for, largest_block_bytes, make_plan
 from memplan.planner.request import SEARCHED_PRECISIONS
