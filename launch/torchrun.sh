@@ -23,8 +23,10 @@
 #   config's memplan.global_batch_size, and applies the same plan on every rank. No planned.yaml is written.
 #
 # Environment (all optional):
-#   MEMPLAN_PYTHON      Python with memplan, torch and Lightning installed (default: python3 on PATH);
-#                       memplan runs as `$MEMPLAN_PYTHON -m memplan`, torchrun as `-m torch.distributed.run`.
+#   MEMPLAN_PYTHON      Python with torch and Lightning installed. Default: the project's .venv/bin/python
+#                       (beside this script's launch/ folder, found from any working directory; no need
+#                       to activate it), else python3 on PATH. This checkout's memplan comes first on
+#                       PYTHONPATH; memplan runs as `$PYTHON -m memplan`, torchrun as `-m torch.distributed.run`.
 #   MEMPLAN_GPUS        GPUs of this node the planner may use (memplan suggest --gpus; default: all visible).
 #   MEMPLAN_OUTPUT_DIR  where the planned config and plan go (default: the current directory; Lightning
 #                       writes lightning_logs/ to the current directory as usual).
@@ -35,11 +37,14 @@
 # One node only: torchrun's standalone rendezvous. Planning separately on several nodes could give them
 # different plans; for several nodes use launch/slurm.sbatch, which plans once for all of them.
 #
-# Exit status: torchrun's; 2 for a usage error; memplan suggest's when planning fails (1: nothing fits).
+# Signals: the script ends as torchrun (exec), so a SIGTERM to it reaches torchrun, which stops every
+# rank; a SIGTERM to one rank ends that rank at once (launch/train.py) and torchrun stops the others.
+#
+# Exit status: torchrun's; 2 for a usage error; 3 when the Python cannot run memplan; the failing step's
+# own status when a step before training fails (memplan suggest: 1 when nothing fits).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PYTHON="${MEMPLAN_PYTHON:-python3}"
 
 usage() { echo "usage: $0 CONFIG [-- extra LightningCLI args]" >&2; exit 2; }
 
@@ -52,26 +57,24 @@ if [[ $# -gt 0 ]]; then
 fi
 CONFIG="$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")"
 TRAIN="$REPO/launch/train.py"
+source "$REPO/launch/python.sh"
+find_python "$REPO"
 
-gpu_count() {
-    "$PYTHON" -m memplan devices --json | "$PYTHON" -c 'import json, sys; print(len(json.load(sys.stdin)["gpus"]))'
-}
-
-run_torchrun() {  # NPROC, then train.py's arguments
+run_torchrun() {  # NPROC, then train.py's arguments; the script becomes torchrun, its status the script's
     local nproc="$1"; shift
-    set +e
-    "$PYTHON" -m torch.distributed.run --nproc-per-node="$nproc" --standalone "$TRAIN" "$@"
-    local status=$?
-    set -e
-    return "$status"
+    exec "$PYTHON" -m torch.distributed.run --nproc-per-node="$nproc" --standalone "$TRAIN" "$@"
 }
 
 GPU_COUNT=0
-[[ "${MEMPLAN_CPU:-0}" == 1 ]] || GPU_COUNT="$(gpu_count)"
+if [[ "${MEMPLAN_CPU:-0}" != 1 ]]; then
+    DEVICES="$(run_step "memplan devices" "$PYTHON" -m memplan devices --json)"
+    GPU_COUNT="$(run_step "reading memplan devices' output" "$PYTHON" -c \
+        'import json, sys; print(len(json.load(sys.stdin)["gpus"]))' <<< "$DEVICES")"
+fi
 if [[ "$GPU_COUNT" -eq 0 ]]; then
     NPROC="${MEMPLAN_CPU_PROCS:-2}"
     [[ "$NPROC" =~ ^[1-9][0-9]*$ ]] || { echo "$0: MEMPLAN_CPU_PROCS must be a positive integer; got $NPROC" >&2; exit 2; }
-    GLOBAL_BATCH="$("$PYTHON" -c 'import sys, yaml
+    GLOBAL_BATCH="$(run_step "reading memplan.global_batch_size from $CONFIG" "$PYTHON" -c 'import sys, yaml
 section = (yaml.safe_load(open(sys.argv[1])) or {}).get("memplan") or {}
 print(section.get("global_batch_size") or "")' "$CONFIG")"
     PLANNER_ARGS=(--trainer.callbacks+=memplan.MemoryPlanner)
@@ -80,7 +83,6 @@ print(section.get("global_batch_size") or "")' "$CONFIG")"
     export CUDA_VISIBLE_DEVICES=""
     run_torchrun "$NPROC" fit --config "$CONFIG" --trainer.accelerator=cpu --trainer.devices="$NPROC" \
         --trainer.strategy=ddp "${PLANNER_ARGS[@]}" "$@"
-    exit $?
 fi
 
 OUT_DIR="$(mkdir -p "${MEMPLAN_OUTPUT_DIR:-.}" && cd "${MEMPLAN_OUTPUT_DIR:-.}" && pwd)"
@@ -89,11 +91,12 @@ PLANNED="$OUT_DIR/$STEM.planned.yaml"
 PLAN_JSON="$OUT_DIR/$STEM.planned.plan.json"
 SUGGEST=(suggest "$CONFIG" --output "$PLANNED" --json)
 [[ -z "${MEMPLAN_GPUS:-}" ]] || SUGGEST+=(--gpus "$MEMPLAN_GPUS")
-"$PYTHON" -m memplan "${SUGGEST[@]}" > "$OUT_DIR/$STEM.suggest.log"
+run_step "memplan suggest (its output: $OUT_DIR/$STEM.suggest.log)" \
+    "$PYTHON" -m memplan "${SUGGEST[@]}" > "$OUT_DIR/$STEM.suggest.log"
 echo "memplan: planned $PLANNED (plan $PLAN_JSON; suggest output in $OUT_DIR/$STEM.suggest.log)" >&2
 
 # "<CUDA_VISIBLE_DEVICES for the chosen GPUs> <processes>", from the plan file
-LAYOUT="$("$PYTHON" -c 'import json, os, sys
+LAYOUT="$(run_step "reading the plan $PLAN_JSON" "$PYTHON" -c 'import json, os, sys
 plan = json.load(open(sys.argv[1]))
 nodes, world, gpus = plan["nodes"], plan["world_size"], [int(i) for i in plan["gpus"]]
 if nodes != 1:
