@@ -148,3 +148,99 @@ with open("{srun_calls}", "a") as f:
     assert "torchrun" not in " ".join(sruns[0]["argv"])
     assert sruns[0]["env"]["MASTER_PORT"] == "29500" and sruns[0]["env"]["SLURM_NNODES"] == "2"
     assert sruns[0]["cwd"] == str(tmp_path)
+
+
+# --- which Python: the project's .venv from any directory, MEMPLAN_PYTHON first, python3 last -------
+def _clone(tmp_path: Path, *, venv: bool) -> Path:
+    """A checkout's launch/ folder in tmp_path/clone, with a simulated .venv whose python records each
+    call and runs the real one, except torchrun, which it records and answers with status 7."""
+    clone = tmp_path / "clone"
+    (clone / "launch").mkdir(parents=True)
+    for name in ("torchrun.sh", "python.sh", "train.py"):
+        shutil.copy2(ROOT / "launch" / name, clone / "launch" / name)
+    if venv:
+        (clone / ".venv" / "bin").mkdir(parents=True)
+        _recording_python(clone / ".venv" / "bin" / "python", tmp_path / "venv-calls.txt")
+    return clone
+
+
+def _recording_python(path: Path, calls: Path) -> Path:
+    return _write_executable(path, f"""#!/usr/bin/env bash
+echo "$*" >> {calls}
+[[ "$1 ${{2:-}}" != "-m torch.distributed.run" ]] || exit 7
+exec {sys.executable} "$@"
+""")
+
+
+def _python3_without_torch(bin_dir: Path) -> Path:
+    """A simulated python3 on PATH that has no torch (as on a fresh machine)."""
+    bin_dir.mkdir(exist_ok=True)
+    return _write_executable(bin_dir / "python3", """#!/usr/bin/env bash
+echo "Traceback (most recent call last):" >&2
+echo "ModuleNotFoundError: No module named 'torch'" >&2
+exit 1
+""")
+
+
+def _script_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", MEMPLAN_CPU="1", **extra)
+    if "MEMPLAN_PYTHON" not in extra:
+        env.pop("MEMPLAN_PYTHON", None)
+    return env
+
+
+def test_torchrun_sh_runs_the_projects_venv_from_another_directory_without_activation(tmp_path):
+    clone = _clone(tmp_path, venv=True)
+    _python3_without_torch(tmp_path / "bin")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = subprocess.run([str(clone / "launch" / "torchrun.sh"), str(MLP)], cwd=elsewhere,
+                         env=_script_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 7, run.stderr  # the simulated torchrun's status, through the venv's python
+    torchrun = [c for c in (tmp_path / "venv-calls.txt").read_text().splitlines()
+                if c.startswith("-m torch.distributed.run")]
+    assert len(torchrun) == 1 and f" {clone / 'launch' / 'train.py'} fit --config {MLP} " in torchrun[0]
+
+
+def test_memplan_python_wins_over_the_venv(tmp_path):
+    clone = _clone(tmp_path, venv=True)
+    chosen = _recording_python(tmp_path / "chosen-python", tmp_path / "chosen-calls.txt")
+    run = subprocess.run([str(clone / "launch" / "torchrun.sh"), str(MLP)], cwd=tmp_path,
+                         env=_script_env(tmp_path, MEMPLAN_PYTHON=str(chosen)), capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 7, run.stderr
+    assert "-m torch.distributed.run" in (tmp_path / "chosen-calls.txt").read_text()
+    assert not (tmp_path / "venv-calls.txt").exists()
+
+
+@pytest.mark.parametrize("script", ["torchrun.sh", "slurm.sbatch"])
+def test_a_python_without_torch_is_named_with_the_fix_before_any_step(tmp_path, script):
+    clone = _clone(tmp_path, venv=False)
+    shutil.copy2(ROOT / "launch" / "slurm.sbatch", clone / "launch" / "slurm.sbatch")
+    _python3_without_torch(tmp_path / "bin")
+    env = _script_env(tmp_path, SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="2", SLURM_SUBMIT_DIR=str(tmp_path))
+    run = subprocess.run(["bash", str(clone / "launch" / script), str(MLP)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 3, run.stderr
+    first = run.stderr.splitlines()[0]
+    assert "python3 on PATH" in first and f"no {clone}/.venv" in first and "No module named 'torch'" in first
+    assert "MEMPLAN_PYTHON" in run.stderr and "scripts/install.py" in run.stderr
+    assert "Traceback" not in run.stderr and "JSONDecodeError" not in run.stderr
+
+
+def test_a_failing_step_ends_the_script_with_its_own_status_and_name(tmp_path):
+    """memplan devices fails (simulated: status 5): the script ends there, not in the JSON reading after it."""
+    stub = _write_executable(tmp_path / "python-stub", f"""#!/usr/bin/env bash
+if [[ "$1 ${{2:-}} ${{3:-}}" == "-m memplan devices" ]]; then
+    echo "memplan: error: NVML says no" >&2
+    exit 5
+fi
+exec {sys.executable} "$@"
+""")
+    env = _script_env(tmp_path, MEMPLAN_PYTHON=str(stub))
+    env.pop("MEMPLAN_CPU")
+    run = subprocess.run([str(TORCHRUN_SH), str(MLP)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 5, run.stderr
+    assert run.stderr.splitlines()[-1].endswith("memplan devices failed (exit 5)")
+    assert "NVML says no" in run.stderr and "Traceback" not in run.stderr
