@@ -1,5 +1,6 @@
-"""From plan to running job on CPU: memplan suggest --output, then the printed torchrun command with
-2 CPU processes (gloo) on launch/train.py, the MemoryPlanner callback applying the plan."""
+"""From plan to running job on CPU: memplan suggest --output, then the torchrun command it prints, run
+as printed from another directory, with 2 CPU processes (gloo) on launch/train.py, the MemoryPlanner
+callback applying the plan."""
 from __future__ import annotations
 
 import json
@@ -18,20 +19,25 @@ ROOT = Path(__file__).resolve().parent.parent
                     reason="torchrun is not installed beside this Python")
 def test_planned_config_trains_under_torchrun_with_two_cpu_processes(tmp_path):
     memplan = [sys.executable, "-m", "memplan"]
-    subprocess.run([*memplan, "suggest", "--gpus", "2", "--gpu", "A100-80GB", str(ROOT / "configs" / "mlp.yaml"),
-                    "--output", "planned.yaml"], cwd=tmp_path, check=True, capture_output=True, timeout=120)
-    plan = json.loads((tmp_path / "planned.plan.json").read_text())
+    plans, elsewhere = tmp_path / "plans", tmp_path / "elsewhere"
+    plans.mkdir()
+    elsewhere.mkdir()
+    suggest = subprocess.run([*memplan, "suggest", "--gpus", "2", "--gpu", "A100-80GB",
+                              str(ROOT / "configs" / "mlp.yaml"), "--output", str(plans / "planned.yaml")],
+                             cwd=plans, check=True, capture_output=True, text=True, timeout=120)
+    plan = json.loads((plans / "planned.plan.json").read_text())
     assert plan["world_size"] == 2
-    torchrun = str(Path(sys.executable).parent / "torchrun")
+    printed = next(line for line in suggest.stdout.splitlines() if line.startswith("launch with: "))
+    command = printed.removeprefix("launch with: ").split()
+    assert command[0] == "torchrun"
+    command[0] = str(Path(sys.executable).parent / "torchrun")
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     run = subprocess.run(
-        [torchrun, "--nproc-per-node=2", "--standalone", str(ROOT / "launch" / "train.py"), "fit",
-         "--config", "planned.yaml", "--trainer.max_steps=3", "--trainer.accelerator=cpu",
-         "--trainer.log_every_n_steps=1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+        [*command, "--trainer.max_steps=3", "--trainer.accelerator=cpu", "--trainer.log_every_n_steps=1"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=240,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    logs = sorted(tmp_path.glob("lightning_logs/*/memplan/rank*.jsonl"))
+    logs = sorted(elsewhere.glob("lightning_logs/*/memplan/rank*.jsonl"))
     assert [p.name for p in logs] == ["rank0.jsonl", "rank1.jsonl"]
     for log in logs:
         events = [json.loads(line) for line in log.read_text().splitlines()]

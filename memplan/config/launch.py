@@ -7,9 +7,14 @@ from typing import Any, Optional
 from memplan.plan import Plan
 
 
-def torchrun_command(plan: Plan, config_path: str | Path, *, entry_point: str = "launch/train.py",
+TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "launch" / "train.py"
+"""This checkout's launch/train.py, by absolute path (scripts/install.py installs memplan editable)."""
+
+
+def torchrun_command(plan: Plan, config_path: str | Path, *, entry_point: str | Path = TRAIN_SCRIPT,
                      rdzv_endpoint: str = "$MASTER_ADDR:29500") -> list[str]:
-    """argv that runs the planned config: `torchrun --nproc-per-node=G --nnodes=N ... ENTRY fit --config PATH`.
+    """argv that runs the planned config: `torchrun --nproc-per-node=G --nnodes=N ... ENTRY fit --config PATH`,
+    from any working directory: ENTRY and PATH are made absolute (relative ones against the current one).
 
     One node uses torchrun's standalone rendezvous. Several nodes rendezvous at `rdzv_endpoint` (the
     first node's host:port; the default leaves $MASTER_ADDR for the shell, so print it with ' '.join,
@@ -20,7 +25,7 @@ def torchrun_command(plan: Plan, config_path: str | Path, *, entry_point: str = 
         argv.append("--standalone")
     else:
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
-    return [*argv, entry_point, "fit", "--config", str(config_path)]
+    return [*argv, str(Path(entry_point).absolute()), "fit", "--config", str(Path(config_path).absolute())]
 
 
 def add_memplan_argument(parser: Any) -> None:
