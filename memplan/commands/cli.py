@@ -137,6 +137,8 @@ def _add_validate(sub) -> None:
     p.add_argument("--checkpointing", action="store_true", help="checkpoint each repeated block")
     p.add_argument("--steps", type=int, default=2, help="real training steps to run (default 2)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON (bytes as ints)")
+    p.add_argument("--force", action="store_true", help="run even when the estimate exceeds the memory free "
+                   "on this host (or GPU); without it validate refuses, with the figures")
     p.set_defaults(run=cmd_validate)
 
 
@@ -146,8 +148,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from memplan.estimator.calibration import calibration_path, save_calibration
     from memplan.config import load_config
     from memplan.plan import Plan
-    from memplan.commands.validate import (Setting, calibration_from, compare, estimate_for, measure_in_subprocess,
-                                  report_lines)
+    from memplan.commands.validate import (Setting, calibration_from, check_room, compare, estimate_for,
+                                           measure_in_subprocess, report_lines)
 
     if args.plan and args.batch_size is not None:
         return _usage_error("pass --batch-size or --plan, not both")
@@ -166,6 +168,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         est = estimate_for(loaded, setting, device)
     except (OSError, ValueError) as err:  # ConfigError and EstimateError are ValueErrors naming the field
         return _usage_error(str(err))
+    rooms = check_room(est, device, force=args.force)
+    if rooms is None:
+        return EXIT_ERROR
     try:
         measured = measure_in_subprocess(setting)
     except RuntimeError as err:
@@ -186,7 +191,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(json.dumps({"setting": setting.__dict__, "device": measured.device, "estimate": est.to_dict(),
                           "measurement": measured.__dict__,
                           "rows": [dict(r.__dict__, error_pct=r.error_pct) for r in rows],
-                          "within_goal": not failed,
+                          "within_goal": not failed, "room": [room.to_dict() for room in rooms],
                           "calibration": calibration.to_dict() if calibration else None}, indent=2))
     else:
         print(f"validate {args.config}: batch {setting.batch_size}, {setting.precision}, checkpointing "

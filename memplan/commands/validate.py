@@ -1,5 +1,9 @@
 """Hold an estimate to a real run: a few training steps at the planned setting on this machine.
 
+Before anything runs, the estimate is held to the memory free where the steps will run (`check_room`):
+the host's RAM (psutil's `available`, within the cgroup's limit) and, on a GPU, the device's free memory
+(NVML). A setting the estimate says cannot fit is refused with the figures; `--force` runs it anyway.
+
 The measurement runs in a fresh process (`python -m memplan.commands.validate --measure ...`) so that the
 caching allocator and the CUDA context start clean. On a GPU it reads torch's max_memory_allocated /
 reserved and NVML's per-process peak (memplan.estimator.measure.measure_cuda_peak), and saves the
@@ -119,7 +123,85 @@ def compare(estimate, measurement: Measurement) -> tuple[Row, ...]:
                      within_goal=within_goal(error_pct(est, got), measurement.device)) for name, est, got in pairs)
 
 
-# --- the parent: estimate, spawn the measurement, compare --------------------------------------
+# --- the parent: is there room, then estimate, spawn the measurement, compare ------------------
+@dataclass(frozen=True, kw_only=True)
+class Room:
+    """The estimate against the memory free where the steps will run, read before running them."""
+
+    where: str
+    """"this host" or "GPU 0 (<name>)"."""
+    needed_bytes: int
+    """What the estimate says the steps need there."""
+    needed_what: str
+    """Which figure of the estimate that is."""
+    available_bytes: int
+    """Free there now."""
+    available_what: str
+    """How that was read."""
+
+    @property
+    def short_bytes(self) -> int:
+        """By how much the estimate exceeds what is free (0 when it fits)."""
+        return max(0, self.needed_bytes - self.available_bytes)
+
+    def describe(self) -> str:
+        from memplan.units import format_bytes
+
+        verdict = f"{format_bytes(self.short_bytes)} short" if self.short_bytes else "fits"
+        return (f"{self.where}: estimated {format_bytes(self.needed_bytes)} ({self.needed_what}), "
+                f"{format_bytes(self.available_bytes)} available ({self.available_what}): {verdict}")
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "short_bytes": self.short_bytes}
+
+
+def rooms_for(estimate, device: str) -> tuple[tuple[Room, ...], tuple[str, ...]]:
+    """The host (and, on a GPU, cuda:0's device) against the estimate; and notes on what could not be read.
+
+    On CPU the steps' tensors live in host RAM: the estimate's peak allocation. On a GPU the estimate's
+    device total (CUDA context included) goes to the GPU, and the host first holds the model as built,
+    in float32, before it moves (4 bytes a parameter)."""
+    from memplan import hardware
+
+    host = hardware.host_info()
+    capped = " within the cgroup's limit" if host.cgroup_limit_bytes is not None else ""
+    host_need = (estimate.peak_allocated, "peak allocated") if device == "cpu" else \
+        (4 * estimate.num_parameters, "the model's float32 weights, built on the host")
+    rooms = [Room(where="this host", needed_bytes=int(host_need[0]), needed_what=host_need[1],
+                  available_bytes=host.budget_bytes, available_what=f"RAM available{capped}")]
+    notes = []
+    if device != "cpu":
+        gpu = hardware.gpu_for_cuda_index(0)
+        if gpu is None or gpu.free_bytes is None:
+            reason = hardware.nvml_unavailable_reason() or "NVML cannot read cuda:0's memory"
+            notes.append(f"GPU memory not checked before running: {reason}")
+        else:
+            rooms.append(Room(where=f"GPU {gpu.index} ({gpu.name})", needed_bytes=int(estimate.device_total),
+                              needed_what="device total, CUDA context included", available_bytes=gpu.free_bytes,
+                              available_what="free, NVML"))
+    return tuple(rooms), tuple(notes)
+
+
+def check_room(estimate, device: str, *, force: bool, stream=None) -> tuple[Room, ...] | None:
+    """The rooms, when the steps may run; None, having said why on `stream` (stderr), when the estimate
+    says they cannot fit and `force` is off."""
+    stream = stream or sys.stderr
+    rooms, notes = rooms_for(estimate, device)
+    for note in notes:
+        print(f"memplan: {note}", file=stream)
+    short = [room for room in rooms if room.short_bytes]
+    if not short:
+        return rooms
+    for room in short:
+        print(f"memplan: {room.describe()}", file=stream)
+    if force:
+        print("memplan: running anyway (--force)", file=stream)
+        return rooms
+    print("memplan: validate refuses to run steps its estimate says cannot fit; use a smaller --batch-size, "
+          "--checkpointing or a lower --precision, free memory, or pass --force to run anyway", file=stream)
+    return None
+
+
 def measure_in_subprocess(setting: Setting) -> Measurement:
     """Run the steps in a fresh `python -m memplan.commands.validate --measure` and read its result line."""
     cmd = [sys.executable, "-m", "memplan.commands.validate", "--measure", *setting.argv()]

@@ -11,7 +11,7 @@ from memplan.commands import validate
 from memplan.estimator.calibration import Calibration, CalibrationKey, find_calibration, load_calibrations, save_calibration
 from memplan.commands.cli import main
 from memplan.estimator.cuda import cuda_overheads
-from memplan.units import MiB
+from memplan.units import GiB, MiB, format_bytes
 
 MLP = str(Path(__file__).resolve().parents[2] / "configs" / "mlp.yaml")
 H100 = CalibrationKey(gpu_name="NVIDIA H100 80GB HBM3", driver_version="550.54.15", torch_version="2.13.0",
@@ -155,3 +155,97 @@ def _cpu_estimate(setting) -> int:
     from memplan.config import load_config
 
     return validate.estimate_for(load_config(setting.config), setting, "cpu").peak_allocated
+
+
+# --- room first: the estimate against the memory free where the steps would run -----------------
+def _simulated_host(monkeypatch, *, available: int, cgroup_limit: int | None = None, cgroup_used: int = 0):
+    """A simulated small host: memplan.hardware's reading answers with these figures."""
+    from memplan import hardware
+
+    host = hardware.HostInfo(total_bytes=22 * GiB, available_bytes=available, cpu_count=2, usable_cpu_count=2,
+                             cgroup_limit_bytes=cgroup_limit,
+                             cgroup_used_bytes=cgroup_used if cgroup_limit is not None else None)
+    monkeypatch.setattr(hardware, "host_info", lambda: host)
+
+
+def _no_measurement(setting):
+    raise AssertionError("validate ran the steps")
+
+
+def test_validate_refuses_steps_the_estimate_says_cannot_fit_the_host(capsys, monkeypatch):
+    _simulated_host(monkeypatch, available=1 * MiB)
+    monkeypatch.setattr(validate, "measure_in_subprocess", _no_measurement)
+    code, out, err = run(capsys, "validate", MLP, "--batch-size", "8")
+    assert code == 1 and out == ""
+    estimate = _cpu_estimate(validate.Setting(config=MLP, batch_size=8, precision="32-true"))
+    short = format_bytes(estimate - 1 * MiB)
+    assert (f"this host: estimated {format_bytes(estimate)} (peak allocated), 1.00 MiB available (RAM available): "
+            f"{short} short") in err
+    assert "--force" in err and "--batch-size" in err
+
+
+def test_the_cgroup_limit_is_what_the_host_has(capsys, monkeypatch):
+    _simulated_host(monkeypatch, available=20 * GiB, cgroup_limit=1 * GiB, cgroup_used=1 * GiB - 2 * MiB)
+    monkeypatch.setattr(validate, "measure_in_subprocess", _no_measurement)
+    code, _, err = run(capsys, "validate", MLP, "--batch-size", "8")
+    assert code == 1 and "2.00 MiB available (RAM available within the cgroup's limit)" in err
+
+
+def test_force_runs_anyway_and_says_so(capsys, monkeypatch):
+    _simulated_host(monkeypatch, available=1 * MiB)
+    monkeypatch.setattr(validate, "measure_in_subprocess",
+                        lambda s: validate.Measurement(device="cpu", max_allocated=_cpu_estimate(s)))
+    code, out, err = run(capsys, "validate", MLP, "--batch-size", "8", "--force", "--json")
+    assert code == 0 and "short" in err and "running anyway (--force)" in err
+    [room] = json.loads(out)["room"]
+    assert room["where"] == "this host" and room["available_bytes"] == 1 * MiB and room["short_bytes"] > 0
+
+
+def test_a_host_with_room_runs_without_a_word(capsys, monkeypatch):
+    _simulated_host(monkeypatch, available=16 * GiB)
+    monkeypatch.setattr(validate, "measure_in_subprocess",
+                        lambda s: validate.Measurement(device="cpu", max_allocated=_cpu_estimate(s)))
+    code, out, err = run(capsys, "validate", MLP, "--batch-size", "8", "--json")
+    assert code == 0 and err == ""
+    [room] = json.loads(out)["room"]
+    assert room["short_bytes"] == 0 and room["available_bytes"] == 16 * GiB
+
+
+def _simulated_gpu(free: int | None):
+    """A simulated GPU as NVML would describe it (no CUDA here)."""
+    from memplan import hardware
+
+    return hardware.GpuInfo(index=3, uuid="GPU-sim", name="Simulated A100", total_bytes=80 * GiB,
+                            used_bytes=None if free is None else 80 * GiB - free, free_bytes=free,
+                            compute_capability=(8, 0), mig_mode=None)
+
+
+def test_on_a_gpu_the_device_total_is_held_to_nvmls_free_memory(monkeypatch):
+    from types import SimpleNamespace
+
+    from memplan import hardware
+
+    _simulated_host(monkeypatch, available=16 * GiB)
+    monkeypatch.setattr(hardware, "gpu_for_cuda_index", lambda index: _simulated_gpu(10 * GiB))
+    estimate = SimpleNamespace(peak_allocated=30 * GiB, device_total=31 * GiB, num_parameters=1_000_000_000)
+    rooms, notes = validate.rooms_for(estimate, "cuda")
+    host, gpu = rooms
+    assert notes == ()
+    assert host.needed_bytes == 4 * 1_000_000_000 and host.short_bytes == 0  # float32 weights built on the host
+    assert gpu.where == "GPU 3 (Simulated A100)" and gpu.short_bytes == 21 * GiB
+    assert "estimated 31.00 GiB (device total, CUDA context included), 10.00 GiB available (free, NVML): " \
+           "21.00 GiB short" in gpu.describe()
+
+
+def test_without_nvml_the_gpu_check_is_named_as_skipped(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from memplan import hardware
+
+    _simulated_host(monkeypatch, available=16 * GiB)
+    monkeypatch.setattr(hardware, "gpu_for_cuda_index", lambda index: None)
+    monkeypatch.setattr(hardware, "nvml_unavailable_reason", lambda: "libnvidia-ml.so.1 not found")
+    estimate = SimpleNamespace(peak_allocated=30 * GiB, device_total=31 * GiB, num_parameters=1000)
+    rooms = validate.check_room(estimate, "cuda", force=False)
+    assert [room.where for room in rooms] == ["this host"]
+    assert "GPU memory not checked before running: libnvidia-ml.so.1 not found" in capsys.readouterr().err
