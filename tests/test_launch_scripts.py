@@ -244,3 +244,40 @@ exec {sys.executable} "$@"
     assert run.returncode == 5, run.stderr
     assert run.stderr.splitlines()[-1].endswith("memplan devices failed (exit 5)")
     assert "NVML says no" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_slurm_template_runs_the_projects_venv_and_hands_it_to_srun(tmp_path):
+    """The .venv's python (simulated: it answers `memplan suggest` with a 1-node, 2-task plan) plans and
+    is the one srun starts on every node, from a submit directory outside the checkout."""
+    clone = _clone(tmp_path, venv=False)
+    shutil.copy2(ROOT / "launch" / "slurm.sbatch", clone / "launch" / "slurm.sbatch")
+    (clone / ".venv" / "bin").mkdir(parents=True)
+    venv_python = _write_executable(clone / ".venv" / "bin" / "python", f"""#!/usr/bin/env bash
+echo "$*" >> {tmp_path / "venv-calls.txt"}
+if [[ "$1 ${{2:-}} ${{3:-}}" == "-m memplan suggest" ]]; then
+    out="${{@: -1}}"   # suggest CONFIG --nodes N --gpus G --output PATH
+    echo 'trainer: {{devices: 2}}' > "$out"
+    echo '{{"nodes": 1, "world_size": 2}}' > "${{out%.yaml}}.plan.json"
+    exit 0
+fi
+exec {sys.executable} "$@"
+""")
+    (tmp_path / "bin").mkdir()
+    srun_calls = tmp_path / "srun.json"
+    _write_executable(tmp_path / "bin" / "srun", f"""#!{sys.executable}
+import json, sys
+json.dump(sys.argv[1:], open("{srun_calls}", "w"))
+""")
+    submit = tmp_path / "submit"
+    submit.mkdir()
+    env = _script_env(tmp_path, SLURM_JOB_ID="7", SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="2",
+                      SLURM_SUBMIT_DIR=str(submit))
+    for key in ("CONFIG", "NODES", "GPUS_PER_NODE", "OUTPUT_DIR", "MEMPLAN_REPO", "MEMPLAN_GPU", "MEMPLAN_GPU_MEMORY"):
+        env.pop(key, None)
+    run = subprocess.run(["bash", str(clone / "launch" / "slurm.sbatch"), str(MLP)], cwd=submit, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "-m memplan suggest" in (tmp_path / "venv-calls.txt").read_text()
+    argv = json.loads(srun_calls.read_text())
+    assert argv[-5:] == [str(venv_python), str(clone / "launch" / "train.py"), "fit", "--config",
+                         str(submit / "memplan-7" / "planned.yaml")]
