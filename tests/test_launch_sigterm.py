@@ -51,9 +51,9 @@ def test_sigterm_to_one_rank_ends_the_job_with_every_ranks_log_whole(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MEMPLAN_PYTHON=sys.executable, MEMPLAN_CPU="1")
     output = (tmp_path / "job.out").open("w")
     # long enough never to finish by itself; a sample in the log every step
-    job = subprocess.Popen([str(TORCHRUN_SH), str(MLP), "--", "--trainer.max_epochs=1000", "--trainer.max_steps=1000000",
-                            "--trainer.log_every_n_steps=1"], cwd=tmp_path, env=env, stdout=output,
-                           stderr=subprocess.STDOUT, start_new_session=True)
+    job = subprocess.Popen([str(TORCHRUN_SH), str(MLP), "--", "--trainer.max_epochs=1000",
+                            "--trainer.max_steps=1000000", "--trainer.log_every_n_steps=1"],
+                           cwd=tmp_path, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     root = psutil.Process(job.pid)
     everything: list[psutil.Process] = [root]
     try:
