@@ -128,6 +128,8 @@ def test_cross_entropy_follows_cuda_log_softmax_in_input_dtype():
 def test_weight_cast_is_cached_for_the_autocast_region():
     w, x = torch.randn(16, 16, requires_grad=True), torch.randn(16, requires_grad=True)
 
+    kept = []  # every saved cast stays alive, so a freed copy's address cannot be reused by a later one
+
     def storages(fn):
         """Storages of the bf16 (16, 16) tensors autograd saved: the cast weight."""
         ptrs = set()
@@ -135,6 +137,7 @@ def test_weight_cast_is_cached_for_the_autocast_region():
         def pack(tensor):
             if tensor.dtype == BF16 and tensor.shape == (16, 16):
                 ptrs.add(tensor.untyped_storage().data_ptr())
+                kept.append(tensor)
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
