@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks.processes import run_group
+
 ROOT = Path(__file__).resolve().parent.parent
 FORMAT = 1
 """Version of the part<N>.json layout (benchmarks.gpu_results reads it)."""
@@ -134,8 +136,7 @@ def _now() -> str:
 
 def run_child(rec: Recorder, argv: list[str], *, env: dict | None = None, cap_s: float = 600) -> subprocess.CompletedProcess:
     """Run a child in the repository root, killed at the part's deadline (or after cap_s)."""
-    timeout = max(1.0, min(cap_s, rec.left()))
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_group(argv, cwd=ROOT, env=env, timeout=max(1.0, min(cap_s, rec.left())))
 
 
 def marked_json(stdout: str, marker: str) -> dict:

@@ -90,13 +90,13 @@ def overheads() -> dict:
     out: dict = {"device_used_before_cuda": snaps.device_used_before,
                  "module_loading": os.environ.get("CUDA_MODULE_LOADING", "LAZY (unset)")}
     torch.cuda.init()
+    _attempt(out, "allocator", _allocator_segments)  # first: on an empty cache, as the model starts
     _keep = torch.zeros(1, device="cuda")
     out["context"] = snaps.take("context: first tensor")
     _attempt(out, "cublas", lambda: _cublas(snaps))
     _attempt(out, "cudnn", lambda: _cudnn(snaps))
     _attempt(out, "sdpa", lambda: _sdpa(snaps))
     _attempt(out, "nccl_one_rank", lambda: _nccl_one_rank(snaps))
-    _attempt(out, "allocator", _allocator_segments)
     out["final"] = snaps.take("after every probe")
     out["snapshots"] = snaps.rows
     del _keep
@@ -222,6 +222,8 @@ def _allocator_segments() -> dict:
         handles.append(model.malloc(n))
         row(f"malloc {n} again")
     mismatches = sum(r["reserved"] != r["model_reserved"] or r["allocated"] != r["model_allocated"] for r in rows)
+    real.clear()
+    torch.cuda.empty_cache()
     return {"rows": rows, "mismatches": mismatches,
             "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF")}
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks.processes import run_group
 from benchmarks.results_io import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,9 @@ RESOLUTION = 0.02
 CAP = 1 << 14
 """Largest micro-batch tried."""
 DRY_MICRO = 24
-"""The dry run's stand-in for free device memory is memplan's CPU estimate at this micro-batch."""
+"""The dry run's stand-in for free device memory is the CPU peak of real steps at this micro-batch."""
+DRY_SUGGEST = ("--gpu-memory", "1GiB", "--precision", "32-true")
+"""The dry run plans fp32, whose CPU estimate matches the CPU's real peak (bf16 on CPU adds oneDNN scratch)."""
 MARKER = "PLAN_VS_BISECT "
 
 
@@ -47,7 +49,7 @@ def config_path(name: str) -> str:
 def _run_child(args: list[str], timeout: float) -> dict:
     """One fresh `python -m benchmarks.plan_vs_bisect_gpu --child ...`; its JSON line (RuntimeError if it failed)."""
     cmd = [sys.executable, "-m", "benchmarks.plan_vs_bisect_gpu", "--child", *args]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(timeout, 1))
+    out = run_group(cmd, cwd=ROOT, timeout=max(timeout, 1))
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith(MARKER)]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(args)} failed (exit {out.returncode}): {out.stderr.strip()[-1500:]}")
@@ -151,11 +153,9 @@ def free_device_bytes() -> int:
     return gpu.free_bytes
 
 
-def _dry_budget(name: str, precision: str, checkpointing: bool) -> int:
-    from memplan.config import load_config
-
-    return load_config(config_path(name)).estimate(DRY_MICRO, precision=precision, checkpointing=checkpointing,
-                                                   device="cpu").peak_allocated
+def _dry_budget(name: str, setting: list[str], timeout: float) -> int:
+    """The dry run's 'free memory': the CPU peak two real steps at DRY_MICRO take."""
+    return _run_child(["probe", name, str(DRY_MICRO), *setting, "--cpu-budget", "0"], timeout)["peak"]
 
 
 def run_one(name: str, row: dict, *, dry: bool = False, deadline: float | None = None,
@@ -166,18 +166,20 @@ def run_one(name: str, row: dict, *, dry: bool = False, deadline: float | None =
         return 600.0 if deadline is None else deadline - time.monotonic()
 
     row.update(config=name, dry_run=dry)
-    suggest = [sys.executable, "-m", "memplan", "suggest", "--gpus", "1", *(["--gpu-memory", "1GiB"] if dry else []),
+    suggest = [sys.executable, "-m", "memplan", "suggest", "--gpus", "1", *(DRY_SUGGEST if dry else []),
                config_path(name), "--json"]
     started = time.perf_counter()
-    plan = json.loads(subprocess.run(suggest, cwd=ROOT, capture_output=True, text=True, check=True,
-                                     timeout=max(left(), 1)).stdout)
+    done = run_group(suggest, cwd=ROOT, timeout=max(left(), 1))
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(suggest[1:])} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
+    plan = json.loads(done.stdout)
     row["suggest_seconds"] = time.perf_counter() - started
     saved()
     precision, ckpt = plan["precision"], plan["gradient_checkpointing"]
     row.update(precision=precision, checkpointing=ckpt, planned_micro_batch=plan["micro_batch_size"],
                planned_peak_bytes=plan["predicted_peak_bytes"])
     setting = ["--precision", precision, *(["--checkpointing"] if ckpt else [])]
-    row["free_bytes"] = budget = _dry_budget(name, precision, ckpt) if dry else free_device_bytes()
+    row["free_bytes"] = budget = _dry_budget(name, setting, left()) if dry else free_device_bytes()
     mm = _run_child(["memplan-max", name, *setting, "--budget", str(budget), "--start", str(plan["micro_batch_size"]),
                      *(["--cpu"] if dry else [])], left())
     row.update(memplan_max_micro_batch=mm["memplan_max"], memplan_max_estimates=mm["estimates"],

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,20 @@ def test_dry_run_of_both_parts_then_the_converter(tmp_path):
     for name in ("accuracy_gpu", "cuda_overheads_gpu", "validate_gpu", "plan_vs_bisect_gpu", "callback_gpu"):
         text = (out / f"{name}.md").read_text()
         assert "DRY RUN on CPU" in text and "Device: no GPU" in text
+
+
+def test_a_child_out_of_time_is_killed_with_its_own_children(tmp_path):
+    from benchmarks.processes import run_group
+
+    pid_file = tmp_path / "grandchild.pid"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_group(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], timeout=2)
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):  # SIGKILL is delivered at once; init reaps the orphan shortly after
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the grandchild {grandchild} outlived its killed parent")
