@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="on CPU with tiny sizes: checks the campaign runs")
     parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 4)),
                         help="estimate processes at once (default: CPU count - 4, at most 8)")
-    parser.add_argument("--measure-jobs", type=int, default=2, help="GPU measurement processes at once (default 2)")
+    parser.add_argument("--measure-jobs", type=int, default=3, help="GPU measurement processes at once (default 3)")
     args = parser.parse_args(argv)
     if args.budget_s <= 0 or args.jobs < 1 or args.measure_jobs < 1:
         parser.error("--budget-s must be > 0 and --jobs / --measure-jobs >= 1")

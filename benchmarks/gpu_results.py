@@ -255,11 +255,14 @@ def _replaces(measured: dict, cc: tuple[int, int] | None) -> dict:
     now = cuda.cuda_overheads(cc, env={}) if cc else None
     major = None if cc is None else min(max(cc[0], 7), 9)
     big = cc is not None and cc[0] in cuda._CUBLAS_BIG_MAJORS
+    lazy, how = measured["context_training_step_max"], ("max over the zoo of NVML's process peak - "
+                                                         "max_memory_reserved (a training step's context)")
+    if lazy is None:  # NVML saw no training process: the probe's context after cuBLAS, cuDNN and SDPA kernels
+        lazy, how = measured["context_after_kernels"], ("the probe's context after cuBLAS, cuDNN and SDPA kernels "
+                                                        "(NVML saw no zoo process)")
     return {
         f"_CONTEXT_LAZY_BYTES[{major}]": {
-            "unit": "bytes", "now": None if now is None else now.context_bytes,
-            "measured": measured["context_training_step_max"],
-            "how": "max over the zoo of NVML's process peak - max_memory_reserved (a training step's context)"},
+            "unit": "bytes", "now": None if now is None else now.context_bytes, "measured": lazy, "how": how},
         "_CONTEXT_EAGER_BYTES": {"unit": "bytes", "now": cuda._CONTEXT_EAGER_BYTES, "measured": measured["context_eager"],
                                  "how": "CUDA_MODULE_LOADING=EAGER: context after the first tensor"},
         "_CUBLAS_BIG_BYTES" if big else "_CUBLAS_DEFAULT_BYTES": {
@@ -285,7 +288,7 @@ def _calibration(parts, env, measured: dict, ratios: list[float], cc) -> dict | 
     if key is None and env.get("gpu") and env.get("driver"):
         key = {"gpu_name": env["gpu"]["name"], "driver_version": env["driver"], "torch_version": env.get("torch"),
                "cuda_version": env.get("torch_cuda"), "module_loading": "LAZY"}
-    context = measured.get("context_training_step_max")
+    context = measured.get("context_training_step_max") or measured.get("context_after_kernels")
     if key is None or context is None or cc is None:
         return None
     return {"key": key, "compute_capability": list(cc), "context_bytes": int(context),

@@ -220,3 +220,14 @@ def test_a_child_out_of_time_is_killed_with_its_own_children(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"the grandchild {grandchild} outlived its killed parent")
+
+
+def test_without_nvml_per_process_the_context_comes_from_the_probe(tmp_path):
+    folder = _parts(tmp_path)
+    data = json.loads((folder / "part1.json").read_text())
+    for row in data["sections"]["accuracy_zoo"]["rows"]:  # a PID namespace hides this process from NVML
+        row["truth"]["nvml_process_peak"] = None
+    (folder / "part1.json").write_text(json.dumps(data))
+    gpu_results.convert(folder, tmp_path / "results")
+    lazy = json.loads((tmp_path / "results" / "cuda_overheads_gpu.json").read_text())["replaces"]["_CONTEXT_LAZY_BYTES[9]"]
+    assert lazy["measured"] == 530 * MiB and "NVML saw no zoo process" in lazy["how"]
