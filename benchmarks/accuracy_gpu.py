@@ -1,6 +1,7 @@
 """memplan's GPU accuracy: estimates against a real CUDA device, case by case (needs a GPU).
 
-For every zoo case, three fresh processes:
+For every zoo case, and the zoo's missing fp32 / bf16-mixed / 16-mixed x checkpointing variants
+(`all_cases`), three fresh processes:
   measure  -- real steps on the GPU: torch.cuda.max_memory_allocated over the steady-state step,
               max_memory_reserved, and the highest NVML per-process usage sampled during the run;
   native   -- memplan.estimate(device=None): traced on fake CUDA tensors (torch has CUDA here);
@@ -10,7 +11,8 @@ For every zoo case, three fresh processes:
 Goals (issue): median |error| <= 3 %, worst <= 6 %, never under by more than 2 %.
 
     python -m benchmarks.accuracy_gpu [--only NAME ...]
-writes benchmarks/results/accuracy_gpu.json and .md.
+writes benchmarks/results/accuracy_gpu.json and .md. The GPU campaign (benchmarks.gpu_campaign) runs the same
+children in parallel under a deadline; `--measure/--estimate NAME --cpu` is its dry run's CPU stand-in.
 """
 from __future__ import annotations
 
