@@ -249,12 +249,13 @@ def derive_constants(lazy: dict, eager: dict, contexts: list[int]) -> dict:
 
 
 def _replaces(measured: dict, cc: tuple[int, int] | None) -> dict:
-    """Each constant of memplan/estimator/cuda.py, what memplan uses now for this GPU, and the measured figure."""
+    """Each constant of memplan/estimator/cuda.py, what memplan uses now for this GPU, and the measured figure
+    (the module's private names are read with getattr: a renamed one shows as '-', never stops the report)."""
     from memplan.estimator import cuda
 
     now = cuda.cuda_overheads(cc, env={}) if cc else None
     major = None if cc is None else min(max(cc[0], 7), 9)
-    big = cc is not None and cc[0] in cuda._CUBLAS_BIG_MAJORS
+    big = cc is not None and cc[0] in getattr(cuda, "_CUBLAS_BIG_MAJORS", (9, 10, 11, 12))
     lazy, how = measured["context_training_step_max"], ("max over the zoo of NVML's process peak - "
                                                          "max_memory_reserved (a training step's context)")
     if lazy is None:  # NVML saw no training process: the probe's context after cuBLAS, cuDNN and SDPA kernels
@@ -263,7 +264,7 @@ def _replaces(measured: dict, cc: tuple[int, int] | None) -> dict:
     return {
         f"_CONTEXT_LAZY_BYTES[{major}]": {
             "unit": "bytes", "now": None if now is None else now.context_bytes, "measured": lazy, "how": how},
-        "_CONTEXT_EAGER_BYTES": {"unit": "bytes", "now": cuda._CONTEXT_EAGER_BYTES, "measured": measured["context_eager"],
+        "_CONTEXT_EAGER_BYTES": {"unit": "bytes", "now": getattr(cuda, "_CONTEXT_EAGER_BYTES", None), "measured": measured["context_eager"],
                                  "how": "CUDA_MODULE_LOADING=EAGER: context after the first tensor"},
         "_CUBLAS_BIG_BYTES" if big else "_CUBLAS_DEFAULT_BYTES": {
             "unit": "bytes", "now": None if now is None else now.cublas_workspace_bytes,
