@@ -33,7 +33,7 @@ EXTRA_PRECISIONS = ("16-mixed", "bf16-mixed", "32-true")
 """In this order: the precision the zoo covers least first, so a run cut short keeps the most new figures."""
 
 
-def _extra_cases() -> dict:
+def extra_cases() -> dict:
     """The zoo's missing fp32 / bf16-mixed / 16-mixed x checkpointing variants, named like the zoo's."""
     from dataclasses import replace
 
@@ -59,7 +59,7 @@ def all_cases() -> dict:
     """The zoo's cases, then the extra GPU variants."""
     from benchmarks.zoo import CASES
 
-    return {**CASES, **_extra_cases()}
+    return {**CASES, **extra_cases()}
 
 
 def _measure(name: str, cpu: bool = False) -> dict:

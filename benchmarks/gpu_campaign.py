@@ -305,7 +305,7 @@ def run_part(settings: Settings) -> dict:
     calib_dir = Path(tempfile.mkdtemp(prefix="memplan-no-calibration-"))
     os.environ["MEMPLAN_CALIBRATION"] = str(calib_dir / "calibration.json")  # no file: the sourced constants
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    from benchmarks.accuracy_gpu import _extra_cases
+    from benchmarks.accuracy_gpu import extra_cases
     from benchmarks.zoo import CASES
 
     with rec.section("environment") as e:
@@ -323,7 +323,7 @@ def run_part(settings: Settings) -> dict:
                 accuracy(rec, e, list(DRY_CASES if dry else CASES), dry)
         with rec.section("accuracy_extra") as e:
             if e is not None:
-                accuracy(rec, e, list(DRY_EXTRA_CASES if dry else _extra_cases()), dry)
+                accuracy(rec, e, list(DRY_EXTRA_CASES if dry else extra_cases()), dry)
     else:
         with rec.section("oom_retry") as e:
             if e is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_campaign, gpu_results
-from benchmarks.accuracy_gpu import EXTRA_PRECISIONS, _extra_cases, make_row
+from benchmarks.accuracy_gpu import EXTRA_PRECISIONS, extra_cases, make_row
 from benchmarks.plan_vs_bisect_gpu import search_largest
 from benchmarks.zoo import CASES
 from memplan.estimator import cuda
@@ -43,7 +43,7 @@ def test_search_largest_brackets_the_largest_that_fits(truth, start):
 
 
 def test_extra_cases_add_only_settings_the_zoo_lacks():
-    extra = _extra_cases()
+    extra = extra_cases()
     zoo_settings = {(c.family, c.batch_size, c.precision, c.checkpointing, c.optimizer) for c in CASES.values()}
     settings = [(c.family, c.batch_size, c.precision, c.checkpointing, c.optimizer) for c in extra.values()]
     assert not set(settings) & zoo_settings and len(set(settings)) == len(settings)
