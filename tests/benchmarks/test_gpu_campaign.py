@@ -34,12 +34,14 @@ def test_search_largest_brackets_the_largest_that_fits(truth, start):
         tried.append(m)
         return m <= truth
 
-    largest, first_failing, probes = search_largest(fits, start, rel=0.02, cap=1 << 14)
-    assert largest == min(truth, 1 << 14) if truth < 50 else abs(largest - truth) <= 0.02 * truth or truth > 1 << 14
-    assert largest <= truth and (first_failing is None or first_failing > truth)
+    cap = 1 << 14
+    largest, first_failing, probes = search_largest(fits, start, rel=0.02, cap=cap)
+    assert largest <= min(truth, cap)
+    if truth >= cap:
+        assert (largest, first_failing) == (cap, None)
+    else:  # the largest that fits and the smallest that does not, within 2 % (exact below 50)
+        assert first_failing > truth and first_failing - largest <= max(1, int(0.02 * largest))
     assert [m for m, _ in probes] == tried and len(tried) == len(set(tried))  # no size probed twice
-    if first_failing is not None and largest:
-        assert first_failing - largest <= max(1, int(0.02 * largest))
 
 
 def test_extra_cases_add_only_settings_the_zoo_lacks():
