@@ -271,6 +271,10 @@ def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
     order = {name: i for i, name in enumerate(names)}
     entry["rows"].sort(key=lambda r: order[r["case"]])
     entry["missing"] = [r["case"] for r in entry["rows"] if "error" in r["truth"]]
+    entry["out_of_time"] = [r["case"] for r in entry["rows"]
+                            if any("out of time" in r[k].get("error", "") for k in ("truth", "native", "emulated"))]
+    if entry["missing"]:
+        rec.log(f"accuracy: no truth for {len(entry['missing'])} cases: {' '.join(entry['missing'])}")
 
 
 def _pct(e: float | None) -> str:

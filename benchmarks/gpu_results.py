@@ -80,6 +80,9 @@ def header(title: str, env: dict, raw: str) -> list[str]:
 def status_line(entry: dict | None, name: str) -> list[str]:
     if entry is None:
         return [f"`{name}`: not run (its part's JSON is missing).", ""]
+    if entry.get("status") == "done" and entry.get("out_of_time"):
+        return [f"`{name}`: {len(entry['out_of_time'])} cases cut off by the time budget: "
+                f"{', '.join(entry['out_of_time'])}.", ""]
     if entry.get("status") != "done":
         return [f"`{name}`: **{entry.get('status')}** after {entry.get('seconds', 0):.0f} s"
                 + (f": {entry['error'][:500]}" if entry.get("error") else "") + "; what it measured before is below.", ""]

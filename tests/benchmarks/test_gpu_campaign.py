@@ -233,3 +233,12 @@ def test_without_nvml_per_process_the_context_comes_from_the_probe(tmp_path):
     gpu_results.convert(folder, tmp_path / "results")
     lazy = json.loads((tmp_path / "results" / "cuda_overheads_gpu.json").read_text())["replaces"]["_CONTEXT_LAZY_BYTES[9]"]
     assert lazy["measured"] == 530 * MiB and "NVML saw no zoo process" in lazy["how"]
+
+
+def test_cases_cut_off_by_the_budget_are_named(tmp_path):
+    folder = _parts(tmp_path)
+    data = json.loads((folder / "part1.json").read_text())
+    data["sections"]["accuracy_zoo"].update(status="done", out_of_time=["gpt2-b4"])
+    (folder / "part1.json").write_text(json.dumps(data))
+    gpu_results.convert(folder, tmp_path / "results")
+    assert "`accuracy_zoo`: 1 cases cut off by the time budget: gpt2-b4." in (tmp_path / "results" / "accuracy_gpu.md").read_text()
