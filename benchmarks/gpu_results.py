@@ -385,7 +385,7 @@ def callback(parts, env, out: Path) -> None:
         lines.append("")
     if ovh is not None:
         lines += ["## Overhead per step", ""] + status_line(ovh, "callback_overhead")
-        if "median_step_ms_without" in ovh:
+        if "own_us_per_step" in ovh:
             goal = "met" if ovh["own_overhead"] < 0.005 else "NOT met"
             lines += [f"gpt2-small, micro-batch {ovh.get('micro_batch')}, {ovh.get('precision')}, {ovh.get('steps')} "
                       f"steps a run ({ovh.get('repeat')} runs without and with, interleaved), default interval.", "",
@@ -394,6 +394,8 @@ def callback(parts, env, out: Path) -> None:
                       f"| {ovh['median_step_ms_without']:.2f} | {ovh['median_step_ms_with']:.2f} | "
                       f"{100 * ovh['end_to_end_overhead']:+.2f}% | {ovh['own_us_per_step']:.1f} | "
                       f"{ovh['floor_us_per_step']:.1f} | {100 * ovh['own_overhead']:.3f}% | {goal} |"]
+        failed = [r for r in ovh.get("runs", []) if "error" in r]
+        lines += [""] + [f"- run `{r['arm']}` failed: {r['error'][:300]}" for r in failed] if failed else []
     _write(out, "callback_gpu", {"environment": env, "oom_retry": oom, "overhead": ovh}, lines)
 
 
