@@ -241,6 +241,7 @@ def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
         if rec.left() <= 10:
             return {"error": "skipped: out of time"}
         argv, env = child_command(mode, name, cpu=dry, emulate=emulate)
+        env.setdefault("OMP_NUM_THREADS", "2")  # up to jobs + measure_jobs processes share the CPUs
         try:
             done = run_child(rec, argv, env=env, cap_s=300)
         except subprocess.TimeoutExpired:
