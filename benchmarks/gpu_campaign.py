@@ -1,0 +1,374 @@
+"""Every GPU figure memplan owes (issue 14), in two runs of under 10 minutes on the lent GPU machine.
+
+    python -m benchmarks.gpu_campaign --part 1 --out DIR [--budget-s 540] [--dry-run]
+    python -m benchmarks.gpu_campaign --part 2 --out DIR
+
+Part 1, most valuable first: the environment (GPU, driver, torch, CUDA); the CUDA context, cuBLAS/cuBLASLt
+workspaces, cuDNN/SDPA/NCCL kernels and allocator segments (benchmarks.gpu_probes overheads, and the context
+under CUDA_MODULE_LOADING=EAGER); `memplan validate` on the GPU and the calibration it writes, twice (the
+second run uses it); accuracy on the zoo (benchmarks.accuracy_gpu: torch's and NVML's peaks vs the native
+and the CPU-emulated estimates), then the zoo's missing fp32 / bf16-mixed / 16-mixed x checkpointing variants.
+Part 2: MemoryPlanner through a real CUDA OOM; the planner against bisection and Lightning's BatchSizeFinder
+(benchmarks.plan_vs_bisect_gpu) on gpt2-small; MemoryPlanner's per-step overhead on gpt2-small; the same
+planner comparison on resnet and cnn.
+
+Everything runs in child processes; this process never creates a CUDA context. DIR/part<N>.json is rewritten
+after every finished piece and DIR/part<N>.log gets every line printed, so a run cut short returns what it
+measured. Each part stops starting work at --budget-s and kills what still runs then; a failed measurement is
+recorded with its error and the others go on. Estimates run without any saved calibration (MEMPLAN_CALIBRATION
+points to an empty folder), so they show memplan's sourced constants; `memplan validate` gets its own file.
+
+--dry-run runs the same steps on CPU with tiny sizes (tests/benchmarks/test_gpu_campaign.py); its figures
+are no GPU figures. `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from benchmarks.processes import run_group
+
+ROOT = Path(__file__).resolve().parent.parent
+FORMAT = 1
+"""Version of the part<N>.json layout (benchmarks.gpu_results reads it)."""
+DRY_CASES = ("linear-b64-sgd",)
+DRY_EXTRA_CASES = ("mlp-b64-bf16mixed-gpu",)
+VALIDATE = (("gpt2-small", 8), ("cnn", 64))
+DRY_VALIDATE = (("mlp", 8),)
+PACKAGES = ("torch", "pytorch-lightning", "lightning", "lightning-utilities", "torchmetrics", "transformers",
+            "nvidia-ml-py", "psutil", "rich", "matplotlib", "PyYAML", "numpy", "jsonargparse", "docstring-parser",
+            "typeshed-client")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """One part's run."""
+
+    part: int
+    """1 or 2."""
+    out: Path
+    """Folder for part<N>.json and part<N>.log."""
+    budget_s: float
+    """Seconds after which nothing new starts and running children are killed."""
+    dry_run: bool
+    """CPU, tiny sizes: checks the campaign, measures nothing of a GPU."""
+    jobs: int
+    """Estimate processes at once (CPU work)."""
+    measure_jobs: int
+    """GPU measurement processes at once (each reads only its own process's memory)."""
+
+
+class Recorder:
+    """The part's JSON, rewritten atomically after every change, and its log."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.deadline = time.monotonic() + settings.budget_s
+        settings.out.mkdir(parents=True, exist_ok=True)
+        self.path = settings.out / f"part{settings.part}.json"
+        self.log_path = settings.out / f"part{settings.part}.log"
+        self.data: dict = {"format": FORMAT, "part": settings.part, "dry_run": settings.dry_run,
+                           "started": _now(), "budget_s": settings.budget_s, "sections": {}}
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def log(self, message: str) -> None:
+        line = f"[{_now()}] {message}"
+        print(line, flush=True)
+        with self.log_path.open("a") as f:
+            f.write(line + "\n")
+
+    def save(self) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".part", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.data, f, indent=1, default=repr)
+        os.replace(tmp, self.path)
+
+    @contextlib.contextmanager
+    def section(self, name: str):
+        """A dict to fill; its status (done / error / out of time) and seconds are recorded however it ends."""
+        entry: dict = {"status": "running"}
+        self.data["sections"][name] = entry
+        if self.left() <= 5:
+            entry["status"] = "skipped: out of time"
+            self.log(f"{name}: skipped, out of time")
+            self.save()
+            yield None
+            return
+        self.log(f"{name}: start ({self.left():.0f} s left)")
+        self.save()
+        started = time.monotonic()
+        try:
+            yield entry
+            entry["status"] = "done"
+        except subprocess.TimeoutExpired as err:
+            entry["status"] = "out of time"
+            entry["error"] = f"TimeoutExpired: {err.cmd if isinstance(err.cmd, str) else ' '.join(err.cmd)}"[:2000]
+        except Exception as err:  # noqa: BLE001 -- a failed section is recorded; the next one still runs
+            entry["status"] = "error"
+            entry["error"] = f"{type(err).__name__}: {err}"[:4000]
+            entry["traceback"] = traceback.format_exc()[-4000:]
+        finally:
+            entry["seconds"] = time.monotonic() - started
+            self.log(f"{name}: {entry['status']} in {entry['seconds']:.1f} s"
+                     + (f" -- {entry['error'][:300]}" if "error" in entry else ""))
+            self.save()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def run_child(rec: Recorder, argv: list[str], *, env: dict | None = None, cap_s: float = 600) -> subprocess.CompletedProcess:
+    """Run a child in the repository root, killed at the part's deadline (or after cap_s)."""
+    return run_group(argv, cwd=ROOT, env=env, timeout=max(1.0, min(cap_s, rec.left())))
+
+
+def marked_json(stdout: str, marker: str) -> dict:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith(marker)]
+    if not lines:
+        raise RuntimeError(f"no line starting {marker.strip()!r} in the child's output")
+    return json.loads(lines[-1][len(marker):])
+
+
+# --- sections -------------------------------------------------------------------------------------
+def environment(entry: dict, dry: bool) -> None:
+    """Versions and the GPU as NVML sees it, with no CUDA context in this process."""
+    import torch
+
+    from memplan.hardware import gpu_for_cuda_index, nvml_query, nvml_unavailable_reason
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    gpu = gpu_for_cuda_index(0)
+    cuda_driver = nvml_query("nvmlSystemGetCudaDriverVersion", default=None)
+    entry.update(
+        python=platform.python_version(), platform=platform.platform(), cpu_count=os.cpu_count(),
+        torch=torch.__version__, torch_cuda=torch.version.cuda, cudnn=_cudnn_version(), packages=versions,
+        nvml_unavailable=nvml_unavailable_reason(),
+        driver=nvml_query("nvmlSystemGetDriverVersion", default=None),
+        cuda_driver=None if not isinstance(cuda_driver, int) else f"{cuda_driver // 1000}.{cuda_driver % 1000 // 10}",
+        gpu=None if gpu is None else {"name": gpu.name, "total_bytes": gpu.total_bytes, "used_bytes": gpu.used_bytes,
+                                      "compute_capability": gpu.compute_capability, "mig_mode": gpu.mig_mode,
+                                      "processes": len(gpu.processes)},
+        env={k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_MODULE_LOADING", "PYTORCH_CUDA_ALLOC_CONF",
+                                             "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "PYTHONPATH")},
+        memplan_commit=_git_commit(), dry_run=dry,
+    )
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)
+        entry["nvidia_smi"] = smi.stdout[-3000:]
+
+
+def _cudnn_version() -> int | None:
+    import torch
+
+    try:
+        return torch.backends.cudnn.version()
+    except RuntimeError:  # no cuDNN in this build
+        return None
+
+
+def _git_commit() -> str | None:
+    if not shutil.which("git"):
+        return None
+    got = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return got.stdout.strip() or None
+
+
+def cuda_overheads(rec: Recorder, entry: dict) -> None:
+    from benchmarks.gpu_probes import RESULT_MARKER
+
+    for key, probe, extra_env in (("lazy", "overheads", {}), ("eager", "context", {"CUDA_MODULE_LOADING": "EAGER"})):
+        done = run_child(rec, [sys.executable, "-m", "benchmarks.gpu_probes", probe],
+                         env=dict(os.environ, **extra_env), cap_s=180)
+        entry[key] = (marked_json(done.stdout, RESULT_MARKER) if done.returncode == 0
+                      else {"error": done.stderr.strip()[-3000:]})
+        rec.save()
+
+
+def validate(rec: Recorder, entry: dict, dry: bool) -> None:
+    """`memplan validate` twice per config: the first run saves the calibration, the second uses it."""
+    folder = Path(tempfile.mkdtemp(prefix="memplan-validate-"))
+    calibration = folder / "calibration.json"
+    env = dict(os.environ, MEMPLAN_CALIBRATION=str(calibration))
+    try:
+        for config, batch in DRY_VALIDATE if dry else VALIDATE:
+            for attempt in ("first",) if dry else ("first", "calibrated"):
+                argv = [sys.executable, "-m", "memplan", "validate", str(ROOT / "configs" / f"{config}.yaml"),
+                        "--batch-size", str(batch), "--json"]
+                done = run_child(rec, argv, env=env, cap_s=240)
+                result = {"command": " ".join(argv[1:]), "exit": done.returncode,
+                          "stderr_tail": done.stderr.strip()[-1500:]}
+                try:
+                    result["json"] = json.loads(done.stdout)
+                except json.JSONDecodeError:
+                    result["stdout_tail"] = done.stdout.strip()[-3000:]
+                entry[f"{config}-{attempt}"] = result
+                rec.save()
+        entry["calibration_file"] = json.loads(calibration.read_text()) if calibration.is_file() else None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
+    """Each case's truth (GPU processes, measure_jobs at once) and native + emulated estimates (jobs at once)."""
+    from benchmarks.accuracy_gpu import child_command, make_row, parse_child, summarize
+
+    entry.update(cases=list(names), rows=[], missing=[])
+    parts: dict[str, dict] = {name: {} for name in names}
+
+    def one(mode: str, name: str, emulate: bool) -> dict:
+        if rec.left() <= 10:
+            return {"error": "skipped: out of time"}
+        argv, env = child_command(mode, name, cpu=dry, emulate=emulate)
+        env.setdefault("OMP_NUM_THREADS", "2")  # up to jobs + measure_jobs processes share the CPUs
+        try:
+            done = run_child(rec, argv, env=env, cap_s=300)
+        except subprocess.TimeoutExpired:
+            return {"error": "killed: out of time"}
+        try:
+            return parse_child(done.returncode, done.stdout, done.stderr)
+        except (json.JSONDecodeError, IndexError) as err:
+            return {"error": f"unreadable output: {err}"}
+
+    s = rec.settings
+    with ThreadPoolExecutor(s.measure_jobs) as gpu_pool, ThreadPoolExecutor(s.jobs) as cpu_pool:
+        futures = {}
+        for name in names:
+            futures[gpu_pool.submit(one, "measure", name, False)] = (name, "truth")
+            futures[cpu_pool.submit(one, "estimate", name, False)] = (name, "native")
+            futures[cpu_pool.submit(one, "estimate", name, True)] = (name, "emulated")
+        for future in as_completed(futures):
+            name, what = futures[future]
+            parts[name][what] = future.result()
+            if len(parts[name]) == 3:
+                row = make_row(name, parts[name]["truth"], parts[name]["native"], parts[name]["emulated"])
+                entry["rows"].append(row)
+                entry["summary"] = summarize(entry["rows"])
+                errors = {k: v["error"] for k, v in parts[name].items() if "error" in v}
+                rec.log(f"accuracy {name}: allocated err native {_pct(row['native_err_allocated'])} "
+                        f"emulated {_pct(row['emulated_err_allocated'])}" + (f" errors {errors}" if errors else ""))
+                rec.save()
+    order = {name: i for i, name in enumerate(names)}
+    entry["rows"].sort(key=lambda r: order[r["case"]])
+    entry["missing"] = [r["case"] for r in entry["rows"] if "error" in r["truth"]]
+    entry["out_of_time"] = [r["case"] for r in entry["rows"]
+                            if any("out of time" in r[k].get("error", "") for k in ("truth", "native", "emulated"))]
+    if entry["missing"]:
+        rec.log(f"accuracy: no truth for {len(entry['missing'])} cases: {' '.join(entry['missing'])}")
+
+
+def _pct(e: float | None) -> str:
+    return "-" if e is None else f"{100 * e:+.2f}%"
+
+
+def plan_vs_bisect(rec: Recorder, entry: dict, config: str, dry: bool) -> None:
+    from benchmarks.plan_vs_bisect_gpu import run_one
+
+    try:
+        run_one(config, entry, dry=dry, deadline=rec.deadline, saved=rec.save)
+    finally:
+        rec.save()
+
+
+def probe(rec: Recorder, entry: dict, name: str, dry: bool, cap_s: float) -> None:
+    from benchmarks.gpu_probes import RESULT_MARKER
+
+    dry_args = ["--cpu", "--repeat", "1"] if dry else []
+    done = run_child(rec, [sys.executable, "-m", "benchmarks.gpu_probes", name, *dry_args],
+                     env=dict(os.environ), cap_s=cap_s)
+    entry["stderr_tail"] = done.stderr.strip()[-3000:]
+    if done.returncode != 0:
+        raise RuntimeError(f"gpu_probes {name} exited {done.returncode}: {done.stderr.strip()[-600:]}")
+    entry.update(marked_json(done.stdout, RESULT_MARKER))
+
+
+# --- the parts ------------------------------------------------------------------------------------
+def run_part(settings: Settings) -> dict:
+    rec = Recorder(settings)
+    dry = settings.dry_run
+    calib_dir = Path(tempfile.mkdtemp(prefix="memplan-no-calibration-"))
+    os.environ["MEMPLAN_CALIBRATION"] = str(calib_dir / "calibration.json")  # no file: the sourced constants
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    from benchmarks.accuracy_gpu import extra_cases
+    from benchmarks.zoo import CASES
+
+    with rec.section("environment") as e:
+        if e is not None:
+            environment(e, dry)
+    if settings.part == 1:
+        with rec.section("cuda_overheads") as e:
+            if e is not None:
+                cuda_overheads(rec, e)
+        with rec.section("validate") as e:
+            if e is not None:
+                validate(rec, e, dry)
+        with rec.section("accuracy_zoo") as e:
+            if e is not None:
+                accuracy(rec, e, list(DRY_CASES if dry else CASES), dry)
+        with rec.section("accuracy_extra") as e:
+            if e is not None:
+                accuracy(rec, e, list(DRY_EXTRA_CASES if dry else extra_cases()), dry)
+    else:
+        with rec.section("oom_retry") as e:
+            if e is not None:
+                probe(rec, e, "oom-retry", dry, cap_s=240)
+        configs = ("mlp",) if dry else ("gpt2-small", "resnet", "cnn")
+        with rec.section(f"plan_vs_bisect_{configs[0]}") as e:
+            if e is not None:
+                plan_vs_bisect(rec, e, configs[0], dry)
+        with rec.section("callback_overhead") as e:
+            if e is not None:
+                probe(rec, e, "overhead", dry, cap_s=240)
+        for config in configs[1:]:
+            with rec.section(f"plan_vs_bisect_{config}") as e:
+                if e is not None:
+                    plan_vs_bisect(rec, e, config, dry)
+    rec.data["finished"] = _now()
+    rec.save()
+    shutil.rmtree(calib_dir, ignore_errors=True)
+    statuses = {name: s["status"] for name, s in rec.data["sections"].items()}
+    rec.log(f"part {settings.part} finished: {statuses}")
+    return rec.data
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", type=int, choices=(1, 2), required=True, help="which half of the campaign")
+    parser.add_argument("--out", required=True, help="folder for part<N>.json and part<N>.log (e.g. $OUT)")
+    parser.add_argument("--budget-s", type=float, default=540.0,
+                        help="stop starting work and kill running children after this many seconds (default 540)")
+    parser.add_argument("--dry-run", action="store_true", help="on CPU with tiny sizes: checks the campaign runs")
+    parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 4)),
+                        help="estimate processes at once (default: CPU count - 4, at most 8)")
+    parser.add_argument("--measure-jobs", type=int, default=3, help="GPU measurement processes at once (default 3)")
+    args = parser.parse_args(argv)
+    if args.budget_s <= 0 or args.jobs < 1 or args.measure_jobs < 1:
+        parser.error("--budget-s must be > 0 and --jobs / --measure-jobs >= 1")
+    data = run_part(Settings(part=args.part, out=Path(args.out), budget_s=args.budget_s, dry_run=args.dry_run,
+                             jobs=args.jobs, measure_jobs=args.measure_jobs))
+    return 0 if all(s["status"] == "done" for s in data["sections"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

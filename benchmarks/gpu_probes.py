@@ -1,0 +1,443 @@
+"""The GPU campaign's measurements that need a fresh process each, one JSON object on stdout's last line.
+
+    python -m benchmarks.gpu_probes overheads        CUDA context, cuBLAS/cuBLASLt workspaces, cuDNN and SDPA
+                                                      kernels, a 1-rank NCCL group, the caching allocator's segments
+    python -m benchmarks.gpu_probes context           the bare CUDA context alone (run with CUDA_MODULE_LOADING=EAGER)
+    python -m benchmarks.gpu_probes oom-retry [--cpu] MemoryPlanner given a micro-batch too large for the card:
+                                                      the real CUDA OOM, the retries, training finishing
+    python -m benchmarks.gpu_probes overhead [--cpu]  MemoryPlanner's cost per step on gpt2-small (tiny with --cpu)
+
+Memory outside the caching allocator is NVML's per-process figure less torch's reserved bytes; where NVML
+cannot see this process (a PID namespace), the device's `used` less its value before CUDA started, which is
+only right while nothing else runs on the device (the campaign runs these probes alone). `--cpu` runs the
+same code on CPU with tiny sizes: the campaign's dry run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from memplan.units import MiB
+
+RESULT_MARKER = "GPU_PROBE_RESULT "
+"""Prefix of the one result line (library output may precede it)."""
+
+
+# --- readings ----------------------------------------------------------------------------------
+class Snapshots:
+    """Readings of this process's device memory, taken at named points."""
+
+    def __init__(self) -> None:
+        import torch
+
+        from memplan.hardware import gpu_for_cuda_index
+
+        self.torch = torch
+        before = gpu_for_cuda_index(0)  # NVML only: no CUDA context yet
+        self.device_used_before = None if before is None else before.used_bytes
+        self.rows: list[dict] = []
+
+    def take(self, label: str) -> dict:
+        from memplan.hardware import gpu_for_cuda_index, process_gpu_bytes
+
+        torch = self.torch
+        torch.cuda.synchronize()
+        gpu = gpu_for_cuda_index(0)
+        free, total = torch.cuda.mem_get_info()
+        row = {"label": label, "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+               "nvml_process": None if gpu is None else process_gpu_bytes(os.getpid(), gpu),
+               "nvml_device_used": None if gpu is None else gpu.used_bytes, "driver_used": total - free}
+        row["outside_allocator"] = self.outside(row)
+        self.rows.append(row)
+        return row
+
+    def outside(self, row: dict) -> int | None:
+        """Bytes this process holds outside the caching allocator (context, kernels, library handles)."""
+        if row["nvml_process"] is not None:
+            return row["nvml_process"] - row["reserved"]
+        if row["nvml_device_used"] is not None and self.device_used_before is not None:
+            return row["nvml_device_used"] - self.device_used_before - row["reserved"]
+        return None
+
+
+def _delta(after: dict, before: dict, key: str) -> int | None:
+    if after.get(key) is None or before.get(key) is None:
+        return None
+    return after[key] - before[key]
+
+
+def _attempt(out: dict, name: str, fn) -> None:
+    """Run one sub-measurement; a failure is recorded under errors and the others go on."""
+    try:
+        out[name] = fn()
+    except Exception as err:  # noqa: BLE001 -- one failed sub-measurement must not lose the others
+        out.setdefault("errors", {})[name] = f"{type(err).__name__}: {err}"[:2000]
+
+
+# --- overheads ---------------------------------------------------------------------------------
+def overheads() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device"}
+    snaps = Snapshots()
+    out: dict = {"device_used_before_cuda": snaps.device_used_before,
+                 "module_loading": os.environ.get("CUDA_MODULE_LOADING", "LAZY (unset)")}
+    torch.cuda.init()
+    _attempt(out, "allocator", _allocator_segments)  # first: on an empty cache, as the model starts
+    _keep = torch.zeros(1, device="cuda")
+    out["context"] = snaps.take("context: first tensor")
+    _attempt(out, "cublas", lambda: _cublas(snaps))
+    _attempt(out, "cudnn", lambda: _cudnn(snaps))
+    _attempt(out, "sdpa", lambda: _sdpa(snaps))
+    _attempt(out, "nccl_one_rank", lambda: _nccl_one_rank(snaps))
+    out["final"] = snaps.take("after every probe")
+    out["snapshots"] = snaps.rows
+    del _keep
+    return out
+
+
+def _cublas(snaps: Snapshots) -> dict:
+    """cuBLAS workspaces: allocator bytes a matmul leaves behind beyond its output, per thread's handle."""
+    import torch
+
+    n = 1024
+    a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+    before = snaps.take("cublas: before the first matmul")
+    c = a @ b
+    after = snaps.take("cublas: after the first fp32 matmul (main thread)")
+    out = {"main_thread_workspace": _delta(after, before, "allocated") - c.numel() * c.element_size(),
+           "main_thread_outside_allocator": _delta(after, before, "outside_allocator")}
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+        cleared = snaps.take("cublas: after _cuda_clearCublasWorkspaces")
+        out["cleared_workspaces"] = -_delta(cleared, after, "allocated")
+        c = a @ b  # the workspace back, as in training
+    w = torch.randn(n, n, device="cuda", requires_grad=True)
+    x = torch.randn(n, n, device="cuda")
+    before = snaps.take("cublas: before the first backward")
+    loss = (x @ w).sum()
+    loss.backward()
+    del loss
+    after = snaps.take("cublas: after a backward (autograd's device thread)")
+    out["autograd_thread_workspace"] = _delta(after, before, "allocated") - w.grad.numel() * w.grad.element_size()
+    xb, wb, bias = (t.to(torch.bfloat16) for t in (x, w.detach(), torch.randn(n, device="cuda")))
+    before = snaps.take("cublaslt: before a bf16 addmm")
+    y = torch.nn.functional.linear(xb, wb, bias)  # cublasLt with a bias epilogue
+    after = snaps.take("cublaslt: after a bf16 addmm")
+    out["cublaslt_extra_workspace"] = _delta(after, before, "allocated") - y.numel() * y.element_size()
+    out["cublaslt_outside_allocator"] = _delta(after, before, "outside_allocator")
+    out["env"] = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
+                                                  "TORCH_CUBLASLT_UNIFIED_WORKSPACE")}
+    return out
+
+
+def _cudnn(snaps: Snapshots) -> dict:
+    """cuDNN: the handle and kernels outside the allocator, the workspace as a transient inside it."""
+    import torch
+
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1).cuda()
+    x = torch.randn(32, 64, 56, 56, device="cuda", requires_grad=True)
+    before = snaps.take("cudnn: before the first convolution")
+    torch.cuda.reset_peak_memory_stats()
+    conv(x).sum().backward()
+    after = snaps.take("cudnn: after a convolution forward + backward")
+    return {"outside_allocator": _delta(after, before, "outside_allocator"),
+            "peak_allocated_above_start": torch.cuda.max_memory_allocated() - before["allocated"],
+            "benchmark": torch.backends.cudnn.benchmark, "version": torch.backends.cudnn.version()}
+
+
+def _sdpa(snaps: Snapshots) -> dict:
+    """Scaled dot-product attention in bf16 (flash on sm80+): kernels loaded outside the allocator."""
+    import torch
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(4, 8, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    before = snaps.take("sdpa: before the first attention")
+    F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    after = snaps.take("sdpa: after attention forward + backward")
+    return {"outside_allocator": _delta(after, before, "outside_allocator")}
+
+
+def _nccl_one_rank(snaps: Snapshots) -> dict:
+    """A 1-rank NCCL group and one all-reduce: NCCL's fixed part (no peers, so no channel buffers)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available():
+        return {"skipped": "torch has no NCCL"}
+    before = snaps.take("nccl: before init")
+    store = dist.HashStore()
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    try:
+        t = torch.ones(1 << 20, device="cuda")
+        dist.all_reduce(t)
+        after = snaps.take("nccl: after a 1-rank all-reduce")
+    finally:
+        dist.destroy_process_group()
+    return {"outside_allocator": _delta(after, before, "outside_allocator"),
+            "nccl_version": ".".join(map(str, torch.cuda.nccl.version()))}
+
+
+ALLOCATOR_SEQUENCE = (512, 1, 1 * MiB, 1 * MiB + 1, 5 * MiB, 10 * MiB - 1, 10 * MiB, 10 * MiB + 1, 37 * MiB + 3,
+                      100 * MiB + 1, 2 * MiB, 512 * 1024)
+"""Request sizes (bytes) held at once, then freed in order and requested again: segment rounding, splits, reuse."""
+
+
+def _allocator_segments() -> dict:
+    """torch's reserved/allocated after each step of a fixed sequence vs memplan's CachingAllocatorModel."""
+    import torch
+
+    from memplan.estimator.allocator import AllocatorConfig, CachingAllocatorModel
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    model = CachingAllocatorModel(AllocatorConfig.from_env())
+    real, handles, rows = [], [], []
+
+    def row(op: str) -> None:
+        rows.append({"op": op, "allocated": torch.cuda.memory_allocated() - base_alloc,
+                     "reserved": torch.cuda.memory_reserved() - base_res,
+                     "model_allocated": model.allocated_bytes, "model_reserved": model.reserved_bytes})
+
+    for n in ALLOCATOR_SEQUENCE:
+        real.append(torch.empty(n, dtype=torch.uint8, device="cuda"))
+        handles.append(model.malloc(n))
+        row(f"malloc {n}")
+    for i in range(0, len(real), 2):
+        real[i] = None
+        model.free(handles[i])
+        row(f"free #{i}")
+    for n in reversed(ALLOCATOR_SEQUENCE):
+        real.append(torch.empty(n, dtype=torch.uint8, device="cuda"))
+        handles.append(model.malloc(n))
+        row(f"malloc {n} again")
+    mismatches = sum(r["reserved"] != r["model_reserved"] or r["allocated"] != r["model_allocated"] for r in rows)
+    real.clear()
+    torch.cuda.empty_cache()
+    return {"rows": rows, "mismatches": mismatches,
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF")}
+
+
+def context() -> dict:
+    """The context alone: init, one tensor, one reading (for CUDA_MODULE_LOADING=EAGER)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device"}
+    snaps = Snapshots()
+    torch.cuda.init()
+    _keep = torch.zeros(1, device="cuda")
+    started = time.perf_counter()
+    row = snaps.take("context: first tensor")
+    return {"module_loading": os.environ.get("CUDA_MODULE_LOADING", "LAZY (unset)"), "context": row,
+            "seconds": time.perf_counter() - started, "kept": _keep.numel()}
+
+
+# --- MemoryPlanner on the device ---------------------------------------------------------------
+GPT2_SMALL = dict(vocab_size=50257, context=1024, d_model=768, n_layers=12, n_heads=12, dropout=0.1)
+GPT2_TINY = dict(vocab_size=512, context=32, d_model=32, n_layers=2, n_heads=2, dropout=0.1)
+"""gpt2-small as configs/gpt2-small.yaml builds it, and the dry run's stand-in."""
+
+
+def _tokens(sizes: dict, batch_size: int):
+    """GPTLM.example_batch without building the model: (idx, targets), int64 (B, context)."""
+    import torch
+
+    tokens = torch.randint(0, sizes["vocab_size"], (batch_size, sizes["context"] + 1),
+                           generator=torch.Generator().manual_seed(0))
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def _plan(micro: int, precision: str, gpu_name: str, on_gpu: bool):
+    from memplan.plan import Plan
+
+    return Plan(gpu_name=gpu_name, gpus=(0,) if on_gpu else (), nodes=1, world_size=1, micro_batch_size=micro,
+                accumulate_grad_batches=1, global_batch_size=micro, precision=precision,
+                gradient_checkpointing=False, strategy="auto", predicted_peak_bytes=1, device_budget_bytes=1,
+                host_bytes_per_rank=0)
+
+
+def _quiet() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "memplan"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def oom_retry(cpu: bool) -> dict:
+    """A loaded batch ~1.5x what the card holds, planned as one micro-batch: the first step runs out of
+    memory for real; MemoryPlanner retries smaller on the same samples, and the fit must finish."""
+    import pytorch_lightning as pl
+    import torch
+
+    from memplan.callback import MemoryPlanner
+    from memplan.demos import GPTLM, RandomTokens
+    from memplan.estimator.api import estimate
+
+    _quiet()
+    on_gpu = torch.cuda.is_available() and not cpu
+    sizes = GPT2_TINY if not on_gpu else GPT2_SMALL
+    precision = "bf16-mixed"
+    out: dict = {"model": sizes, "precision": precision}
+    if on_gpu:
+        total = torch.cuda.get_device_properties(0).total_memory
+        est = {m: estimate(lambda: GPTLM(**sizes), _tokens(sizes, m), precision=precision,
+                           device=None).device_total for m in (4, 8)}
+        per_sample = max((est[8] - est[4]) // 4, 1)
+        micro = int(8 + (1.5 * total - est[8]) // per_sample)
+        micro = (micro + 7) // 8 * 8
+        out.update(device_total_bytes=total, estimate_4=est[4], estimate_8=est[8], per_sample_bytes=per_sample)
+    else:
+        micro = 16
+    out["loaded_batch"] = micro
+    steps = 3
+    torch.manual_seed(0)
+    model = GPTLM(**sizes)
+    data = RandomTokens(batch_size=micro, vocab_size=sizes["vocab_size"], context=sizes["context"],
+                        num_samples=micro * (steps + 1))
+    with tempfile.TemporaryDirectory() as tmp:
+        planner = MemoryPlanner(_plan(micro, precision, "local" if on_gpu else "cpu", on_gpu),
+                                log_dir=Path(tmp) / "memplan")
+        trainer = pl.Trainer(accelerator="gpu" if on_gpu else "cpu", devices=1, precision=precision, max_steps=steps,
+                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, log_every_n_steps=1, callbacks=[planner])
+        started = time.perf_counter()
+        trainer.fit(model, datamodule=data)
+        out["fit_seconds"] = time.perf_counter() - started
+        out["global_step"] = trainer.global_step
+        out["finished"] = trainer.global_step == steps
+        out["final_layout"] = None if planner.layout is None else _plain(planner.layout)
+        out["changes"] = _plain(planner.changes)
+        out["rank_log"] = _log_summary(next(iter(sorted((Path(tmp) / "memplan").glob("rank*.jsonl"))), None))
+    if on_gpu:
+        out["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+        out["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+    return out
+
+
+def _plain(value):
+    """JSON-ready copy of a dataclass / container (unknown objects as their repr)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _log_summary(path) -> dict:
+    """The rank log's events by kind, with every OOM retry and change and the last reading in full."""
+    if path is None or not Path(path).is_file():
+        return {"missing": str(path)}
+    events = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    kinds: dict[str, int] = {}
+    for e in events:
+        kinds[str(e.get("event"))] = kinds.get(str(e.get("event")), 0) + 1
+    keep = [e for e in events if e.get("event") not in ("sample", "reading")]
+    readings = [e for e in events if e.get("event") in ("sample", "reading")]
+    return {"events": kinds, "notable": keep[:40], "readings": readings[:50]}
+
+
+def overhead(cpu: bool, repeat: int) -> dict:
+    """MemoryPlanner's cost per step on gpt2-small, end to end and its own code (benchmarks.callback_overhead's
+    instrumentation), at the default interval."""
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.callbacks import Callback
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from benchmarks.callback_overhead import WARMUP, OwnTime, StepClock
+    from memplan.callback import MemoryPlanner
+    from memplan.demos import GPTLM
+
+    _quiet()
+    on_gpu = torch.cuda.is_available() and not cpu
+    sizes, micro, steps = (GPT2_SMALL, 8, 220) if on_gpu else (GPT2_TINY, 4, WARMUP + 30)
+    precision = "bf16-mixed"
+
+    def run(arm: str, n_steps: int, tmp: Path) -> dict:
+        torch.manual_seed(0)
+        model = GPTLM(**sizes)
+        x, y = model.example_batch(micro)
+        data = TensorDataset(x.repeat(n_steps + 1, 1), y.repeat(n_steps + 1, 1))
+        clock = StepClock()
+        target = None
+        if arm in ("with", "own"):
+            target = MemoryPlanner(_plan(micro, precision, "local" if on_gpu else "cpu", on_gpu),
+                                   log_dir=tmp / "memplan")
+        elif arm == "floor":
+            target = Callback()
+        trainer = pl.Trainer(accelerator="gpu" if on_gpu else "cpu", devices=1, precision=precision,
+                             max_steps=n_steps, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=50,
+                             callbacks=[c for c in (target, clock) if c is not None])
+        own = OwnTime(target, clock) if arm in ("own", "floor") else None
+        try:
+            trainer.fit(model, DataLoader(data, batch_size=micro))
+        finally:
+            own_s = own.close() if own is not None else None
+        row = {"arm": arm, "step_ms": clock.step_s * 1e3, "steps": clock.steps}
+        if own_s is not None:
+            row["us_per_step"] = own_s / clock.steps * 1e6
+        return row
+
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        run("without", WARMUP + 10, Path(tmp))  # warm: kernels, cuBLAS handles, imports
+        for i, arm in enumerate(["without", "with"] * repeat + ["own", "floor"]):
+            try:
+                runs.append(run(arm, steps, Path(tmp) / str(i)))
+            except Exception as err:  # noqa: BLE001 -- e.g. the instrumentation meets a changed callback
+                runs.append({"arm": arm, "error": f"{type(err).__name__}: {err}"[:1000]})
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+    out = {"model": sizes, "micro_batch": micro, "precision": precision, "steps": steps, "repeat": repeat,
+           "device": "cuda" if on_gpu else "cpu", "runs": runs}
+    step = {arm: [r["step_ms"] for r in runs if r["arm"] == arm and "step_ms" in r] for arm in ("without", "with")}
+    if step["without"] and step["with"]:
+        base = statistics.median(step["without"])
+        out.update(median_step_ms_without=base, median_step_ms_with=statistics.median(step["with"]),
+                   end_to_end_overhead=statistics.median(step["with"]) / base - 1)
+        own = [r["us_per_step"] for r in runs if r["arm"] == "own" and "us_per_step" in r]
+        floor = [r["us_per_step"] for r in runs if r["arm"] == "floor" and "us_per_step" in r]
+        if own and floor:
+            out.update(own_us_per_step=own[0], floor_us_per_step=floor[0], own_overhead=own[0] / (base * 1e3))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("probe", choices=("overheads", "context", "oom-retry", "overhead"))
+    parser.add_argument("--cpu", action="store_true", help="run on CPU with tiny sizes (the dry run)")
+    parser.add_argument("--repeat", type=int, default=3, help="overhead: end-to-end runs without and with")
+    args = parser.parse_args(argv)
+    if args.probe == "overheads":
+        result = overheads()
+    elif args.probe == "context":
+        result = context()
+    elif args.probe == "oom-retry":
+        result = oom_retry(args.cpu)
+    else:
+        result = overhead(args.cpu, args.repeat)
+    print(RESULT_MARKER + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

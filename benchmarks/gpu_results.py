@@ -1,0 +1,439 @@
+"""Turn the GPU campaign's raw results (DIR/part1.json, DIR/part2.json) into committed result files.
+
+    python -m benchmarks.gpu_results DIR [--results benchmarks/results]
+
+writes, for whatever the parts measured (a section that failed or ran out of time is reported as such):
+  accuracy_gpu.{md,json}        estimates vs torch's and NVML's peaks, native and CPU-emulated, per case
+  cuda_overheads_gpu.{md,json}  CUDA context, cuBLAS workspaces, kernels, allocator segments; the JSON's
+                                `replaces` maps each constant of memplan/estimator/cuda.py to the measured figure
+  calibration_gpu.json          the same as a memplan calibration file (MEMPLAN_CALIBRATION=... on that machine)
+  validate_gpu.{md,json}        `memplan validate` on the GPU, before and with its calibration
+  plan_vs_bisect_gpu.{md,json}  planned micro-batch vs the largest that runs; planning vs BatchSizeFinder time
+  callback_gpu.{md,json}        MemoryPlanner through a real CUDA OOM, NVML readings, overhead per step
+Every Markdown file names the device, driver, torch and CUDA versions. A dry run's results are refused for
+benchmarks/results (they are CPU figures); render them elsewhere with --results.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from memplan.units import MiB, format_bytes
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GOALS = {"median_abs": 0.03, "worst_abs": 0.06, "most_under": -0.02}
+"""Issue 14's accuracy goals: median |error| <= 3 %, worst <= 6 %, never under by more than 2 %."""
+
+
+def load_parts(folder: Path) -> dict[int, dict]:
+    parts = {}
+    for n in (1, 2):
+        path = folder / f"part{n}.json"
+        if path.is_file():
+            try:
+                parts[n] = json.loads(path.read_text())
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} is not valid JSON ({err}); was the run cut off while writing it?") from err
+    if not parts:
+        raise ValueError(f"{folder} has neither part1.json nor part2.json; pass the folder the campaign wrote "
+                         "(the run tool's files_at)")
+    return parts
+
+
+def section(parts: dict[int, dict], name: str) -> dict | None:
+    for data in parts.values():
+        if name in data.get("sections", {}):
+            return data["sections"][name]
+    return None
+
+
+def environment(parts: dict[int, dict]) -> dict:
+    """The first part's environment section (both parts run on the same machine)."""
+    for data in parts.values():
+        env = data.get("sections", {}).get("environment")
+        if env and env.get("status") == "done":
+            return dict(env, date=data.get("started"), dry_run=data.get("dry_run", False))
+    return {"date": None, "dry_run": any(d.get("dry_run") for d in parts.values())}
+
+
+def header(title: str, env: dict, raw: str) -> list[str]:
+    """The title and the line naming the device, driver, torch and CUDA."""
+    gpu = env.get("gpu") or {}
+    packages = env.get("packages") or {}
+    cc = gpu.get("compute_capability")
+    lines = [f"# {title}", ""]
+    if env.get("dry_run"):
+        lines += ["**DRY RUN on CPU: these are not GPU figures.**", ""]
+    device = (f"{gpu.get('name')} ({format_bytes(gpu['total_bytes']) if gpu.get('total_bytes') else '?'}, "
+              f"sm{cc[0]}{cc[1]})" if gpu else "no GPU")
+    lines += [f"Device: {device}; driver {env.get('driver')} (CUDA {env.get('cuda_driver')}); torch {env.get('torch')} "
+              f"(CUDA {env.get('torch_cuda')}, cuDNN {env.get('cudnn')}); Lightning {packages.get('pytorch-lightning')}, "
+              f"transformers {packages.get('transformers')}; Python {env.get('python')}; measured {env.get('date')} "
+              f"on memplan {str(env.get('memplan_commit'))[:10]}. Raw figures: `{raw}`.", ""]
+    return lines
+
+
+def status_line(entry: dict | None, name: str) -> list[str]:
+    if entry is None:
+        return [f"`{name}`: not run (its part's JSON is missing).", ""]
+    if entry.get("status") == "done" and entry.get("out_of_time"):
+        return [f"`{name}`: {len(entry['out_of_time'])} cases cut off by the time budget: "
+                f"{', '.join(entry['out_of_time'])}.", ""]
+    if entry.get("status") != "done":
+        return [f"`{name}`: **{entry.get('status')}** after {entry.get('seconds', 0):.0f} s"
+                + (f": {entry['error'][:500]}" if entry.get("error") else "") + "; what it measured before is below.", ""]
+    return []
+
+
+def _pct(e: float | None) -> str:
+    return "-" if e is None else f"{100 * e:+.2f}%"
+
+
+def _b(n) -> str:
+    return "-" if n is None else format_bytes(int(n))
+
+
+# --- accuracy --------------------------------------------------------------------------------------
+def accuracy(parts, env, out: Path) -> None:
+    from benchmarks.accuracy_gpu import summarize
+
+    entries = [e for e in (section(parts, "accuracy_zoo"), section(parts, "accuracy_extra")) if e is not None]
+    if not entries:
+        return
+    rows = [r for e in entries for r in e.get("rows", [])]
+    summary = summarize(rows)
+    lines = header("memplan's estimates vs a real GPU, on the zoo", env, "accuracy_gpu.json")
+    for name, e in zip(("accuracy_zoo", "accuracy_extra"), entries):
+        lines += status_line(e, name)
+    lines += ["Error = (estimate - measured) / measured, over the steady-state step (step 2). native: traced on fake "
+              "CUDA tensors; emulated: on fake CPU tensors with CUDA semantics (what a CPU-only machine does). "
+              "allocated: peak_allocated vs torch.cuda.max_memory_allocated; reserved: peak_reserved vs "
+              "max_memory_reserved; nvml: device_total vs NVML's per-process peak (memplan's sourced CUDA context; "
+              "no calibration). Goal: median |error| <= 3 %, worst <= 6 %, never under by more than 2 %.", "",
+              "| figure | median abs | worst abs | most under | n | goal |", "|---|---:|---:|---:|---:|---|"]
+    for key, s in summary.items():
+        met = (s["median_abs"] <= GOALS["median_abs"] and s["worst_abs"] <= GOALS["worst_abs"]
+               and s["most_under"] >= GOALS["most_under"])
+        lines.append(f"| {key} | {100 * s['median_abs']:.2f}% | {100 * s['worst_abs']:.2f}% | "
+                     f"{100 * s['most_under']:+.2f}% | {s['n']} | {'met' if met else 'NOT met'} |")
+    groups: dict[str, list[dict]] = {}
+    cases = _cases()
+    for r in rows:
+        c = cases.get(r["case"])
+        if c is not None:
+            groups.setdefault(f"{c.precision}{' + ckpt' if c.checkpointing else ''}", []).append(r)
+    lines += ["", "By precision and checkpointing (native allocated / reserved / nvml):", "",
+              "| setting | n | allocated median / worst | reserved median / worst | nvml median / worst |",
+              "|---|---:|---|---|---|"]
+    for g, rs in sorted(groups.items()):
+        s = summarize(rs)
+
+        def mw(key: str) -> str:
+            return "-" if key not in s else f"{100 * s[key]['median_abs']:.2f}% / {100 * s[key]['worst_abs']:.2f}%"
+
+        lines.append(f"| {g} | {len(rs)} | {mw('native_err_allocated')} | {mw('native_err_reserved')} | "
+                     f"{mw('native_err_nvml')} |")
+    contexts = [c for c in (context_of(r["truth"]) for r in rows) if c is not None]
+    if contexts:
+        lines += ["", f"Memory outside the allocator (NVML process peak - max_memory_reserved: the CUDA context and "
+                  f"kernels a training step loaded), over {len(contexts)} cases: min {_b(min(contexts))}, median "
+                  f"{_b(statistics.median(contexts))}, max {_b(max(contexts))}."]
+    lines += ["", "| case | measured allocated | native | emulated | measured reserved | native | emulated | NVML peak "
+              "| native | emulated | outside allocator |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        t = r["truth"]
+        if "error" in t:
+            lines.append(f"| {r['case']} | error: {t['error'][:120]} | | | | | | | | | |")
+            continue
+        lines.append(f"| {r['case']} | {_b(t.get('max_allocated'))} | {_pct(r['native_err_allocated'])} | "
+                     f"{_pct(r['emulated_err_allocated'])} | {_b(t.get('max_reserved'))} | {_pct(r['native_err_reserved'])} | "
+                     f"{_pct(r['emulated_err_reserved'])} | {_b(t.get('nvml_process_peak'))} | {_pct(r['native_err_nvml'])} | "
+                     f"{_pct(r['emulated_err_nvml'])} | {_b(context_of(t))} |")
+    failed = [(r["case"], k, r[k]["error"]) for r in rows for k in ("native", "emulated") if "error" in r[k]]
+    if failed:
+        lines += ["", "Estimates that failed:", ""] + [f"- {c} ({k}): {e[:300]}" for c, k, e in failed]
+    _write(out, "accuracy_gpu", {"environment": env, "summary": summary, "rows": rows}, lines)
+
+
+def _cases() -> dict:
+    from benchmarks.accuracy_gpu import all_cases
+
+    return all_cases()
+
+
+def context_of(truth: dict) -> int | None:
+    if truth.get("nvml_process_peak") is None or truth.get("max_reserved") is None:
+        return None
+    return truth["nvml_process_peak"] - truth["max_reserved"]
+
+
+# --- CUDA overheads -> constants -------------------------------------------------------------------
+def overheads(parts, env, out: Path) -> None:
+    entry = section(parts, "cuda_overheads")
+    if entry is None:
+        return
+    lazy, eager = entry.get("lazy") or {}, entry.get("eager") or {}
+    acc = [r for name in ("accuracy_zoo", "accuracy_extra") for r in (section(parts, name) or {}).get("rows", [])]
+    contexts = [c for c in (context_of(r["truth"]) for r in acc) if c is not None]
+    overheads_ratio = [r["truth"]["max_reserved"] / r["truth"]["max_allocated"] for r in acc
+                       if r["truth"].get("max_reserved") and r["truth"].get("max_allocated")]
+    gpu = env.get("gpu") or {}
+    cc = tuple(gpu["compute_capability"]) if gpu.get("compute_capability") else None
+    measured = derive_constants(lazy, eager, contexts)
+    replaces = _replaces(measured, cc)
+    lines = header("CUDA memory besides tensors, measured", env, "cuda_overheads_gpu.json")
+    lines += status_line(entry, "cuda_overheads")
+    if "skipped" in lazy:
+        lines += [f"Not measured: {lazy['skipped']}.", ""]
+    lines += ["| figure | measured | memplan now | where |", "|---|---:|---:|---|"]
+    for name, r in replaces.items():
+        lines.append(f"| {name} | {_b(r['measured']) if r['unit'] == 'bytes' else r['measured']} | "
+                     f"{_b(r['now']) if r['unit'] == 'bytes' else r['now']} | {r['how']} |")
+    for name, how in (("cudnn_outside_allocator", "cuDNN handle + conv kernels, outside the allocator"),
+                      ("sdpa_outside_allocator", "bf16 SDPA kernels, outside the allocator"),
+                      ("nccl_one_rank_outside_allocator", "a 1-rank NCCL group + all-reduce, outside the allocator"),
+                      ("cudnn_workspace_peak", "peak allocated above the start during a conv fwd+bwd"),
+                      ("context_bare", "CUDA context after the first tensor (nothing else loaded)"),
+                      ("context_after_kernels", "the same after cuBLAS, cuDNN and SDPA kernels ran")):
+        lines.append(f"| {name} | {_b(measured.get(name))} | - | {how} |")
+    alloc = lazy.get("allocator") or {}
+    if alloc:
+        lines += ["", f"Caching allocator: {len(alloc.get('rows', []))} steps of a fixed malloc/free sequence "
+                  f"replayed on torch and on memplan's CachingAllocatorModel; {alloc.get('mismatches')} steps differ.", "",
+                  "| step | torch allocated | model | torch reserved | model |", "|---|---:|---:|---:|---:|"]
+        for r in alloc.get("rows", []):
+            lines.append(f"| {r['op']} | {r['allocated']} | {r['model_allocated']} | {r['reserved']} | "
+                         f"{r['model_reserved']} |")
+    if overheads_ratio:
+        lines += ["", f"Allocator overhead (max_memory_reserved / max_memory_allocated) over {len(overheads_ratio)} "
+                  f"zoo cases: median {statistics.median(overheads_ratio):.4f}, max {max(overheads_ratio):.4f}."]
+    errors = {**(lazy.get("errors") or {}), **({"eager": eager["error"]} if "error" in eager else {})}
+    if errors:
+        lines += ["", "Sub-measurements that failed:", ""] + [f"- {k}: {v[:300]}" for k, v in errors.items()]
+    calibration = _calibration(parts, env, measured, overheads_ratio, cc)
+    _write(out, "cuda_overheads_gpu", {"environment": env, "measured": measured, "replaces": replaces,
+                                       "calibration": calibration, "raw": entry}, lines)
+    if calibration is not None and not env.get("dry_run"):
+        (out / "calibration_gpu.json").write_text(json.dumps(
+            {"format": 1, "entries": {_key_str(calibration["key"]): calibration}}, indent=2) + "\n")
+
+
+def derive_constants(lazy: dict, eager: dict, contexts: list[int]) -> dict:
+    """The figures the constants come from (bytes; None where not measured)."""
+    def get(d: dict | None, *keys):
+        for k in keys:
+            if not isinstance(d, dict) or d.get(k) is None:
+                return None
+            d = d[k]
+        return d
+
+    snaps = {s["label"]: s for s in lazy.get("snapshots", [])}
+    cublas = lazy.get("cublas") or {}
+    main, autograd = cublas.get("main_thread_workspace"), cublas.get("autograd_thread_workspace")
+    return {
+        "context_bare": get(lazy, "context", "outside_allocator"),
+        "context_after_kernels": get(snaps, "nccl: before init", "outside_allocator")
+        or get(snaps, "sdpa: after attention forward + backward", "outside_allocator"),
+        "context_training_step_max": max(contexts) if contexts else None,
+        "context_training_step_median": int(statistics.median(contexts)) if contexts else None,
+        "context_eager": get(eager, "context", "outside_allocator"),
+        "cublas_workspace": main,
+        "cublas_workspaces_per_step": None if main is None or autograd is None else 1 + (autograd >= main // 2 > 0),
+        "cublaslt_separate_workspace": cublas.get("cublaslt_extra_workspace"),
+        "cudnn_outside_allocator": get(lazy, "cudnn", "outside_allocator"),
+        "cudnn_workspace_peak": get(lazy, "cudnn", "peak_allocated_above_start"),
+        "sdpa_outside_allocator": get(lazy, "sdpa", "outside_allocator"),
+        "nccl_one_rank_outside_allocator": get(lazy, "nccl_one_rank", "outside_allocator"),
+    }
+
+
+def _replaces(measured: dict, cc: tuple[int, int] | None) -> dict:
+    """Each constant of memplan/estimator/cuda.py, what memplan uses now for this GPU, and the measured figure
+    (the module's private names are read with getattr: a renamed one shows as '-', never stops the report)."""
+    from memplan.estimator import cuda
+
+    now = cuda.cuda_overheads(cc, env={}) if cc else None
+    major = None if cc is None else min(max(cc[0], 7), 9)
+    big = cc is not None and cc[0] in getattr(cuda, "_CUBLAS_BIG_MAJORS", (9, 10, 11, 12))
+    lazy, how = measured["context_training_step_max"], ("max over the zoo of NVML's process peak - "
+                                                         "max_memory_reserved (a training step's context)")
+    if lazy is None:  # NVML saw no training process: the probe's context after cuBLAS, cuDNN and SDPA kernels
+        lazy, how = measured["context_after_kernels"], ("the probe's context after cuBLAS, cuDNN and SDPA kernels "
+                                                        "(NVML saw no zoo process)")
+    return {
+        f"_CONTEXT_LAZY_BYTES[{major}]": {
+            "unit": "bytes", "now": None if now is None else now.context_bytes, "measured": lazy, "how": how},
+        "_CONTEXT_EAGER_BYTES": {"unit": "bytes", "now": getattr(cuda, "_CONTEXT_EAGER_BYTES", None), "measured": measured["context_eager"],
+                                 "how": "CUDA_MODULE_LOADING=EAGER: context after the first tensor"},
+        "_CUBLAS_BIG_BYTES" if big else "_CUBLAS_DEFAULT_BYTES": {
+            "unit": "bytes", "now": None if now is None else now.cublas_workspace_bytes,
+            "measured": measured["cublas_workspace"],
+            "how": "allocated bytes the first fp32 matmul leaves beyond its output"},
+        "CudaOverheads.cublas_workspaces": {
+            "unit": "count", "now": None if now is None else now.cublas_workspaces,
+            "measured": measured["cublas_workspaces_per_step"],
+            "how": "1 + whether the first backward (autograd's thread) allocated its own workspace"},
+        "CudaOverheads.cublaslt_workspace_bytes": {
+            "unit": "bytes", "now": None if now is None else now.cublaslt_workspace_bytes,
+            "measured": measured["cublaslt_separate_workspace"],
+            "how": "allocated bytes a bf16 addmm (cuBLASLt) leaves beyond its output"},
+    }
+
+
+def _calibration(parts, env, measured: dict, ratios: list[float], cc) -> dict | None:
+    """A memplan Calibration entry (dict) from the measured figures, keyed like `memplan validate`'s."""
+    validate = section(parts, "validate") or {}
+    saved = (validate.get("calibration_file") or {}).get("entries") or {}
+    key = next(iter(saved.values()))["key"] if saved else None
+    if key is None and env.get("gpu") and env.get("driver"):
+        key = {"gpu_name": env["gpu"]["name"], "driver_version": env["driver"], "torch_version": env.get("torch"),
+               "cuda_version": env.get("torch_cuda"), "module_loading": "LAZY"}
+    context = measured.get("context_training_step_max") or measured.get("context_after_kernels")
+    if key is None or context is None or cc is None:
+        return None
+    return {"key": key, "compute_capability": list(cc), "context_bytes": int(context),
+            "allocator_overhead": max(1.0, statistics.median(ratios)) if ratios else 1.0}
+
+
+def _key_str(key: dict) -> str:
+    from memplan.estimator.calibration import CalibrationKey
+
+    return CalibrationKey(**key).as_str()
+
+
+# --- validate, plan vs bisect, callback ------------------------------------------------------------
+def validate(parts, env, out: Path) -> None:
+    entry = section(parts, "validate")
+    if entry is None:
+        return
+    lines = header("`memplan validate` on the GPU", env, "validate_gpu.json")
+    lines += status_line(entry, "validate")
+    lines += ["Each config twice: the first run measures and saves the calibration (CUDA context, allocator "
+              "overhead), the second estimates with it. Goal on a GPU: at most 6 % over and 2 % under.", "",
+              "| run | figure | estimate | measured | error | within goal |", "|---|---|---:|---:|---:|---|"]
+    for name, run in entry.items():
+        if not isinstance(run, dict) or "command" not in run:
+            continue
+        got = run.get("json")
+        if got is None:
+            lines.append(f"| {name} | exit {run.get('exit')}: {(run.get('stderr_tail') or '')[-200:]} | | | | |")
+            continue
+        for r in got.get("rows", []):
+            lines.append(f"| {name} | {r['name']} | {_b(r['estimate_bytes'])} | {_b(r['measured_bytes'])} | "
+                         f"{r['error_pct']:+.2f}% | {r['within_goal']} |")
+    cal = entry.get("calibration_file")
+    lines += ["", "Calibration written: " + ("none" if not cal else "; ".join(
+        f"{k}: context {_b(v['context_bytes'])}, allocator overhead {v['allocator_overhead']:.4f}"
+        for k, v in cal.get("entries", {}).items()))]
+    _write(out, "validate_gpu", {"environment": env, "validate": entry}, lines)
+
+
+def plan_vs_bisect(parts, env, out: Path) -> None:
+    entries = {name: e for data in parts.values() for name, e in data.get("sections", {}).items()
+               if name.startswith("plan_vs_bisect_")}
+    if not entries:
+        return
+    lines = header("memplan's micro-batch vs the largest that runs, and planning time", env, "plan_vs_bisect_gpu.json")
+    for name, e in entries.items():
+        lines += status_line(e, name)
+    lines += ["Goals: memplan's largest micro-batch runs and is >= 90 % of the truth; `memplan suggest` takes "
+              "<= 1/10 of BatchSizeFinder(mode=\"binsearch\")'s time.", "",
+              "| config | precision | ckpt | planned (runs) | memplan max (runs) | truth max (first OOM) | ratio | "
+              "suggest s | BatchSizeFinder s (its batch) | time ratio | goals |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for e in entries.values():
+        ratio, tr = e.get("ratio"), e.get("suggest_over_batch_size_finder")
+        met = None if ratio is None or tr is None else (ratio >= 0.9 and e.get("memplan_max_runs") and tr <= 0.1)
+        lines.append(f"| {e.get('config')} | {e.get('precision')} | {e.get('checkpointing')} | "
+                     f"{e.get('planned_micro_batch')} ({e.get('planned_runs')}) | {e.get('memplan_max_micro_batch')} "
+                     f"({e.get('memplan_max_runs')}) | {e.get('truth_max_micro_batch')} ({e.get('truth_first_oom')}) | "
+                     f"{'-' if ratio is None else f'{100 * ratio:.0f}%'} | {_f(e.get('suggest_seconds'))} | "
+                     f"{_f(e.get('batch_size_finder_seconds'))} ({e.get('batch_size_finder_batch')}) | "
+                     f"{'-' if tr is None else f'{tr:.3f}'} | {'-' if met is None else 'met' if met else 'NOT met'} |")
+    _write(out, "plan_vs_bisect_gpu", {"environment": env, "rows": list(entries.values())}, lines)
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def callback(parts, env, out: Path) -> None:
+    oom, ovh = section(parts, "oom_retry"), section(parts, "callback_overhead")
+    if oom is None and ovh is None:
+        return
+    lines = header("MemoryPlanner on the GPU: a real OOM, NVML readings, overhead", env, "callback_gpu.json")
+    if oom is not None:
+        lines += ["## A batch too large for the card", ""] + status_line(oom, "oom_retry")
+        log = oom.get("rank_log") or {}
+        lines += [f"GPT-2-small-class model ({oom.get('precision')}), loaded batch {oom.get('loaded_batch')} planned as "
+                  f"one micro-batch (memplan's estimate puts it at ~1.5x the card's {_b(oom.get('device_total_bytes'))}). "
+                  f"Finished: {oom.get('finished')} ({oom.get('global_step')} steps, {_f(oom.get('fit_seconds'))} s). "
+                  f"Log events: {log.get('events')}.", ""]
+        for e in log.get("notable", []):
+            if e.get("event") in ("oom_retry", "change", "exception"):
+                lines.append(f"- {json.dumps(e)[:400]}")
+        lines += ["", "| step | process (NVML) | device used | device total | headroom | micro-batch | guarded |",
+                  "|---:|---:|---:|---:|---:|---:|---|"]
+        for r in log.get("readings", []):
+            lines.append(f"| {r.get('step')} | {_b(r.get('process_bytes'))} | {_b(r.get('device_used_bytes'))} | "
+                         f"{_b(r.get('device_total_bytes'))} | {_b(r.get('headroom_bytes'))} | "
+                         f"{r.get('micro_batch_size')} | {r.get('guarded')} |")
+        lines.append("")
+    if ovh is not None:
+        lines += ["## Overhead per step", ""] + status_line(ovh, "callback_overhead")
+        if "own_us_per_step" in ovh:
+            goal = "met" if ovh["own_overhead"] < 0.005 else "NOT met"
+            lines += [f"gpt2-small, micro-batch {ovh.get('micro_batch')}, {ovh.get('precision')}, {ovh.get('steps')} "
+                      f"steps a run ({ovh.get('repeat')} runs without and with, interleaved), default interval.", "",
+                      "| ms/step without | ms/step with | end to end | own code us/step | any callback's dispatch "
+                      "us/step | own code / step | goal < 0.5 % |", "|---:|---:|---:|---:|---:|---:|---|",
+                      f"| {ovh['median_step_ms_without']:.2f} | {ovh['median_step_ms_with']:.2f} | "
+                      f"{100 * ovh['end_to_end_overhead']:+.2f}% | {ovh['own_us_per_step']:.1f} | "
+                      f"{ovh['floor_us_per_step']:.1f} | {100 * ovh['own_overhead']:.3f}% | {goal} |"]
+        failed = [r for r in ovh.get("runs", []) if "error" in r]
+        lines += [""] + [f"- run `{r['arm']}` failed: {r['error'][:300]}" for r in failed] if failed else []
+    _write(out, "callback_gpu", {"environment": env, "oom_retry": oom, "overhead": ovh}, lines)
+
+
+def _write(out: Path, name: str, data: dict, lines: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=repr) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines).rstrip() + "\n")
+
+
+def convert(folder: Path, out: Path) -> list[str]:
+    """Write every result file the parts allow; the names written."""
+    parts = load_parts(folder)
+    env = environment(parts)
+    started = time.time()
+    for fn in (overheads, accuracy, validate, plan_vs_bisect, callback):
+        fn(parts, env, out)
+    return sorted(p.name for p in out.glob("*_gpu.*") if p.stat().st_mtime >= started - 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", help="the folder holding part1.json / part2.json")
+    parser.add_argument("--results", default=str(RESULTS), help="where to write (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    try:
+        parts = load_parts(Path(args.folder))
+    except ValueError as err:
+        print(f"gpu_results: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.results)
+    if any(d.get("dry_run") for d in parts.values()) and out.resolve() == RESULTS.resolve():
+        print(f"gpu_results: {args.folder} holds a dry run (CPU figures); pass --results DIR to render it "
+              "outside benchmarks/results", file=sys.stderr)
+        return 2
+    for name in convert(Path(args.folder), out):
+        print(out / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
