@@ -106,3 +106,33 @@ def restored_layout(state: dict[str, Any] | None, world_size: int) -> Layout | N
                        f"has {world_size}; planning afresh instead of resuming it")
         return None
     return Layout.from_dict(state)
+
+
+def check_loss_arguments(loss_reduction: Any, mean_over: Any) -> None:
+    """ValueError naming the argument and what it accepts."""
+    if loss_reduction not in ("mean", "sum"):
+        raise ValueError(f"MemoryPlanner(loss_reduction=...) must be 'mean' or 'sum' (how training_step's loss "
+                         f"reduces over the batch); got {loss_reduction!r}")
+    if mean_over is not None and not callable(mean_over):
+        raise ValueError(f"MemoryPlanner(mean_over=...) must be callable(batch) -> number, e.g. "
+                         f"lambda b: (b['labels'] != -100).sum(); got {mean_over!r}")
+    if mean_over is not None and loss_reduction != "mean":
+        raise ValueError("MemoryPlanner(mean_over=...) says what a 'mean' loss averages over; with "
+                         f"loss_reduction={loss_reduction!r} leave it None")
+
+
+def split_caveats(pl_module: pl.LightningModule, loss_reduction: str, mean_over: Any) -> str:
+    """What a batch split into chunks keeps exact, and what it cannot, in words."""
+    over = "summed" if loss_reduction == "sum" else (
+        "weighted by each chunk's share of `mean_over`" if mean_over is not None else "weighted by each chunk's "
+        "share of the samples")
+    kind = "a sum over samples" if loss_reduction == "sum" else (
+        "a mean over what `mean_over` counts" if mean_over is not None else "a mean over samples")
+    norms = sorted({type(m).__name__ for m in pl_module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)})
+    batch_norm = (f" The model's {', '.join(norms)} layers normalise over each chunk, not the batch (their "
+                  "statistics differ)." if norms else "")
+    return (f"Chunk losses are {over} (MemoryPlanner(loss_reduction={loss_reduction!r})), which trains as the whole "
+            f"batch does for a loss that is {kind}.{batch_norm} A loss that "
+            "compares samples within the batch (contrastive, in-batch negatives, ranking) sees only its chunk and "
+            "is not the same; such a model needs the loader's batch to run whole (a larger device, or "
+            "MemoryPlanner(adjust=False) with a plan at the loader's batch).")

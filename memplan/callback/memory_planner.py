@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -19,12 +20,14 @@ from memplan.callback.apply import (
     layout_from_plan, load_plan, plan_mismatches, planning_request,
 )
 from memplan.callback.checks import (
-    ADJUST_FIX, CHUNKS_FIX, check_arguments, check_can_adjust, check_gradient_hooks, check_guard, restored_layout,
+    ADJUST_FIX, CHUNKS_FIX, check_arguments, check_can_adjust, check_gradient_hooks, check_guard, check_loss_arguments,
+    restored_layout, split_caveats,
 )
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
-from memplan.callback.layout import Layout, loaded_batch_size
+from memplan import batching
+from memplan.callback.layout import Layout
 from memplan.hardware import host_info
 from memplan.monitor import Adjuster, Change, RankLog, RankStatus, gather_rows, gather_statuses, log_metrics, summary_line
 from memplan.plan import Plan
@@ -84,6 +87,16 @@ class MemoryPlanner(*CALLBACKS):
         planner: ``callable(PlanRequest, estimator) -> Plan`` for planning now. Default:
             :func:`memplan.planner.make_plan` (plans keep twice ``margin`` free, so a plan that
             fits is not lowered at once).
+        loss_reduction: how training_step's loss reduces over the batch, so a batch split into
+            chunks trains as the whole batch would: ``"mean"`` weights each chunk's loss by its share
+            of what the mean is over, ``"sum"`` adds the chunks' losses.
+        mean_over: ``callable(batch) -> number``: what a ``"mean"`` loss averages over, when not
+            samples, e.g. the tokens that count: ``lambda b: (b["labels"] != -100).sum()``.
+
+    Batches: any Lightning accepts (tensors in tuples, lists, dicts, namedtuples, dataclasses); a
+    tensor whose first dimension is the batch size is split along it, any other value travels whole
+    to every chunk. Override :meth:`batch_size_of` and :meth:`split_batch` for batches that need
+    their own split.
 
     Example::
 
@@ -107,9 +120,14 @@ class MemoryPlanner(*CALLBACKS):
         batch_arg_name: str = "batch_size",
         log_dir: str | os.PathLike | None = None,
         planner: Callable[[PlanRequest, Estimator], Plan] | None = None,
+        loss_reduction: Literal["mean", "sum"] = "mean",
+        mean_over: Callable[[Any], Any] | None = None,
     ) -> None:
         check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_margin, grow_patience, guard,
                         planner)
+        check_loss_arguments(loss_reduction, mean_over)
+        self._loss_reduction = loss_reduction
+        self._mean_over = mean_over
         self._plan_arg = plan
         self._global_batch_size = global_batch_size
         self._every_n_steps = every_n_steps
@@ -145,6 +163,17 @@ class MemoryPlanner(*CALLBACKS):
         """This rank's JSON-lines log."""
         self.changes: list[dict[str, Any]] = []
         """The shared changes made during fit, as logged."""
+
+    # --- batch hooks: override for batches that need their own split -------------------------
+    def batch_size_of(self, batch: Any) -> int:
+        """Samples in a loaded batch: by default the leading dimension most of its tensors share
+        (:func:`memplan.batching.batch_size_of`). ValueError, naming the fields, when it cannot tell."""
+        return batching.batch_size_of(batch)
+
+    def split_batch(self, batch: Any, start: int, stop: int, batch_size: int) -> Any:
+        """Samples [start, stop) of a loaded batch of `batch_size`, as training_step receives a batch:
+        by default every tensor whose first dimension is `batch_size` sliced (a view), the rest whole."""
+        return batching.split_batch(batch, start, stop, batch_size)
 
     # --- hooks: one line each ----------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -277,6 +306,8 @@ class MemoryPlanner(*CALLBACKS):
             retry=self._adjust, can_guard=blocker is None, enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
             out_of_memory=lambda message, size: self._out_of_memory(trainer, message, size),
+            loss_reduction=self._loss_reduction, mean_over=self._mean_over, size_of=self.batch_size_of,
+            split=self.split_batch, on_first_split=lambda size, chunk: self._warn_split(pl_module, size, chunk),
         )
         self._runner.install()
 
@@ -286,17 +317,47 @@ class MemoryPlanner(*CALLBACKS):
         if self._first_batch_seen or self.layout is None:
             return
         self._first_batch_seen = True
-        size = loaded_batch_size(batch)
-        if size is None or size == self.layout.loader_batch_size:
+        try:
+            size = self.batch_size_of(batch)
+        except ValueError as err:
+            self._unsplittable(err)
             return
+        if size == self.layout.loader_batch_size:
+            return
+        before = self.layout
+        self.layout = before.with_loader_batch(size)
+        clamped = (f"; the planned micro-batch of {before.micro_batch_size} is clamped to it"
+                   if before.micro_batch_size > size else "")
+        why = (f"a dataset of fewer samples than the batch, or a loader that does not read `{self._batch_arg_name}`"
+               if size < before.loader_batch_size else f"it does not read `{self._batch_arg_name}`")
         rank_zero_warn(f"MemoryPlanner: the train loader yields {size} samples per batch, not the "
-                       f"{self.layout.loader_batch_size} of the layout (it does not read `{self._batch_arg_name}`); "
-                       f"micro-batches are cut from its {size}, and the global batch is "
-                       f"{size * self.layout.world_size * self.layout.accumulate_grad_batches}")
-        self.layout = self.layout.with_loader_batch(size)
+                       f"{before.loader_batch_size} of the layout ({why}){clamped}; micro-batches are cut from its "
+                       f"{size}, and the global batch is {self.layout.global_batch_size}")
         if self._runner is not None:
             self._runner.loader_batch_size = size
+            self._runner.micro_batch_size = min(self._runner.micro_batch_size, size)
+        if self._adjuster is not None:  # growth stops at the batch the loader yields
+            self._adjuster.planned_micro_batch_size = min(self._adjuster.planned_micro_batch_size, size)
         self._log.write("loader", trainer.global_step, layout=self.layout.to_dict())
+
+    def _unsplittable(self, err: ValueError) -> None:
+        """A batch MemoryPlanner cannot split: refused where the layout splits it, else a warning
+        that an OOM cannot be retried smaller."""
+        fix = "or override MemoryPlanner.batch_size_of and split_batch (subclass MemoryPlanner)"
+        if self.layout.chunks > 1:
+            raise MisconfigurationException(
+                f"MemoryPlanner runs each loaded batch of {self.layout.loader_batch_size} as chunks of "
+                f"{self.layout.micro_batch_size}, and cannot split this one: {err}. Give the loader the batch-size "
+                f"attribute MemoryPlanner sets (batch_arg_name={self._batch_arg_name!r}), {fix}") from None
+        if self._runner is not None:
+            rank_zero_warn(f"MemoryPlanner cannot split this train batch, so an OOM in it is not retried smaller: "
+                           f"{err}")
+
+    def _warn_split(self, pl_module: pl.LightningModule, size: int, chunk: int) -> None:
+        """Once, on the rank that first splits a batch: what splitting does not keep exact."""
+        warnings.warn(f"MemoryPlanner: a batch of {size} samples runs as chunks of {chunk} from now on (rank "
+                      f"{pl_module.global_rank}). {split_caveats(pl_module, self._loss_reduction, self._mean_over)}",
+                      stacklevel=2)
 
     # --- watch and adjust --------------------------------------------------------------------
     def _maybe_check(self, trainer: pl.Trainer) -> None:
