@@ -28,6 +28,9 @@ from memplan.callback.collectives import decide_on_rank_zero, gather_objects
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
 from memplan import batching
 from memplan.callback.layout import Layout
+from memplan.callback.rewrites import (
+    Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
+)
 from memplan.hardware import host_info
 from memplan.monitor import Adjuster, Change, RankLog, RankStatus, gather_rows, gather_statuses, log_metrics, summary_line
 from memplan.plan import Plan
@@ -81,7 +84,10 @@ class MemoryPlanner(*CALLBACKS):
             again. ``"always"``: every backward runs where its OOM can be retried, for inputs
             whose size varies a lot from batch to batch.
         allow_checkpointing: whether checkpointing may be turned on (by a plan, or at micro-batch 1).
-        strict: a plan that does not match the Trainer raises instead of warning.
+        strict: refuse, with a MisconfigurationException naming the setting, to change the user's
+            settings (the batch size, ``accumulate_grad_batches``, activation checkpointing, also
+            mid-run) or to run a plan that does not match the Trainer; without it each change is
+            one warning, before -> after, and a line of the end-of-fit summary.
         batch_arg_name: the attribute holding the train loader's batch size.
         log_dir: folder of the per-rank logs. Default: ``<trainer.log_dir>/memplan``.
         planner: ``callable(PlanRequest, estimator) -> Plan`` for planning now. Default:
@@ -163,6 +169,9 @@ class MemoryPlanner(*CALLBACKS):
         """This rank's JSON-lines log."""
         self.changes: list[dict[str, Any]] = []
         """The shared changes made during fit, as logged."""
+        self.rewrites: list[Rewrite] = []
+        """The user's settings MemoryPlanner changed (batch size, accumulation, checkpointing)."""
+        self._mismatches: list[str] = []
 
     # --- batch hooks: override for batches that need their own split -------------------------
     def batch_size_of(self, batch: Any) -> int:
@@ -224,6 +233,7 @@ class MemoryPlanner(*CALLBACKS):
     def _check_plan(self, trainer: pl.Trainer, plan: Plan) -> None:
         mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
                                      nodes=trainer.num_nodes)
+        self._mismatches = mismatches
         for message in mismatches:
             if self._strict:
                 raise MisconfigurationException(f"MemoryPlanner(strict=True): {message}")
@@ -234,10 +244,15 @@ class MemoryPlanner(*CALLBACKS):
         # the batch size can be set where the model (hparams, datamodule) has it and builds the loader
         settable = lightning_hasattr(pl_module, self._batch_arg_name) and trainer.fit_loop._data_source.is_module()
         layout, source = self._resolve_layout(trainer, pl_module, settable)
-        checkpointable = self._allow_checkpointing and can_checkpoint(pl_module)
+        checkpointable = self._allow_checkpointing and not self._strict and can_checkpoint(pl_module)
         if layout.gradient_checkpointing and not self._allow_checkpointing:
             raise MisconfigurationException("MemoryPlanner: the plan turns checkpointing on, which "
                                             "allow_checkpointing=False forbids; allow it, or plan without it")
+        self.rewrites = layout_rewrites(
+            trainer, pl_module, layout, source=source, batch_arg_name=self._batch_arg_name if settable else None,
+            loader_batch_size=current_loader_batch_size(trainer, pl_module, self._batch_arg_name) if settable else 0,
+            checkpointing_on=checkpointing_is_on(pl_module))
+        announce(self.rewrites, strict=self._strict)
         apply_layout(trainer, pl_module, layout, self._batch_arg_name if settable else None)
         self.layout = layout
         self._adjuster = Adjuster(margin=self._margin, grow=self._grow, grow_margin=self._grow_margin,
@@ -248,7 +263,8 @@ class MemoryPlanner(*CALLBACKS):
         if self._adjust or layout.chunks > 1:
             self._install_runner(trainer, pl_module, layout, checkpointable)
         self._log.write("apply", trainer.global_step, source=source, layout=layout.to_dict(),
-                        plan=None if self.plan is None else self.plan.to_dict())
+                        plan=None if self.plan is None else self.plan.to_dict(),
+                        rewrites=[r.to_dict() for r in self.rewrites])
         rank_zero_info(f"MemoryPlanner ({source}): {layout.describe()}")
 
     def _resolve_layout(self, trainer: pl.Trainer, pl_module: pl.LightningModule, settable: bool
@@ -266,6 +282,9 @@ class MemoryPlanner(*CALLBACKS):
         self._planned_micro_batch_size = self.plan.micro_batch_size
         layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
                                   settable=settable)
+        if layout.micro_batch_size < self.plan.micro_batch_size:
+            rank_zero_warn(f"MemoryPlanner: the plan's micro-batch of {self.plan.micro_batch_size} is above the "
+                           f"{loader_batch} samples the train loader yields per batch; clamped to {loader_batch}")
         return layout, source
 
     def _plan_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader_batch: int) -> Plan:
@@ -423,6 +442,9 @@ class MemoryPlanner(*CALLBACKS):
         record = self._log.write("change", trainer.global_step, cause=change.cause, ranks=list(change.ranks),
                                  reason=change.reason, before=before.to_dict(), after=self.layout.to_dict())
         self.changes.append(record)
+        if self.layout.gradient_checkpointing and not before.gradient_checkpointing:
+            self.rewrites.append(checkpointing_rewrite(trainer.global_step, change.reason))
+            rank_zero_warn(f"MemoryPlanner changes {self.rewrites[-1].describe()}")
         rank_zero_info(f"MemoryPlanner at step {trainer.global_step}: {change.reason}; now {self.layout.describe()}")
 
     def _record_retry(self, trainer: pl.Trainer, retry: OomRetry) -> None:
@@ -485,7 +507,7 @@ class MemoryPlanner(*CALLBACKS):
             lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low),
                                       runs.micro_batch_size, runs.micro_batches_per_step, runs.gradient_checkpointing,
                                       int(ooms)))
-        rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines))
+        rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines + summary_lines(self.rewrites, self._mismatches)))
 
     def _close(self) -> None:
         if self._runner is not None:
