@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 
 RESTORED = "restored from the checkpoint"
 OUTSIDE_CHUNKS = "where MemoryPlanner does not retry (the optimizer step, validation or another hook)"
+MANUAL_OPTIMIZATION = (
+    "MemoryPlanner does not adjust micro-batches under manual optimization (automatic_optimization=False): "
+    "training_step runs its own backwards and optimizer steps, so a batch cannot be split into micro-batch chunks "
+    "nor an OOM retried on part of it. It applies the plan (the batch size, checkpointing; no accumulation, which "
+    "Lightning does not do under manual optimization) and watches memory. Pass adjust=False to say so")
 UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a batch this rank ran unguarded, "
              "the optimizer step, validation or another hook)")
 
@@ -220,6 +225,9 @@ class MemoryPlanner(*CALLBACKS):
         if any(isinstance(c, ACCUMULATION_SCHEDULERS) for c in trainer.callbacks):
             raise MisconfigurationException("MemoryPlanner sets `accumulate_grad_batches` itself; remove the "
                                             "GradientAccumulationScheduler callback, or MemoryPlanner")
+        if self._adjust and not pl_module.automatic_optimization:
+            rank_zero_warn(MANUAL_OPTIMIZATION)
+            self._adjust = False  # this fit only applies and watches
         if self._adjust:
             check_can_adjust(trainer, pl_module)
         if self._plan_arg is not None:
@@ -282,6 +290,13 @@ class MemoryPlanner(*CALLBACKS):
         self._planned_micro_batch_size = self.plan.micro_batch_size
         layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
                                   settable=settable)
+        if not pl_module.automatic_optimization and layout.accumulate_grad_batches > 1:
+            rank_zero_warn(f"MemoryPlanner: the plan's global batch of {layout.global_batch_size} needs "
+                           f"{layout.accumulate_grad_batches} batches per optimizer step, which Lightning does not "
+                           "accumulate under manual optimization: each optimizer step sees one loaded batch per rank, "
+                           f"{layout.loader_batch_size} x {layout.world_size} rank(s) = "
+                           f"{layout.loader_batch_size * layout.world_size} samples")
+            layout = dataclasses.replace(layout, accumulate_grad_batches=1)
         if layout.micro_batch_size < self.plan.micro_batch_size:
             rank_zero_warn(f"MemoryPlanner: the plan's micro-batch of {self.plan.micro_batch_size} is above the "
                            f"{loader_batch} samples the train loader yields per batch; clamped to {loader_batch}")
