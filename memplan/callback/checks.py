@@ -10,6 +10,7 @@ import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 
+from memplan import compat
 from memplan.callback.framework import DDP_STRATEGIES, SINGLE_DEVICE_STRATEGIES, MisconfigurationException
 from memplan.callback.layout import Layout
 from memplan.plan import Plan
@@ -58,7 +59,7 @@ def check_can_adjust(trainer: pl.Trainer, pl_module: pl.LightningModule, fix: st
             "DDP's static_graph=True counts each parameter's gradient hooks over the first iteration, the "
             "micro-batch backwards MemoryPlanner runs under no_sync included, and then skips the all-reduce "
             f"of later steps without an error: drop static_graph=True, or {fix}")
-    if getattr(trainer.strategy, "_layer_sync", None) is not None or any(
+    if compat.layer_sync(trainer.strategy) is not None or any(
             isinstance(m, torch.nn.SyncBatchNorm) for m in pl_module.modules()):
         raise MisconfigurationException(f"SyncBatchNorm synchronises every forward, so every rank must run the "
                                         f"same number of micro-batches, which a rank retrying an OOM does not: {fix}")
@@ -68,7 +69,7 @@ def check_gradient_hooks(pl_module: pl.LightningModule, fix: str = ADJUST_FIX) -
     """Micro-batches hand their gradients over in one backward (memplan.callback.chunking), so a
     parameter's gradient hook would run once per micro-batch and again on the whole gradient."""
     hooked = [name for name, p in pl_module.named_parameters()
-              if p.requires_grad and (p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None))]
+              if p.requires_grad and compat.has_gradient_hooks(p)]
     if hooked:
         more = f" and {len(hooked) - 3} more" if len(hooked) > 3 else ""
         raise MisconfigurationException(
@@ -94,7 +95,7 @@ def check_guard(trainer: pl.Trainer, guard: str) -> str | None:
 def _ddp_option(trainer: pl.Trainer, name: str) -> Any:
     """A DistributedDataParallel argument the Trainer's DDP strategy was given (None elsewhere)."""
     strategy = trainer.strategy
-    return strategy._ddp_kwargs.get(name) if isinstance(strategy, DDP_STRATEGIES) else None
+    return compat.ddp_kwargs(strategy).get(name) if isinstance(strategy, DDP_STRATEGIES) else None
 
 
 def restored_layout(state: dict[str, Any] | None, world_size: int) -> Layout | None:

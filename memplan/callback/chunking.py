@@ -74,7 +74,9 @@ from typing import Any
 
 import torch
 
+from memplan import compat
 from memplan.batching import batch_size_of, split_batch
+from memplan.compat import tensor_version
 from memplan.callback.layout import Layout, chunk_bounds
 from memplan.callback.logged import merge_logged
 from memplan.estimator.step import loss_from_output
@@ -223,6 +225,8 @@ class MicroBatchRunner:
         self._block_sync = getattr(self._trainer.strategy, "block_backward_sync", None)
         model = getattr(self._trainer.strategy, "model", None)
         self._ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
+        self._skips_backward = compat.skip_backward_getter(self._trainer)
+        self._has_rebuilt_buckets = compat.rebuilt_buckets_getter(self._ddp) if self._ddp is not None else None
 
     def remove(self) -> None:
         if self._original is None:
@@ -244,7 +248,7 @@ class MicroBatchRunner:
     # --- the wrapped training_step -----------------------------------------------------------
     def _training_step(self, args: tuple, kwargs: dict) -> Any:
         self.lightning_backward = True
-        if self._trainer.fit_loop.epoch_loop.automatic_optimization._skip_backward:
+        if self._skips_backward():
             return self._original(*args, **kwargs)  # e.g. SWA's batch-norm epoch: no backward to run
         error = None
         if not self.guarded and self.micro_batch_size >= self.loader_batch_size:
@@ -359,7 +363,7 @@ class MicroBatchRunner:
                     return output, loss, logged, weight, None
                 phase = "backward"
                 if not clear:
-                    before = [(g, g._version) if (g := p.grad) is not None else (None, 0) for p in self._params]
+                    before = [(g, tensor_version(g)) if (g := p.grad) is not None else (None, 0) for p in self._params]
                 scale = weight / self._trainer.accumulate_grad_batches
                 with _Recording(self._params, order) if order is not None else _NO_OP:
                     self._backward(loss if scale == 1.0 else loss * scale)
@@ -374,7 +378,7 @@ class MicroBatchRunner:
         synchronised one, where DDP is not finding unused parameters (it then never rebuilds)."""
         ddp = self._ddp
         return (ddp is not None and ddp.require_backward_grad_sync and not ddp.find_unused_parameters
-                and not getattr(ddp, "_has_rebuilt_buckets", False))
+                and not self._has_rebuilt_buckets())
 
     def _backward(self, loss: torch.Tensor) -> None:
         """What Lightning's backward does with a loss, less its hooks and DDP's synchronisation: the
@@ -393,7 +397,7 @@ class MicroBatchRunner:
         if before is None:
             return frozenset(i for i, param in enumerate(self._params) if param.grad is not None)
         return frozenset(i for i, (param, (grad, version)) in enumerate(zip(self._params, before))
-                         if param.grad is not grad or (grad is not None and grad._version != version))
+                         if param.grad is not grad or (grad is not None and tensor_version(grad) != version))
 
     def _carry(self, output: Any, value: torch.Tensor, order: list[int] | None) -> Any:
         """training_step's output with its loss replaced by a carrier of the gradients (module

@@ -26,7 +26,7 @@ from memplan.callback.checks import (
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
-from memplan import batching
+from memplan import batching, compat
 from memplan.callback.layout import Layout
 from memplan.callback.rewrites import (
     Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
@@ -222,6 +222,8 @@ class MemoryPlanner(*CALLBACKS):
 
     # --- setup: environment checks -----------------------------------------------------------
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for outside in compat.check_installed():
+            rank_zero_warn(f"MemoryPlanner: {outside}")
         if any(isinstance(c, ACCUMULATION_SCHEDULERS) for c in trainer.callbacks):
             raise MisconfigurationException("MemoryPlanner sets `accumulate_grad_batches` itself; remove the "
                                             "GradientAccumulationScheduler callback, or MemoryPlanner")
@@ -250,7 +252,7 @@ class MemoryPlanner(*CALLBACKS):
     # --- apply -------------------------------------------------------------------------------
     def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the batch size can be set where the model (hparams, datamodule) has it and builds the loader
-        settable = lightning_hasattr(pl_module, self._batch_arg_name) and trainer.fit_loop._data_source.is_module()
+        settable = lightning_hasattr(pl_module, self._batch_arg_name) and compat.train_data_source(trainer).is_module()
         layout, source = self._resolve_layout(trainer, pl_module, settable)
         checkpointable = self._allow_checkpointing and not self._strict and can_checkpoint(pl_module)
         if layout.gradient_checkpointing and not self._allow_checkpointing:

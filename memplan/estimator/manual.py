@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memplan.compat import attach_stand_in_trainer
 from memplan.estimator.errors import EstimateError
 
 _PASSIVE = {"global_step": 0, "current_epoch": 0, "training": True, "sanity_checking": False, "world_size": 1,
@@ -142,7 +143,7 @@ def run_manual_step(model: nn.Module, batch: Any, trainer: StandInTrainer, *, po
     trainer.phase = moved
     previous_log = model.__dict__.get("log")
     model.__dict__["log"] = lambda *args, **kwargs: None  # Lightning's log needs the Trainer's result store
-    model._trainer = trainer
+    attach_stand_in_trainer(model, trainer)
     try:
         moved("forward")
         with policy.forward_context(trainer.device_type):
@@ -151,7 +152,7 @@ def run_manual_step(model: nn.Module, batch: Any, trainer: StandInTrainer, *, po
             phase("forward_end")
         phase("end")
     finally:
-        model._trainer = None
+        attach_stand_in_trainer(model, None)
         if previous_log is None:
             model.__dict__.pop("log", None)
         else:
