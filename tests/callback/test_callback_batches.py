@@ -157,3 +157,12 @@ def test_a_plan_above_the_loaders_batch_is_clamped_with_a_warning(make_trainer):
     assert module.batch_size == 128 and module.sizes == [96, 96, 96]
     assert (planner.layout.loader_batch_size, planner.layout.micro_batch_size) == (96, 96)
     assert planner.layout.global_batch_size == 96
+
+
+@pytest.mark.parametrize("shape", ["dataclass", "dict", "nested"])
+def test_planning_from_an_estimate_takes_every_batch_shape(make_trainer, shape):
+    planner = MemoryPlanner(grow=False)
+    module = Shaped(shape)
+    fit(make_trainer, module, planner, steps=2)
+    assert planner.plan is not None and planner.plan.global_batch_size == 8
+    assert planner.plan.predicted_peak_bytes > sum(p.numel() * p.element_size() for p in module.parameters())

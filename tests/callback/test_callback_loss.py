@@ -75,3 +75,42 @@ def test_loss_arguments_are_checked():
         MemoryPlanner(mean_over=3)
     with pytest.raises(ValueError, match="mean_over"):
         MemoryPlanner(loss_reduction="sum", mean_over=real_tokens)
+
+
+class ShortOfMemory(TokenLM):
+    """SIMULATED device memory: a forward of more than 3 samples raises torch.OutOfMemoryError."""
+
+    def training_step(self, batch, batch_idx):
+        if len(batch["input_ids"]) > 3:
+            raise torch.OutOfMemoryError("SIMULATED out of memory: more than 3 samples")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_batch_split_by_an_oom_retry_weighs_its_chunks_by_mean_over(make_trainer, tmp_path):
+    whole, whole_logged = train(make_trainer, tmp_path, "whole", "mean")
+    module = ShortOfMemory(batch_size=8)
+    planner = MemoryPlanner(make_plan(8, 1), mean_over=weighted_tokens, every_n_steps=100, grow=False)
+    logger = RecordingLogger(tmp_path / "retried")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_trainer([planner], max_steps=STEPS, logger=logger, log_every_n_steps=1).fit(module)
+    retries = [line for line in planner.log_path.read_text().splitlines() if '"oom_retry"' in line]
+    assert len(retries) == 2  # 8 -> 4 -> 2: the batch ran as chunks of 2
+    assert_same_weights(weights_of(module), whole)
+    logged = [m for m in logger.metrics if "train_loss" in m]
+    assert [m["train_loss"] for m in logged] == pytest.approx([m["train_loss"] for m in whole_logged], rel=1e-12)
+
+
+def test_the_first_split_warns_once_naming_batch_norm(make_trainer, tmp_path):
+    class WithNorm(TokenLM):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.norm = torch.nn.BatchNorm1d(7, dtype=torch.float64)
+
+    planner = MemoryPlanner(make_plan(2, 4), adjust=False)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        make_trainer([planner], max_steps=2).fit(WithNorm(batch_size=8))
+    said = [str(w.message) for w in record if "runs as chunks of" in str(w.message)]
+    assert len(said) == 1
+    assert "BatchNorm1d layers normalise over each chunk" in said[0] and "contrastive" in said[0]
