@@ -6,11 +6,13 @@ gave keeps the data order, the global batch and Lightning's progress counters as
 
 One loaded batch of B samples at micro-batch m runs as chunks c_1..c_k of at most m samples (k = 1
 when m >= B). Every chunk's forward *and* backward run here, under DDP's `no_sync`, each loss scaled
-by its share |c_i|/B, by 1/accumulate_grad_batches and by the GradScaler's scale (16-mixed), exactly
-as Lightning scales the loss it backwards. What training_step returns is a *carrier*: a loss whose
-value is the whole batch's and whose backward hands every parameter the gradient already computed
-(`_CarryGradients`: the gradients are moved out of `.grad` before returning and given back, not
-copied, by Lightning's one backward). So:
+by its weight (`MemoryPlanner(loss_reduction=, mean_over=)`: its share |c_i|/B of the samples, its
+share of `mean_over(batch)` (tokens, say), or 1 for a sum), by 1/accumulate_grad_batches and by the
+GradScaler's scale (16-mixed), exactly as Lightning scales the loss it backwards. The chunks' losses,
+so weighted, add up to the whole batch's loss, and their gradients to its gradient. What
+training_step returns is a *carrier*: a loss whose value is the whole batch's and whose backward
+hands every parameter the gradient already computed (`_CarryGradients`: the gradients are moved
+out of `.grad` before returning and given back, not copied, by Lightning's one backward). So:
   - Lightning's backward is the rank's one synchronised backward: DDP's hooks fire once per
     parameter and all-reduce the whole gradient, however many chunks each rank ran. Ranks may run
     different micro-batches (after an OOM on one) without a hang.
@@ -57,10 +59,12 @@ sample's gradient exactly once. At micro-batch 1 the rank turns checkpointing on
 memory) and retries; with checkpointing on and still no room, it raises one error naming the rank,
 the step and the memory figures.
 
-Values `self.log`-ged in training_step come from each batch's last chunk: every chunk's calls are
-held, and the last chunk's are made once its backward has succeeded, so every rank logs, and syncs,
-once per batch however many chunks it ran or retried. BatchNorm running statistics see the samples
-of a failed forward twice (they are buffers, not gradients).
+Values `self.log`-ged in training_step describe the whole batch: every chunk's calls are held, and
+once the last chunk's backward has succeeded they are merged (memplan.callback.logged: weighted as
+the losses are) and made, so every rank logs, and syncs, once per batch however many chunks it ran
+or retried. A chunk that weighs nothing (no token to average over) runs its forward, not its
+backward. BatchNorm running statistics see the samples of a failed forward twice (they are buffers,
+not gradients).
 """
 from __future__ import annotations
 
@@ -76,9 +80,9 @@ import torch
 
 from memplan import compat
 from memplan.batching import batch_size_of, split_batch
-from memplan.compat import tensor_version
 from memplan.callback.layout import Layout, chunk_bounds
 from memplan.callback.logged import merge_logged
+from memplan.compat import tensor_version
 from memplan.estimator.step import loss_from_output
 from memplan.monitor import smaller_micro_batch
 
