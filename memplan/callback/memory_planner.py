@@ -14,7 +14,7 @@ import torch
 from pytorch_lightning.utilities.parsing import lightning_hasattr
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from memplan import monitor
+from memplan import batching, compat, monitor
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
     layout_from_plan, load_plan, plan_mismatches, planning_request,
@@ -26,7 +26,6 @@ from memplan.callback.checks import (
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
-from memplan import batching, compat
 from memplan.callback.layout import Layout
 from memplan.callback.rewrites import (
     Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
