@@ -166,3 +166,13 @@ def test_planning_from_an_estimate_takes_every_batch_shape(make_trainer, shape):
     fit(make_trainer, module, planner, steps=2)
     assert planner.plan is not None and planner.plan.global_batch_size == 8
     assert planner.plan.predicted_peak_bytes > sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def test_a_plan_above_a_loader_that_keeps_its_batch_is_clamped_with_a_warning(make_trainer):
+    module = Shaped("tuple", batch=8)  # no batch_size attribute: the loader keeps its 8
+    planner = MemoryPlanner(make_plan(16, 1), adjust=False)
+    with pytest.warns(UserWarning, match="the plan's micro-batch of 16 is above the 8 samples the train loader "
+                                         "yields per batch; clamped to 8"):
+        fit(make_trainer, module, planner, steps=2)
+    assert (planner.layout.loader_batch_size, planner.layout.micro_batch_size) == (8, 8)
+    assert module.sizes == [8] * 4 and planner.layout.accumulate_grad_batches == 2  # the global batch of 16 kept
