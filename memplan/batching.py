@@ -1,23 +1,102 @@
-"""Resize an example batch to another micro-batch size, so one batch can be estimated at any size."""
+"""The batch pytree: walk, map, size and split any batch Lightning accepts.
+
+A batch is a tensor, or tensors nested in tuples, lists, dicts (any Mapping), namedtuples and
+dataclasses; anything else (strings, numbers, None) is a leaf that travels as it is. The batch size is
+the leading dimension most of its tensors share; a tensor whose first dimension is the batch size is
+per-sample (split along dim 0, resized), any other tensor is per-batch (class weights, a shared mask, a
+scalar) and travels whole. Where that rule guesses wrong, MemoryPlanner's `batch_size_of` and
+`split_batch` are the hooks to override.
+"""
 from __future__ import annotations
 
+import copy
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from memplan.estimator.step import iter_tensors, map_tensors
+
+def _is_dataclass_instance(obj: Any) -> bool:
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`obj` with fn applied to every tensor in it; containers are rebuilt as their own type."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, Mapping):
+        mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
+        try:
+            return type(obj)(mapped)  # dict, OrderedDict, transformers' BatchEncoding
+        except TypeError:
+            return mapped
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    if _is_dataclass_instance(obj):
+        out = copy.copy(obj)  # keeps fields outside __init__ and frozen ones, as Lightning's apply_to_collection
+        for field in dataclasses.fields(obj):
+            object.__setattr__(out, field.name, map_tensors(getattr(obj, field.name), fn))
+        return out
+    return obj
+
+
+def named_tensors(obj: Any, path: str = "batch") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in `obj` with where it sits, as the user would write it: batch['ids'], batch[0], batch.x."""
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            yield from named_tensors(v, f"{path}[{k!r}]")
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        for name, v in zip(obj._fields, obj):
+            yield from named_tensors(v, f"{path}.{name}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from named_tensors(v, f"{path}[{i}]")
+    elif _is_dataclass_instance(obj):
+        for field in dataclasses.fields(obj):
+            yield from named_tensors(getattr(obj, field.name), f"{path}.{field.name}")
+
+
+def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in `obj`, in order."""
+    return (t for _, t in named_tensors(obj))
+
+
+def _fields(batch: Any) -> str:
+    shown = [f"{path} {tuple(t.shape)}" for path, t in named_tensors(batch)]
+    return ", ".join(shown[:8]) + (f" and {len(shown) - 8} more" if len(shown) > 8 else "") if shown else "none"
 
 
 def batch_size_of(batch: Any) -> int:
-    """The batch dimension: the leading size shared by the batch's tensors with at least one dimension."""
-    sizes = {t.shape[0] for t in iter_tensors(batch) if t.dim() > 0}
-    if len(sizes) != 1:
-        found = sorted(sizes) if sizes else "no tensor with a dimension"
+    """The batch size: the leading dimension shared by most of the batch's tensors with a dimension.
+    ValueError naming the fields when no tensor has one, or when two sizes tie."""
+    counts = Counter(t.shape[0] for t in iter_tensors(batch) if t.dim() > 0)
+    if not counts:
         raise ValueError(
-            f"batch: cannot tell its batch size: the leading dimensions of its tensors are {found}; "
-            "every tensor in the batch must have the batch size as its first dimension"
+            f"batch: cannot tell its batch size: no tensor in it has a batch dimension (tensors: {_fields(batch)}; "
+            f"a {type(batch).__name__} batch). Put the per-sample data in tensors whose first dimension is the "
+            "batch size, or override MemoryPlanner.batch_size_of and split_batch"
         )
-    return sizes.pop()
+    (size, most), *rest = counts.most_common()
+    if rest and rest[0][1] == most:
+        tied = sorted(s for s, n in counts.items() if n == most)
+        raise ValueError(
+            f"batch: cannot tell its batch size: the leading dimensions of its tensors are {tied}, each shared by "
+            f"{most} tensor(s) ({_fields(batch)}). Override MemoryPlanner.batch_size_of (and split_batch) to say "
+            "which is the batch dimension"
+        )
+    return size
+
+
+def split_batch(batch: Any, start: int, stop: int, size: int) -> Any:
+    """Samples [start, stop) of a batch of `size`: every tensor whose first dimension is `size` sliced
+    along it (a view, no copy), every other value as it is."""
+    return map_tensors(batch, lambda t: t[start:stop] if t.dim() > 0 and t.shape[0] == size else t)
 
 
 def resize_batch(batch: Any, size: int) -> Any:

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from memplan.batching import batch_size_of, resize_batch
+from memplan.batching import batch_size_of, named_tensors, resize_batch, split_batch
 
 
 def test_resize_shrinks_and_grows_every_batched_tensor_and_keeps_the_rest():
@@ -17,3 +17,37 @@ def test_resize_shrinks_and_grows_every_batched_tensor_and_keeps_the_rest():
 def test_batch_without_a_common_batch_dimension_is_refused_with_the_sizes():
     with pytest.raises(ValueError, match=r"leading dimensions of its tensors are \[3, 4\]"):
         batch_size_of((torch.zeros(3, 2), torch.zeros(4)))
+
+
+def test_the_batch_size_is_what_most_tensors_share_and_per_batch_tensors_travel_whole():
+    batch = {"x": torch.zeros(8, 3), "y": torch.zeros(8), "class_weights": torch.ones(5)}
+    assert batch_size_of(batch) == 8
+    chunk = split_batch(batch, 2, 5, 8)
+    assert chunk["x"].shape == (3, 3) and chunk["y"].shape == (3,) and chunk["class_weights"] is batch["class_weights"]
+    assert resize_batch(batch, 4)["class_weights"] is batch["class_weights"]
+
+
+def test_dataclasses_and_namedtuples_are_walked_and_rebuilt_with_their_other_fields():
+    from dataclasses import dataclass, field
+    from typing import NamedTuple
+
+    class Pair(NamedTuple):
+        a: torch.Tensor
+        b: torch.Tensor
+
+    @dataclass(frozen=True)
+    class Batch:
+        pair: Pair
+        text: list[str]
+        seen: int = field(default=0, init=False)
+
+    batch = Batch(Pair(torch.zeros(4, 2), torch.zeros(4)), ["a", "b", "c", "d"])
+    assert [p for p, _ in named_tensors(batch)] == ["batch.pair.a", "batch.pair.b"]
+    half = split_batch(batch, 0, 2, 4)
+    assert isinstance(half, Batch) and isinstance(half.pair, Pair) and half.pair.a.shape == (2, 2)
+    assert half.text == batch.text and batch.pair.a.shape == (4, 2)
+
+
+def test_a_batch_without_a_batch_dimension_names_its_fields():
+    with pytest.raises(ValueError, match=r"no tensor in it has a batch dimension \(tensors: batch\['scale'\] \(\)"):
+        batch_size_of({"scale": torch.tensor(1.0), "names": ["a"]})

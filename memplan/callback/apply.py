@@ -17,6 +17,7 @@ import torch
 from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_setattr
 from torch import nn
 
+from memplan import compat
 from memplan.callback.framework import COMBINED_LOADERS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
 from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
@@ -124,14 +125,14 @@ def current_loader_batch_size(trainer: Any, module: Any, batch_arg_name: str | N
     the loader's own."""
     if batch_arg_name is not None:
         return int(lightning_getattr(module, batch_arg_name))
-    loader = _first_loader(trainer.fit_loop._data_source.dataloader())
+    loader = _first_loader(compat.train_data_source(trainer).dataloader())
     size = getattr(loader, "batch_size", None)
     return int(size) if size else loaded_batch_size(next(iter(loader))) or 1
 
 
 def first_train_batch(trainer: Any) -> Any:
     """One batch of the train loader, exactly as training_step will receive it (before device transfer)."""
-    return next(iter(_first_loader(trainer.fit_loop._data_source.dataloader())))
+    return next(iter(_first_loader(compat.train_data_source(trainer).dataloader())))
 
 
 def _first_loader(loaders: Any) -> Any:

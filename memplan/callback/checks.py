@@ -10,6 +10,7 @@ import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 
+from memplan import compat
 from memplan.callback.framework import DDP_STRATEGIES, SINGLE_DEVICE_STRATEGIES, MisconfigurationException
 from memplan.callback.layout import Layout
 from memplan.plan import Plan
@@ -58,7 +59,7 @@ def check_can_adjust(trainer: pl.Trainer, pl_module: pl.LightningModule, fix: st
             "DDP's static_graph=True counts each parameter's gradient hooks over the first iteration, the "
             "micro-batch backwards MemoryPlanner runs under no_sync included, and then skips the all-reduce "
             f"of later steps without an error: drop static_graph=True, or {fix}")
-    if getattr(trainer.strategy, "_layer_sync", None) is not None or any(
+    if compat.layer_sync(trainer.strategy) is not None or any(
             isinstance(m, torch.nn.SyncBatchNorm) for m in pl_module.modules()):
         raise MisconfigurationException(f"SyncBatchNorm synchronises every forward, so every rank must run the "
                                         f"same number of micro-batches, which a rank retrying an OOM does not: {fix}")
@@ -68,7 +69,7 @@ def check_gradient_hooks(pl_module: pl.LightningModule, fix: str = ADJUST_FIX) -
     """Micro-batches hand their gradients over in one backward (memplan.callback.chunking), so a
     parameter's gradient hook would run once per micro-batch and again on the whole gradient."""
     hooked = [name for name, p in pl_module.named_parameters()
-              if p.requires_grad and (p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None))]
+              if p.requires_grad and compat.has_gradient_hooks(p)]
     if hooked:
         more = f" and {len(hooked) - 3} more" if len(hooked) > 3 else ""
         raise MisconfigurationException(
@@ -94,7 +95,7 @@ def check_guard(trainer: pl.Trainer, guard: str) -> str | None:
 def _ddp_option(trainer: pl.Trainer, name: str) -> Any:
     """A DistributedDataParallel argument the Trainer's DDP strategy was given (None elsewhere)."""
     strategy = trainer.strategy
-    return strategy._ddp_kwargs.get(name) if isinstance(strategy, DDP_STRATEGIES) else None
+    return compat.ddp_kwargs(strategy).get(name) if isinstance(strategy, DDP_STRATEGIES) else None
 
 
 def restored_layout(state: dict[str, Any] | None, world_size: int) -> Layout | None:
@@ -106,3 +107,33 @@ def restored_layout(state: dict[str, Any] | None, world_size: int) -> Layout | N
                        f"has {world_size}; planning afresh instead of resuming it")
         return None
     return Layout.from_dict(state)
+
+
+def check_loss_arguments(loss_reduction: Any, mean_over: Any) -> None:
+    """ValueError naming the argument and what it accepts."""
+    if loss_reduction not in ("mean", "sum"):
+        raise ValueError(f"MemoryPlanner(loss_reduction=...) must be 'mean' or 'sum' (how training_step's loss "
+                         f"reduces over the batch); got {loss_reduction!r}")
+    if mean_over is not None and not callable(mean_over):
+        raise ValueError(f"MemoryPlanner(mean_over=...) must be callable(batch) -> number, e.g. "
+                         f"lambda b: (b['labels'] != -100).sum(); got {mean_over!r}")
+    if mean_over is not None and loss_reduction != "mean":
+        raise ValueError("MemoryPlanner(mean_over=...) says what a 'mean' loss averages over; with "
+                         f"loss_reduction={loss_reduction!r} leave it None")
+
+
+def split_caveats(pl_module: pl.LightningModule, loss_reduction: str, mean_over: Any) -> str:
+    """What a batch split into chunks keeps exact, and what it cannot, in words."""
+    over = "summed" if loss_reduction == "sum" else (
+        "weighted by each chunk's share of `mean_over`" if mean_over is not None else "weighted by each chunk's "
+        "share of the samples")
+    kind = "a sum over samples" if loss_reduction == "sum" else (
+        "a mean over what `mean_over` counts" if mean_over is not None else "a mean over samples")
+    norms = sorted({type(m).__name__ for m in pl_module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)})
+    batch_norm = (f" The model's {', '.join(norms)} layers normalise over each chunk, not the batch (their "
+                  "statistics differ)." if norms else "")
+    return (f"Chunk losses are {over} (MemoryPlanner(loss_reduction={loss_reduction!r})), which trains as the whole "
+            f"batch does for a loss that is {kind}.{batch_norm} A loss that "
+            "compares samples within the batch (contrastive, in-batch negatives, ranking) sees only its chunk and "
+            "is not the same; such a model needs the loader's batch to run whole (a larger device, or "
+            "MemoryPlanner(adjust=False) with a plan at the loader's batch).")

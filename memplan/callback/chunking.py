@@ -6,11 +6,13 @@ gave keeps the data order, the global batch and Lightning's progress counters as
 
 One loaded batch of B samples at micro-batch m runs as chunks c_1..c_k of at most m samples (k = 1
 when m >= B). Every chunk's forward *and* backward run here, under DDP's `no_sync`, each loss scaled
-by its share |c_i|/B, by 1/accumulate_grad_batches and by the GradScaler's scale (16-mixed), exactly
-as Lightning scales the loss it backwards. What training_step returns is a *carrier*: a loss whose
-value is the whole batch's and whose backward hands every parameter the gradient already computed
-(`_CarryGradients`: the gradients are moved out of `.grad` before returning and given back, not
-copied, by Lightning's one backward). So:
+by its weight (`MemoryPlanner(loss_reduction=, mean_over=)`: its share |c_i|/B of the samples, its
+share of `mean_over(batch)` (tokens, say), or 1 for a sum), by 1/accumulate_grad_batches and by the
+GradScaler's scale (16-mixed), exactly as Lightning scales the loss it backwards. The chunks' losses,
+so weighted, add up to the whole batch's loss, and their gradients to its gradient. What
+training_step returns is a *carrier*: a loss whose value is the whole batch's and whose backward
+hands every parameter the gradient already computed (`_CarryGradients`: the gradients are moved
+out of `.grad` before returning and given back, not copied, by Lightning's one backward). So:
   - Lightning's backward is the rank's one synchronised backward: DDP's hooks fire once per
     parameter and all-reduce the whole gradient, however many chunks each rank ran. Ranks may run
     different micro-batches (after an OOM on one) without a hang.
@@ -57,10 +59,12 @@ sample's gradient exactly once. At micro-batch 1 the rank turns checkpointing on
 memory) and retries; with checkpointing on and still no room, it raises one error naming the rank,
 the step and the memory figures.
 
-Values `self.log`-ged in training_step come from each batch's last chunk: every chunk's calls are
-held, and the last chunk's are made once its backward has succeeded, so every rank logs, and syncs,
-once per batch however many chunks it ran or retried. BatchNorm running statistics see the samples
-of a failed forward twice (they are buffers, not gradients).
+Values `self.log`-ged in training_step describe the whole batch: every chunk's calls are held, and
+once the last chunk's backward has succeeded they are merged (memplan.callback.logged: weighted as
+the losses are) and made, so every rank logs, and syncs, once per batch however many chunks it ran
+or retried. A chunk that weighs nothing (no token to average over) runs its forward, not its
+backward. BatchNorm running statistics see the samples of a failed forward twice (they are buffers,
+not gradients).
 """
 from __future__ import annotations
 
@@ -74,8 +78,12 @@ from typing import Any
 
 import torch
 
-from memplan.callback.layout import Layout, chunk_bounds, loaded_batch_size
-from memplan.estimator.step import loss_from_output, map_tensors
+from memplan import compat
+from memplan.batching import batch_size_of, split_batch
+from memplan.callback.layout import Layout, chunk_bounds
+from memplan.callback.logged import merge_logged
+from memplan.compat import tensor_version
+from memplan.estimator.step import loss_from_output
 from memplan.monitor import smaller_micro_batch
 
 _NONE: frozenset[int] = frozenset()
@@ -155,7 +163,10 @@ class MicroBatchRunner:
 
     def __init__(self, trainer: Any, module: Any, *, layout: Layout, can_checkpoint: bool, retry: bool,
                  can_guard: bool, enable_checkpointing: Callable[[], None], on_retry: Callable[[OomRetry], None],
-                 out_of_memory: Callable[[str, int], NothingFitsError]) -> None:
+                 out_of_memory: Callable[[str, int], NothingFitsError], loss_reduction: str = "mean",
+                 mean_over: Callable[[Any], Any] | None = None, size_of: Callable[[Any], int] = batch_size_of,
+                 split: Callable[[Any, int, int, int], Any] = split_batch,
+                 on_first_split: Callable[[int, int], None] | None = None) -> None:
         self.micro_batch_size = layout.micro_batch_size
         """This rank's micro-batch now (a shared decision, or lower after a local OOM)."""
         self.loader_batch_size = layout.loader_batch_size
@@ -185,6 +196,11 @@ class MicroBatchRunner:
         self._scaler: Any = None
         self._block_sync: Callable[[], contextlib.AbstractContextManager] | None = None
         self._ddp: Any = None
+        self._sum = loss_reduction == "sum"
+        self._mean_over = mean_over
+        self._size_of = size_of
+        self._split = split
+        self._on_first_split = on_first_split
 
     @property
     def guarded(self) -> bool:
@@ -213,6 +229,8 @@ class MicroBatchRunner:
         self._block_sync = getattr(self._trainer.strategy, "block_backward_sync", None)
         model = getattr(self._trainer.strategy, "model", None)
         self._ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
+        self._skips_backward = compat.skip_backward_getter(self._trainer)
+        self._has_rebuilt_buckets = compat.rebuilt_buckets_getter(self._ddp) if self._ddp is not None else None
 
     def remove(self) -> None:
         if self._original is None:
@@ -234,7 +252,7 @@ class MicroBatchRunner:
     # --- the wrapped training_step -----------------------------------------------------------
     def _training_step(self, args: tuple, kwargs: dict) -> Any:
         self.lightning_backward = True
-        if self._trainer.fit_loop.epoch_loop.automatic_optimization._skip_backward:
+        if self._skips_backward():
             return self._original(*args, **kwargs)  # e.g. SWA's batch-norm epoch: no backward to run
         error = None
         if not self.guarded and self.micro_batch_size >= self.loader_batch_size:
@@ -243,7 +261,10 @@ class MicroBatchRunner:
             if error is None:
                 return output
         batch = args[0] if args else kwargs["batch"]
-        size = loaded_batch_size(batch)
+        try:
+            size = self._size_of(batch)
+        except ValueError:
+            size = None
         if size is None:  # the batch cannot be split: run it whole, as Lightning would
             if error is not None:
                 raise torch.OutOfMemoryError(f"{error} (MemoryPlanner cannot retry it smaller: the batch has no "
@@ -283,58 +304,85 @@ class MicroBatchRunner:
         # the order this step's own backward made them (a chain of carriers)
         order: list[int] | None = [] if self._rebuilds_buckets() else None
         value: torch.Tensor | None = None
+        held: list[tuple[float, list[tuple[tuple, dict]]]] = []  # each chunk's weight and `self.log` calls
+        total = None if self._mean_over is None or not pending or pending[0][1] - pending[0][0] == size \
+            else float(self._mean_over(batch))
         while pending:
             start, stop, frozen = pending.popleft()
+            if stop - start != size and self._on_first_split is not None:
+                self._on_first_split(size, stop - start)
+                self._on_first_split = None
             output = loss = logged = None  # a chunk's output (logits, say) is not kept through the next
-            output, loss, logged, failure = self._chunk(args, kwargs, batch, size, start, stop, frozen, clear,
-                                                        order if not order else None)
+            output, loss, logged, weight, failure = self._chunk(args, kwargs, batch, size, start, stop, frozen,
+                                                                clear, order if not order else None, total)
             if failure is not None:
                 clear = clear and failure.phase == "forward"
                 pending = self._after_failure(failure, pending)
+                if total is None and self._mean_over is not None:
+                    total = float(self._mean_over(batch))
                 continue
             clear = False
-            if loss is not None:
-                share = loss.detach() if stop - start == size else loss.detach() * ((stop - start) / size)
+            held.append((weight, logged))
+            if loss is not None and weight:
+                share = loss.detach() if weight == 1.0 else loss.detach() * weight
                 value = share if value is None else value + share
-            if not pending:  # the batch's last chunk succeeded: its `self.log` calls are the batch's
-                _replay(self._module, logged)
+            if not pending:  # the batch's last chunk succeeded: make the batch's `self.log` calls, once
+                _replay(self._module, held[0][1] if len(held) == 1 else merge_logged(held, self._sum))
                 if loss is None:  # no loss: Lightning skips this batch's backward
                     return output
+        if value is None:  # every chunk weighed nothing (no token to average over): a zero loss
+            value = loss.detach() * 0.0
         return self._carry(output, value, order)
 
-    def _chunk(self, args, kwargs, batch, size, start, stop, frozen, clear: bool, order: list[int] | None
-               ) -> tuple[Any, torch.Tensor | None, list[tuple[tuple, dict]], _Failure | None]:
+    def _weight(self, chunk: Any, size: int, start: int, stop: int, total: float | None) -> float:
+        """What a chunk's loss is multiplied by so the chunks add up to the whole batch's loss: 1 for a
+        sum; for a mean, the chunk's share of what the mean is over (samples, or `mean_over`)."""
+        if self._sum or stop - start == size:
+            return 1.0
+        if self._mean_over is None or not total:  # (no token in the whole batch: its mean is 0/0 anyway)
+            return (stop - start) / size
+        return float(self._mean_over(chunk)) / total
+
+    def _chunk(self, args, kwargs, batch, size, start, stop, frozen, clear: bool, order: list[int] | None,
+               total: float | None) -> tuple[Any, torch.Tensor | None, list[tuple[tuple, dict]], float, _Failure | None]:
         """Forward and backward of samples [start, stop): (training_step's output, its loss, its
-        held `self.log` calls, None), or (None, None, [], what failed). `clear`: no parameter holds
-        a gradient yet (so a failed backward touched exactly those that hold one after it). `order`:
-        a list to record the parameters' indices in, as the backward makes their gradients."""
+        held `self.log` calls, its weight (`_weight`), None), or (None, None, [], 0, what failed).
+        `clear`: no parameter holds a gradient yet (so a failed backward touched exactly those that
+        hold one after it). `order`: a list to record the parameters' indices in, as the backward
+        makes their gradients. A chunk of weight 0 (no token to average over) is not backwarded."""
         phase, before = "forward", None
         try:
             with self._no_sync(), self._frozen(frozen), _HeldLogging(self._module) as logged:
+                chunk = batch
                 if stop - start != size:
-                    args, kwargs = _with_chunk(args, kwargs, batch, size, start, stop)
+                    chunk = self._split(batch, start, stop, size)
+                    if args:
+                        args = (chunk, *args[1:])
+                    else:
+                        kwargs = {**kwargs, "batch": chunk}
+                weight = self._weight(chunk, size, start, stop, total)
                 output = self._original(*args, **kwargs)
                 loss = loss_from_output(output)
-                if loss is None:
-                    return output, None, logged, None
+                if loss is None or not weight:
+                    return output, loss, logged, weight, None
                 phase = "backward"
                 if not clear:
-                    before = [(g, g._version) if (g := p.grad) is not None else (None, 0) for p in self._params]
-                scale = (stop - start) / size / self._trainer.accumulate_grad_batches
+                    before = [(g, tensor_version(g)) if (g := p.grad) is not None else (None, 0) for p in self._params]
+                scale = weight / self._trainer.accumulate_grad_batches
                 with _Recording(self._params, order) if order is not None else _NO_OP:
                     self._backward(loss if scale == 1.0 else loss * scale)
         except torch.OutOfMemoryError as err:
             # a failed forward touched no gradient; a failed backward may have added to some
             touched = self._touched(before) if phase == "backward" else _NONE
-            return None, None, [], _Failure(start, stop, phase, frozen | touched, str(err))
-        return output, loss, logged, None
+            return None, None, [], 0.0, _Failure(start, stop, phase, frozen | touched, str(err))
+        return output, loss, logged, weight, None
 
     def _rebuilds_buckets(self) -> bool:
         """Whether this batch's backward is the one DDP rebuilds its buckets from: the first
         synchronised one, where DDP is not finding unused parameters (it then never rebuilds)."""
         ddp = self._ddp
         return (ddp is not None and ddp.require_backward_grad_sync and not ddp.find_unused_parameters
-                and not getattr(ddp, "_has_rebuilt_buckets", False))
+                and not self._has_rebuilt_buckets())
 
     def _backward(self, loss: torch.Tensor) -> None:
         """What Lightning's backward does with a loss, less its hooks and DDP's synchronisation: the
@@ -353,7 +401,7 @@ class MicroBatchRunner:
         if before is None:
             return frozenset(i for i, param in enumerate(self._params) if param.grad is not None)
         return frozenset(i for i, (param, (grad, version)) in enumerate(zip(self._params, before))
-                         if param.grad is not grad or (grad is not None and grad._version != version))
+                         if param.grad is not grad or (grad is not None and tensor_version(grad) != version))
 
     def _carry(self, output: Any, value: torch.Tensor, order: list[int] | None) -> Any:
         """training_step's output with its loss replaced by a carrier of the gradients (module
@@ -412,15 +460,6 @@ class MicroBatchRunner:
 
     def _no_sync(self) -> contextlib.AbstractContextManager:
         return self._block_sync() if self._block_sync is not None else _NO_OP  # DDP: model.no_sync()
-
-
-def _with_chunk(args: tuple, kwargs: dict, batch: Any, size: int, start: int, stop: int) -> tuple[tuple, dict]:
-    """training_step's arguments with samples [start, stop) of the batch in its place (views, no copy);
-    tensors without the batch dimension are passed as they are."""
-    chunk = map_tensors(batch, lambda t: t[start:stop] if t.dim() > 0 and t.shape[0] == size else t)
-    if args:
-        return (chunk, *args[1:]), kwargs
-    return args, {**kwargs, "batch": chunk}
 
 
 # The context managers below are classes, not @contextmanager generators: they run for every chunk

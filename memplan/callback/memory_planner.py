@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -13,18 +14,22 @@ import torch
 from pytorch_lightning.utilities.parsing import lightning_hasattr
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from memplan import monitor
+from memplan import batching, compat, monitor
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
     layout_from_plan, load_plan, plan_mismatches, planning_request,
 )
 from memplan.callback.checks import (
-    ADJUST_FIX, CHUNKS_FIX, check_arguments, check_can_adjust, check_gradient_hooks, check_guard, restored_layout,
+    ADJUST_FIX, CHUNKS_FIX, check_arguments, check_can_adjust, check_gradient_hooks, check_guard, check_loss_arguments,
+    restored_layout, split_caveats,
 )
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
-from memplan.callback.layout import Layout, loaded_batch_size
+from memplan.callback.layout import Layout
+from memplan.callback.rewrites import (
+    Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
+)
 from memplan.hardware import host_info
 from memplan.monitor import Adjuster, Change, RankLog, RankStatus, gather_rows, gather_statuses, log_metrics, summary_line
 from memplan.plan import Plan
@@ -34,6 +39,11 @@ log = logging.getLogger(__name__)
 
 RESTORED = "restored from the checkpoint"
 OUTSIDE_CHUNKS = "where MemoryPlanner does not retry (the optimizer step, validation or another hook)"
+MANUAL_OPTIMIZATION = (
+    "MemoryPlanner does not adjust micro-batches under manual optimization (automatic_optimization=False): "
+    "training_step runs its own backwards and optimizer steps, so a batch cannot be split into micro-batch chunks "
+    "nor an OOM retried on part of it. It applies the plan (the batch size, checkpointing; no accumulation, which "
+    "Lightning does not do under manual optimization) and watches memory. Pass adjust=False to say so")
 UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a batch this rank ran unguarded, "
              "the optimizer step, validation or another hook)")
 
@@ -78,12 +88,25 @@ class MemoryPlanner(*CALLBACKS):
             again. ``"always"``: every backward runs where its OOM can be retried, for inputs
             whose size varies a lot from batch to batch.
         allow_checkpointing: whether checkpointing may be turned on (by a plan, or at micro-batch 1).
-        strict: a plan that does not match the Trainer raises instead of warning.
+        strict: refuse, with a MisconfigurationException naming the setting, to change the user's
+            settings (the batch size, ``accumulate_grad_batches``, activation checkpointing, also
+            mid-run) or to run a plan that does not match the Trainer; without it each change is
+            one warning, before -> after, and a line of the end-of-fit summary.
         batch_arg_name: the attribute holding the train loader's batch size.
         log_dir: folder of the per-rank logs. Default: ``<trainer.log_dir>/memplan``.
         planner: ``callable(PlanRequest, estimator) -> Plan`` for planning now. Default:
             :func:`memplan.planner.make_plan` (plans keep twice ``margin`` free, so a plan that
             fits is not lowered at once).
+        loss_reduction: how training_step's loss reduces over the batch, so a batch split into
+            chunks trains as the whole batch would: ``"mean"`` weights each chunk's loss by its share
+            of what the mean is over, ``"sum"`` adds the chunks' losses.
+        mean_over: ``callable(batch) -> number``: what a ``"mean"`` loss averages over, when not
+            samples, e.g. the tokens that count: ``lambda b: (b["labels"] != -100).sum()``.
+
+    Batches: any Lightning accepts (tensors in tuples, lists, dicts, namedtuples, dataclasses); a
+    tensor whose first dimension is the batch size is split along it, any other value travels whole
+    to every chunk. Override :meth:`batch_size_of` and :meth:`split_batch` for batches that need
+    their own split.
 
     Example::
 
@@ -107,9 +130,14 @@ class MemoryPlanner(*CALLBACKS):
         batch_arg_name: str = "batch_size",
         log_dir: str | os.PathLike | None = None,
         planner: Callable[[PlanRequest, Estimator], Plan] | None = None,
+        loss_reduction: Literal["mean", "sum"] = "mean",
+        mean_over: Callable[[Any], Any] | None = None,
     ) -> None:
         check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_margin, grow_patience, guard,
                         planner)
+        check_loss_arguments(loss_reduction, mean_over)
+        self._loss_reduction = loss_reduction
+        self._mean_over = mean_over
         self._plan_arg = plan
         self._global_batch_size = global_batch_size
         self._every_n_steps = every_n_steps
@@ -145,6 +173,20 @@ class MemoryPlanner(*CALLBACKS):
         """This rank's JSON-lines log."""
         self.changes: list[dict[str, Any]] = []
         """The shared changes made during fit, as logged."""
+        self.rewrites: list[Rewrite] = []
+        """The user's settings MemoryPlanner changed (batch size, accumulation, checkpointing)."""
+        self._mismatches: list[str] = []
+
+    # --- batch hooks: override for batches that need their own split -------------------------
+    def batch_size_of(self, batch: Any) -> int:
+        """Samples in a loaded batch: by default the leading dimension most of its tensors share
+        (:func:`memplan.batching.batch_size_of`). ValueError, naming the fields, when it cannot tell."""
+        return batching.batch_size_of(batch)
+
+    def split_batch(self, batch: Any, start: int, stop: int, batch_size: int) -> Any:
+        """Samples [start, stop) of a loaded batch of `batch_size`, as training_step receives a batch:
+        by default every tensor whose first dimension is `batch_size` sliced (a view), the rest whole."""
+        return batching.split_batch(batch, start, stop, batch_size)
 
     # --- hooks: one line each ----------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -179,9 +221,14 @@ class MemoryPlanner(*CALLBACKS):
 
     # --- setup: environment checks -----------------------------------------------------------
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for outside in compat.check_installed():
+            rank_zero_warn(f"MemoryPlanner: {outside}")
         if any(isinstance(c, ACCUMULATION_SCHEDULERS) for c in trainer.callbacks):
             raise MisconfigurationException("MemoryPlanner sets `accumulate_grad_batches` itself; remove the "
                                             "GradientAccumulationScheduler callback, or MemoryPlanner")
+        if self._adjust and not pl_module.automatic_optimization:
+            rank_zero_warn(MANUAL_OPTIMIZATION)
+            self._adjust = False  # this fit only applies and watches
         if self._adjust:
             check_can_adjust(trainer, pl_module)
         if self._plan_arg is not None:
@@ -195,6 +242,7 @@ class MemoryPlanner(*CALLBACKS):
     def _check_plan(self, trainer: pl.Trainer, plan: Plan) -> None:
         mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
                                      nodes=trainer.num_nodes)
+        self._mismatches = mismatches
         for message in mismatches:
             if self._strict:
                 raise MisconfigurationException(f"MemoryPlanner(strict=True): {message}")
@@ -203,12 +251,17 @@ class MemoryPlanner(*CALLBACKS):
     # --- apply -------------------------------------------------------------------------------
     def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the batch size can be set where the model (hparams, datamodule) has it and builds the loader
-        settable = lightning_hasattr(pl_module, self._batch_arg_name) and trainer.fit_loop._data_source.is_module()
+        settable = lightning_hasattr(pl_module, self._batch_arg_name) and compat.train_data_source(trainer).is_module()
         layout, source = self._resolve_layout(trainer, pl_module, settable)
-        checkpointable = self._allow_checkpointing and can_checkpoint(pl_module)
+        checkpointable = self._allow_checkpointing and not self._strict and can_checkpoint(pl_module)
         if layout.gradient_checkpointing and not self._allow_checkpointing:
             raise MisconfigurationException("MemoryPlanner: the plan turns checkpointing on, which "
                                             "allow_checkpointing=False forbids; allow it, or plan without it")
+        self.rewrites = layout_rewrites(
+            trainer, pl_module, layout, source=source, batch_arg_name=self._batch_arg_name if settable else None,
+            loader_batch_size=current_loader_batch_size(trainer, pl_module, self._batch_arg_name) if settable else 0,
+            checkpointing_on=checkpointing_is_on(pl_module))
+        announce(self.rewrites, strict=self._strict)
         apply_layout(trainer, pl_module, layout, self._batch_arg_name if settable else None)
         self.layout = layout
         self._adjuster = Adjuster(margin=self._margin, grow=self._grow, grow_margin=self._grow_margin,
@@ -219,7 +272,8 @@ class MemoryPlanner(*CALLBACKS):
         if self._adjust or layout.chunks > 1:
             self._install_runner(trainer, pl_module, layout, checkpointable)
         self._log.write("apply", trainer.global_step, source=source, layout=layout.to_dict(),
-                        plan=None if self.plan is None else self.plan.to_dict())
+                        plan=None if self.plan is None else self.plan.to_dict(),
+                        rewrites=[r.to_dict() for r in self.rewrites])
         rank_zero_info(f"MemoryPlanner ({source}): {layout.describe()}")
 
     def _resolve_layout(self, trainer: pl.Trainer, pl_module: pl.LightningModule, settable: bool
@@ -237,6 +291,16 @@ class MemoryPlanner(*CALLBACKS):
         self._planned_micro_batch_size = self.plan.micro_batch_size
         layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
                                   settable=settable)
+        if not pl_module.automatic_optimization and layout.accumulate_grad_batches > 1:
+            rank_zero_warn(f"MemoryPlanner: the plan's global batch of {layout.global_batch_size} needs "
+                           f"{layout.accumulate_grad_batches} batches per optimizer step, which Lightning does not "
+                           "accumulate under manual optimization: each optimizer step sees one loaded batch per rank, "
+                           f"{layout.loader_batch_size} x {layout.world_size} rank(s) = "
+                           f"{layout.loader_batch_size * layout.world_size} samples")
+            layout = dataclasses.replace(layout, accumulate_grad_batches=1)
+        if layout.micro_batch_size < self.plan.micro_batch_size:
+            rank_zero_warn(f"MemoryPlanner: the plan's micro-batch of {self.plan.micro_batch_size} is above the "
+                           f"{loader_batch} samples the train loader yields per batch; clamped to {loader_batch}")
         return layout, source
 
     def _plan_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader_batch: int) -> Plan:
@@ -277,6 +341,8 @@ class MemoryPlanner(*CALLBACKS):
             retry=self._adjust, can_guard=blocker is None, enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
             out_of_memory=lambda message, size: self._out_of_memory(trainer, message, size),
+            loss_reduction=self._loss_reduction, mean_over=self._mean_over, size_of=self.batch_size_of,
+            split=self.split_batch, on_first_split=lambda size, chunk: self._warn_split(pl_module, size, chunk),
         )
         self._runner.install()
 
@@ -286,17 +352,47 @@ class MemoryPlanner(*CALLBACKS):
         if self._first_batch_seen or self.layout is None:
             return
         self._first_batch_seen = True
-        size = loaded_batch_size(batch)
-        if size is None or size == self.layout.loader_batch_size:
+        try:
+            size = self.batch_size_of(batch)
+        except ValueError as err:
+            self._unsplittable(err)
             return
+        if size == self.layout.loader_batch_size:
+            return
+        before = self.layout
+        self.layout = before.with_loader_batch(size)
+        clamped = (f"; the planned micro-batch of {before.micro_batch_size} is clamped to it"
+                   if before.micro_batch_size > size else "")
+        why = (f"a dataset of fewer samples than the batch, or a loader that does not read `{self._batch_arg_name}`"
+               if size < before.loader_batch_size else f"it does not read `{self._batch_arg_name}`")
         rank_zero_warn(f"MemoryPlanner: the train loader yields {size} samples per batch, not the "
-                       f"{self.layout.loader_batch_size} of the layout (it does not read `{self._batch_arg_name}`); "
-                       f"micro-batches are cut from its {size}, and the global batch is "
-                       f"{size * self.layout.world_size * self.layout.accumulate_grad_batches}")
-        self.layout = self.layout.with_loader_batch(size)
+                       f"{before.loader_batch_size} of the layout ({why}){clamped}; micro-batches are cut from its "
+                       f"{size}, and the global batch is {self.layout.global_batch_size}")
         if self._runner is not None:
             self._runner.loader_batch_size = size
+            self._runner.micro_batch_size = min(self._runner.micro_batch_size, size)
+        if self._adjuster is not None:  # growth stops at the batch the loader yields
+            self._adjuster.planned_micro_batch_size = min(self._adjuster.planned_micro_batch_size, size)
         self._log.write("loader", trainer.global_step, layout=self.layout.to_dict())
+
+    def _unsplittable(self, err: ValueError) -> None:
+        """A batch MemoryPlanner cannot split: refused where the layout splits it, else a warning
+        that an OOM cannot be retried smaller."""
+        fix = "or override MemoryPlanner.batch_size_of and split_batch (subclass MemoryPlanner)"
+        if self.layout.chunks > 1:
+            raise MisconfigurationException(
+                f"MemoryPlanner runs each loaded batch of {self.layout.loader_batch_size} as chunks of "
+                f"{self.layout.micro_batch_size}, and cannot split this one: {err}. Give the loader the batch-size "
+                f"attribute MemoryPlanner sets (batch_arg_name={self._batch_arg_name!r}), {fix}") from None
+        if self._runner is not None:
+            rank_zero_warn(f"MemoryPlanner cannot split this train batch, so an OOM in it is not retried smaller: "
+                           f"{err}")
+
+    def _warn_split(self, pl_module: pl.LightningModule, size: int, chunk: int) -> None:
+        """Once, on the rank that first splits a batch: what splitting does not keep exact."""
+        warnings.warn(f"MemoryPlanner: a batch of {size} samples runs as chunks of {chunk} from now on (rank "
+                      f"{pl_module.global_rank}). {split_caveats(pl_module, self._loss_reduction, self._mean_over)}",
+                      stacklevel=2)
 
     # --- watch and adjust --------------------------------------------------------------------
     def _maybe_check(self, trainer: pl.Trainer) -> None:
@@ -362,6 +458,9 @@ class MemoryPlanner(*CALLBACKS):
         record = self._log.write("change", trainer.global_step, cause=change.cause, ranks=list(change.ranks),
                                  reason=change.reason, before=before.to_dict(), after=self.layout.to_dict())
         self.changes.append(record)
+        if self.layout.gradient_checkpointing and not before.gradient_checkpointing:
+            self.rewrites.append(checkpointing_rewrite(trainer.global_step, change.reason))
+            rank_zero_warn(f"MemoryPlanner changes {self.rewrites[-1].describe()}")
         rank_zero_info(f"MemoryPlanner at step {trainer.global_step}: {change.reason}; now {self.layout.describe()}")
 
     def _record_retry(self, trainer: pl.Trainer, retry: OomRetry) -> None:
@@ -424,7 +523,7 @@ class MemoryPlanner(*CALLBACKS):
             lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low),
                                       runs.micro_batch_size, runs.micro_batches_per_step, runs.gradient_checkpointing,
                                       int(ooms)))
-        rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines))
+        rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines + summary_lines(self.rewrites, self._mismatches)))
 
     def _close(self) -> None:
         if self._runner is not None:

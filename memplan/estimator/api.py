@@ -19,6 +19,7 @@ from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.result import MemoryEstimate
+from memplan.estimator import manual
 from memplan.estimator.step import LossFn, PrecisionPolicy, iter_tensors, map_tensors, run_training_step
 from memplan.estimator.target import GENERIC_CUDA, Target, resolve_target
 from memplan.estimator.tracker import Category, Phase, StorageTracker
@@ -156,7 +157,14 @@ class _Trace:
         self.batch = self._prepare_batch(self.batch)
         for t in iter_tensors(self.batch):
             tracker.track(t, Category.BATCH)
-        self.optimizer = resolve_optimizer(self.model, self.optimizer_arg)
+        self.manual = None
+        if self.loss_arg is None and self.optimizer_arg is None and manual.is_manual(self.model):
+            optimizers, schedulers = manual.configured(self.model.configure_optimizers())
+            self.manual = manual.StandInTrainer(optimizers, schedulers, device_type=self.device.type,
+                                                grad_scale=None, phase=lambda name: None)
+            self.optimizer = optimizers[0]
+        else:
+            self.optimizer = resolve_optimizer(self.model, self.optimizer_arg)
         if self.target.is_cuda:
             # On CUDA, torch's optimizers default to foreach; fake tensors fail that default's
             # device check even on fake CUDA, so set what CUDA would choose.
@@ -171,6 +179,8 @@ class _Trace:
             for nbytes in self.overheads.allocator_workspaces:
                 tracker.reserve(nbytes, Category.WORKSPACES)
         self.grad_scale = torch.tensor(65536.0, device=self.device) if self.policy.grad_scaling else None
+        if self.manual is not None:
+            self.manual.grad_scale = self.grad_scale
 
     def _prepare_batch(self, batch: Any) -> Any:
         if not any(True for _ in iter_tensors(batch)):
@@ -187,11 +197,15 @@ class _Trace:
     def _step(self) -> None:
         saved_hooks = _SavedTensorsHooks(self._pack)
         try:
-            run_training_step(
-                self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer, policy=self.policy,
-                device_type=self.device.type, grad_scale=self.grad_scale,
-                on_phase=lambda name: self._on_phase(name, saved_hooks),
-            )
+            if self.manual is not None:  # the user's own manual_backward and optimizer steps
+                manual.run_manual_step(self.model, self.batch, self.manual, policy=self.policy,
+                                       phase=lambda name: self._on_phase(name, saved_hooks))
+            else:
+                run_training_step(
+                    self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer, policy=self.policy,
+                    device_type=self.device.type, grad_scale=self.grad_scale,
+                    on_phase=lambda name: self._on_phase(name, saved_hooks),
+                )
         except (EstimateError, DataDependentOutputException, DynamicOutputShapeException):
             saved_hooks.close()
             raise
@@ -204,7 +218,8 @@ class _Trace:
                     "and dtypes), and a loss= that matches it"
                 ) from err
             raise
-        state_tensors = [t for s in self.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        optimizers = self.manual.optimizers if self.manual is not None else [self.optimizer]
+        state_tensors = [t for o in optimizers for s in o.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         self.tracker.classify_all(state_tensors, Category.OPTIMIZER_STATE)
 
     def _on_phase(self, name: str, saved_hooks) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memplan.batching import iter_tensors, map_tensors  # noqa: F401  (re-exported: the estimator's callers import them here)
 from memplan.estimator.errors import EstimateError
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -81,35 +82,6 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
-
-
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Apply fn to every tensor in a nested batch (tensors, tuples, lists, dicts, dataclass-like Mappings)."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, Mapping):
-        mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
-        try:
-            return type(obj)(mapped)  # dict, OrderedDict, transformers' BatchEncoding
-        except TypeError:
-            return mapped
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(map_tensors(v, fn) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(map_tensors(v, fn) for v in obj)
-    return obj
-
-
-def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in a nested batch, in order."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, Mapping):
-        for v in obj.values():
-            yield from iter_tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from iter_tensors(v)
 
 
 def loss_from_output(output: Any) -> torch.Tensor | None:

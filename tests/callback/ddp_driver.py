@@ -22,6 +22,10 @@ user's training script. Scenarios (SIMULATED devices: see callback_sim):
   buckets_plain  the same run without MemoryPlanner: the assignment a plain backward gives.
   lightning  `final` under lightning.pytorch (the unified `lightning` package) instead of
           pytorch_lightning: rank 1's only chunk's backward fails and is retried there.
+  tokens  a class-weighted token-mean LM loss with padding (loss_sim.TokenLM, dict batches): each rank's
+          loader batch of 8 runs as chunks of 2 with mean_over = the rank's weighted real tokens.
+          Rank 0 writes weights.pt.
+  tokens_plain  the same without MemoryPlanner: each rank's batch whole, DDP averaging the ranks' token means.
   mixed   SIMULATED readings with plenty of room on both ranks (unguarded from the check at step 2);
           from step 3 rank 1's SIMULATED memory fails forwards of more than 5 samples, so in step 3
           rank 1 retries its batch guarded (4 + 4, through the carrier) while rank 0 leaves its whole
@@ -120,9 +124,28 @@ def main_lightning_pytorch(out: Path) -> None:
         torch.save(weights_of(module), out / "weights.pt")
 
 
+def main_tokens(out: Path, split: bool) -> None:
+    """The `tokens` and `tokens_plain` scenarios."""
+    from loss_sim import TokenLM, weighted_tokens
+    from loss_sim import weights_of as lm_weights
+
+    module = TokenLM(batch_size=8)
+    planner = MemoryPlanner(make_plan(2, 4, world_size=2), adjust=False, mean_over=weighted_tokens,
+                            log_dir=out / "memplan")
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=4, logger=False,
+                         callbacks=[planner] if split else [], enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=out)
+    trainer.fit(module)
+    if trainer.is_global_zero:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(lm_weights(module), out / "weights.pt")
+
+
 def main(scenario: str, out: Path) -> None:
     if scenario == "lightning":
         return main_lightning_pytorch(out)
+    if scenario in ("tokens", "tokens_plain"):
+        return main_tokens(out, split=scenario == "tokens")
     budget = None
     options = dict(every_n_steps=1, grow=False)
     steps = 6

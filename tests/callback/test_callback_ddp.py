@@ -138,3 +138,17 @@ def test_ranks_on_different_paths_in_one_step_pair_their_backwards(tmp_path):
     assert changes(logs[0]) == changes(logs[1])
     assert [(c["step"], c["cause"], c["after"]["micro_batch_size"]) for c in changes(logs[0])] == [(4, "oom", 4)]
     check_trained_like_one_process(out, steps=6)
+
+
+def test_a_token_mean_loss_split_on_each_rank_trains_as_ddp_does_whole(tmp_path):
+    # DDP averages the ranks' gradients, each rank's loss being the mean over its own tokens: that is
+    # what a split batch reproduces (README: "Loss semantics"), not a mean over all ranks' tokens
+    weights = {}
+    for scenario in ("tokens", "tokens_plain"):
+        out = tmp_path / scenario
+        result = run_scenario(scenario, out)
+        assert result.returncode == 0, result.stderr[-3000:]
+        weights[scenario] = torch.load(out / "weights.pt")
+    assert read_jsonl(tmp_path / "tokens" / "memplan" / "rank1.jsonl")[0]["layout"]["micro_batch_size"] == 2
+    for name, value in weights["tokens"].items():
+        torch.testing.assert_close(value, weights["tokens_plain"][name], rtol=0, atol=1e-12, msg=name)

@@ -1,0 +1,116 @@
+"""Loss semantics and logged values when MemoryPlanner splits a batch into chunks: a split batch must
+train, and log, as the whole batch does, for every reduction MemoryPlanner(loss_reduction=, mean_over=)
+supports. Each split run is compared with the same module trained whole, without MemoryPlanner."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from callback_sim import RecordingLogger, make_plan
+from loss_sim import TokenLM, real_tokens, weighted_tokens, weights_of
+
+from memplan.callback import MemoryPlanner
+
+STEPS = 4
+
+
+def train(make_trainer, tmp_path, name, reduction, planner=None):
+    module = TokenLM(batch_size=8, reduction=reduction)
+    logger = RecordingLogger(tmp_path / name)
+    trainer = make_trainer([planner] if planner else [], max_steps=STEPS, logger=logger, log_every_n_steps=1,
+                           default_root_dir=tmp_path / name)
+    trainer.fit(module)
+    logged = [m for m in logger.metrics if "train_loss" in m]
+    return weights_of(module), logged
+
+
+def assert_same_weights(got, expected, *, exact=True):
+    for name in expected:
+        if exact:
+            torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-12, msg=name)
+    if not exact:
+        assert any(not torch.allclose(got[n], expected[n], rtol=0, atol=1e-6) for n in expected)
+
+
+# The loader's 8 samples (no batch_size attribute on TokenLM) run as 4 chunks of 2, whose
+# real-token counts differ from their sample counts.
+@pytest.mark.parametrize(("reduction", "options"), [
+    ("sum", dict(loss_reduction="sum")),
+    ("mean", dict(loss_reduction="mean", mean_over=weighted_tokens)),
+])
+def test_a_split_batch_trains_and_logs_as_the_whole_batch(make_trainer, tmp_path, reduction, options):
+    whole, whole_logged = train(make_trainer, tmp_path, "whole", reduction)
+    planner = MemoryPlanner(make_plan(2, 4), grow=False, adjust=False, **options)
+    with pytest.warns(UserWarning, match="runs as chunks of 2"):
+        split, split_logged = train(make_trainer, tmp_path, "split", reduction, planner)
+    assert planner.layout.chunks == 4
+    assert_same_weights(split, whole)
+    # one logged row per step, describing the whole batch: the batch's loss, its 8 samples
+    assert [m["step"] for m in split_logged] == [m["step"] for m in whole_logged]
+    for got, expected in zip(split_logged, whole_logged):
+        assert got["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-12)
+        assert got["samples"] == expected["samples"] == 8
+
+
+@pytest.mark.parametrize(("reduction", "options"), [
+    ("sum", dict()),  # a sum loss weighted as a per-sample mean
+    ("mean", dict()),  # a token mean weighted by samples
+    ("mean", dict(mean_over=real_tokens)),  # a class-weighted token mean weighted by token counts
+])
+def test_the_wrong_reduction_trains_differently(make_trainer, tmp_path, reduction, options):
+    # the tests above can fail: a reduction that is not the loss's changes training
+    whole, _ = train(make_trainer, tmp_path, "whole", reduction)
+    planner = MemoryPlanner(make_plan(2, 4), grow=False, adjust=False, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        split, _ = train(make_trainer, tmp_path, "split", reduction, planner)
+    assert_same_weights(split, whole, exact=False)
+
+
+def test_loss_arguments_are_checked():
+    with pytest.raises(ValueError, match="loss_reduction"):
+        MemoryPlanner(loss_reduction="token")
+    with pytest.raises(ValueError, match="mean_over"):
+        MemoryPlanner(mean_over=3)
+    with pytest.raises(ValueError, match="mean_over"):
+        MemoryPlanner(loss_reduction="sum", mean_over=real_tokens)
+
+
+class ShortOfMemory(TokenLM):
+    """SIMULATED device memory: a forward of more than 3 samples raises torch.OutOfMemoryError."""
+
+    def training_step(self, batch, batch_idx):
+        if len(batch["input_ids"]) > 3:
+            raise torch.OutOfMemoryError("SIMULATED out of memory: more than 3 samples")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_batch_split_by_an_oom_retry_weighs_its_chunks_by_mean_over(make_trainer, tmp_path):
+    whole, whole_logged = train(make_trainer, tmp_path, "whole", "mean")
+    module = ShortOfMemory(batch_size=8)
+    planner = MemoryPlanner(make_plan(8, 1), mean_over=weighted_tokens, every_n_steps=100, grow=False)
+    logger = RecordingLogger(tmp_path / "retried")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_trainer([planner], max_steps=STEPS, logger=logger, log_every_n_steps=1).fit(module)
+    retries = [line for line in planner.log_path.read_text().splitlines() if '"oom_retry"' in line]
+    assert len(retries) == 2  # 8 -> 4 -> 2: the batch ran as chunks of 2
+    assert_same_weights(weights_of(module), whole)
+    logged = [m for m in logger.metrics if "train_loss" in m]
+    assert [m["train_loss"] for m in logged] == pytest.approx([m["train_loss"] for m in whole_logged], rel=1e-12)
+
+
+def test_the_first_split_warns_once_naming_batch_norm(make_trainer, tmp_path):
+    class WithNorm(TokenLM):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.norm = torch.nn.BatchNorm1d(7, dtype=torch.float64)
+
+    planner = MemoryPlanner(make_plan(2, 4), adjust=False)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        make_trainer([planner], max_steps=2).fit(WithNorm(batch_size=8))
+    said = [str(w.message) for w in record if "runs as chunks of" in str(w.message)]
+    assert len(said) == 1
+    assert "BatchNorm1d layers normalise over each chunk" in said[0] and "contrastive" in said[0]

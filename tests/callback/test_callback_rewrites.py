@@ -1,0 +1,68 @@
+"""Loud rewrites: every change MemoryPlanner makes to the user's settings is one warning, before ->
+after, and a line of the end-of-fit summary; strict=True refuses it, naming the setting."""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+from callback_sim import Regression, make_plan
+
+from memplan.callback import MemoryPlanner
+from memplan.callback.framework import MisconfigurationException
+
+
+def rewrite_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if str(w.message).startswith("MemoryPlanner changes")]
+
+
+def test_each_changed_setting_is_one_warning_and_a_summary_line(make_trainer, caplog):
+    module = Regression(batch_size=16)
+    planner = MemoryPlanner(make_plan(32, 2, checkpointing=True), grow=False)
+    with warnings.catch_warnings(record=True) as record, caplog.at_level(logging.INFO):
+        warnings.simplefilter("always")
+        make_trainer([planner], max_steps=1, accumulate_grad_batches=4).fit(module)
+    said = rewrite_warnings(record)
+    assert len(said) == 3
+    assert said[0].startswith("MemoryPlanner changes `batch_size` (the train loader's batch size): 16 -> 32 (")
+    assert said[1].startswith("MemoryPlanner changes Trainer(accumulate_grad_batches=...): 4 -> 2 (")
+    assert said[2].startswith("MemoryPlanner changes activation checkpointing: off -> on (")
+    assert module.batch_size == 32
+    summary = next(r.getMessage() for r in caplog.records if "MemoryPlanner summary" in r.getMessage())
+    assert "changed Trainer(accumulate_grad_batches=...): 4 -> 2" in summary
+    assert "changed `batch_size` (the train loader's batch size): 16 -> 32" in summary
+    assert [r.setting for r in planner.rewrites] == ["`batch_size` (the train loader's batch size)",
+                                                     "Trainer(accumulate_grad_batches=...)", "activation checkpointing"]
+
+
+def test_a_plan_that_keeps_the_settings_says_nothing(make_trainer):
+    planner = MemoryPlanner(make_plan(16, 4), grow=False)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        make_trainer([planner], max_steps=1, accumulate_grad_batches=4).fit(Regression(batch_size=16))
+    assert rewrite_warnings(record) == [] and planner.rewrites == []
+
+
+def test_strict_refuses_a_change_naming_the_setting(make_trainer):
+    planner = MemoryPlanner(make_plan(32, 2), strict=True)
+    with pytest.raises(MisconfigurationException, match=r"strict=True.*Trainer\(accumulate_grad_batches=...\): 4 -> 2"):
+        make_trainer([planner], max_steps=1, accumulate_grad_batches=4).fit(Regression(batch_size=32))
+
+
+def test_checkpointing_turned_on_mid_run_is_a_rewrite_and_strict_never_turns_it_on(make_trainer):
+    # margin=0.99: every check lowers, 2 -> 1 -> checkpointing on
+    planner = MemoryPlanner(make_plan(2, 1), every_n_steps=1, margin=0.99, grow=False)
+    with pytest.warns(UserWarning, match=r"MemoryPlanner changes activation checkpointing: off -> on \(at step 2"):
+        make_trainer([planner], max_steps=4).fit(Regression(batch_size=2))
+    assert planner.rewrites[-1].setting == "activation checkpointing"
+    strict = MemoryPlanner(make_plan(2, 1), every_n_steps=1, margin=0.99, grow=False, strict=True)
+    make_trainer([strict], max_steps=4).fit(Regression(batch_size=2))
+    assert strict.layout.micro_batch_size == 1 and not strict.layout.gradient_checkpointing and strict.rewrites == []
+
+
+def test_a_precision_mismatch_is_in_the_summary(make_trainer, caplog):
+    planner = MemoryPlanner(make_plan(8, 1, precision="bf16-mixed"), grow=False)
+    with pytest.warns(UserWarning, match="the plan is for precision='bf16-mixed'"), caplog.at_level(logging.INFO):
+        make_trainer([planner], max_steps=1).fit(Regression(batch_size=8))
+    summary = next(r.getMessage() for r in caplog.records if "MemoryPlanner summary" in r.getMessage())
+    assert "plan mismatch: the plan is for precision='bf16-mixed', the Trainer runs '32-true'" in summary
