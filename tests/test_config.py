@@ -241,10 +241,17 @@ def test_a_datamodule_batch_that_does_not_fit_the_model_is_reported_against_data
             memplan.estimate(loaded.build_model, loaded.example_batch(2), device="cpu")
 
 
+def test_init_args_of_the_wrong_type_are_refused_at_load_by_their_key(tmp_path):
+    with raises_config_error("model.init_args.depth", r"model.init_args.depth must be an int .*got 'two'"):
+        load_text(tmp_path, MLP_CONFIG.replace("depth: 2", "depth: two"))
+    with raises_config_error("data.init_args.batch_size", r"data.init_args.batch_size must be an int .*got 4.5"):
+        load_text(tmp_path, MLP_CONFIG.replace("batch_size: 4,", "batch_size: 4.5,"))
+
+
 def test_init_args_that_cannot_build_the_model_are_reported_against_model_init_args(tmp_path):
-    loaded = load_text(tmp_path, MLP_CONFIG.replace("depth: 2", "depth: two"))
+    loaded = load_text(tmp_path, MLP_CONFIG.replace("hidden: 8", "hidden: -8"))
     with raises_config_error("model.init_args", r"model.init_args: memplan.demos.MLP\(\*\*init_args\) failed: "
-                                                r"TypeError: .*; fix model.init_args"):
+                                                r"RuntimeError: .*; fix model.init_args"):
         loaded.estimate(2, device="cpu")
 
 

@@ -6,11 +6,14 @@ same way and instantiated, innermost first, when their owner is.
 """
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import importlib
 import inspect
 import os
 import sys
+import types
+import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -142,11 +145,82 @@ def _check_arguments(cls: type, init_args: Mapping[str, Any], key: str, leading:
                 raise ConfigError(f"{key}.init_args.{name}", (
                     f"{key}.init_args.{name}: {cls.__name__} has no argument {name!r}{hint}; "
                     f"its arguments are {', '.join(accepted) or '(none)'}"))
+    hints = _type_hints(cls)
+    for name, value in init_args.items():
+        parameter = params.get(name)
+        if parameter is not None:
+            problem = _type_problem(value, hints.get(name, parameter.annotation), parameter.default)
+            if problem is not None:
+                raise ConfigError(f"{key}.init_args.{name}", (
+                    f"{key}.init_args.{name} must be {problem} ({cls.__name__}'s argument {name!r}); got {value!r}"))
     for p in named[leading:]:
         if p.default is p.empty and p.name not in init_args:
             raise ConfigError(f"{key}.init_args.{p.name}", (
                 f"{key}.init_args.{p.name} is missing: {cls.__name__} requires it (no default); "
                 f"add it under {key}.init_args"))
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    """cls.__init__'s resolved annotations; {} where they cannot be resolved (forward references)."""
+    try:
+        return typing.get_type_hints(cls.__init__)
+    except (NameError, TypeError, AttributeError, SyntaxError):
+        return {}
+
+
+def _type_problem(value: Any, hint: Any, default: Any) -> str | None:
+    """What `value` should be, when it plainly is not what the argument takes; None when it is, or when
+    that cannot be told (an annotation memplan does not read, a nested class section). Without an
+    annotation a numeric default stands for it, and only a string in its place is refused."""
+    if isinstance(value, Mapping) and "class_path" in value:
+        return None
+    if hint is inspect.Parameter.empty:
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        return f"a number like its default {default!r}" if numeric and isinstance(value, str) else None
+    verdict = _matches(value, hint)
+    return None if verdict is not False else _describe(hint)
+
+
+def _matches(value: Any, hint: Any) -> bool | None:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        verdicts = [_matches(value, arg) for arg in typing.get_args(hint)]
+        return True if True in verdicts else (None if None in verdicts else False)
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None) or hint is None:
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else isinstance(value, str)
+    if hint in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
+        return isinstance(value, (list, tuple))
+    if hint is dict or origin in (dict, collections.abc.Mapping):
+        return isinstance(value, Mapping)
+    return None
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if hint is type(None) or hint is None:
+        return "null"
+    names = {bool: "true or false", int: "an int", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    if hint in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
+        return "a list"
+    if hint is dict or origin in (dict, collections.abc.Mapping):
+        return "a mapping"
+    return getattr(hint, "__name__", str(hint))
 
 
 def _parse_nested(value: Any, key: str) -> Any:

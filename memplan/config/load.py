@@ -119,7 +119,8 @@ class LoadedConfig:
     @property
     def trainer_precision(self) -> str | None:
         """trainer.precision as Lightning's canonical string (16 -> '16-mixed'), or None if unset."""
-        return normalize_precision(self.trainer.get("precision"))
+        value = self.trainer.get("precision")
+        return None if value is None else normalize_precision(value, name="trainer.precision")
 
     @property
     def optimizer(self) -> str | Callable[..., Any] | None:
@@ -174,8 +175,10 @@ class LoadedConfig:
                                   f"{fix}") from err
             if message.startswith("model: the callable that builds"):
                 what = message.split("raised ", 1)[-1].split(". Check that calling it", 1)[0]
-                raise ConfigError("model.init_args", f"model.init_args: {self.model.class_path}(**init_args) "
-                                  f"failed: {what}; fix model.init_args") from err
+                named = [name for name in self.model.init_args if re.search(rf"\b{re.escape(str(name))}\b", what)]
+                key = f"model.init_args.{named[0]}" if len(named) == 1 else "model.init_args"
+                raise ConfigError(key, f"{key}: {self.model.class_path}(**init_args) failed: {what}; fix {key}"
+                                  ) from err
             raise
 
     @functools.cached_property
@@ -220,6 +223,8 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         raise ConfigError("trainer", f"trainer must be a mapping of Trainer arguments; got {trainer!r}")
     devices = _device_count(trainer.get("devices", "auto"))
     nodes = _positive_int(trainer, "num_nodes")
+    if trainer.get("precision") is not None:
+        normalize_precision(trainer["precision"], name="trainer.precision")
     return LoadedConfig(
         path=path, raw=raw, settings=settings, model=model, data=data, optimizer_section=optimizer,
         trainer=dict(trainer), trainer_world_size=None if devices is None else devices * nodes,
