@@ -128,7 +128,7 @@ def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str,
     trainer["num_nodes"] = plan.nodes
     trainer["precision"] = plan.precision
     trainer["accumulate_grad_batches"] = plan.accumulate_grad_batches
-    if not (plan.strategy == "ddp" and _is_ddp(trainer.get("strategy"))):
+    if not (plan.strategy == "ddp" and is_ddp_strategy(trainer.get("strategy"))):
         trainer["strategy"] = plan.strategy  # a DDP variant of the user's (find_unused_parameters ...) is kept
     if callback is not None:
         existing = trainer.get("callbacks") or []
@@ -139,7 +139,7 @@ def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str,
     return trainer
 
 
-def _is_ddp(strategy: Any) -> bool:
+def is_ddp_strategy(strategy: Any) -> bool:
     if isinstance(strategy, str):
         return strategy == "ddp" or strategy.startswith("ddp_find_unused_parameters")
     if isinstance(strategy, Mapping):

@@ -197,7 +197,7 @@ def _more_gpus(request: PlanRequest, w: Candidate, search: _Search, available: i
             said.add(kind)
             parts.append(text)
     if split:
-        ranks = ", ".join(str(n) for n in split)
+        ranks = ", ".join(str(n) for n in split) if len(split) <= 6 else f"{split[0]}, {split[1]}, ... {split[-1]}"
         parts.append(f"the global batch {request.global_batch_size} does not split evenly over {ranks} ranks")
     return "; ".join(parts)
 

@@ -60,7 +60,8 @@ def test_suggest_without_a_gpu_says_how_to_name_one(capsys):
     (["suggest", "--gpu", "A100-80GB", "missing.yaml"], "missing.yaml does not exist"),
     (["suggest", "--gpu", "GTX-9999", MLP], "GTX-9999"),
     (["suggest", "--gpu", "A100-80GB", "--precision", "16-true", MLP], "--precision: the planner searches"),
-    (["suggest", "--gpu", "A100-80GB", "--global-batch-size", "7", "--nodes", "2", MLP], "global_batch_size"),
+    (["suggest", "--gpu", "A100-80GB", "--global-batch-size", "7", "--nodes", "2", MLP],
+     "--global-batch-size (7) must be divisible by --nodes 2"),
 ])
 def test_suggest_bad_input_exits_2_with_one_clear_line(capsys, argv, message):
     code, _, err = run(capsys, *argv)
