@@ -337,6 +337,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 
 def _check_output(output: str, config: str, *, force: bool) -> None:
     """--output, before anything is traced: not the source config, not a folder, files to replace only with --force."""
+    import os
     from pathlib import Path
 
     from memplan.config.write import OutputExists, existing_outputs, plan_path_for
@@ -352,10 +353,10 @@ def _check_output(output: str, config: str, *, force: bool) -> None:
     existing = existing_outputs(path)
     if existing and not force:
         raise OutputExists(existing)
-    folder = next((p for p in (path.resolve().parent, *path.resolve().parents) if p.exists()), None)
-    import os
-
-    if folder is None or not os.access(folder, os.W_OK | os.X_OK):
+    folder = next(p for p in path.resolve().parents if p.exists())
+    if not folder.is_dir():
+        raise arg.UsageError(f"--output {output}: {folder} is a file, not a folder; choose another --output")
+    if not os.access(folder, os.W_OK | os.X_OK):
         raise arg.UsageError(f"--output {output}: cannot write in {folder}; choose a folder you can write to")
 
 

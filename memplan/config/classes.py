@@ -61,8 +61,8 @@ def parse_class_section(value: Any, key: str, *, base: str | None = None, defaul
         value = {"class_path": value}
     if not isinstance(value, Mapping) or "class_path" not in value:
         raise ConfigError(f"{key}.class_path", (
-            f"{key}.class_path is missing; memplan reads LightningCLI's form:\n"
-            f"  {key}:\n    class_path: your_package.module.ClassName\n    init_args: {{...}}"))
+            f"{key}.class_path is missing; memplan reads LightningCLI's form, "
+            f"{key}: {{class_path: your_package.module.ClassName, init_args: {{...}}}}"))
     for extra in value:
         if extra not in _SECTION_KEYS:
             raise ConfigError(f"{key}.{extra}", (
