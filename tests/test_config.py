@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import types
@@ -26,6 +27,7 @@ from memplan.config import (
 )
 from memplan.demos import GPTLM, RandomVectors
 from memplan.estimator.fake import fake_model, new_fake_mode
+from memplan.config.write import OutputExists
 from memplan.plan import Plan
 
 MLP_CONFIG = """
@@ -437,6 +439,57 @@ def test_write_planned_config_sets_the_plan_and_keeps_the_users_keys(tmp_path):
 
     again = load_config(out)  # the planned config reads back with the same global batch
     assert again.global_batch_size == 512 and again.data_batch_size == 4 and again.accumulate_grad_batches == 16
+
+
+def test_write_planned_config_never_replaces_files_unless_forced(tmp_path):
+    loaded = load_text(tmp_path, MLP_CONFIG)
+    out = tmp_path / "planned.yaml"
+    plan_path_for(out).write_text("the user's plan\n")
+    with pytest.raises(OutputExists, match=f"--output would replace {plan_path_for(out)}; pass --force") as info:
+        write_planned_config(loaded, make_plan(), out)
+    assert info.value.paths == [plan_path_for(out)] and not out.exists()
+    assert plan_path_for(out).read_text() == "the user's plan\n"
+
+    write_planned_config(loaded, make_plan(micro_batch_size=16, accumulate_grad_batches=2), out, force=True)
+    assert Plan.from_dict(json.loads(plan_path_for(out).read_text())).micro_batch_size == 16
+    with pytest.raises(OutputExists, match=f"{out} and {plan_path_for(out)}"):
+        write_planned_config(loaded, make_plan(), out)
+
+
+def test_write_planned_config_writes_the_plan_first_and_atomically(tmp_path, monkeypatch):
+    loaded = load_text(tmp_path, MLP_CONFIG)
+    out = tmp_path / "planned.yaml"
+    out.write_text("old config\n")
+    renamed = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        renamed.append(Path(dst).name)
+        if Path(dst) == out:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="No space left"):
+        write_planned_config(loaded, make_plan(), out, force=True)
+    assert renamed == ["planned.plan.json", "planned.yaml"]  # the plan first: a config never names a partial plan
+    assert out.read_text() == "old config\n"  # the failed write left the old file whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "planned.plan.json", "planned.yaml"]
+
+
+def test_the_planned_config_finds_its_plan_from_any_directory(tmp_path, monkeypatch):
+    from memplan.callback.apply import load_plan
+
+    loaded = load_text(tmp_path, MLP_CONFIG)
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    write_planned_config(loaded, make_plan(), "runs/planned.yaml", callback=planner_callback(plan_path_for("runs/planned.yaml")))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # training started from another directory
+    entry = yaml.safe_load((tmp_path / "runs" / "planned.yaml").read_text())["trainer"]["callbacks"][-1]
+    assert Path(entry["init_args"]["plan"]).is_absolute()
+    assert load_plan(entry["init_args"]["plan"]) == make_plan()
 
 
 def test_write_planned_config_choices(tmp_path, user_module):

@@ -364,6 +364,7 @@ def _write_output(loaded, plan, output: str, *, force: bool, stream) -> None:
     """Write the planned config and plan file; say so on `stream` (stderr under --json, so stdout stays JSON)."""
     import importlib.util
     import shlex
+    from pathlib import Path
 
     from memplan.config import plan_path_for, planner_callback, torchrun_command, write_planned_config
 
@@ -372,7 +373,7 @@ def _write_output(loaded, plan, output: str, *, force: bool, stream) -> None:
     write_planned_config(loaded, plan, output, callback=callback, force=force)
     print(f"wrote {output} and {plan_path_for(output)}", file=stream)
     print("launch with: " + " ".join(shlex.quote(a) if "$" not in a else a
-                                     for a in torchrun_command(plan, output)), file=stream)
+                                     for a in torchrun_command(plan, Path(output).resolve())), file=stream)
 
 
 def _usage_error(message: str) -> int:

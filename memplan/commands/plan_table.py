@@ -26,27 +26,24 @@ def changes_table(loaded: Any, plan: Plan) -> Table:
     local = plan.nodes == 1 and len(plan.gpus) == plan.gpus_per_node
     own_global = _own_global_batch(loaded)
     rows = [
-        ("devices", "trainer.devices", _show(trainer.get("devices", "auto")),
-         _show(list(plan.gpus) if local else plan.gpus_per_node)),
-        ("nodes", "trainer.num_nodes", _show(trainer.get("num_nodes", 1)), _show(plan.nodes)),
-        ("precision", "trainer.precision", loaded.trainer_precision or "32-true (default)", plan.precision),
-        (f"batch size per {device_word(plan)}", batch_key, _show(loaded.data_batch_size), _show(plan.micro_batch_size)),
-        ("accumulation", "trainer.accumulate_grad_batches", _show(loaded.accumulate_grad_batches),
-         _show(plan.accumulate_grad_batches)),
-        ("global batch", "(batch x devices x nodes x accumulation)", _show(own_global), _show(plan.global_batch_size)),
-        ("activation checkpointing", "MemoryPlanner callback", "off (model as written)",
-         "on (MemoryPlanner applies it)" if plan.gradient_checkpointing else "off"),
-        ("strategy", "trainer.strategy", _show(trainer.get("strategy", "auto")),
+        ("trainer.devices", _show(trainer.get("devices", "auto")), _show(list(plan.gpus) if local else plan.gpus_per_node)),
+        ("trainer.num_nodes", _show(trainer.get("num_nodes", 1)), _show(plan.nodes)),
+        ("trainer.precision", loaded.trainer_precision or "32-true (default)", plan.precision),
+        (batch_key, _show(loaded.data_batch_size), _show(plan.micro_batch_size)),
+        ("trainer.accumulate_grad_batches", _show(loaded.accumulate_grad_batches), _show(plan.accumulate_grad_batches)),
+        ("global batch", _show(own_global), _show(plan.global_batch_size)),
+        ("activation checkpointing", "off", "on (by MemoryPlanner)" if plan.gradient_checkpointing else "off"),
+        ("trainer.strategy", _show(trainer.get("strategy", "auto")),
          _show(trainer.get("strategy")) if plan.strategy == "ddp" and is_ddp_strategy(trainer.get("strategy"))
          else plan.strategy),
     ]
     table = Table(title=f"Changes to {loaded.path}", title_justify="left")
-    for header in ("setting", "key", "before", "after"):
-        table.add_column(header)
-    for name, key, before, after in rows:
+    table.add_column("setting", no_wrap=True)
+    table.add_column("before")
+    table.add_column("after")
+    for key, before, after in rows:
         changed = before != after
-        table.add_row(name, key, Text(before), Text(after, style="bold" if changed else ""),
-                      style=None if changed else "dim")
+        table.add_row(key, Text(before), Text(after, style="bold" if changed else ""), style=None if changed else "dim")
     return table
 
 

@@ -48,6 +48,14 @@ def test_suggest_output_writes_a_planned_config_and_the_plan(capsys, tmp_path):
     assert planned["trainer"]["accumulate_grad_batches"] == plan.accumulate_grad_batches
     assert planned["data"]["init_args"]["batch_size"] == plan.micro_batch_size
     assert "torchrun --nproc-per-node=2" in out
+    assert "Changes to" in out and "trainer.accumulate_grad_batches" in out  # the before -> after table
+
+    code, _, err = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, "--output", str(out_path))
+    assert code == 2 and f"--output would replace {out_path} and {out_path.with_suffix('.plan.json')}" in err
+    out_path.write_text("edited by the user\n")
+    code, _, _ = run(capsys, "suggest", "--gpus", "1", "--gpu", "V100-32GB", MLP, "--output", str(out_path), "--force")
+    assert code == 0
+    assert yaml.safe_load(out_path.read_text())["trainer"]["devices"] == 1
 
 
 def test_suggest_without_a_gpu_says_how_to_name_one(capsys):
