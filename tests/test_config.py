@@ -110,7 +110,12 @@ def user_module(monkeypatch):
             cls.built.append(cls)
             return super().__new__(cls)
 
+    class OwnLoader(NoBatchSize):
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=2)
+
     module.NeedsWidth, module.NoBatchSize, module.CountedGPT = NeedsWidth, NoBatchSize, CountedGPT
+    module.OwnLoader = OwnLoader
     monkeypatch.setitem(sys.modules, "memplan_test_user", module)
     return module
 
@@ -190,8 +195,11 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
                                  r"\(did you mean 'batch_size'\?\)"),
     ("model: {class_path: memplan.demos.MLP}\ndata: {class_path: memplan.demos.MLP}\n", "data.class_path",
      r"data.class_path 'memplan.demos.MLP' is not a LightningDataModule subclass"),
-    ("model: {class_path: memplan.demos.MLP}\n", "data",
-     r"no batch to plan with: the config has no data: section .* and no memplan.batch_spec"),
+    ("model: {class_path: memplan.demos.MLP}\n", "memplan.batch_spec",
+     r"no batch to plan with: the config has no data: section .*; describe one batch in memplan.batch_spec "
+     r".*README: 'Describing the batch'"),
+    ("model: {class_path: memplan_test_user.OwnLoader}\n", "memplan.batch_spec",
+     r"no batch to plan with: OwnLoader loads its own data \(train_dataloader\), which memplan does not run"),
     (MLP_CONFIG + "optimizer: {class_path: AdamW, init_args: {lrr: 0.1}}\n", "optimizer.init_args.lrr",
      r"optimizer.init_args.lrr: AdamW has no argument 'lrr' \(did you mean 'lr'\?\)"),
     (MLP_CONFIG.replace("devices: 2", "devices: 0"), "trainer.devices",

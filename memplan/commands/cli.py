@@ -83,6 +83,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         est = _estimate_config(args, options) if args.config else _estimate_demo(args, options)
     except ValueError as err:  # EstimateError and ConfigError are ValueErrors naming the field
         return _usage_error(str(err))
+    import dataclasses
+
+    est = dataclasses.replace(est, notes=tuple(n.replace("pass device='H100-80GB' (or another) to choose",
+                                                         "pass --device H100-80GB (or another GPU) to choose")
+                                               for n in est.notes))
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))
     else:

@@ -236,13 +236,17 @@ def _plain_words(text: str, wanted: Wanted, why_no_checkpointing: str | None) ->
             could.append(ckpt)
         start = text.index("Allowing ")
         end = text.index("would lower what DDP needs.") + len("would lower what DDP needs.")
-        replacement = (f"{' and '.join(could).capitalize()} would lower what DDP needs." if could else "")
+        replacement = f"{_upper_first(' and '.join(could))} would lower what DDP needs." if could else ""
         if why_no_checkpointing and "no repeated blocks" in why_no_checkpointing:
             replacement += " Activation checkpointing cannot help: the model has no repeated blocks to checkpoint."
         text = text[:start] + replacement.strip() + text[end:]
     elif allowing in text:
-        text = text.replace(f"{allowing} would", f"{amp.capitalize()} would")
+        text = text.replace(f"{allowing} would", f"{_upper_first(amp)} would")
     return text
+
+
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _sample_bytes(loaded: LoadedConfig) -> int:

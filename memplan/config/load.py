@@ -214,10 +214,15 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         optimizer = parse_class_section(raw["optimizer"], "optimizer", base="Optimizer",
                                         default_module="torch.optim", leading=1)
     if data is None and settings.batch_spec is None:
-        raise ConfigError("data", (
-            "no batch to plan with: the config has no data: section (a LightningDataModule) and no "
-            "memplan.batch_spec; add one, e.g. "
-            "memplan: {batch_spec: {input: {shape: [1024], dtype: int64, high: 50257}}}"))
+        owns = "train_dataloader" in vars(model.cls) or any(
+            "train_dataloader" in vars(c) for c in model.cls.__mro__[1:] if c.__name__ != "LightningModule"
+            and not c.__module__.startswith(("pytorch_lightning", "lightning")))
+        why = (f"{model.cls.__name__} loads its own data (train_dataloader), which memplan does not run: it would "
+               "build the model for real" if owns else "the config has no data: section (a LightningDataModule)")
+        raise ConfigError("memplan.batch_spec", (
+            f"no batch to plan with: {why}; describe one batch in memplan.batch_spec (per-sample shape, dtype "
+            "and value range of each tensor, as training_step receives them), e.g. memplan: {batch_spec: "
+            "{input: {shape: [1024], dtype: int64, high: 50257}}} (README: 'Describing the batch')"))
     trainer = raw.get("trainer") or {}
     if not isinstance(trainer, Mapping):
         raise ConfigError("trainer", f"trainer must be a mapping of Trainer arguments; got {trainer!r}")

@@ -189,7 +189,7 @@ YAML_CASES = [
      "memplan.batch_spec.x.shape must be a list"),
     ("yaml-batch-spec-int-high", {"data": DELETE, "memplan.batch_spec": {"x": {"shape": [20], "dtype": "int64"}}},
      "memplan.batch_spec.x.high is required"),
-    ("yaml-no-batch", {"data": DELETE}, "memplan.batch_spec"),
+    ("yaml-no-batch", {"data": DELETE}, "no batch to plan with: the config has no data: section"),
 ]
 
 PLAN = {

@@ -88,7 +88,8 @@ def test_estimate_a_config_at_one_batch_size(capsys):
 def test_estimate_a_demo_prints_the_breakdown(capsys):
     code, out, _ = run(capsys, "estimate", "--demo", "mlp", "--batch-size", "32", "--device", "cpu")
     assert code == 0
-    assert "peak allocated" in out and "seeds' rule" in out
+    assert "peak allocated" in out and "rule of thumb" in out
+    assert "rule of thumb: 4 bytes x (3 x parameters + 2 x activations)" in out  # the column says what it is
 
 
 def test_estimate_needs_a_config_or_a_demo(capsys):
