@@ -149,6 +149,7 @@ class Plan:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"plan file has unknown keys {unknown}; re-run memplan suggest with this memplan version")
+        data.setdefault("gpus", [])  # a plan for other machines names no local GPU
         missing = sorted(f.name for f in dataclasses.fields(cls)
                          if f.name not in data and f.default is dataclasses.MISSING
                          and f.default_factory is dataclasses.MISSING)

@@ -184,7 +184,8 @@ def _add_validate(sub) -> None:
                    "plan's, else the config's data batch size)")
     p.add_argument("--plan", default=None, help="a plan file from memplan suggest --output (*.plan.json): "
                    "its micro-batch, precision and checkpointing")
-    p.add_argument("--precision", default=None, help="Lightning precision string (default: the plan's, "
+    p.add_argument("--precision", type=arg.precision("--precision"), default=None, help="Lightning precision or "
+                   "alias (default: the plan's, "
                    "else the config's trainer.precision, else 32-true)")
     p.add_argument("--checkpointing", action="store_true", help="checkpoint each repeated block")
     p.add_argument("--steps", type=int, default=2, help="real training steps to run (default 2)")

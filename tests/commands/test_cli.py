@@ -29,6 +29,8 @@ def test_suggest_off_box_keeps_the_global_batch_and_fits(capsys):
     assert plan.micro_batch_size * plan.world_size * plan.accumulate_grad_batches == plan.global_batch_size
     assert plan.predicted_peak_bytes <= plan.device_budget_bytes
     assert plan.world_size == 4 and plan.precision == "bf16-mixed"
+    assert plan.model_class == "memplan.demos.MLP" and len(plan.model_fingerprint) == 16  # checked when applied
+    assert plan.gpu_name == "A100-80GB" and plan.gpu_total_bytes > 0
 
 
 def test_suggest_prints_a_table_with_reasons(capsys):
