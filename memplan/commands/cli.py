@@ -82,7 +82,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     try:
         est = _estimate_config(args, options) if args.config else _estimate_demo(args, options)
     except ValueError as err:  # EstimateError and ConfigError are ValueErrors naming the field
-        return _usage_error(str(err))
+        message = str(err)
+        if message.startswith("checkpointing=True found no repeated blocks"):
+            message = ("--checkpointing: the model has no repeated blocks (an nn.ModuleList or nn.Sequential of >= 2 "
+                       "modules of one class) to checkpoint; drop --checkpointing")
+        return _usage_error(message)
     import dataclasses
 
     est = dataclasses.replace(est, notes=tuple(n.replace("pass device='H100-80GB' (or another) to choose",
@@ -262,6 +266,7 @@ def _estimate_demo(args: argparse.Namespace, options: dict):
         raise ValueError(f"--demo must be one of {', '.join(DEMOS)}; got {args.demo!r}")
     with FakeTensorMode():
         model = DEMOS[args.demo]()  # born fake: no weight allocated
+    _check_batch_memory(model.example_batch(1), args.batch_size)
     return memplan.estimate(model, model.example_batch(args.batch_size), optimizer=args.optimizer,
                             precision=args.precision or "32-true", **options)
 
@@ -272,7 +277,23 @@ def _estimate_config(args: argparse.Namespace, options: dict):
     loaded = load_config(args.config)
     precision = args.precision or loaded.trainer_precision or "32-true"
     optimizer = args.optimizer or loaded.optimizer
+    _check_batch_memory(loaded.example_batch(1), args.batch_size)
     return loaded.estimate(args.batch_size, precision=precision, optimizer=optimizer, **options)
+
+
+def _check_batch_memory(one_sample, batch_size: int) -> None:
+    """--batch-size whose batch (built for real in host memory, to trace the step on it) would not fit here."""
+    from memplan.batching import iter_tensors
+    from memplan.hardware import host_info
+    from memplan.units import format_bytes
+
+    sample = sum(t.numel() * t.element_size() for t in iter_tensors(one_sample))
+    available = host_info().available_bytes
+    if sample * batch_size > available // 2:
+        raise arg.UsageError(
+            f"--batch-size {batch_size}: the batch alone is {format_bytes(sample * batch_size)} ({format_bytes(sample)} "
+            f"a sample), over half the {format_bytes(available)} of host memory available; memplan builds one batch "
+            "in host memory to trace the step: use a smaller --batch-size")
 
 
 def _add_suggest(sub) -> None:

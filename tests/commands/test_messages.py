@@ -83,3 +83,9 @@ def test_estimate_notes_name_estimates_own_flags(capsys):
     if torch.cuda.is_available():
         pytest.skip("a local GPU: no generic-GPU note")
     assert "pass --device H100-80GB" in notes and "device='" not in notes
+
+
+def test_estimate_checkpointing_without_blocks_names_the_flag(capsys):
+    code, _, err = run(capsys, "estimate", MLP_CONFIG, "--batch-size", "4", "--device", "cpu", "--checkpointing")
+    assert code == 2
+    assert "--checkpointing: the model has no repeated blocks" in err and "checkpointing={" not in err
