@@ -58,3 +58,18 @@ def test_the_callback_refuses_a_plan_file_for_another_model(tmp_path):
     with pytest.raises(MisconfigurationException, match=r"MemoryPlanner\(plan=.*\): the plan was made for "
                                                         r"memplan.demos.MLP .* not this memplan.demos.MLP"):
         trainer.fit(MLP(**SMALL), datamodule=data)
+
+
+def test_a_config_tells_a_plan_for_another_model(tmp_path):
+    import yaml
+
+    from memplan.config import load_config
+
+    path = tmp_path / "config.yaml"
+    raw = {"model": {"class_path": "memplan.demos.MLP", "init_args": SMALL},
+           "data": {"class_path": "memplan.demos.RandomVectors", "init_args": {"in_features": 20, "num_classes": 3}}}
+    path.write_text(yaml.safe_dump(raw))
+    loaded = load_config(path)
+    assert loaded.plan_mismatch(plan_for(MLP(**SMALL))) is None
+    message = loaded.plan_mismatch(plan_for(MLP(**{**SMALL, "depth": 4})), plan_name="--plan p.json")
+    assert message.startswith("--plan p.json was made for memplan.demos.MLP, not this config's memplan.demos.MLP")

@@ -211,6 +211,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         loaded = load_config(args.config)
         plan = Plan.from_dict(json.loads(open(args.plan).read())) if args.plan else None
+        wrong_model = loaded.plan_mismatch(plan, plan_name=f"--plan {args.plan}") if plan else None
+        if wrong_model is not None:
+            return _usage_error(wrong_model)
         batch_size = plan.micro_batch_size if plan else args.batch_size or loaded.data_batch_size
         if batch_size is None:
             return _usage_error("the config has no data batch size; pass --batch-size N or --plan FILE")

@@ -156,6 +156,24 @@ class LoadedConfig:
         with self.config_errors():
             return estimate(self.build_model, batch, **kwargs)
 
+    def plan_mismatch(self, plan: Any, *, plan_name: str = "--plan") -> str | None:
+        """Why `plan` (a memplan.plan.Plan) was made for another model than this config's, in words; None
+        when it was made for this one (or recorded no model). Builds the model on fake tensors to compare
+        parameter names and shapes (memplan.plan.model_fingerprint); allocates no weight."""
+        if plan.model_fingerprint is None:
+            return None
+        import torch
+
+        from memplan.estimator.fake import fake_model, new_fake_mode
+        from memplan.plan import model_fingerprint
+
+        skeleton = fake_model(self.build_model, new_fake_mode(), device=torch.device("cpu"), param_dtype=torch.float32)
+        if model_fingerprint(skeleton) == plan.model_fingerprint:
+            return None
+        return (f"{plan_name} was made for {plan.model_class or 'another model'}, not this config's "
+                f"{self.model.class_path} with its model.init_args (parameter names or shapes differ); re-plan "
+                "with `memplan suggest CONFIG --output ...`")
+
     @contextlib.contextmanager
     def config_errors(self) -> Iterator[None]:
         """Around anything that traces this config (an estimate, the planner's search): an EstimateError
