@@ -87,7 +87,7 @@ OUT_DIR="$(mkdir -p "${MEMPLAN_OUTPUT_DIR:-.}" && cd "${MEMPLAN_OUTPUT_DIR:-.}" 
 STEM="$(basename "${CONFIG%.*}")"
 PLANNED="$OUT_DIR/$STEM.planned.yaml"
 PLAN_JSON="$OUT_DIR/$STEM.planned.plan.json"
-SUGGEST=(suggest "$CONFIG" --output "$PLANNED" --force --json)
+SUGGEST=(suggest "$CONFIG" --force --output "$PLANNED" --json)
 [[ -z "${MEMPLAN_GPUS:-}" ]] || SUGGEST+=(--gpus "$MEMPLAN_GPUS")
 "$PYTHON" -m memplan "${SUGGEST[@]}" > "$OUT_DIR/$STEM.suggest.log"
 echo "memplan: planned $PLANNED (plan $PLAN_JSON; suggest output in $OUT_DIR/$STEM.suggest.log)" >&2
