@@ -237,16 +237,17 @@ def test_a_batch_spec_that_does_not_fit_the_model_is_reported_against_the_batch_
         memplan:
           batch_spec: [{shape: [19]}, {shape: [], dtype: int64, high: 3}]
     """)
-    with raises_config_error("memplan.batch_spec", r"memplan.batch_spec does not match the model memplan.demos.MLP: "
-                                                   r"batch: the model could not run its training step .*describe the "
+    with raises_config_error("memplan.batch_spec", r"memplan.batch_spec and model.init_args do not work together: "
+                                                   r"memplan.demos.MLP's training step failed on a batch from "
+                                                   r"memplan.batch_spec: the model could not run .*describes the "
                                                    r"batch exactly as training_step receives it"):
         loaded.estimate(2, device="cpu")
 
 
 def test_a_datamodule_batch_that_does_not_fit_the_model_is_reported_against_data_around_any_trace(tmp_path):
     loaded = load_text(tmp_path, MLP_CONFIG.replace("in_features: 20, hidden", "in_features: 19, hidden"))
-    with raises_config_error("data", r"data does not match the model memplan.demos.MLP: batch: .*check "
-                                     r"data.init_args against model.init_args"):
+    with raises_config_error("data", r"data and model.init_args do not work together: .*check model.init_args "
+                                     r"\(the model's own sizes\) and that data.init_args agree with it"):
         with loaded.config_errors():  # as the CLI wraps the planner's search
             memplan.estimate(loaded.build_model, loaded.example_batch(2), device="cpu")
 

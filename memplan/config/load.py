@@ -186,11 +186,12 @@ class LoadedConfig:
             message = str(err)
             if message.startswith("batch"):
                 key = "memplan.batch_spec" if self.settings.batch_spec is not None else "data"
-                fix = ("describe the batch exactly as training_step receives it (structure, shapes, dtypes)"
-                       if key == "memplan.batch_spec" else "check data.init_args against model.init_args")
-                what = message.split(". Pass the batch", 1)[0]
-                raise ConfigError(key, f"{key} does not match the model {self.model.class_path}: {what}; "
-                                  f"{fix}") from err
+                fix = ("that memplan.batch_spec describes the batch exactly as training_step receives it (structure, "
+                       "shapes, dtypes)" if key == "memplan.batch_spec" else "that data.init_args agree with it")
+                what = message.split(". Pass the batch", 1)[0].removeprefix("batch: ")
+                raise ConfigError(key, f"{key} and model.init_args do not work together: {self.model.class_path}'s "
+                                  f"training step failed on a batch from {key}: {what}; check model.init_args (the "
+                                  f"model's own sizes) and {fix}") from err
             if message.startswith("model: the callable that builds"):
                 what = message.split("raised ", 1)[-1].split(". Check that calling it", 1)[0]
                 named = [name for name in self.model.init_args if re.search(rf"\b{re.escape(str(name))}\b", what)]
