@@ -159,7 +159,9 @@ def plan_config(
                            precisions=precisions, allow_checkpointing=allow_checkpointing, margin=margin)
     model_name = loaded.model.cls.__name__
     progress.say(f"building {model_name} on fake tensors (no weight allocated)")
-    skeleton = fake_model(loaded.build_model, new_fake_mode(), device=torch.device("cpu"), param_dtype=torch.float32)
+    with loaded.config_errors():  # a model that cannot be built is model.init_args' fault, named as such
+        skeleton = fake_model(loaded.build_model, new_fake_mode(), device=torch.device("cpu"),
+                              param_dtype=torch.float32)
     has_blocks = bool(find_repeated_blocks(skeleton))
     progress.say("reading one batch" + (" from memplan.batch_spec" if loaded.settings.batch_spec is not None
                                         else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))

@@ -167,7 +167,9 @@ class LoadedConfig:
         from memplan.estimator.fake import fake_model, new_fake_mode
         from memplan.plan import model_fingerprint
 
-        skeleton = fake_model(self.build_model, new_fake_mode(), device=torch.device("cpu"), param_dtype=torch.float32)
+        with self.config_errors():
+            skeleton = fake_model(self.build_model, new_fake_mode(), device=torch.device("cpu"),
+                                  param_dtype=torch.float32)
         if model_fingerprint(skeleton) == plan.model_fingerprint:
             return None
         return (f"{plan_name} was made for {plan.model_class or 'another model'}, not this config's "
@@ -282,6 +284,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
                           "LightningCLI's --config") from None
     except OSError as err:
         raise ConfigError("", f"cannot read config file {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError("", f"config file {path} is not UTF-8 text (byte {err.start}); pass the YAML you give "
+                          "LightningCLI's --config") from None
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as err:

@@ -159,6 +159,8 @@ YAML_CASES = [
     ("yaml-init-args-bool-for-int", {"data.init_args.batch_size": True}, "data.init_args.batch_size must be an int"),
     ("yaml-init-args-str-for-bool", {"data.init_args.pin_memory": "yes please"},
      "data.init_args.pin_memory must be true or false"),
+    ("yaml-nested-class-path", {"model.init_args.hidden": {"class_path": "nowhere.Width"}},
+     "model.init_args.hidden.class_path 'nowhere.Width': cannot import module 'nowhere'"),
     ("yaml-init-args-not-mapping", {"model.init_args": [1, 2]}, "model.init_args must be a mapping"),
     ("yaml-trainer-not-mapping", {"trainer": "fast"}, "trainer must be a mapping"),
     ("yaml-trainer-precision-64", {"trainer.precision": 64}, "trainer.precision 64: Lightning runs it"),
@@ -283,10 +285,11 @@ def test_bad_yaml_keys_are_refused_by_their_path(capsys, tmp_path, changes, frag
     ("model: [1, 2\n", "YAML syntax error at line"),
     ("- a\n- b\n", "must hold a YAML mapping"),
     ("", "got an empty file"),
-], ids=["syntax", "a-list", "empty"])
+    ("model: \udcff\n", "is not UTF-8 text"),
+], ids=["syntax", "a-list", "empty", "not-utf8"])
 def test_bad_yaml_files_are_refused_with_the_file(capsys, tmp_path, text, fragment):
     path = tmp_path / "config.yaml"
-    path.write_text(text)
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
     got, _, err = run(capsys, ["suggest", "--gpu", "A100-80GB", str(path)])
     assert_refused(got, err, 2, fragment)
     assert str(path) in err

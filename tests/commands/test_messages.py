@@ -89,3 +89,18 @@ def test_estimate_checkpointing_without_blocks_names_the_flag(capsys):
     code, _, err = run(capsys, "estimate", MLP_CONFIG, "--batch-size", "4", "--device", "cpu", "--checkpointing")
     assert code == 2
     assert "--checkpointing: the model has no repeated blocks" in err and "checkpointing={" not in err
+
+
+@pytest.mark.parametrize("command", [["suggest", "--gpu", "A100-80GB"], ["estimate", "--batch-size", "2", "--device", "cpu"]])
+def test_a_model_that_cannot_be_built_names_the_init_arg(capsys, tmp_path, command):
+    raw = yaml.safe_load(MLP_CONFIG.read_text())
+    raw["model"] = {"class_path": "memplan.demos.GPTLM", "init_args": {"dropout": 2.0, "n_layers": 1, "d_model": 64,
+                                                                        "n_heads": 2, "context": 16, "vocab_size": 50}}
+    raw["data"] = {"class_path": "memplan.demos.RandomTokens", "init_args": {"batch_size": 2, "context": 16,
+                                                                             "vocab_size": 50}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    code, _, err = run(capsys, *command, path)
+    assert code == 2
+    assert "model.init_args.dropout: memplan.demos.GPTLM(**init_args) failed: ValueError: dropout probability" in err
+    assert "calling it with no arguments" not in err
