@@ -110,3 +110,12 @@ def test_suggest_json_with_output_keeps_stdout_pure_json(capsys, tmp_path):
     assert code == 0
     assert json.loads(out)["world_size"] >= 1
     assert "launch with: torchrun" in err
+
+
+def test_fewer_gpus_than_given_is_never_silent(capsys):
+    # the MLP config's global batch of 1024 does not split over 1000 ranks: the plan uses 512 and says so
+    code, out, err = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP, "--json")
+    assert code == 0 and json.loads(out)["world_size"] == 512
+    assert "the plan uses 512 of the 1000 GPUs per node --gpus gives" in err and "does not split evenly" in err
+    code, out, _ = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP)
+    assert "Uses 512 of 1000 GPUs per node" in " ".join(out.split())
