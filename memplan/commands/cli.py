@@ -327,19 +327,20 @@ def _add_suggest(sub) -> None:
 
 
 def cmd_suggest(args: argparse.Namespace) -> int:
+    from memplan.commands.output import check_output, write_output
     from memplan.commands.progress import Progress
 
     if args.gpu is not None and args.gpu_memory is not None:
         return _usage_error("--gpu and --gpu-memory name the same thing; pass one of them")
-    if args.output is not None:
-        _check_output(args.output, args.config, force=args.force)
     progress = Progress(enabled=None if not args.json else False)
     progress.say(f"loading {args.config}")
-    from memplan.commands.suggest import plan_config, resolve_hardware
+    from memplan.commands.suggest import plan_config, resolve_hardware  # torch: seconds, with the line shown
     from memplan.config import load_config
     from memplan.planner import NoFit
 
     try:
+        if args.output is not None:
+            check_output(args.output, args.config, force=args.force)
         loaded = load_config(args.config)
         hardware = resolve_hardware(gpus=args.gpus, gpu=args.gpu, gpu_memory=args.gpu_memory)
         plan = plan_config(
@@ -351,7 +352,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
         print(f"memplan: {err}", file=sys.stderr)
         return EXIT_ERROR
     finally:
-        progress.clear()
+        progress.clear()  # the result, or the error, prints on a clean line
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
         if args.gpus is not None and plan.gpus_per_node < args.gpus:  # said in the table otherwise; never silent
@@ -365,49 +366,8 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 
         Console().print(render_plan(plan, loaded))
     if args.output:
-        _write_output(loaded, plan, args.output, force=args.force, stream=sys.stderr if args.json else sys.stdout)
+        write_output(loaded, plan, args.output, force=args.force, stream=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
-
-
-def _check_output(output: str, config: str, *, force: bool) -> None:
-    """--output, before anything is traced: not the source config, not a folder, files to replace only with --force."""
-    import os
-    from pathlib import Path
-
-    from memplan.config.write import OutputExists, existing_outputs, plan_path_for
-
-    path = Path(output)
-    if path.is_dir():
-        raise arg.UsageError(f"--output {output} is a folder; name the planned config file, e.g. {path / 'planned.yaml'}")
-    if Path(config).exists() and path.resolve() == Path(config).resolve():
-        raise arg.UsageError(f"--output {output} is the source config; write the planned config to another file")
-    if plan_path_for(path).resolve() == Path(config).resolve():
-        raise arg.UsageError(f"--output {output} would put its plan file over the source config {config}; "
-                             "choose another --output")
-    existing = existing_outputs(path)
-    if existing and not force:
-        raise OutputExists(existing)
-    folder = next(p for p in path.resolve().parents if p.exists())
-    if not folder.is_dir():
-        raise arg.UsageError(f"--output {output}: {folder} is a file, not a folder; choose another --output")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise arg.UsageError(f"--output {output}: cannot write in {folder}; choose a folder you can write to")
-
-
-def _write_output(loaded, plan, output: str, *, force: bool, stream) -> None:
-    """Write the planned config and plan file; say so on `stream` (stderr under --json, so stdout stays JSON)."""
-    import importlib.util
-    import shlex
-    from pathlib import Path
-
-    from memplan.config import plan_path_for, planner_callback, torchrun_command, write_planned_config
-
-    has_lightning = importlib.util.find_spec("pytorch_lightning") is not None
-    callback = planner_callback(plan_path_for(output)) if has_lightning else None
-    write_planned_config(loaded, plan, output, callback=callback, force=force)
-    print(f"wrote {output} and {plan_path_for(output)}", file=stream)
-    print("launch with: " + " ".join(shlex.quote(a) if "$" not in a else a
-                                     for a in torchrun_command(plan, Path(output).resolve())), file=stream)
 
 
 def _usage_error(message: str) -> int:
