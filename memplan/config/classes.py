@@ -133,7 +133,16 @@ def _parameters(cls: type) -> dict[str, inspect.Parameter]:
         return {"kwargs": inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)}
 
 
-def _check_arguments(cls: type, init_args: Mapping[str, Any], key: str, leading: int) -> None:
+def check_arguments(cls: type, arguments: Mapping[str, Any], prefix: str, *, leading: int = 0) -> None:
+    """Check keyword arguments for `cls` as LightningCLI would: each one it takes (did-you-mean for the rest),
+    each of the type its annotation says where that can be told, every required one given. `prefix` is
+    their YAML path ('model.init_args', 'trainer'): a ConfigError names `prefix.<argument>`."""
+    _check_arguments(cls, arguments, prefix.rsplit(".init_args", 1)[0], leading, prefix=prefix)
+
+
+def _check_arguments(cls: type, init_args: Mapping[str, Any], key: str, leading: int, *,
+                     prefix: str | None = None) -> None:
+    prefix = f"{key}.init_args" if prefix is None else prefix
     params = _parameters(cls)
     named = [p for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -142,8 +151,8 @@ def _check_arguments(cls: type, init_args: Mapping[str, Any], key: str, leading:
         for name in init_args:
             if name not in accepted:
                 hint = did_you_mean(str(name), accepted)
-                raise ConfigError(f"{key}.init_args.{name}", (
-                    f"{key}.init_args.{name}: {cls.__name__} has no argument {name!r}{hint}; "
+                raise ConfigError(f"{prefix}.{name}", (
+                    f"{prefix}.{name}: {cls.__name__} has no argument {name!r}{hint}; "
                     f"its arguments are {', '.join(accepted) or '(none)'}"))
     hints = _type_hints(cls)
     for name, value in init_args.items():
@@ -151,13 +160,13 @@ def _check_arguments(cls: type, init_args: Mapping[str, Any], key: str, leading:
         if parameter is not None:
             problem = _type_problem(value, hints.get(name, parameter.annotation), parameter.default)
             if problem is not None:
-                raise ConfigError(f"{key}.init_args.{name}", (
-                    f"{key}.init_args.{name} must be {problem} ({cls.__name__}'s argument {name!r}); got {value!r}"))
+                raise ConfigError(f"{prefix}.{name}", (
+                    f"{prefix}.{name} must be {problem} ({cls.__name__}'s argument {name!r}); got {value!r}"))
     for p in named[leading:]:
         if p.default is p.empty and p.name not in init_args:
-            raise ConfigError(f"{key}.init_args.{p.name}", (
-                f"{key}.init_args.{p.name} is missing: {cls.__name__} requires it (no default); "
-                f"add it under {key}.init_args"))
+            raise ConfigError(f"{prefix}.{p.name}", (
+                f"{prefix}.{p.name} is missing: {cls.__name__} requires it (no default); "
+                f"add it under {prefix}"))
 
 
 def _type_hints(cls: type) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import yaml
 from torch import nn
 
 from memplan.batching import resize_batch
-from memplan.config.classes import ClassSpec, parse_class_section
+from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
 from memplan.config.errors import ConfigError
 from memplan.config.settings import MemplanSettings, normalize_precision
 from memplan.estimator import EstimateError, MemoryEstimate, estimate
@@ -251,6 +251,8 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     nodes = _positive_int(trainer, "num_nodes")
     if trainer.get("precision") is not None:
         normalize_precision(trainer["precision"], name="trainer.precision")
+    others = {k: v for k, v in trainer.items() if k not in ("devices", "num_nodes", "accumulate_grad_batches", "precision")}
+    check_arguments(_trainer_class(model.cls), others, "trainer")
     return LoadedConfig(
         path=path, raw=raw, settings=settings, model=model, data=data, optimizer_section=optimizer,
         trainer=dict(trainer), trainer_world_size=None if devices is None else devices * nodes,
@@ -344,6 +346,15 @@ def _device_count(devices: Any) -> int | None:
     raise ConfigError("trainer.devices", (
         "trainer.devices must be a positive number of devices, a list of device indices, 'auto' or -1; "
         f"got {devices!r}"))
+
+
+def _trainer_class(model_cls: type) -> type:
+    """The Trainer of the Lightning package the model is written for (lightning.pytorch or pytorch_lightning)."""
+    if any(c.__module__.startswith("lightning.pytorch") for c in model_cls.__mro__):
+        from lightning.pytorch import Trainer
+    else:
+        from pytorch_lightning import Trainer
+    return Trainer
 
 
 def _positive_int(trainer: Mapping[str, Any], name: str) -> int:
