@@ -3,7 +3,7 @@
 Each factory takes the flag as the user types it and returns an argparse `type=` callable, so a bad
 value ends the command before anything is loaded or traced:
 
-    memplan suggest: error: argument --gpu-memory: 24 what? Give a unit, e.g. 24GiB (or 24GB); got '24'
+    memplan suggest: error: argument --gpu-memory: 24 what? Give a unit, e.g. 24GiB (or 24GB; B for bytes); got '24'
 
 Nothing here imports torch: `memplan --help` and every refusal stay fast.
 """
@@ -28,21 +28,19 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _int(flag: str, text: str, what: str) -> int:
+def _int(text: str, what: str) -> int:
     try:
         return int(text, 10)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number ({what}); got {text!r}") from None
 
 
-def positive_int(flag: str, what: str, *, maximum: int | None = None) -> Callable[[str], int]:
-    """A whole number >= 1 (and <= maximum), e.g. --global-batch-size."""
+def positive_int(flag: str, what: str) -> Callable[[str], int]:
+    """A whole number >= 1, e.g. --global-batch-size."""
     def parse(text: str) -> int:
-        value = _int(flag, text, what)
+        value = _int(text, what)
         if value < 1:
             raise argparse.ArgumentTypeError(f"must be a positive whole number ({what}); got {text!r}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum} ({what}); got {text!r}")
         return value
     parse.__name__ = flag
     return parse
@@ -58,20 +56,6 @@ def fraction(flag: str, what: str) -> Callable[[str], float]:
         if not math.isfinite(value) or not 0.0 <= value < 1.0:
             hint = f" (for {value:g} %, write {value / 100:g})" if 1.0 <= value < 100.0 else ""
             raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1) ({what}){hint}; got {text!r}")
-        return value
-    parse.__name__ = flag
-    return parse
-
-
-def positive_seconds(flag: str) -> Callable[[str], float]:
-    """A finite number of seconds > 0."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"must be a positive number of seconds; got {text!r}")
         return value
     parse.__name__ = flag
     return parse
