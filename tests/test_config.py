@@ -486,6 +486,37 @@ def test_write_planned_config_writes_the_plan_first_and_atomically(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "planned.plan.json", "planned.yaml"]
 
 
+def test_two_writers_leave_one_writers_pair(tmp_path, monkeypatch):
+    """A writer that stalls between its plan and its config (a slow disk) must not let a second writer
+    slip in between: the folder lock makes the second wait, so the config always matches the plan."""
+    import threading
+    import time
+
+    import memplan.config.write as write_module
+
+    loaded = load_text(tmp_path, MLP_CONFIG)
+    out = tmp_path / "planned.yaml"
+    real_write = write_module.write_atomically
+
+    def slow_for_the_first(path, text):
+        real_write(path, text)
+        if path.name.endswith(".plan.json") and threading.current_thread().name == "first":
+            time.sleep(0.3)
+
+    monkeypatch.setattr(write_module, "write_atomically", slow_for_the_first)
+    plans = {"first": make_plan(world_size=2, micro_batch_size=4, accumulate_grad_batches=8),
+             "second": make_plan(world_size=4, micro_batch_size=4, accumulate_grad_batches=4)}
+    threads = [threading.Thread(target=write_planned_config, args=(loaded, plans[name], out), kwargs={"force": True},
+                                name=name) for name in plans]
+    threads[0].start()
+    time.sleep(0.05)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    written = Plan.from_dict(json.loads(plan_path_for(out).read_text()))
+    assert yaml.safe_load(out.read_text())["trainer"]["devices"] == written.gpus_per_node
+
+
 def test_the_planned_config_finds_its_plan_from_any_directory(tmp_path, monkeypatch):
     from memplan.callback.apply import load_plan
 
