@@ -89,7 +89,7 @@ OUT_DIR="$(mkdir -p "${MEMPLAN_OUTPUT_DIR:-.}" && cd "${MEMPLAN_OUTPUT_DIR:-.}" 
 STEM="$(basename "${CONFIG%.*}")"
 PLANNED="$OUT_DIR/$STEM.planned.yaml"
 PLAN_JSON="$OUT_DIR/$STEM.planned.plan.json"
-SUGGEST=(suggest "$CONFIG" --output "$PLANNED" --json)
+SUGGEST=(suggest "$CONFIG" --force --output "$PLANNED" --json)
 [[ -z "${MEMPLAN_GPUS:-}" ]] || SUGGEST+=(--gpus "$MEMPLAN_GPUS")
 run_step "memplan suggest (its output: $OUT_DIR/$STEM.suggest.log)" \
     "$PYTHON" -m memplan "${SUGGEST[@]}" > "$OUT_DIR/$STEM.suggest.log"

@@ -3,13 +3,16 @@ applied by the MemoryPlanner callback. Frozen; bytes as ints."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from memplan.estimator.result import PRECISIONS, Precision
+from memplan.precision import PRECISIONS, Precision, canonical_precision
 
 PLAN_FORMAT = 1
 """Version of the plan file layout (`Plan.to_dict()`)."""
+STRATEGIES: tuple[str, ...] = ("ddp", "auto")
+"""Lightning strategies a plan may name."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,14 +75,37 @@ class Plan:
     """Why this plan won, in words."""
     alternatives: tuple[Alternative, ...] = field(default_factory=tuple)
     """The next-best candidates, best first."""
+    gpu_total_bytes: int | None = None
+    """Board memory of the GPU planned for (None: not recorded); a run on another board is warned about."""
+    model_class: str | None = None
+    """`module.ClassName` of the model planned for (None: not recorded)."""
+    model_fingerprint: str | None = None
+    """model_fingerprint() of the model planned for: its parameters' names and shapes. A plan is refused
+    for a model with another fingerprint (None: not recorded, not checked)."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"Plan.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
         for name in ("nodes", "world_size", "micro_batch_size", "accumulate_grad_batches", "global_batch_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"Plan.{name} must be a positive int; got {value!r}")
+        for name in ("predicted_peak_bytes", "device_budget_bytes", "host_bytes_per_rank"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"Plan.{name} must be an int >= 0 (bytes); got {getattr(self, name)!r}")
+        if self.gpu_total_bytes is not None and (not _is_int(self.gpu_total_bytes) or self.gpu_total_bytes < 1):
+            raise ValueError(f"Plan.gpu_total_bytes must be a positive int (bytes) or None; got {self.gpu_total_bytes!r}")
+        if not isinstance(self.gpu_name, str) or not self.gpu_name:
+            raise ValueError(f"Plan.gpu_name must be a non-empty string; got {self.gpu_name!r}")
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise ValueError(f"Plan.gradient_checkpointing must be true or false; got {self.gradient_checkpointing!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"Plan.strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}")
+        if not isinstance(self.gpus, tuple) or not all(_is_int(g) and g >= 0 for g in self.gpus):
+            raise ValueError(f"Plan.gpus must be a list of CUDA indices (ints >= 0); got {self.gpus!r}")
+        for name in ("model_class", "model_fingerprint"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"Plan.{name} must be a string or None; got {getattr(self, name)!r}")
         product = self.micro_batch_size * self.world_size * self.accumulate_grad_batches
         if product != self.global_batch_size:
             raise ValueError(
@@ -112,6 +138,8 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
         """Inverse of to_dict (for plan files); unknown keys are refused by name."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a plan file holds one JSON object (Plan.to_dict()); got {type(data).__name__}")
         data = dict(data)
         fmt = data.pop("format", PLAN_FORMAT)
         if fmt != PLAN_FORMAT:
@@ -121,7 +149,46 @@ class Plan:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"plan file has unknown keys {unknown}; re-run memplan suggest with this memplan version")
+        data.setdefault("gpus", [])  # a plan for other machines names no local GPU
+        missing = sorted(f.name for f in dataclasses.fields(cls)
+                         if f.name not in data and f.default is dataclasses.MISSING
+                         and f.default_factory is dataclasses.MISSING)
+        if missing:
+            raise ValueError(f"plan file lacks {', '.join(missing)}; write it with memplan suggest --output")
+        for name in ("gpus", "reasons", "alternatives"):
+            if not isinstance(data.get(name, []), list):
+                raise ValueError(f"Plan.{name} must be a list; got {data[name]!r}")
+        data["precision"] = canonical_precision(data["precision"], name="Plan.precision")
         data["gpus"] = tuple(data.get("gpus", ()))
-        data["reasons"] = tuple(data.get("reasons", ()))
-        data["alternatives"] = tuple(Alternative(**a) for a in data.get("alternatives", ()))
+        data["reasons"] = tuple(str(r) for r in data.get("reasons", ()))
+        data["alternatives"] = tuple(_alternative(a) for a in data.get("alternatives", ()))
         return cls(**data)
+
+
+def _alternative(data: Any) -> Alternative:
+    if not isinstance(data, dict):
+        raise ValueError(f"Plan.alternatives must hold objects; got {data!r}")
+    try:
+        return Alternative(**data)
+    except TypeError as err:
+        raise ValueError(f"Plan.alternatives: {err}") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def model_fingerprint(module: Any) -> str:
+    """A short hash of a model's parameter names and shapes (not dtypes or values): the same for the
+    fake model memplan plans on and the real one the Trainer runs, different for another architecture
+    or size. Works on any nn.Module without importing torch here."""
+    digest = hashlib.sha256()
+    for name, parameter in module.named_parameters():
+        digest.update(f"{name}:{tuple(parameter.shape)};".encode())
+    return digest.hexdigest()[:16]
+
+
+def model_class_name(module: Any) -> str:
+    """`module.ClassName` of a model, as recorded in Plan.model_class."""
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import types
@@ -26,6 +27,7 @@ from memplan.config import (
 )
 from memplan.demos import GPTLM, RandomVectors
 from memplan.estimator.fake import fake_model, new_fake_mode
+from memplan.config.write import OutputExists
 from memplan.plan import Plan
 
 MLP_CONFIG = """
@@ -108,7 +110,12 @@ def user_module(monkeypatch):
             cls.built.append(cls)
             return super().__new__(cls)
 
+    class OwnLoader(NoBatchSize):
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=2)
+
     module.NeedsWidth, module.NoBatchSize, module.CountedGPT = NeedsWidth, NoBatchSize, CountedGPT
+    module.OwnLoader = OwnLoader
     monkeypatch.setitem(sys.modules, "memplan_test_user", module)
     return module
 
@@ -188,8 +195,11 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
                                  r"\(did you mean 'batch_size'\?\)"),
     ("model: {class_path: memplan.demos.MLP}\ndata: {class_path: memplan.demos.MLP}\n", "data.class_path",
      r"data.class_path 'memplan.demos.MLP' is not a LightningDataModule subclass"),
-    ("model: {class_path: memplan.demos.MLP}\n", "data",
-     r"no batch to plan with: the config has no data: section .* and no memplan.batch_spec"),
+    ("model: {class_path: memplan.demos.MLP}\n", "memplan.batch_spec",
+     r"no batch to plan with: the config has no data: section .*; describe one batch in memplan.batch_spec "
+     r".*README: 'Describing the batch'"),
+    ("model: {class_path: memplan_test_user.OwnLoader}\n", "memplan.batch_spec",
+     r"no batch to plan with: OwnLoader loads its own data \(train_dataloader\), which memplan does not run"),
     (MLP_CONFIG + "optimizer: {class_path: AdamW, init_args: {lrr: 0.1}}\n", "optimizer.init_args.lrr",
      r"optimizer.init_args.lrr: AdamW has no argument 'lrr' \(did you mean 'lr'\?\)"),
     (MLP_CONFIG.replace("devices: 2", "devices: 0"), "trainer.devices",
@@ -227,24 +237,32 @@ def test_a_batch_spec_that_does_not_fit_the_model_is_reported_against_the_batch_
         memplan:
           batch_spec: [{shape: [19]}, {shape: [], dtype: int64, high: 3}]
     """)
-    with raises_config_error("memplan.batch_spec", r"memplan.batch_spec does not match the model memplan.demos.MLP: "
-                                                   r"batch: the model could not run its training step .*describe the "
+    with raises_config_error("memplan.batch_spec", r"memplan.batch_spec and model.init_args do not work together: "
+                                                   r"memplan.demos.MLP's training step failed on a batch from "
+                                                   r"memplan.batch_spec: the model could not run .*describes the "
                                                    r"batch exactly as training_step receives it"):
         loaded.estimate(2, device="cpu")
 
 
 def test_a_datamodule_batch_that_does_not_fit_the_model_is_reported_against_data_around_any_trace(tmp_path):
     loaded = load_text(tmp_path, MLP_CONFIG.replace("in_features: 20, hidden", "in_features: 19, hidden"))
-    with raises_config_error("data", r"data does not match the model memplan.demos.MLP: batch: .*check "
-                                     r"data.init_args against model.init_args"):
+    with raises_config_error("data", r"data and model.init_args do not work together: .*check model.init_args "
+                                     r"\(the model's own sizes\) and that data.init_args agree with it"):
         with loaded.config_errors():  # as the CLI wraps the planner's search
             memplan.estimate(loaded.build_model, loaded.example_batch(2), device="cpu")
 
 
+def test_init_args_of_the_wrong_type_are_refused_at_load_by_their_key(tmp_path):
+    with raises_config_error("model.init_args.depth", r"model.init_args.depth must be an int .*got 'two'"):
+        load_text(tmp_path, MLP_CONFIG.replace("depth: 2", "depth: two"))
+    with raises_config_error("data.init_args.batch_size", r"data.init_args.batch_size must be an int .*got 4.5"):
+        load_text(tmp_path, MLP_CONFIG.replace("batch_size: 4,", "batch_size: 4.5,"))
+
+
 def test_init_args_that_cannot_build_the_model_are_reported_against_model_init_args(tmp_path):
-    loaded = load_text(tmp_path, MLP_CONFIG.replace("depth: 2", "depth: two"))
+    loaded = load_text(tmp_path, MLP_CONFIG.replace("hidden: 8", "hidden: -8"))
     with raises_config_error("model.init_args", r"model.init_args: memplan.demos.MLP\(\*\*init_args\) failed: "
-                                                r"TypeError: .*; fix model.init_args"):
+                                                r"RuntimeError: .*; fix model.init_args"):
         loaded.estimate(2, device="cpu")
 
 
@@ -430,6 +448,88 @@ def test_write_planned_config_sets_the_plan_and_keeps_the_users_keys(tmp_path):
 
     again = load_config(out)  # the planned config reads back with the same global batch
     assert again.global_batch_size == 512 and again.data_batch_size == 4 and again.accumulate_grad_batches == 16
+
+
+def test_write_planned_config_never_replaces_files_unless_forced(tmp_path):
+    loaded = load_text(tmp_path, MLP_CONFIG)
+    out = tmp_path / "planned.yaml"
+    plan_path_for(out).write_text("the user's plan\n")
+    with pytest.raises(OutputExists, match=f"--output would replace {plan_path_for(out)}; pass --force") as info:
+        write_planned_config(loaded, make_plan(), out)
+    assert info.value.paths == [plan_path_for(out)] and not out.exists()
+    assert plan_path_for(out).read_text() == "the user's plan\n"
+
+    write_planned_config(loaded, make_plan(micro_batch_size=16, accumulate_grad_batches=2), out, force=True)
+    assert Plan.from_dict(json.loads(plan_path_for(out).read_text())).micro_batch_size == 16
+    with pytest.raises(OutputExists, match=f"{out} and {plan_path_for(out)}"):
+        write_planned_config(loaded, make_plan(), out)
+
+
+def test_write_planned_config_writes_the_plan_first_and_atomically(tmp_path, monkeypatch):
+    loaded = load_text(tmp_path, MLP_CONFIG)
+    out = tmp_path / "planned.yaml"
+    out.write_text("old config\n")
+    renamed = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        renamed.append(Path(dst).name)
+        if Path(dst) == out:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="No space left"):
+        write_planned_config(loaded, make_plan(), out, force=True)
+    assert renamed == ["planned.plan.json", "planned.yaml"]  # the plan first: a config never names a partial plan
+    assert out.read_text() == "old config\n"  # the failed write left the old file whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "planned.plan.json", "planned.yaml"]
+
+
+def test_two_writers_leave_one_writers_pair(tmp_path, monkeypatch):
+    """A writer that stalls between its plan and its config (a slow disk) must not let a second writer
+    slip in between: the folder lock makes the second wait, so the config always matches the plan."""
+    import threading
+    import time
+
+    import memplan.config.write as write_module
+
+    loaded = load_text(tmp_path, MLP_CONFIG)
+    out = tmp_path / "planned.yaml"
+    real_write = write_module.write_atomically
+
+    def slow_for_the_first(path, text):
+        real_write(path, text)
+        if path.name.endswith(".plan.json") and threading.current_thread().name == "first":
+            time.sleep(0.3)
+
+    monkeypatch.setattr(write_module, "write_atomically", slow_for_the_first)
+    plans = {"first": make_plan(world_size=2, micro_batch_size=4, accumulate_grad_batches=8),
+             "second": make_plan(world_size=4, micro_batch_size=4, accumulate_grad_batches=4)}
+    threads = [threading.Thread(target=write_planned_config, args=(loaded, plans[name], out), kwargs={"force": True},
+                                name=name) for name in plans]
+    threads[0].start()
+    time.sleep(0.05)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    written = Plan.from_dict(json.loads(plan_path_for(out).read_text()))
+    assert yaml.safe_load(out.read_text())["trainer"]["devices"] == written.gpus_per_node
+
+
+def test_the_planned_config_finds_its_plan_from_any_directory(tmp_path, monkeypatch):
+    from memplan.callback.apply import load_plan
+
+    loaded = load_text(tmp_path, MLP_CONFIG)
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    write_planned_config(loaded, make_plan(), "runs/planned.yaml", callback=planner_callback(plan_path_for("runs/planned.yaml")))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # training started from another directory
+    entry = yaml.safe_load((tmp_path / "runs" / "planned.yaml").read_text())["trainer"]["callbacks"][-1]
+    assert Path(entry["init_args"]["plan"]).is_absolute()
+    assert load_plan(entry["init_args"]["plan"]) == make_plan()
 
 
 def test_write_planned_config_choices(tmp_path, user_module):

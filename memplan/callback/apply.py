@@ -21,8 +21,8 @@ from memplan import compat
 from memplan.callback.framework import COMBINED_LOADERS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
 from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
-from memplan.hardware import gpu_for_cuda_index, host_info
-from memplan.plan import Plan
+from memplan.hardware import gpu_for_cuda_index, host_info, match_nvml_name
+from memplan.plan import Plan, model_class_name, model_fingerprint
 from memplan.planner import DeviceBudget, PlanRequest
 from memplan.planner.request import SEARCHED_PRECISIONS
 
@@ -83,10 +83,41 @@ def load_plan(plan: Plan | str | os.PathLike) -> Plan:
     except json.JSONDecodeError as err:
         raise MisconfigurationException(f"MemoryPlanner(plan={str(plan)!r}) is not JSON ({err}); pass the file "
                                         "`memplan suggest` wrote") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise MisconfigurationException(f"MemoryPlanner(plan={str(plan)!r}): cannot read it ({err})") from None
     try:
         return Plan.from_dict(data)
     except (TypeError, ValueError) as err:
         raise MisconfigurationException(f"MemoryPlanner(plan={str(plan)!r}): {err}") from None
+
+
+def plan_model_mismatch(plan: Plan, module: nn.Module) -> str | None:
+    """Why `plan` was made for another model (its recorded parameter names and shapes differ), in words;
+    None when it matches or the plan recorded no model. Checked before any layout is applied."""
+    if plan.model_fingerprint is None or plan.model_fingerprint == model_fingerprint(module):
+        return None
+    made_for = plan.model_class or "another model"
+    count = sum(p.numel() for p in module.parameters())
+    return (f"the plan was made for {made_for} (fingerprint {plan.model_fingerprint}), not this "
+            f"{model_class_name(module)} ({count:,} parameters, fingerprint {model_fingerprint(module)}): its "
+            "micro-batch and memory figures do not apply. Re-plan with `memplan suggest CONFIG --output ...`")
+
+
+def plan_device_mismatch(plan: Plan, device: torch.device) -> str | None:
+    """Why the device differs from the one `plan` was made for, in words (a warning: the figures may
+    still hold on a similar board); None when it is the same GPU model."""
+    if device.type != "cuda":
+        if plan.gpu_name.lower() == "cpu":
+            return None
+        return f"the plan is for {plan.gpu_name}, this run is on {device.type}: its memory figures are for the GPU"
+    here = device_budget(device, 1)
+    catalogued = match_nvml_name(here.name)
+    if plan.gpu_name in (here.name, catalogued.name if catalogued else None):
+        return None
+    if plan.gpu_total_bytes is not None and abs(here.total_bytes - plan.gpu_total_bytes) <= plan.gpu_total_bytes // 100:
+        return None  # a custom GPU (--gpu-memory) of this board's memory
+    return (f"the plan is for {plan.gpu_name}, this run is on {here.name}: its memory figures may not hold; "
+            "re-plan on this machine with `memplan suggest CONFIG`")
 
 
 def plan_mismatches(plan: Plan, *, precision: str, world_size: int, nodes: int) -> list[str]:

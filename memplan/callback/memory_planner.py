@@ -17,7 +17,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from memplan import batching, compat, monitor
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
-    layout_from_plan, load_plan, plan_mismatches, planning_request,
+    layout_from_plan, load_plan, plan_device_mismatch, plan_mismatches, plan_model_mismatch, planning_request,
 )
 from memplan.callback.checks import (
     ADJUST_FIX, CHUNKS_FIX, check_arguments, check_can_adjust, check_gradient_hooks, check_guard, check_loss_arguments,
@@ -233,6 +233,9 @@ class MemoryPlanner(*CALLBACKS):
             check_can_adjust(trainer, pl_module)
         if self._plan_arg is not None:
             self._given_plan = load_plan(self._plan_arg)
+            wrong_model = plan_model_mismatch(self._given_plan, pl_module)
+            if wrong_model is not None:
+                raise MisconfigurationException(f"MemoryPlanner(plan={str(self._plan_arg)!r}): {wrong_model}")
             self._check_plan(trainer, self._given_plan)
         directory = Path(self._log_dir) if self._log_dir is not None else Path(trainer.log_dir or ".") / "memplan"
         self._log = RankLog(directory, trainer.global_rank)  # trainer.log_dir above is a collective: every rank
@@ -243,6 +246,9 @@ class MemoryPlanner(*CALLBACKS):
         mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
                                      nodes=trainer.num_nodes)
         self._mismatches = mismatches
+        other_device = plan_device_mismatch(plan, trainer.strategy.root_device)
+        if other_device is not None:
+            rank_zero_warn(f"MemoryPlanner: {other_device}")
         for message in mismatches:
             if self._strict:
                 raise MisconfigurationException(f"MemoryPlanner(strict=True): {message}")

@@ -1,4 +1,9 @@
-"""The memplan command line. Each subcommand is a small function; main() returns the exit code."""
+"""The memplan command line. Each subcommand is a small function; main() returns the exit code.
+
+Every flag is checked while parsing (memplan.commands.args), before anything is loaded or traced; a
+bad input is one line naming it, exit code 2, and `--debug` shows the traceback. Nothing here imports
+torch at import time: `memplan --help` and `memplan --version` stay fast.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,36 +11,87 @@ import json
 import sys
 from collections.abc import Sequence
 
+from memplan.commands import args as arg
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
 def _add_estimate(sub) -> None:
     p = sub.add_parser("estimate", help="peak memory of one training step, as a breakdown table")
     p.add_argument("config", nargs="?", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
-    p.add_argument("--demo", help="a bundled model instead of a config: mlp, cnn, resnet, gpt2-small")
-    p.add_argument("--batch-size", type=int, required=True, help="micro-batch size per GPU")
-    p.add_argument("--precision", default=None,
-                   help="Lightning precision string (default: the config's trainer.precision, else 32-true)")
+    p.add_argument("--demo", type=arg.choice("--demo", _demo_names, "a bundled model"),
+                   help="a bundled model instead of a config: mlp, cnn, resnet, gpt2-small")
+    p.add_argument("--batch-size", type=arg.positive_int("--batch-size", "samples per device"), required=True,
+                   help="micro-batch size per device")
+    p.add_argument("--precision", type=arg.precision("--precision"), default=None,
+                   help="Lightning precision: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true or an alias "
+                        "(32, 16, bf16) (default: the config's trainer.precision, else 32-true)")
     p.add_argument("--checkpointing", action="store_true", help="checkpoint each repeated block")
-    p.add_argument("--optimizer", default=None, help="sgd, sgd-momentum, adam, adamw, rmsprop, adagrad "
-                   "(default: the model's configure_optimizers)")
-    p.add_argument("--device", default=None, help="'cpu', or a GPU model such as A100-80GB (default: the local GPU)")
-    p.add_argument("--ddp", type=int, default=None, metavar="WORLD_SIZE", help="estimate a DDP rank of this world size")
+    p.add_argument("--optimizer", type=arg.choice("--optimizer", _optimizer_names, "memplan's optimizer names"),
+                   default=None, help="sgd, sgd-momentum, adam, adamw, rmsprop, adagrad "
+                   "(default: the config's optimizer, else the model's configure_optimizers)")
+    p.add_argument("--device", type=_device, default=None,
+                   help="'cpu', 'cuda' (this machine's GPU), a GPU model such as A100-80GB, or a GPU's memory "
+                        "such as 24GiB (default: this machine's GPU)")
+    p.add_argument("--ddp", type=arg.positive_int("--ddp", "world size"), default=None, metavar="WORLD_SIZE",
+                   help="estimate a DDP rank of this world size")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes as ints)")
     p.set_defaults(run=cmd_estimate)
+
+
+def _demo_names() -> tuple[str, ...]:
+    from memplan.demos import DEMOS
+
+    return tuple(DEMOS)
+
+
+def _optimizer_names() -> tuple[str, ...]:
+    from memplan.estimator.inputs import OPTIMIZERS
+
+    return tuple(OPTIMIZERS)
+
+
+def _device(text: str):
+    """--device: 'cpu', 'cuda' (None: this machine's GPU), a catalogued GPU, or a memory size (a custom GPU)."""
+    if text.strip().lower() == "cpu":
+        return "cpu"
+    if text.strip().lower() in ("cuda", "gpu", "local"):
+        return None
+    from memplan.hardware.catalog import custom_gpu, lookup_gpu
+    from memplan.units import parse_size
+
+    try:
+        return lookup_gpu(text)
+    except ValueError:
+        pass
+    try:
+        return custom_gpu(parse_size(text))
+    except ValueError:
+        from memplan.hardware.catalog import known_gpu_names
+
+        raise argparse.ArgumentTypeError(
+            f"must be 'cpu', 'cuda' (this machine's GPU), a GPU memplan knows ({', '.join(known_gpu_names())}) or "
+            f"a GPU's memory with its unit, e.g. 24GiB; got {text!r}") from None
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     if (args.config is None) == (args.demo is None):
         return _usage_error("pass a config file or --demo NAME (one of them)")
-    if args.batch_size < 1:
-        return _usage_error(f"--batch-size must be a positive integer; got {args.batch_size}")
     options = dict(checkpointing=args.checkpointing, device=args.device,
                    strategy="ddp" if args.ddp else None, world_size=args.ddp or 1)
     try:
         est = _estimate_config(args, options) if args.config else _estimate_demo(args, options)
     except ValueError as err:  # EstimateError and ConfigError are ValueErrors naming the field
-        return _usage_error(str(err))
+        message = str(err)
+        if message.startswith("checkpointing=True found no repeated blocks"):
+            message = ("--checkpointing: the model has no repeated blocks (an nn.ModuleList or nn.Sequential of >= 2 "
+                       "modules of one class) to checkpoint; drop --checkpointing")
+        return _usage_error(message)
+    import dataclasses
+
+    est = dataclasses.replace(est, notes=tuple(n.replace("pass device='H100-80GB' (or another) to choose",
+                                                         "pass --device H100-80GB (or another GPU) to choose")
+                                               for n in est.notes))
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))
     else:
@@ -132,7 +188,8 @@ def _add_validate(sub) -> None:
                    "plan's, else the config's data batch size)")
     p.add_argument("--plan", default=None, help="a plan file from memplan suggest --output (*.plan.json): "
                    "its micro-batch, precision and checkpointing")
-    p.add_argument("--precision", default=None, help="Lightning precision string (default: the plan's, "
+    p.add_argument("--precision", type=arg.precision("--precision"), default=None, help="Lightning precision or "
+                   "alias (default: the plan's, "
                    "else the config's trainer.precision, else 32-true)")
     p.add_argument("--checkpointing", action="store_true", help="checkpoint each repeated block")
     p.add_argument("--steps", type=int, default=2, help="real training steps to run (default 2)")
@@ -156,6 +213,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         loaded = load_config(args.config)
         plan = Plan.from_dict(json.loads(open(args.plan).read())) if args.plan else None
+        wrong_model = loaded.plan_mismatch(plan, plan_name=f"--plan {args.plan}") if plan else None
+        if wrong_model is not None:
+            return _usage_error(wrong_model)
         batch_size = plan.micro_batch_size if plan else args.batch_size or loaded.data_batch_size
         if batch_size is None:
             return _usage_error("the config has no data batch size; pass --batch-size N or --plan FILE")
@@ -214,6 +274,7 @@ def _estimate_demo(args: argparse.Namespace, options: dict):
         raise ValueError(f"--demo must be one of {', '.join(DEMOS)}; got {args.demo!r}")
     with FakeTensorMode():
         model = DEMOS[args.demo]()  # born fake: no weight allocated
+    _check_batch_memory(model.example_batch(1), args.batch_size)
     return memplan.estimate(model, model.example_batch(args.batch_size), optimizer=args.optimizer,
                             precision=args.precision or "32-true", **options)
 
@@ -224,73 +285,94 @@ def _estimate_config(args: argparse.Namespace, options: dict):
     loaded = load_config(args.config)
     precision = args.precision or loaded.trainer_precision or "32-true"
     optimizer = args.optimizer or loaded.optimizer
+    _check_batch_memory(loaded.example_batch(1), args.batch_size)
     return loaded.estimate(args.batch_size, precision=precision, optimizer=optimizer, **options)
+
+
+def _check_batch_memory(one_sample, batch_size: int) -> None:
+    """--batch-size whose batch (built for real in host memory, to trace the step on it) would not fit here."""
+    from memplan.batching import iter_tensors
+    from memplan.hardware import host_info
+    from memplan.units import format_bytes
+
+    sample = sum(t.numel() * t.element_size() for t in iter_tensors(one_sample))
+    available = host_info().available_bytes
+    if sample * batch_size > available // 2:
+        raise arg.UsageError(
+            f"--batch-size {batch_size}: the batch alone is {format_bytes(sample * batch_size)} ({format_bytes(sample)} "
+            f"a sample), over half the {format_bytes(available)} of host memory available; memplan builds one batch "
+            "in host memory to trace the step: use a smaller --batch-size")
 
 
 def _add_suggest(sub) -> None:
     p = sub.add_parser("suggest", help="plan micro-batch, GPUs, precision and checkpointing for a config")
     p.add_argument("config", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs per node to use (default: all visible / 1 named)")
-    p.add_argument("--gpu", default=None, help="plan for this GPU model instead of the local ones (e.g. H100-80GB)")
-    p.add_argument("--gpu-memory", default=None, help="plan for a GPU of this much memory (e.g. 24GiB)")
-    p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
-    p.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step over all GPUs")
-    p.add_argument("--precision", action="append", default=None,
-                   help="allowed precision (repeatable; default: memplan.precisions)")
+    p.add_argument("--gpus", type=arg.positive_int("--gpus", "GPUs per node"), default=None,
+                   help="GPUs per node the plan may use (default: all visible / 1 named)")
+    p.add_argument("--gpu", type=arg.gpu_name("--gpu"), default=None,
+                   help="plan for this GPU model instead of the local ones (e.g. H100-80GB)")
+    p.add_argument("--gpu-memory", type=arg.size("--gpu-memory"), default=None,
+                   help="plan for a GPU of this much memory, with its unit (e.g. 24GiB)")
+    p.add_argument("--nodes", type=arg.positive_int("--nodes", "number of nodes"), default=1,
+                   help="number of nodes (default 1)")
+    p.add_argument("--global-batch-size", type=arg.positive_int("--global-batch-size", "samples per optimizer "
+                   "step over all GPUs"), default=None, help="samples per optimizer step over all GPUs "
+                   "(default: memplan.global_batch_size, else the config's own)")
+    p.add_argument("--precision", type=arg.precision("--precision"), action="append", default=None,
+                   help="allowed precision: bf16-mixed, 16-mixed, 32-true or an alias (bf16, 16, 32); "
+                        "repeatable (default: memplan.precisions)")
     p.add_argument("--no-checkpointing", action="store_true", help="never turn on gradient checkpointing")
-    p.add_argument("--margin", type=float, default=None, help="fraction of each GPU's free memory left unused")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (bytes as ints)")
-    p.add_argument("--output", default=None, help="write the planned config here (and the plan beside it)")
+    p.add_argument("--margin", type=arg.fraction("--margin", "of each GPU's free memory left unused"), default=None,
+                   help="fraction of each GPU's free memory left unused, in [0, 1) (default: memplan.margin, 0.10)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (bytes as ints); no progress line")
+    p.add_argument("--output", default=None, help="write the planned config here and the plan beside it "
+                   "(<name>.plan.json); refuses to replace existing files without --force")
+    p.add_argument("--force", action="store_true", help="replace the --output config and plan file if they exist")
     p.set_defaults(run=cmd_suggest)
 
 
 def cmd_suggest(args: argparse.Namespace) -> int:
+    from memplan.commands.output import check_output, write_output
+    from memplan.commands.progress import Progress
+
+    if args.gpu is not None and args.gpu_memory is not None:
+        return _usage_error("--gpu and --gpu-memory name the same thing; pass one of them")
+    progress = Progress(enabled=None if not args.json else False)
+    progress.say(f"loading {args.config}")
+    from memplan.commands.suggest import plan_config, resolve_hardware  # torch: seconds, with the line shown
     from memplan.config import load_config
     from memplan.planner import NoFit
-    from memplan.commands.suggest import plan_config, resolve_hardware
 
-    if args.nodes < 1:
-        return _usage_error(f"--nodes must be a positive integer; got {args.nodes}")
     try:
+        if args.output is not None:
+            check_output(args.output, args.config, force=args.force)
         loaded = load_config(args.config)
         hardware = resolve_hardware(gpus=args.gpus, gpu=args.gpu, gpu_memory=args.gpu_memory)
         plan = plan_config(
             loaded, hardware, nodes=args.nodes, global_batch_size=args.global_batch_size,
-            precisions=tuple(args.precision) if args.precision else None,
-            allow_checkpointing=False if args.no_checkpointing else None, margin=args.margin,
+            precisions=tuple(dict.fromkeys(args.precision)) if args.precision else None,
+            allow_checkpointing=False if args.no_checkpointing else None, margin=args.margin, progress=progress,
         )
     except NoFit as err:
         print(f"memplan: {err}", file=sys.stderr)
         return EXIT_ERROR
-    except ValueError as err:
-        return _usage_error(str(err))
+    finally:
+        progress.clear()  # the result, or the error, prints on a clean line
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
+        if args.gpus is not None and plan.gpus_per_node < args.gpus:  # said in the table otherwise; never silent
+            why = next((r for r in plan.reasons if r.startswith("Uses ")), "")
+            print(f"memplan: note: the plan uses {plan.gpus_per_node} of the {args.gpus} GPUs per node --gpus gives. "
+                  f"{why}", file=sys.stderr)
     else:
         from rich.console import Console
 
-        from memplan.commands.suggest import render_plan
+        from memplan.commands.plan_table import render_plan
 
-        Console().print(render_plan(plan))
+        Console().print(render_plan(plan, loaded))
     if args.output:
-        _write_output(loaded, plan, args.output, stream=sys.stderr if args.json else sys.stdout)
+        write_output(loaded, plan, args.output, force=args.force, stream=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
-
-
-def _write_output(loaded, plan, output: str, *, stream) -> None:
-    """Write the planned config and plan file; say so on `stream` (stderr under --json, so stdout stays JSON)."""
-    from memplan.config import plan_path_for, planner_callback, torchrun_command, write_planned_config
-
-    callback = planner_callback(plan_path_for(output)) if _callback_available() else None
-    write_planned_config(loaded, plan, output, callback=callback)
-    print(f"wrote {output} and {plan_path_for(output)}", file=stream)
-    print("launch with: " + " ".join(torchrun_command(plan, output)), file=stream)
-
-
-def _callback_available() -> bool:
-    import memplan
-
-    return hasattr(memplan, "MemoryPlanner")
 
 
 def _usage_error(message: str) -> int:
@@ -299,7 +381,11 @@ def _usage_error(message: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="memplan", description="Memory planning for PyTorch Lightning training.")
+    from memplan import __version__
+
+    parser = arg.Parser(prog="memplan", description="Memory planning for PyTorch Lightning training.")
+    parser.add_argument("--version", action="version", version=f"memplan {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_estimate(sub)
     _add_suggest(sub)
@@ -307,12 +393,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report(sub)
     _add_watch(sub)
     _add_validate(sub)
+    for command in sub.choices.values():  # `memplan suggest ... --debug` as well as `memplan --debug suggest ...`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the traceback of an error")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help, --version, or a flag refused while parsing (already printed)
+        return done.code if isinstance(done.code, int) else EXIT_USAGE
+    try:
+        return args.run(args)
+    except (ValueError, FileExistsError) as err:  # ConfigError, UsageError, EstimateError, OutputExists: named inputs
+        if args.debug:
+            raise
+        return _usage_error(str(err))
+    except OSError as err:  # a file memplan reads or writes
+        if args.debug:
+            raise
+        print(f"memplan: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("memplan: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,28 +1,36 @@
 """`memplan suggest`: from a config and the machine (or a named GPU) to a plan.
 
 The glue between the config layer, the hardware readings and the pure planner: it decides which GPUs
-and how much host RAM the plan may use, binds the estimator to the config's model and batch, and
-renders the result. No planning logic lives here.
+and how much host RAM the plan may use, checks every input against them before anything is traced,
+binds the estimator to the config's model and batch, and renders the result. No planning logic lives here.
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from rich.console import Group
-from rich.table import Table
-from rich.text import Text
 
+from memplan.commands.devices import OFF_BOX_HINT
+from memplan.commands.progress import Progress
 from memplan.config import LoadedConfig
 from memplan.estimator.checkpointing import find_repeated_blocks
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.step import iter_tensors
-from memplan.hardware import custom_gpu, host_info, lookup_gpu, visible_gpus
-from memplan.commands.devices import OFF_BOX_HINT
-from memplan.plan import Plan
-from memplan.planner import DeviceBudget, HostLoad, PlanRequest, estimator_for, largest_block_bytes, make_plan
+from memplan.hardware import GpuModel, host_info, visible_gpus
+from memplan.plan import Plan, model_class_name, model_fingerprint
+from memplan.planner import DeviceBudget, HostLoad, NoFit, PlanRequest, estimator_for, largest_block_bytes, make_plan
 from memplan.planner.request import SEARCHED_PRECISIONS
-from memplan.units import format_bytes
+from memplan.units import GiB, TiB, format_bytes
+
+MIN_GPU_BYTES = 1 * GiB
+"""--gpu-memory below this is taken for a unit slip (24MB for 24GB): no GPU trains with less."""
+MAX_GPU_BYTES = 2 * TiB
+"""--gpu-memory above this is taken for a unit slip too."""
+TYPICAL_TRACES = "usually 3-8"
+"""How many traces a search takes (memplan.planner.search): progress says 'trace n (usually 3-8)'."""
 
 
 class NoDevice(ValueError):
@@ -41,24 +49,96 @@ class Hardware:
     """Host RAM per node the ranks may use; None when planning off-box (this host is not the target)."""
 
 
-def resolve_hardware(*, gpus: int | None, gpu: str | None, gpu_memory: str | None) -> Hardware:
+def resolve_hardware(*, gpus: int | None, gpu: GpuModel | str | None, gpu_memory: int | str | None) -> Hardware:
     """Named GPUs (`--gpu H100-80GB` or `--gpu-memory 24GiB`, `--gpus` of them) or the local ones
-    through NVML (the `--gpus` with the most free memory)."""
-    if gpus is not None and gpus < 1:
-        raise ValueError(f"--gpus must be a positive number of GPUs per node; got {gpus}")
+    through NVML (the `--gpus` with the most free memory). `--gpus` beyond what NVML sees is refused
+    with both numbers."""
+    from memplan.hardware import custom_gpu, lookup_gpu
+    from memplan.units import parse_size
+
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise ValueError(f"--gpus must be a positive number of GPUs per node; got {gpus!r}")
     if gpu is not None and gpu_memory is not None:
         raise ValueError("--gpu and --gpu-memory name the same thing; pass one of them")
     if gpu is not None or gpu_memory is not None:
-        model = lookup_gpu(gpu) if gpu is not None else custom_gpu(gpu_memory)
+        if gpu is not None:
+            model = gpu if isinstance(gpu, GpuModel) else lookup_gpu(gpu)
+        else:
+            size = gpu_memory if isinstance(gpu_memory, int) else parse_size(gpu_memory)
+            if not MIN_GPU_BYTES <= size <= MAX_GPU_BYTES:
+                raise ValueError(f"--gpu-memory {format_bytes(size)} is outside what a GPU has "
+                                 f"({format_bytes(MIN_GPU_BYTES)} to {format_bytes(MAX_GPU_BYTES)}); check the unit, "
+                                 "e.g. 24GiB")
+            model = custom_gpu(size)
         return Hardware(devices=(DeviceBudget.from_catalog(model),) * (gpus or 1), estimate_device=model,
                         host_available_bytes=None)
     local = visible_gpus()
     if not local:
         raise NoDevice(f"no GPU is visible here. {OFF_BOX_HINT}")
+    if gpus is not None and gpus > len(local):
+        raise ValueError(f"--gpus {gpus}: this node has {len(local)} GPU(s) visible to NVML (see `memplan devices`); "
+                         f"pass --gpus {len(local)} or fewer, or plan for other machines with --gpu NAME --gpus {gpus}")
     budgets = [DeviceBudget.from_gpu_info(info, cuda_index=i) for i, info in enumerate(local)]
     budgets.sort(key=lambda d: d.free_bytes, reverse=True)
     chosen = tuple(budgets[: gpus or len(budgets)])
     return Hardware(devices=chosen, estimate_device=None, host_available_bytes=host_info().budget_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wanted:
+    """What the user asks of the plan, each with the name it came from (a flag or a YAML key)."""
+
+    global_batch_size: int
+    """Samples per optimizer step over all ranks."""
+    global_batch_source: str
+    """Where it came from: '--global-batch-size', 'memplan.global_batch_size' or the trainer keys."""
+    precisions: tuple[str, ...]
+    """Precisions the planner may choose."""
+    precisions_source: str
+    """'--precision' or 'memplan.precisions'."""
+    allow_checkpointing: bool
+    """Whether checkpointing may be turned on (before asking whether the model has blocks to checkpoint)."""
+    checkpointing_source: str
+    """'--no-checkpointing' or 'memplan.allow_checkpointing'."""
+    margin: float
+    """Fraction of each GPU's free memory kept unused."""
+
+
+def check_request(loaded: LoadedConfig, hardware: Hardware, *, nodes: int = 1, global_batch_size: int | None = None,
+                  precisions: tuple[str, ...] | None = None, allow_checkpointing: bool | None = None,
+                  margin: float | None = None) -> Wanted:
+    """Every check that needs no trace: flags over the config's `memplan:` section, the global batch against
+    the GPUs and nodes. Raises ValueError naming the flag or YAML key."""
+    settings = loaded.settings
+    wanted = Wanted(
+        global_batch_size=global_batch_size or loaded.global_batch_size,
+        global_batch_source=("--global-batch-size" if global_batch_size else "memplan.global_batch_size"
+                             if settings.global_batch_size is not None else "the config's own global batch "
+                             "(batch size x trainer.devices x trainer.num_nodes x trainer.accumulate_grad_batches)"),
+        precisions=tuple(precisions or settings.precisions),
+        precisions_source="--precision" if precisions else "memplan.precisions",
+        allow_checkpointing=settings.allow_checkpointing if allow_checkpointing is None else allow_checkpointing,
+        checkpointing_source="--no-checkpointing" if allow_checkpointing is False else "memplan.allow_checkpointing",
+        margin=settings.margin if margin is None else margin,
+    )
+    unsearched = [p for p in wanted.precisions if p not in SEARCHED_PRECISIONS]
+    if unsearched:
+        raise ValueError(
+            f"{wanted.precisions_source}: the planner searches {', '.join(SEARCHED_PRECISIONS)}; "
+            f"{', '.join(unsearched)} is not searched (estimate it with `memplan estimate CONFIG --precision ...`); "
+            "remove it")
+    if wanted.precisions == ("bf16-mixed",) and not any(d.bf16_supported for d in hardware.devices):
+        raise ValueError(f"{wanted.precisions_source}: bf16-mixed needs compute capability 8.0+, which "
+                         f"{hardware.devices[0].name} lacks; allow 16-mixed too")
+    gbs, per_node = wanted.global_batch_size, len(hardware.devices)
+    if per_node * nodes > gbs:
+        raise ValueError(f"--gpus {per_node} x --nodes {nodes} = {per_node * nodes} ranks, more than the global batch "
+                         f"of {gbs} ({wanted.global_batch_source}): each rank needs at least one sample. Use at most "
+                         f"{gbs} ranks, or a larger global batch")
+    if gbs % nodes:
+        raise ValueError(f"{wanted.global_batch_source} ({gbs}) must be divisible by --nodes {nodes} (every node "
+                         f"runs the same number of ranks); use a multiple of {nodes}")
+    return wanted
 
 
 def plan_config(
@@ -70,24 +150,25 @@ def plan_config(
     precisions: tuple[str, ...] | None = None,
     allow_checkpointing: bool | None = None,
     margin: float | None = None,
+    progress: Progress | None = None,
 ) -> Plan:
-    """Plan the config on the hardware; flags override the config's `memplan:` section."""
-    settings = loaded.settings
-    wanted = tuple(precisions or settings.precisions)
-    unsearched = [p for p in wanted if p not in SEARCHED_PRECISIONS]
-    if unsearched:
-        source = "--precision" if precisions else "memplan.precisions"
-        raise ValueError(
-            f"{source}: the planner searches {', '.join(SEARCHED_PRECISIONS)}; {', '.join(unsearched)} "
-            "is not searched (estimate it with `memplan estimate CONFIG --precision ...`); remove it"
-        )
-    skeleton = fake_model(loaded.build_model, new_fake_mode(), device=torch.device("cpu"), param_dtype=torch.float32)
+    """Plan the config on the hardware; flags override the config's `memplan:` section. Everything that
+    needs no trace is checked first (check_request)."""
+    progress = progress or Progress(enabled=False)
+    wanted = check_request(loaded, hardware, nodes=nodes, global_batch_size=global_batch_size,
+                           precisions=precisions, allow_checkpointing=allow_checkpointing, margin=margin)
+    model_name = loaded.model.cls.__name__
+    progress.say(f"building {model_name} on fake tensors (no weight allocated)")
+    with loaded.config_errors():  # a model that cannot be built is model.init_args' fault, named as such
+        skeleton = fake_model(loaded.build_model, new_fake_mode(), device=torch.device("cpu"),
+                              param_dtype=torch.float32)
     has_blocks = bool(find_repeated_blocks(skeleton))
-    allow = settings.allow_checkpointing if allow_checkpointing is None else allow_checkpointing
+    progress.say("reading one batch" + (" from memplan.batch_spec" if loaded.settings.batch_spec is not None
+                                        else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))
     base = loaded.example_batch(loaded.data_batch_size or 1)
     hints = loaded.loader
     request = PlanRequest(
-        global_batch_size=global_batch_size or loaded.global_batch_size,
+        global_batch_size=wanted.global_batch_size,
         devices=hardware.devices,
         nodes=nodes,
         host_available_bytes=hardware.host_available_bytes,
@@ -96,54 +177,79 @@ def plan_config(
             sample_bytes=_sample_bytes(loaded),
             num_workers=hints.num_workers, prefetch_factor=hints.prefetch_factor, pin_memory=hints.pin_memory,
         ),
-        precisions=wanted,
-        allow_checkpointing=allow and has_blocks,
-        margin=settings.margin if margin is None else margin,
+        precisions=wanted.precisions,
+        allow_checkpointing=wanted.allow_checkpointing and has_blocks,
+        margin=wanted.margin,
         largest_block_bytes=largest_block_bytes(skeleton),
     )
     estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device)
-    with loaded.config_errors():
-        return make_plan(request, estimator)
+    why_no_checkpointing = _why_no_checkpointing(wanted, has_blocks)
+    try:
+        with loaded.config_errors():
+            plan = make_plan(request, _announced(estimator, model_name, progress))
+    except NoFit as err:
+        raise NoFit(_plain_words(str(err), wanted, why_no_checkpointing),
+                    ddp_needed_bytes_per_gpu=err.ddp_needed_bytes_per_gpu,
+                    fsdp_needed_bytes_per_gpu=err.fsdp_needed_bytes_per_gpu,
+                    budget_bytes_per_gpu=err.budget_bytes_per_gpu) from None
+    finally:
+        progress.clear()
+    reasons = tuple(_plain_words(r, wanted, why_no_checkpointing) for r in plan.reasons)
+    return dataclasses.replace(plan, reasons=reasons, gpu_total_bytes=hardware.devices[0].total_bytes,
+                               model_class=model_class_name(skeleton), model_fingerprint=model_fingerprint(skeleton))
+
+
+def _announced(estimator: Callable[..., Any], model_name: str, progress: Progress) -> Callable[..., Any]:
+    """The estimator, saying on the progress line what each trace is."""
+    count = 0
+
+    def estimate_at(*, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int):
+        nonlocal count
+        count += 1
+        ranks = "1 rank" if world_size == 1 else f"DDP, {world_size} ranks"
+        progress.say(f"tracing {model_name}: trace {count} ({TYPICAL_TRACES}), micro-batch {micro_batch_size}, "
+                     f"{precision}, checkpointing {'on' if checkpointing else 'off'}, {ranks}")
+        return estimator(micro_batch_size=micro_batch_size, precision=precision, checkpointing=checkpointing,
+                         world_size=world_size)
+
+    return estimate_at
+
+
+def _why_no_checkpointing(wanted: Wanted, has_blocks: bool) -> str | None:
+    if not wanted.allow_checkpointing:
+        return ("--no-checkpointing was given" if wanted.checkpointing_source == "--no-checkpointing"
+                else "memplan.allow_checkpointing is false")
+    if not has_blocks:
+        return "the model has no repeated blocks memplan can checkpoint"
+    return None
+
+
+def _plain_words(text: str, wanted: Wanted, why_no_checkpointing: str | None) -> str:
+    """The planner's words about its request (PlanRequest fields) in the words of the user's inputs."""
+    text = text.replace("No activation checkpointing (not allowed by the request).",
+                        f"No activation checkpointing ({why_no_checkpointing}).")
+    allowing = "Allowing precisions=('bf16-mixed', '16-mixed', ...)"
+    amp = f"allowing bf16-mixed or 16-mixed ({wanted.precisions_source})"
+    ckpt = ("allowing activation checkpointing (drop --no-checkpointing)" if wanted.checkpointing_source ==
+            "--no-checkpointing" else "allowing activation checkpointing (memplan.allow_checkpointing: true)")
+    if "allow_checkpointing=True would lower" in text:
+        could = [amp] if allowing in text else []
+        if why_no_checkpointing and "no repeated blocks" not in why_no_checkpointing:
+            could.append(ckpt)
+        start = text.index("Allowing ")
+        end = text.index("would lower what DDP needs.") + len("would lower what DDP needs.")
+        replacement = f"{_upper_first(' and '.join(could))} would lower what DDP needs." if could else ""
+        if why_no_checkpointing and "no repeated blocks" in why_no_checkpointing:
+            replacement += " Activation checkpointing cannot help: the model has no repeated blocks to checkpoint."
+        text = text[:start] + replacement.strip() + text[end:]
+    elif allowing in text:
+        text = text.replace(f"{allowing} would", f"{_upper_first(amp)} would")
+    return text
+
+
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _sample_bytes(loaded: LoadedConfig) -> int:
     return sum(t.numel() * t.element_size() for t in iter_tensors(loaded.example_batch(1)))
-
-
-def render_plan(plan: Plan) -> Group:
-    """The plan as a rich table, its reasons, and the alternatives weighed."""
-    table = Table(title=f"memplan plan: {plan.gpu_name}", title_justify="left", show_header=False)
-    table.add_column("setting")
-    table.add_column("value")
-    gpus = ", ".join(map(str, plan.gpus)) if plan.gpus else f"{plan.gpus_per_node} per node"
-    rows = [
-        ("GPUs", f"{plan.world_size} ({gpus}{f', {plan.nodes} nodes' if plan.nodes > 1 else ''})"),
-        ("strategy", plan.strategy),
-        ("precision", plan.precision),
-        ("micro-batch per GPU", str(plan.micro_batch_size)),
-        ("gradient accumulation", str(plan.accumulate_grad_batches)),
-        ("global batch", f"{plan.global_batch_size} = {plan.micro_batch_size} x {plan.world_size} x "
-                         f"{plan.accumulate_grad_batches}"),
-        ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
-        ("predicted per-GPU peak", f"{format_bytes(plan.predicted_peak_bytes)} (NVML, context included)"),
-        ("per-GPU budget", f"{format_bytes(plan.device_budget_bytes)} (free memory less the margin)"),
-        ("headroom", format_bytes(plan.headroom_bytes)),
-        ("host RAM per rank", format_bytes(plan.host_bytes_per_rank)),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    parts: list = [table]
-    if plan.reasons:
-        parts.append(Text("Why: " + " ".join(plan.reasons)))
-    if plan.alternatives:
-        lines = ["Alternatives weighed (GPUs x micro-batch x accumulation, precision, checkpointing: "
-                 "per-GPU peak, speed relative to the plan):"]
-        for a in plan.alternatives:
-            lines.append(
-                f"  {a.world_size} x {a.micro_batch_size} x {a.accumulate_grad_batches}, {a.precision}, "
-                f"checkpointing {'on' if a.gradient_checkpointing else 'off'}: "
-                f"{format_bytes(a.predicted_peak_bytes)}, {a.relative_speed:.2f}x"
-                f"{'' if a.fits or a.why_not else ', does not fit'}{f' - {a.why_not}' if a.why_not else ''}"
-            )
-        parts.append(Text("\n".join(lines)))
-    return Group(*parts)

@@ -6,11 +6,14 @@ same way and instantiated, innermost first, when their owner is.
 """
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import importlib
 import inspect
 import os
 import sys
+import types
+import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,8 +61,8 @@ def parse_class_section(value: Any, key: str, *, base: str | None = None, defaul
         value = {"class_path": value}
     if not isinstance(value, Mapping) or "class_path" not in value:
         raise ConfigError(f"{key}.class_path", (
-            f"{key}.class_path is missing; memplan reads LightningCLI's form:\n"
-            f"  {key}:\n    class_path: your_package.module.ClassName\n    init_args: {{...}}"))
+            f"{key}.class_path is missing; memplan reads LightningCLI's form, "
+            f"{key}: {{class_path: your_package.module.ClassName, init_args: {{...}}}}"))
     for extra in value:
         if extra not in _SECTION_KEYS:
             raise ConfigError(f"{key}.{extra}", (
@@ -130,7 +133,16 @@ def _parameters(cls: type) -> dict[str, inspect.Parameter]:
         return {"kwargs": inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)}
 
 
-def _check_arguments(cls: type, init_args: Mapping[str, Any], key: str, leading: int) -> None:
+def check_arguments(cls: type, arguments: Mapping[str, Any], prefix: str, *, leading: int = 0) -> None:
+    """Check keyword arguments for `cls` as LightningCLI would: each one it takes (did-you-mean for the rest),
+    each of the type its annotation says where that can be told, every required one given. `prefix` is
+    their YAML path ('model.init_args', 'trainer'): a ConfigError names `prefix.<argument>`."""
+    _check_arguments(cls, arguments, prefix.rsplit(".init_args", 1)[0], leading, prefix=prefix)
+
+
+def _check_arguments(cls: type, init_args: Mapping[str, Any], key: str, leading: int, *,
+                     prefix: str | None = None) -> None:
+    prefix = f"{key}.init_args" if prefix is None else prefix
     params = _parameters(cls)
     named = [p for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -139,14 +151,85 @@ def _check_arguments(cls: type, init_args: Mapping[str, Any], key: str, leading:
         for name in init_args:
             if name not in accepted:
                 hint = did_you_mean(str(name), accepted)
-                raise ConfigError(f"{key}.init_args.{name}", (
-                    f"{key}.init_args.{name}: {cls.__name__} has no argument {name!r}{hint}; "
+                raise ConfigError(f"{prefix}.{name}", (
+                    f"{prefix}.{name}: {cls.__name__} has no argument {name!r}{hint}; "
                     f"its arguments are {', '.join(accepted) or '(none)'}"))
+    hints = _type_hints(cls)
+    for name, value in init_args.items():
+        parameter = params.get(name)
+        if parameter is not None:
+            problem = _type_problem(value, hints.get(name, parameter.annotation), parameter.default)
+            if problem is not None:
+                raise ConfigError(f"{prefix}.{name}", (
+                    f"{prefix}.{name} must be {problem} ({cls.__name__}'s argument {name!r}); got {value!r}"))
     for p in named[leading:]:
         if p.default is p.empty and p.name not in init_args:
-            raise ConfigError(f"{key}.init_args.{p.name}", (
-                f"{key}.init_args.{p.name} is missing: {cls.__name__} requires it (no default); "
-                f"add it under {key}.init_args"))
+            raise ConfigError(f"{prefix}.{p.name}", (
+                f"{prefix}.{p.name} is missing: {cls.__name__} requires it (no default); "
+                f"add it under {prefix}"))
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    """cls.__init__'s resolved annotations; {} where they cannot be resolved (forward references)."""
+    try:
+        return typing.get_type_hints(cls.__init__)
+    except (NameError, TypeError, AttributeError, SyntaxError):
+        return {}
+
+
+def _type_problem(value: Any, hint: Any, default: Any) -> str | None:
+    """What `value` should be, when it plainly is not what the argument takes; None when it is, or when
+    that cannot be told (an annotation memplan does not read, a nested class section). Without an
+    annotation a numeric default stands for it, and only a string in its place is refused."""
+    if isinstance(value, Mapping) and "class_path" in value:
+        return None
+    if hint is inspect.Parameter.empty:
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        return f"a number like its default {default!r}" if numeric and isinstance(value, str) else None
+    verdict = _matches(value, hint)
+    return None if verdict is not False else _describe(hint)
+
+
+def _matches(value: Any, hint: Any) -> bool | None:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        verdicts = [_matches(value, arg) for arg in typing.get_args(hint)]
+        return True if True in verdicts else (None if None in verdicts else False)
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None) or hint is None:
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else isinstance(value, str)
+    if hint in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
+        return isinstance(value, (list, tuple))
+    if hint is dict or origin in (dict, collections.abc.Mapping):
+        return isinstance(value, Mapping)
+    return None
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if hint is type(None) or hint is None:
+        return "null"
+    names = {bool: "true or false", int: "an int", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    if hint in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
+        return "a list"
+    if hint is dict or origin in (dict, collections.abc.Mapping):
+        return "a mapping"
+    return getattr(hint, "__name__", str(hint))
 
 
 def _parse_nested(value: Any, key: str) -> Any:

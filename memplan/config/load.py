@@ -21,7 +21,7 @@ import yaml
 from torch import nn
 
 from memplan.batching import resize_batch
-from memplan.config.classes import ClassSpec, parse_class_section
+from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
 from memplan.config.errors import ConfigError
 from memplan.config.settings import MemplanSettings, normalize_precision
 from memplan.estimator import EstimateError, MemoryEstimate, estimate
@@ -119,7 +119,8 @@ class LoadedConfig:
     @property
     def trainer_precision(self) -> str | None:
         """trainer.precision as Lightning's canonical string (16 -> '16-mixed'), or None if unset."""
-        return normalize_precision(self.trainer.get("precision"))
+        value = self.trainer.get("precision")
+        return None if value is None else normalize_precision(value, name="trainer.precision")
 
     @property
     def optimizer(self) -> str | Callable[..., Any] | None:
@@ -155,6 +156,26 @@ class LoadedConfig:
         with self.config_errors():
             return estimate(self.build_model, batch, **kwargs)
 
+    def plan_mismatch(self, plan: Any, *, plan_name: str = "--plan") -> str | None:
+        """Why `plan` (a memplan.plan.Plan) was made for another model than this config's, in words; None
+        when it was made for this one (or recorded no model). Builds the model on fake tensors to compare
+        parameter names and shapes (memplan.plan.model_fingerprint); allocates no weight."""
+        if plan.model_fingerprint is None:
+            return None
+        import torch
+
+        from memplan.estimator.fake import fake_model, new_fake_mode
+        from memplan.plan import model_fingerprint
+
+        with self.config_errors():
+            skeleton = fake_model(self.build_model, new_fake_mode(), device=torch.device("cpu"),
+                                  param_dtype=torch.float32)
+        if model_fingerprint(skeleton) == plan.model_fingerprint:
+            return None
+        return (f"{plan_name} was made for {plan.model_class or 'another model'}, not this config's "
+                f"{self.model.class_path} with its model.init_args (parameter names or shapes differ); re-plan "
+                "with `memplan suggest CONFIG --output ...`")
+
     @contextlib.contextmanager
     def config_errors(self) -> Iterator[None]:
         """Around anything that traces this config (an estimate, the planner's search): an EstimateError
@@ -167,15 +188,18 @@ class LoadedConfig:
             message = str(err)
             if message.startswith("batch"):
                 key = "memplan.batch_spec" if self.settings.batch_spec is not None else "data"
-                fix = ("describe the batch exactly as training_step receives it (structure, shapes, dtypes)"
-                       if key == "memplan.batch_spec" else "check data.init_args against model.init_args")
-                what = message.split(". Pass the batch", 1)[0]
-                raise ConfigError(key, f"{key} does not match the model {self.model.class_path}: {what}; "
-                                  f"{fix}") from err
+                fix = ("that memplan.batch_spec describes the batch exactly as training_step receives it (structure, "
+                       "shapes, dtypes)" if key == "memplan.batch_spec" else "that data.init_args agree with it")
+                what = message.split(". Pass the batch", 1)[0].removeprefix("batch: ")
+                raise ConfigError(key, f"{key} and model.init_args do not work together: {self.model.class_path}'s "
+                                  f"training step failed on a batch from {key}: {what}; check model.init_args (the "
+                                  f"model's own sizes) and {fix}") from err
             if message.startswith("model: the callable that builds"):
                 what = message.split("raised ", 1)[-1].split(". Check that calling it", 1)[0]
-                raise ConfigError("model.init_args", f"model.init_args: {self.model.class_path}(**init_args) "
-                                  f"failed: {what}; fix model.init_args") from err
+                named = [name for name in self.model.init_args if re.search(rf"\b{re.escape(str(name))}\b", what)]
+                key = f"model.init_args.{named[0]}" if len(named) == 1 else "model.init_args"
+                raise ConfigError(key, f"{key}: {self.model.class_path}(**init_args) failed: {what}; fix {key}"
+                                  ) from err
             raise
 
     @functools.cached_property
@@ -211,15 +235,24 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         optimizer = parse_class_section(raw["optimizer"], "optimizer", base="Optimizer",
                                         default_module="torch.optim", leading=1)
     if data is None and settings.batch_spec is None:
-        raise ConfigError("data", (
-            "no batch to plan with: the config has no data: section (a LightningDataModule) and no "
-            "memplan.batch_spec; add one, e.g. "
-            "memplan: {batch_spec: {input: {shape: [1024], dtype: int64, high: 50257}}}"))
+        owns = "train_dataloader" in vars(model.cls) or any(
+            "train_dataloader" in vars(c) for c in model.cls.__mro__[1:] if c.__name__ != "LightningModule"
+            and not c.__module__.startswith(("pytorch_lightning", "lightning")))
+        why = (f"{model.cls.__name__} loads its own data (train_dataloader), which memplan does not run: it would "
+               "build the model for real" if owns else "the config has no data: section (a LightningDataModule)")
+        raise ConfigError("memplan.batch_spec", (
+            f"no batch to plan with: {why}; describe one batch in memplan.batch_spec (per-sample shape, dtype "
+            "and value range of each tensor, as training_step receives them), e.g. memplan: {batch_spec: "
+            "{input: {shape: [1024], dtype: int64, high: 50257}}} (README: 'Describing the batch')"))
     trainer = raw.get("trainer") or {}
     if not isinstance(trainer, Mapping):
         raise ConfigError("trainer", f"trainer must be a mapping of Trainer arguments; got {trainer!r}")
     devices = _device_count(trainer.get("devices", "auto"))
     nodes = _positive_int(trainer, "num_nodes")
+    if trainer.get("precision") is not None:
+        normalize_precision(trainer["precision"], name="trainer.precision")
+    others = {k: v for k, v in trainer.items() if k not in ("devices", "num_nodes", "accumulate_grad_batches", "precision")}
+    check_arguments(_trainer_class(model.cls), others, "trainer")
     return LoadedConfig(
         path=path, raw=raw, settings=settings, model=model, data=data, optimizer_section=optimizer,
         trainer=dict(trainer), trainer_world_size=None if devices is None else devices * nodes,
@@ -253,6 +286,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
                           "LightningCLI's --config") from None
     except OSError as err:
         raise ConfigError("", f"cannot read config file {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError("", f"config file {path} is not UTF-8 text (byte {err.start}); pass the YAML you give "
+                          "LightningCLI's --config") from None
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as err:
@@ -310,6 +346,15 @@ def _device_count(devices: Any) -> int | None:
     raise ConfigError("trainer.devices", (
         "trainer.devices must be a positive number of devices, a list of device indices, 'auto' or -1; "
         f"got {devices!r}"))
+
+
+def _trainer_class(model_cls: type) -> type:
+    """The Trainer of the Lightning package the model is written for (lightning.pytorch or pytorch_lightning)."""
+    if any(c.__module__.startswith("lightning.pytorch") for c in model_cls.__mro__):
+        from lightning.pytorch import Trainer
+    else:
+        from pytorch_lightning import Trainer
+    return Trainer
 
 
 def _positive_int(trainer: Mapping[str, Any], name: str) -> int:

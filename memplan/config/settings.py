@@ -9,21 +9,19 @@ from typing import Any
 from memplan.config.batch_spec import BatchSpec, parse_batch_spec
 from memplan.config.errors import ConfigError, did_you_mean
 from memplan.estimator.inputs import OPTIMIZERS
-from memplan.estimator.result import PRECISIONS, Precision
+from memplan.precision import PRECISIONS, Precision, canonical_precision
 
 DEFAULT_PRECISIONS: tuple[Precision, ...] = ("32-true", "16-mixed", "bf16-mixed")
 """The planner's default choices: full and mixed precision, which keep fp32 weights. The '-true' half
 precisions change what training computes and must be allowed by name."""
 
-PRECISION_ALIASES: dict[Any, Precision] = {
-    32: "32-true", "32": "32-true", 16: "16-mixed", "16": "16-mixed", "bf16": "bf16-mixed",
-}
-"""Lightning's short spellings, as Trainer(precision=...) maps them."""
-
-
-def normalize_precision(value: Any) -> Any:
-    """Lightning's canonical string for a precision alias (16 -> '16-mixed'); anything else unchanged."""
-    return PRECISION_ALIASES.get(value, value) if isinstance(value, (str, int)) else value
+def normalize_precision(value: Any, *, name: str = "trainer.precision") -> Precision:
+    """Lightning's canonical string for a precision or alias (16 -> '16-mixed'); a ConfigError naming
+    `name` (the YAML key) for anything memplan does not estimate."""
+    try:
+        return canonical_precision(value, name=name)
+    except ValueError as err:
+        raise ConfigError(name, str(err)) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +95,8 @@ class MemplanSettings:
             given = values["precisions"]
             given = [given] if isinstance(given, (str, int)) else given
             if isinstance(given, list):
-                values["precisions"] = tuple(dict.fromkeys(normalize_precision(p) for p in given))
+                values["precisions"] = tuple(dict.fromkeys(
+                    normalize_precision(p, name=f"memplan.precisions[{i}]") for i, p in enumerate(given)))
         if values.get("batch_spec") is not None:
             values["batch_spec"] = parse_batch_spec(values["batch_spec"])
         return cls(**values)

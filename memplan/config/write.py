@@ -1,10 +1,13 @@
 """Write the planned config: the user's YAML with the plan applied, and the plan file beside it."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
+import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +27,29 @@ def plan_path_for(config_path: str | Path) -> Path:
 
 
 def planner_callback(plan_path: str | Path) -> dict[str, Any]:
-    """The trainer.callbacks entry that applies a plan file (checkpointing included) and watches memory."""
-    return {"class_path": PLANNER_CLASS_PATH, "init_args": {"plan": str(plan_path)}}
+    """The trainer.callbacks entry that applies a plan file (checkpointing included) and watches memory.
+    The path is made absolute, so training finds the plan from any working directory."""
+    return {"class_path": PLANNER_CLASS_PATH, "init_args": {"plan": str(Path(plan_path).resolve())}}
+
+
+class OutputExists(FileExistsError):
+    """A file write_planned_config would replace exists, and force was not given."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        names = " and ".join(str(p) for p in paths)
+        super().__init__(f"--output would replace {names}; pass --force to replace "
+                         f"{'them' if len(paths) > 1 else 'it'}, or choose another --output")
+        self.paths = paths
+        """The files that exist."""
+
+
+def existing_outputs(path: str | Path) -> list[Path]:
+    """The files write_planned_config(path) would replace: the config and its plan file, where they exist."""
+    return [p for p in (Path(path), plan_path_for(path)) if p.exists()]
 
 
 def write_planned_config(loaded: LoadedConfig, plan: Plan, path: str | Path, *,
-                         callback: Mapping[str, Any] | None = None) -> None:
+                         callback: Mapping[str, Any] | None = None, force: bool = False) -> None:
     """Write the user's config with the plan applied to `path`, and the plan (Plan.to_dict()) as JSON
     to plan_path_for(path).
 
@@ -39,6 +59,11 @@ def write_planned_config(loaded: LoadedConfig, plan: Plan, path: str | Path, *,
     is appended to trainer.callbacks, replacing an entry of the same class_path. Every other key keeps
     its value and order; the `memplan:` section is left out, since LightningCLI refuses keys it does not
     know; YAML comments are not carried over.
+
+    Safe with the user's files: without `force`, an existing config or plan file at the target raises
+    OutputExists naming each one. Each file is written to a temporary file in the same folder and
+    renamed over the target (the plan first, so a config never names a partial plan), under a lock
+    on the folder, so two writers leave one writer's pair.
     """
     path = Path(path)
     if path.resolve() == loaded.path.resolve():
@@ -52,9 +77,49 @@ def write_planned_config(loaded: LoadedConfig, plan: Plan, path: str | Path, *,
         warnings.warn("the plan checkpoints activations, which the MemoryPlanner callback applies, and no callback "
                       f"was given: {path} will not fit as planned unless the model checkpoints itself", stacklevel=2)
     plan_path = plan_path_for(path)
+    config_text = _header(loaded, plan, plan_path) + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(_header(loaded, plan, plan_path) + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
-    plan_path.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    with _folder_lock(path.parent):
+        existing = existing_outputs(path)
+        if existing and not force:
+            raise OutputExists(existing)
+        write_atomically(plan_path, json.dumps(plan.to_dict(), indent=2) + "\n")
+        write_atomically(path, config_text)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, flush it to disk, and rename it over `path`:
+    a reader sees the old file or the whole new one, never a part (a full disk fails before the rename)."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temp, 0o666 & ~umask)  # mkstemp makes it private; give it a normal file's mode
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive flock on the folder itself (no lock file left behind); a no-op where flock is absent."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; the atomic renames still hold
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -63,7 +128,7 @@ def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str,
     trainer["num_nodes"] = plan.nodes
     trainer["precision"] = plan.precision
     trainer["accumulate_grad_batches"] = plan.accumulate_grad_batches
-    if not (plan.strategy == "ddp" and _is_ddp(trainer.get("strategy"))):
+    if not (plan.strategy == "ddp" and is_ddp_strategy(trainer.get("strategy"))):
         trainer["strategy"] = plan.strategy  # a DDP variant of the user's (find_unused_parameters ...) is kept
     if callback is not None:
         existing = trainer.get("callbacks") or []
@@ -74,7 +139,7 @@ def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str,
     return trainer
 
 
-def _is_ddp(strategy: Any) -> bool:
+def is_ddp_strategy(strategy: Any) -> bool:
     if isinstance(strategy, str):
         return strategy == "ddp" or strategy.startswith("ddp_find_unused_parameters")
     if isinstance(strategy, Mapping):

@@ -113,9 +113,9 @@ def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] =
                      "(0.65-1.5 GB reported); 1.5 GiB assumed")
     else:
         context = _CONTEXT_LAZY_BYTES[min(max(major, 7), 9)]
-        notes.append(f"CUDA context for sm{major}{minor} with lazy module loading: "
-                     f"{context // MiB} MiB assumed (270-730 MiB reported/estimated); "
-                     "calibrate with NVML on this GPU")
+        notes.append(f"CUDA context for sm{major}{minor} with lazy module loading: {context // MiB} MiB assumed, "
+                     "unmeasured (bare contexts are reported at 266-426 MiB, plus an estimated 100-300 MiB of "
+                     "kernels loaded during a step, set high on purpose); `memplan validate` on this GPU measures it")
     calibrated = _calibrated_context((major, minor), env)
     if calibrated is not None:
         context = calibrated[0]

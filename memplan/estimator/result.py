@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
 
-Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
-PRECISIONS: tuple[str, ...] = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+from memplan.precision import PRECISIONS, Precision  # noqa: F401  (re-exported: one list, in a torch-free leaf)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,7 +33,7 @@ def render_table(est: MemoryEstimate) -> Table:
     table.add_column("component")
     table.add_column("memplan", justify="right")
     table.add_column("share", justify="right")
-    table.add_column("seeds' rule", justify="right")
+    table.add_column("rule of thumb", justify="right")
     table.add_column("rule misses", justify="right")
     rule = _rule_terms(est)
     peak = max(est.peak_allocated, 1)
@@ -69,6 +69,8 @@ def render_table(est: MemoryEstimate) -> Table:
         f"{est.num_parameters:,} parameters; {format_bytes(est.forward_activations)} saved for backward at the "
         f"end of the forward; traced in {est.trace_seconds:.1f} s"
     ]
+    caption.append("rule of thumb: 4 bytes x (3 x parameters + 2 x activations), i.e. fp32 weights, gradients and "
+                   "one optimizer copy, and activations counted twice; 'rule misses' is memplan minus the rule")
     four_x = 16 * est.num_parameters
     caption.append(
         f"rule '4 x model size' says {format_bytes(four_x)} "

@@ -156,8 +156,7 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops_seen += 1
-        flat, _ = tree_flatten((args, kwargs))
-        tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+        tensors = _tensors_in((args, kwargs))
         if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
             with _disable_current_modes():
                 out = func(*args, **kwargs)
@@ -166,9 +165,8 @@ class StorageTracker(TorchDispatchMode):
             if not tensors:
                 out = self._maybe_realize_factory(func, args, kwargs, out)
             out = self._fill_library_workspace(func, args, out)
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.track(t)
+        for t in _tensors_in(out):
+            self.track(t)
         if self.cpu_kernels:
             self._transient(promotion_scratch_bytes(func, tensors))
         return out
@@ -197,3 +195,18 @@ class StorageTracker(TorchDispatchMode):
             return out
         with _disable_current_modes():
             return func(*args, **kwargs)
+
+
+def _tensors_in(value, found: list | None = None) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or outputs (nested tuples, lists and dict values), in order:
+    what tree_flatten finds there, at a fraction of its cost on every op of a trace."""
+    found = [] if found is None else found
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _tensors_in(item, found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _tensors_in(item, found)
+    return found

@@ -1,6 +1,7 @@
 """The plan in words: why the winner won, and why each runner-up did not."""
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from memplan.estimator.result import MemoryEstimate
@@ -37,9 +38,16 @@ def describe_plan(request: PlanRequest, winner: Candidate, est: MemoryEstimate, 
         device_budget_bytes=winner.budget_bytes,
         host_bytes_per_rank=winner.host_bytes_per_rank,
         relative_speed=1.0,
-        reasons=tuple(_reasons(request, winner, est, search)),
+        reasons=tuple(_on_cpu(request, r) for r in _reasons(request, winner, est, search)),
         alternatives=tuple(_alternatives(winner, search)),
     )
+
+
+def _on_cpu(request: PlanRequest, text: str) -> str:
+    """A plan for CPU ranks (the callback on a machine without a GPU) speaks of devices, not GPUs."""
+    if request.devices[0].name != "cpu":
+        return text
+    return re.sub(r"\bGPU(s?)\b", lambda m: f"device{m.group(1)}", text)
 
 
 # --- reasons -------------------------------------------------------------------------------------
@@ -197,7 +205,7 @@ def _more_gpus(request: PlanRequest, w: Candidate, search: _Search, available: i
             said.add(kind)
             parts.append(text)
     if split:
-        ranks = ", ".join(str(n) for n in split)
+        ranks = ", ".join(str(n) for n in split) if len(split) <= 6 else f"{split[0]}, {split[1]}, ... {split[-1]}"
         parts.append(f"the global batch {request.global_batch_size} does not split evenly over {ranks} ranks")
     return "; ".join(parts)
 

@@ -29,6 +29,8 @@ def test_suggest_off_box_keeps_the_global_batch_and_fits(capsys):
     assert plan.micro_batch_size * plan.world_size * plan.accumulate_grad_batches == plan.global_batch_size
     assert plan.predicted_peak_bytes <= plan.device_budget_bytes
     assert plan.world_size == 4 and plan.precision == "bf16-mixed"
+    assert plan.model_class == "memplan.demos.MLP" and len(plan.model_fingerprint) == 16  # checked when applied
+    assert plan.gpu_name == "A100-80GB" and plan.gpu_total_bytes > 0
 
 
 def test_suggest_prints_a_table_with_reasons(capsys):
@@ -48,6 +50,14 @@ def test_suggest_output_writes_a_planned_config_and_the_plan(capsys, tmp_path):
     assert planned["trainer"]["accumulate_grad_batches"] == plan.accumulate_grad_batches
     assert planned["data"]["init_args"]["batch_size"] == plan.micro_batch_size
     assert "torchrun --nproc-per-node=2" in out
+    assert "Changes to" in out and "trainer.accumulate_grad_batches" in out  # the before -> after table
+
+    code, _, err = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, "--output", str(out_path))
+    assert code == 2 and f"--output would replace {out_path} and {out_path.with_suffix('.plan.json')}" in err
+    out_path.write_text("edited by the user\n")
+    code, _, _ = run(capsys, "suggest", "--gpus", "1", "--gpu", "V100-32GB", MLP, "--output", str(out_path), "--force")
+    assert code == 0
+    assert yaml.safe_load(out_path.read_text())["trainer"]["devices"] == 1
 
 
 def test_suggest_without_a_gpu_says_how_to_name_one(capsys):
@@ -60,7 +70,8 @@ def test_suggest_without_a_gpu_says_how_to_name_one(capsys):
     (["suggest", "--gpu", "A100-80GB", "missing.yaml"], "missing.yaml does not exist"),
     (["suggest", "--gpu", "GTX-9999", MLP], "GTX-9999"),
     (["suggest", "--gpu", "A100-80GB", "--precision", "16-true", MLP], "--precision: the planner searches"),
-    (["suggest", "--gpu", "A100-80GB", "--global-batch-size", "7", "--nodes", "2", MLP], "global_batch_size"),
+    (["suggest", "--gpu", "A100-80GB", "--global-batch-size", "7", "--nodes", "2", MLP],
+     "--global-batch-size (7) must be divisible by --nodes 2"),
 ])
 def test_suggest_bad_input_exits_2_with_one_clear_line(capsys, argv, message):
     code, _, err = run(capsys, *argv)
@@ -79,7 +90,8 @@ def test_estimate_a_config_at_one_batch_size(capsys):
 def test_estimate_a_demo_prints_the_breakdown(capsys):
     code, out, _ = run(capsys, "estimate", "--demo", "mlp", "--batch-size", "32", "--device", "cpu")
     assert code == 0
-    assert "peak allocated" in out and "seeds' rule" in out
+    assert "peak allocated" in out and "rule of thumb" in out
+    assert "rule of thumb: 4 bytes x (3 x parameters + 2 x activations)" in out  # the column says what it is
 
 
 def test_estimate_needs_a_config_or_a_demo(capsys):
@@ -98,3 +110,12 @@ def test_suggest_json_with_output_keeps_stdout_pure_json(capsys, tmp_path):
     assert code == 0
     assert json.loads(out)["world_size"] >= 1
     assert "launch with: torchrun" in err
+
+
+def test_fewer_gpus_than_given_is_never_silent(capsys):
+    # the MLP config's global batch of 1024 does not split over 1000 ranks: the plan uses 512 and says so
+    code, out, err = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP, "--json")
+    assert code == 0 and json.loads(out)["world_size"] == 512
+    assert "the plan uses 512 of the 1000 GPUs per node --gpus gives" in err and "does not split evenly" in err
+    code, out, _ = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP)
+    assert "Uses 512 of 1000 GPUs per node" in " ".join(out.split())

@@ -142,7 +142,7 @@ def test_ddp_adds_one_gradient_copy_in_buckets():
 
 def test_estimate_prints_a_breakdown_table_with_the_rules_of_thumb():
     text = str(estimate(mlp, mlp_batch(), loss=ce_loss, device="cpu"))
-    for word in ("parameters", "optimizer state", "activations", "peak allocated", "seeds' rule", "4 x model size"):
+    for word in ("parameters", "optimizer state", "activations", "peak allocated", "rule of thumb", "4 x model size"):
         assert word in text
     assert estimate(mlp, mlp_batch(), loss=ce_loss, device="cpu").to_dict()["peak_allocated"] > 3 * MiB
 

@@ -1,0 +1,90 @@
+"""The command line starts without torch: `--help`, `--version` and a flag refused while parsing import
+none of torch or Lightning (checked in a fresh interpreter's sys.modules, not timed). Progress goes
+to a terminal's stderr only."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memplan.commands.cli import main
+from memplan.commands.progress import Progress
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "pytorch_lightning", "lightning", "torchmetrics", "transformers", "matplotlib")
+
+PROBE = """
+import runpy, sys
+sys.argv = ["memplan", *sys.argv[1:]]
+try:
+    runpy.run_module("memplan", run_name="__main__")
+except SystemExit as done:
+    code = done.code
+print("MODULES", [m for m in {heavy!r} if m in sys.modules], "CODE", code, file=sys.stderr)
+"""
+
+
+def modules_after(*argv: str) -> tuple[list[str], int, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY), *argv], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)
+    line = next(line for line in done.stderr.splitlines() if line.startswith("MODULES"))
+    modules, code = line.removeprefix("MODULES ").rsplit(" CODE ", 1)
+    return eval(modules), int(code), done.stdout + done.stderr  # noqa: S307  (our own probe's list)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--help"], ["--version"], ["suggest", "--help"], ["estimate", "--help"], ["devices", "--help"],
+    ["suggest", "--gpus", "0", "configs/mlp.yaml"], ["suggest", "--gpu-memory", "24", "configs/mlp.yaml"],
+    ["suggest", "--gpu", "GTX-9999", "configs/mlp.yaml"], ["estimate", "configs/mlp.yaml", "--batch-size", "0"],
+], ids=lambda argv: " ".join(argv))
+def test_help_version_and_refused_flags_do_not_import_torch(argv):
+    modules, code, output = modules_after(*argv)
+    assert modules == [], output
+    assert code == (0 if argv[-1] in ("--help", "--version") else 2)
+
+
+def test_version_prints_the_package_version(capsys):
+    from memplan import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"memplan {__version__}"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_writes_one_rewritten_line_on_a_terminal_only():
+    terminal, pipe = Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        progress = Progress(stream)
+        progress.say("tracing GPTLM: trace 1")
+        progress.say("tracing GPTLM: trace 2")
+        progress.clear()
+    assert "trace 1" in terminal.getvalue() and "trace 2" in terminal.getvalue()
+    assert terminal.getvalue().count("\n") == 0 and terminal.getvalue().endswith("\r\x1b[2K")
+    assert pipe.getvalue() == ""
+    muted = Terminal()
+    Progress(muted, enabled=False).say("x")
+    assert muted.getvalue() == ""
+
+
+def test_suggest_says_what_it_traces_on_a_terminal_and_nothing_with_json(capsys, monkeypatch):
+    mlp = str(ROOT / "configs" / "mlp.yaml")
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert main(["suggest", "--gpu", "A100-80GB", mlp]) == 0
+    said = sys.stderr.getvalue()
+    assert f"loading {mlp}" in said and "building MLP on fake tensors" in said
+    assert "tracing MLP: trace 1 (usually 3-8), micro-batch" in said
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert main(["suggest", "--gpu", "A100-80GB", mlp, "--json"]) == 0
+    assert sys.stderr.getvalue() == ""
+    assert json.loads(capsys.readouterr().out)["micro_batch_size"] >= 1
