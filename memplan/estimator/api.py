@@ -17,6 +17,7 @@ from memplan.estimator.checkpointing import apply_checkpointing
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake import fake_model, new_fake_mode
+from memplan.estimator.fake_copy import metric_states
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator.step import LossFn, PrecisionPolicy, iter_tensors, map_tensors, run_training_step
@@ -151,7 +152,7 @@ class _Trace:
             tracker.track(p, Category.PARAMETERS)
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda q: tracker.classify(q.grad, Category.GRADIENTS))
-        for b in self.model.buffers():
+        for b in (*self.model.buffers(), *metric_states(self.model)):
             tracker.track(b, Category.PARAMETERS)
         self.batch = self._prepare_batch(self.batch)
         for t in iter_tensors(self.batch):
