@@ -228,7 +228,7 @@ def test_a_batch_spec_that_does_not_fit_the_model_is_reported_against_the_batch_
           batch_spec: [{shape: [19]}, {shape: [], dtype: int64, high: 3}]
     """)
     with raises_config_error("memplan.batch_spec", r"memplan.batch_spec does not match the model memplan.demos.MLP: "
-                                                   r"batch: the model could not run its training step .*describe the "
+                                                   r"batch: the model could not run .*describe the "
                                                    r"batch exactly as training_step receives it"):
         loaded.estimate(2, device="cpu")
 

@@ -25,6 +25,7 @@ from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRet
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
+from memplan.estimator.errors import EstimateError
 from memplan.hardware import host_info
 from memplan.monitor import Adjuster, Change, RankLog, RankStatus, gather_rows, gather_statuses, log_metrics, summary_line
 from memplan.plan import Plan
@@ -254,7 +255,10 @@ class MemoryPlanner(*CALLBACKS):
                 largest_block=largest_block_bytes(pl_module),
             )
             estimator = estimator_for(pl_module, first_train_batch(trainer), device="cpu" if device.type == "cpu" else None)
-            made = self._planner(request, estimator)
+            try:
+                made = self._planner(request, estimator)
+            except EstimateError as err:  # the model or its batch cannot be traced: the message names why
+                raise MisconfigurationException(f"MemoryPlanner: {err}") from err
             if made.world_size != trainer.world_size:
                 rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "
                                f"{trainer.world_size}, so its micro-batch runs on {trainer.world_size} with the "

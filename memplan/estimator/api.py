@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from memplan.estimator.checkpointing import apply_checkpointing
 from memplan.estimator.ddp import ddp_bucket_bytes
+from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.fake_copy import metric_states
@@ -196,15 +197,10 @@ class _Trace:
         except (EstimateError, DataDependentOutputException, DynamicOutputShapeException):
             saved_hooks.close()
             raise
-        except Exception as err:
+        except Exception as err:  # the step is user code: any failure becomes one EstimateError naming its cause
             saved_hooks.close()
-            if self.tracker.phase is Phase.FORWARD:
-                raise EstimateError(
-                    f"batch: the model could not run its training step on this batch ({type(err).__name__}: "
-                    f"{err}). Pass the batch exactly as training_step receives it (same structure, shapes "
-                    "and dtypes), and a loss= that matches it"
-                ) from err
-            raise
+            raise explain_failure(err, model=self.model, batch_tensors=iter_tensors(self.batch),
+                                  phase=self.tracker.phase.value) from err
         state_tensors = [t for s in self.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         self.tracker.classify_all(state_tensors, Category.OPTIMIZER_STATE)
 
