@@ -21,6 +21,8 @@ def _add_estimate(sub) -> None:
                    "(default: the model's configure_optimizers)")
     p.add_argument("--device", default=None, help="'cpu', or a GPU model such as A100-80GB (default: the local GPU)")
     p.add_argument("--ddp", type=int, default=None, metavar="WORLD_SIZE", help="estimate a DDP rank of this world size")
+    p.add_argument("--loop", choices=("lightning", "torch"), default="lightning", help="step order: 'lightning' "
+                   "(zero_grad after the forward) or 'torch' (forward, backward, step, zero_grad)")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes as ints)")
     p.set_defaults(run=cmd_estimate)
 
@@ -31,7 +33,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         return _usage_error(f"--batch-size must be a positive integer; got {args.batch_size}")
     options = dict(checkpointing=args.checkpointing, device=args.device,
-                   strategy="ddp" if args.ddp else None, world_size=args.ddp or 1)
+                   strategy="ddp" if args.ddp else None, world_size=args.ddp or 1, loop=args.loop)
     try:
         est = _estimate_config(args, options) if args.config else _estimate_demo(args, options)
     except ValueError as err:  # EstimateError and ConfigError are ValueErrors naming the field

@@ -21,7 +21,9 @@ from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.fake_copy import metric_states
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.result import MemoryEstimate
-from memplan.estimator.step import LossFn, PrecisionPolicy, iter_tensors, map_tensors, run_training_step
+from memplan.estimator.step import (
+    LossFn, Loop, PrecisionPolicy, check_loop, iter_tensors, map_tensors, run_training_step,
+)
 from memplan.estimator.target import GENERIC_CUDA, Target, resolve_target
 from memplan.estimator.tracker import Category, Phase, StorageTracker
 
@@ -42,6 +44,7 @@ def estimate(
     device: str | None = None,
     strategy: str | None = None,
     world_size: int = 1,
+    loop: Loop = "lightning",
 ) -> MemoryEstimate:
     """Peak memory of one steady-state training step, traced on fake tensors (no weight allocated).
 
@@ -55,14 +58,17 @@ def estimate(
     device: "cpu", a GPU model name ("A100-80GB"), a memplan.hardware GpuModel (custom_gpu("24GiB")),
         or None for the local GPU.
     strategy, world_size: None, or "ddp" with the number of ranks (memory is per rank).
+    loop: "lightning" (zero_grad after the forward, as Lightning runs it) or "torch" (a plain loop:
+        forward + loss, backward, step, zero_grad(set_to_none=True)).
     """
     policy = PrecisionPolicy.from_string(precision)
     _check_strategy(strategy, world_size)
+    check_loop(loop)
     target = resolve_target(device)
     _check_precision_on_target(policy, target)
 
     started = time.perf_counter()
-    trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy)
+    trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, loop)
     with warnings.catch_warnings(), _quiet_fake_tensor_log():
         warnings.filterwarnings("ignore", message=".*self.log.*")
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
@@ -105,8 +111,9 @@ def _check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
 class _Trace:
     """One estimate's trace: the fake model, the tracker, and the two steps."""
 
-    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy):
+    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy, loop):
         self.target = target
+        self.loop = loop
         self.policy = policy
         self.strategy = strategy
         self.notes: list[str] = []
@@ -192,7 +199,7 @@ class _Trace:
             run_training_step(
                 self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer, policy=self.policy,
                 device_type=self.device.type, grad_scale=self.grad_scale,
-                on_phase=lambda name: self._on_phase(name, saved_hooks),
+                on_phase=lambda name: self._on_phase(name, saved_hooks), loop=self.loop,
             )
         except (EstimateError, DataDependentOutputException, DynamicOutputShapeException):
             saved_hooks.close()
@@ -233,6 +240,8 @@ class _Trace:
 
             communication = nccl_buffer_bytes(world_size, compute_capability=self.target.compute_capability)
         notes = list(self.notes)
+        if self.loop == "torch":
+            notes.append("plain PyTorch loop order: zero_grad(set_to_none=True) after the optimizer step")
         if self.target.emulates_cuda:
             notes.append("CUDA target traced on CPU fake tensors with CUDA's op semantics emulated")
         if self.target.name == GENERIC_CUDA:

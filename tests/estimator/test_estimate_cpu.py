@@ -192,3 +192,25 @@ def real_live_peak(model, batch, loss_fn, steps=2):
                               policy=PrecisionPolicy.from_string("32-true"), device_type="cpu")
     tracker.stop()
     return tracker.peak.total
+
+
+@pytest.mark.parametrize("loop", ["lightning", "torch"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_both_loop_orders_match_real_cpu_steps(loop, optimizer):
+    est = estimate(mlp, mlp_batch(), loss=ce_loss, optimizer=optimizer, device="cpu", loop=loop)
+    truth = measure_cpu_peak(mlp, mlp_batch, loss=ce_loss, optimizer=optimizer, loop=loop)
+    assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
+    if loop == "torch":
+        assert any("plain PyTorch loop" in note for note in est.notes)
+        if optimizer == "sgd":  # the peak is no longer in a forward holding the last step's gradients
+            lightning = estimate(mlp, mlp_batch(), loss=ce_loss, optimizer=optimizer, device="cpu")
+            assert lightning.peak_phase == "forward" and est.peak_phase == "backward"
+            assert est.peak_allocated < lightning.peak_allocated
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_torch_loop_order_matches_a_real_lightning_module_step(checkpointing, monkeypatch):
+    est = estimate(tiny_gpt, gpt_batch(), checkpointing=checkpointing, device="cpu", loop="torch")
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)  # as in the Lightning-order test above
+    truth = measure_cpu_peak(tiny_gpt, gpt_batch, checkpointing=checkpointing, loop="torch")
+    assert relative_error(est.peak_allocated, truth) < 0.01, (est.peak_allocated, truth)

@@ -165,3 +165,8 @@ def test_data_dependent_op_on_activations_is_explained():
 
     with pytest.raises(EstimateError, match=r"depends on tensor values"):
         estimate(Masked, BATCH, loss=lambda m, b: m(b[0]), device="cpu")
+
+
+def test_an_unknown_loop_names_both_orders():
+    with pytest.raises(EstimateError, match=r"^loop must be 'lightning' .* or 'torch' .*; got 'pytorch'"):
+        estimate(build, BATCH, loss=loss, device="cpu", loop="pytorch")
