@@ -48,8 +48,10 @@ def fake_model(
                 f"model: the callable returned {type(built).__name__}, not an nn.Module; it must build "
                 "and return the model"
             )
-        if param_dtype != torch.float32 or any(p.device != device for p in built.parameters()):
-            built = _fake_copy(built, fake_mode, device, param_dtype)
+        # Always re-made from fresh fakes: a builder that deep-copies layers under the fake mode
+        # (nn.TransformerEncoder's clones) leaves parameters whose views report a storage object of
+        # their own, which the tracker would count again as activations.
+        built = _fake_copy(built, fake_mode, device, param_dtype)
     else:
         raise EstimateError(
             f"model must be an nn.Module or a zero-argument callable that builds one; got {type(model).__name__}"

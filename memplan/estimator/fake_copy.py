@@ -91,7 +91,9 @@ class _TreeCopy:
             for param in module._parameters.values():
                 if param is not None and id(param) not in self.memo:
                     fake = nn.Parameter(self.make_fake(param), requires_grad=param.requires_grad)
-                    fake.__dict__.update(param.__dict__)  # attributes set on parameters (e.g. for param groups)
+                    # attributes users set on parameters (read when forming param groups), not a
+                    # fake tensor's own (a parameter built on fakes has them: they name its storage)
+                    fake.__dict__.update((k, v) for k, v in param.__dict__.items() if k not in fake.__dict__)
                     self._remember(param, fake)
             for buffer in module._buffers.values():
                 if buffer is not None and id(buffer) not in self.memo:

@@ -214,3 +214,27 @@ def test_torch_loop_order_matches_a_real_lightning_module_step(checkpointing, mo
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)  # as in the Lightning-order test above
     truth = measure_cpu_peak(tiny_gpt, gpt_batch, checkpointing=checkpointing, loop="torch")
     assert relative_error(est.peak_allocated, truth) < 0.01, (est.peak_allocated, truth)
+
+
+def transformer_encoder() -> nn.Module:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)  # deep-copies `layer` 3 times
+
+
+def transformer() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Transformer(64, 4, 2, 2, 128, dropout=0.0, batch_first=True)
+
+
+@pytest.mark.parametrize("build, loss", [
+    (transformer_encoder, lambda m, b: m(b[0]).square().mean()),
+    (transformer, lambda m, b: m(b[0], b[0]).square().mean()),
+])
+def test_layers_deep_copied_while_a_callable_builds_the_model_are_counted_once(build, loss, monkeypatch):
+    batch = (torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(0)),)
+    by_callable = estimate(build, batch, loss=loss, device="cpu")
+    assert by_callable.peak_allocated == estimate(build(), batch, loss=loss, device="cpu").peak_allocated
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)  # see the Lightning-module test above
+    truth = measure_cpu_peak(build, lambda: batch, loss=loss)
+    assert relative_error(by_callable.peak_allocated, truth) < 0.015, (by_callable.peak_allocated, truth)
