@@ -13,7 +13,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.utils._python_dispatch import _disable_current_modes
 
-from memplan.estimator.checkpointing import apply_checkpointing
+from memplan.estimator.checkpointing import apply_checkpointing, saved_rng_states
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
@@ -131,7 +131,7 @@ class _Trace:
     def run(self) -> None:
         tracker = self.tracker
         try:
-            with self._emulation(), self.fake_mode, tracker:
+            with self._emulation(), self.fake_mode, tracker, self._rng_states():
                 self._setup()
                 for step in range(TRACED_STEPS):
                     if step == TRACED_STEPS - 1:
@@ -153,6 +153,13 @@ class _Trace:
         from memplan.estimator.cuda_semantics import emulate_cuda
 
         return emulate_cuda(compute_capability=self.target.compute_capability, autocast_dtype=self.policy.autocast_dtype)
+
+    def _rng_states(self) -> contextlib.AbstractContextManager:
+        """Checkpointing's saved CPU RNG states (memplan's or the model's own checkpointing): in the
+        device's memory only when the device is the CPU."""
+        if self.target.is_cuda:
+            return contextlib.nullcontext()
+        return saved_rng_states(lambda state: self.tracker.track(state, Category.ACTIVATIONS))
 
     def _setup(self) -> None:
         tracker = self.tracker
