@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import _disable_current_modes
 
 from memplan.estimator.checkpointing import apply_checkpointing, saved_rng_states
+from memplan.estimator.composite import RealCompositePaths
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
@@ -131,7 +132,7 @@ class _Trace:
     def run(self) -> None:
         tracker = self.tracker
         try:
-            with self._emulation(), self.fake_mode, tracker, self._rng_states():
+            with self._emulation(), self.fake_mode, tracker, self._rng_states(), RealCompositePaths():
                 self._setup()
                 for step in range(TRACED_STEPS):
                     if step == TRACED_STEPS - 1:
