@@ -300,3 +300,12 @@ def test_a_linear_on_a_non_contiguous_input_adds_its_bias_in_place_as_the_real_k
     est = estimate(build, make_batch(), loss=loss, device="cpu", precision=precision)
     truth = measure_cpu_peak(build, make_batch, loss=loss, precision=precision)
     assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
+
+
+def test_a_cpu_estimate_of_a_convolutional_model_says_onednn_scratch_is_not_counted():
+    from memplan.demos import ImageCNN
+
+    note = "CPU convolutions: oneDNN's in-kernel scratch is not counted"
+    cnn = estimate(ImageCNN, ImageCNN().example_batch(2), device="cpu")
+    assert any(n.startswith(note) for n in cnn.notes) == torch.backends.mkldnn.is_available()
+    assert not any(n.startswith(note) for n in estimate(mlp, mlp_batch(), loss=ce_loss, device="cpu").notes)
