@@ -87,7 +87,7 @@ class _TreeCopy:
             if id(module) in self.memo:
                 continue
             order.append(module)
-            self._remember(module, type(module).__new__(type(module)))
+            self._remember(module, _new_empty(type(module)))
             for param in module._parameters.values():
                 if param is not None and id(param) not in self.memo:
                     fake = nn.Parameter(self.make_fake(param), requires_grad=param.requires_grad)
@@ -155,6 +155,15 @@ class _TreeCopy:
         else:
             new.update(self._remap(item) for item in value)
         return new
+
+
+def _new_empty(cls: type) -> nn.Module:
+    """An uninitialised instance: a copy, not a build, so a class's own `__new__` (counting or
+    registering instances) is not run, unless a C base type needs it."""
+    try:
+        return object.__new__(cls)
+    except TypeError:
+        return cls.__new__(cls)
 
 
 def _no_log(*args, **kwargs) -> None:
