@@ -30,6 +30,7 @@ from memplan.callback.layout import Layout
 from memplan.callback.rewrites import (
     Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
 )
+from memplan.estimator.errors import EstimateError
 from memplan.hardware import host_info
 from memplan.monitor import Adjuster, Change, RankLog, RankStatus, gather_rows, gather_statuses, log_metrics, summary_line
 from memplan.plan import Plan
@@ -324,7 +325,10 @@ class MemoryPlanner(*CALLBACKS):
                 largest_block=largest_block_bytes(pl_module),
             )
             estimator = estimator_for(pl_module, first_train_batch(trainer), device="cpu" if device.type == "cpu" else None)
-            made = self._planner(request, estimator)
+            try:
+                made = self._planner(request, estimator)
+            except EstimateError as err:  # the model or its batch cannot be traced: the message names why
+                raise MisconfigurationException(f"MemoryPlanner: {err}") from err
             if made.world_size != trainer.world_size:
                 rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "
                                f"{trainer.world_size}, so its micro-batch runs on {trainer.world_size} with the "

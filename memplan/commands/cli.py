@@ -35,6 +35,8 @@ def _add_estimate(sub) -> None:
                         "such as 24GiB (default: this machine's GPU)")
     p.add_argument("--ddp", type=arg.positive_int("--ddp", "world size"), default=None, metavar="WORLD_SIZE",
                    help="estimate a DDP rank of this world size")
+    p.add_argument("--loop", choices=("lightning", "torch"), default="lightning", help="step order: 'lightning' "
+                   "(zero_grad after the forward) or 'torch' (forward, backward, step, zero_grad)")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes as ints)")
     p.set_defaults(run=cmd_estimate)
 
@@ -78,7 +80,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if (args.config is None) == (args.demo is None):
         return _usage_error("pass a config file or --demo NAME (one of them)")
     options = dict(checkpointing=args.checkpointing, device=args.device,
-                   strategy="ddp" if args.ddp else None, world_size=args.ddp or 1)
+                   strategy="ddp" if args.ddp else None, world_size=args.ddp or 1, loop=args.loop)
     try:
         est = _estimate_config(args, options) if args.config else _estimate_demo(args, options)
     except ValueError as err:  # EstimateError and ConfigError are ValueErrors naming the field

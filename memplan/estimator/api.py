@@ -13,14 +13,19 @@ from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.utils._python_dispatch import _disable_current_modes
 
-from memplan.estimator.checkpointing import apply_checkpointing
+from memplan.estimator.checkpointing import apply_checkpointing, saved_rng_states
+from memplan.estimator.composite import RealCompositePaths
 from memplan.estimator.ddp import ddp_bucket_bytes
+from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake import fake_model, new_fake_mode
+from memplan.estimator.fake_copy import metric_states
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator import manual
-from memplan.estimator.step import LossFn, PrecisionPolicy, iter_tensors, map_tensors, run_training_step
+from memplan.estimator.step import (
+    LossFn, Loop, PrecisionPolicy, check_loop, iter_tensors, map_tensors, run_training_step,
+)
 from memplan.estimator.target import GENERIC_CUDA, Target, resolve_target
 from memplan.estimator.tracker import Category, Phase, StorageTracker
 
@@ -41,6 +46,7 @@ def estimate(
     device: str | None = None,
     strategy: str | None = None,
     world_size: int = 1,
+    loop: Loop = "lightning",
 ) -> MemoryEstimate:
     """Peak memory of one steady-state training step, traced on fake tensors (no weight allocated).
 
@@ -54,14 +60,17 @@ def estimate(
     device: "cpu", a GPU model name ("A100-80GB"), a memplan.hardware GpuModel (custom_gpu("24GiB")),
         or None for the local GPU.
     strategy, world_size: None, or "ddp" with the number of ranks (memory is per rank).
+    loop: "lightning" (zero_grad after the forward, as Lightning runs it) or "torch" (a plain loop:
+        forward + loss, backward, step, zero_grad(set_to_none=True)).
     """
     policy = PrecisionPolicy.from_string(precision)
     _check_strategy(strategy, world_size)
+    check_loop(loop)
     target = resolve_target(device)
     _check_precision_on_target(policy, target)
 
     started = time.perf_counter()
-    trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy)
+    trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, loop)
     with warnings.catch_warnings(), _quiet_fake_tensor_log():
         warnings.filterwarnings("ignore", message=".*self.log.*")
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
@@ -104,8 +113,9 @@ def _check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
 class _Trace:
     """One estimate's trace: the fake model, the tracker, and the two steps."""
 
-    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy):
+    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy, loop):
         self.target = target
+        self.loop = loop
         self.policy = policy
         self.strategy = strategy
         self.notes: list[str] = []
@@ -123,7 +133,7 @@ class _Trace:
     def run(self) -> None:
         tracker = self.tracker
         try:
-            with self._emulation(), self.fake_mode, tracker:
+            with self._emulation(), self.fake_mode, tracker, self._rng_states(), RealCompositePaths():
                 self._setup()
                 for step in range(TRACED_STEPS):
                     if step == TRACED_STEPS - 1:
@@ -146,13 +156,20 @@ class _Trace:
 
         return emulate_cuda(compute_capability=self.target.compute_capability, autocast_dtype=self.policy.autocast_dtype)
 
+    def _rng_states(self) -> contextlib.AbstractContextManager:
+        """Checkpointing's saved CPU RNG states (memplan's or the model's own checkpointing): in the
+        device's memory only when the device is the CPU."""
+        if self.target.is_cuda:
+            return contextlib.nullcontext()
+        return saved_rng_states(lambda state: self.tracker.track(state, Category.ACTIVATIONS))
+
     def _setup(self) -> None:
         tracker = self.tracker
         for p in self.model.parameters():
             tracker.track(p, Category.PARAMETERS)
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda q: tracker.classify(q.grad, Category.GRADIENTS))
-        for b in self.model.buffers():
+        for b in (*self.model.buffers(), *metric_states(self.model)):
             tracker.track(b, Category.PARAMETERS)
         self.batch = self._prepare_batch(self.batch)
         for t in iter_tensors(self.batch):
@@ -204,20 +221,15 @@ class _Trace:
                 run_training_step(
                     self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer, policy=self.policy,
                     device_type=self.device.type, grad_scale=self.grad_scale,
-                    on_phase=lambda name: self._on_phase(name, saved_hooks),
+                    on_phase=lambda name: self._on_phase(name, saved_hooks), loop=self.loop,
                 )
         except (EstimateError, DataDependentOutputException, DynamicOutputShapeException):
             saved_hooks.close()
             raise
-        except Exception as err:
+        except Exception as err:  # the step is user code: any failure becomes one EstimateError naming its cause
             saved_hooks.close()
-            if self.tracker.phase is Phase.FORWARD:
-                raise EstimateError(
-                    f"batch: the model could not run its training step on this batch ({type(err).__name__}: "
-                    f"{err}). Pass the batch exactly as training_step receives it (same structure, shapes "
-                    "and dtypes), and a loss= that matches it"
-                ) from err
-            raise
+            raise explain_failure(err, model=self.model, batch_tensors=iter_tensors(self.batch),
+                                  phase=self.tracker.phase.value) from err
         optimizers = self.manual.optimizers if self.manual is not None else [self.optimizer]
         state_tensors = [t for o in optimizers for s in o.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         self.tracker.classify_all(state_tensors, Category.OPTIMIZER_STATE)
@@ -251,6 +263,8 @@ class _Trace:
 
             communication = nccl_buffer_bytes(world_size, compute_capability=self.target.compute_capability)
         notes = list(self.notes)
+        if self.loop == "torch":
+            notes.append("plain PyTorch loop order: zero_grad(set_to_none=True) after the optimizer step")
         if self.target.emulates_cuda:
             notes.append("CUDA target traced on CPU fake tensors with CUDA's op semantics emulated")
         if self.target.name == GENERIC_CUDA:
@@ -259,6 +273,9 @@ class _Trace:
             notes.extend(self.overheads.notes)
         if self.checkpointed:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks")
+        if not self.target.is_cuda and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and any(
+                isinstance(m, nn.modules.conv._ConvNd) for m in self.model.modules()):
+            notes.append("CPU convolutions: oneDNN's in-kernel scratch is not counted (2-7 % of a ResNet's peak)")
         return MemoryEstimate(
             parameters=by[Category.PARAMETERS],
             gradients=by[Category.GRADIENTS],

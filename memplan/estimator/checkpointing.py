@@ -5,12 +5,18 @@ class, with at least two of them (transformer layers, ResNet stages' blocks). Ea
 non-reentrant `torch.utils.checkpoint` (what transformers' `gradient_checkpointing_enable` and
 torch's `checkpoint_wrapper` use), so only the block's inputs are kept and its inside is recomputed
 in backward.
+
+Each checkpointed call also keeps a copy of the CPU generator's state (`torch.get_rng_state()`, 5 KiB)
+until its backward, to replay dropout. It is made outside the dispatcher, so no traced op shows it;
+`saved_rng_states` hands each copy to the tracker.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
 
+import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -81,3 +87,21 @@ def apply_checkpointing(model: nn.Module, which: bool | Collection[type[nn.Modul
 
 def _checkpointed_forward(forward, *args, **kwargs):
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+@contextlib.contextmanager
+def saved_rng_states(track: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """While open, every `torch.get_rng_state()` (what torch.utils.checkpoint calls per checkpointed
+    block, with preserve_rng_state=True) passes its tensor to `track`, which follows it until it dies."""
+    original = torch.get_rng_state
+
+    def get_rng_state() -> torch.Tensor:
+        state = original()
+        track(state)
+        return state
+
+    torch.get_rng_state = get_rng_state
+    try:
+        yield
+    finally:
+        torch.get_rng_state = original

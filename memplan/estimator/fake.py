@@ -1,8 +1,6 @@
 """Get a fake-tensor copy of the user's model without allocating a single weight."""
 from __future__ import annotations
 
-import copy
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -11,6 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memplan.estimator.errors import EstimateError
+from memplan.estimator.fake_copy import copy_module_tree
 
 
 def new_fake_mode() -> FakeTensorMode:
@@ -27,8 +26,9 @@ def fake_model(
 ) -> nn.Module:
     """A structural copy of `model` whose parameters and buffers are fake tensors on `device`.
 
-    A real (or meta-device) module is deep-copied with every parameter and buffer pre-mapped to a
-    fresh fake tensor in the copy memo, so no tensor data is copied. A zero-argument callable is
+    A real (or meta-device) module is copied as fake_copy.py describes: its modules copied, its
+    parameters and buffers fresh fakes, every other attribute shared with the original, which is
+    never changed (no tensor data and no user state is copied). A zero-argument callable is
     called under the fake mode, so the model is born fake. '-true' precisions get floating-point
     parameters in `param_dtype`, as Lightning's HalfPrecision converts the module.
     """
@@ -48,8 +48,10 @@ def fake_model(
                 f"model: the callable returned {type(built).__name__}, not an nn.Module; it must build "
                 "and return the model"
             )
-        if param_dtype != torch.float32 or any(p.device != device for p in built.parameters()):
-            built = _fake_copy(built, fake_mode, device, param_dtype)
+        # Always re-made from fresh fakes: a builder that deep-copies layers under the fake mode
+        # (nn.TransformerEncoder's clones) leaves parameters whose views report a storage object of
+        # their own, which the tracker would count again as activations.
+        built = _fake_copy(built, fake_mode, device, param_dtype)
     else:
         raise EstimateError(
             f"model must be an nn.Module or a zero-argument callable that builds one; got {type(model).__name__}"
@@ -58,20 +60,8 @@ def fake_model(
 
 
 def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    memo: dict[int, object] = {}
     with fake_mode:
-        for _, param in model.named_parameters(remove_duplicate=True):
-            if id(param) not in memo:
-                memo[id(param)] = nn.Parameter(_fake_like(param, device, dtype), requires_grad=param.requires_grad)
-        for _, buffer in model.named_buffers(remove_duplicate=True):
-            if id(buffer) not in memo:
-                memo[id(buffer)] = _fake_like(buffer, device, dtype)
-    trainer = getattr(model, "_trainer", None)
-    if trainer is not None:
-        memo[id(trainer)] = None  # a LightningModule in a Trainer: copy the module, not the Trainer
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return copy.deepcopy(model, memo)
+        return copy_module_tree(model, lambda t: _fake_like(t, device, dtype), device=device)
 
 
 def _fake_like(tensor: torch.Tensor, device: torch.device, float_dtype: torch.dtype) -> torch.Tensor:

@@ -33,16 +33,18 @@ def measure_cpu_peak(
     precision: str = "32-true",
     checkpointing: bool | Collection[type[nn.Module]] = False,
     steps: int = 2,
+    loop: str = "lightning",
 ) -> int:
-    """Peak "Total Allocated" bytes over building the model and batch and `steps` real training steps."""
+    """Peak "Total Allocated" bytes over building the model and batch and `steps` real training steps
+    in `loop`'s order ("lightning" or "torch", as in memplan.estimate)."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         _run_steps(build, make_batch, torch.device("cpu"), loss=loss, optimizer=optimizer,
-                   precision=precision, checkpointing=checkpointing, steps=steps)
+                   precision=precision, checkpointing=checkpointing, steps=steps, loop=loop)
     return peak_total_allocated(prof)
 
 
 def _run_steps(build, make_batch, device: torch.device, *, loss, optimizer, precision, checkpointing, steps,
-               before_last: Callable[[], None] | None = None) -> None:
+               before_last: Callable[[], None] | None = None, loop: str = "lightning") -> None:
     """Build the model and batch on `device` and run `steps` real training steps, as the trace does."""
     policy = PrecisionPolicy.from_string(precision)
     model = build().train()
@@ -59,7 +61,7 @@ def _run_steps(build, make_batch, device: torch.device, *, loss, optimizer, prec
         if step == steps - 1 and before_last is not None:
             before_last()
         run_training_step(model, batch, loss_fn=loss_fn, optimizer=opt, policy=policy,
-                          device_type=device.type, grad_scale=grad_scale)
+                          device_type=device.type, grad_scale=grad_scale, loop=loop)
 
 
 def _reset_cuda_peaks() -> None:

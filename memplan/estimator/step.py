@@ -1,21 +1,22 @@
 """One training step, defined once.
 
 The tracer runs it on fake tensors, the benchmarks run it on real ones: both must execute the same
-sequence of ops, or the estimate would be exact for a step nobody runs. The order is Lightning's
-automatic optimization (pytorch_lightning/loops/optimization/automatic.py, `Closure.closure`):
+sequence of ops, or the estimate would be exact for a step nobody runs. Two orders (`loop=`):
 
-    forward + loss (under autocast)  ->  zero_grad(set_to_none=True)  ->  backward  ->  optimizer update
+    "lightning"  forward + loss (under autocast) -> zero_grad(set_to_none=True) -> backward -> optimizer update
+    "torch"      forward + loss (under autocast) -> backward -> optimizer update -> zero_grad(set_to_none=True)
 
-Lightning zeroes gradients *after* the forward, so the previous step's gradients are still alive
-while the next forward builds its activations. A plain-PyTorch loop that zeroes first peaks lower;
-the estimate follows Lightning, which is what memplan's users run.
+"lightning" is Lightning's automatic optimization (pytorch_lightning/loops/optimization/automatic.py,
+`Closure.closure`): it zeroes gradients *after* the forward, so the previous step's gradients are
+still alive while the next forward builds its activations. "torch" is the plain PyTorch loop, whose
+forward runs with no gradients alive, so it peaks lower when the forward's activations dominate.
 """
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -24,6 +25,9 @@ from memplan.batching import iter_tensors, map_tensors  # noqa: F401  (re-export
 from memplan.estimator.errors import EstimateError
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+Loop = Literal["lightning", "torch"]
+LOOPS: tuple[str, ...] = ("lightning", "torch")
 
 _MIXED = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 _TRUE = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
@@ -104,8 +108,9 @@ def run_training_step(
     device_type: str,
     grad_scale: torch.Tensor | None = None,
     on_phase: Callable[[str], None] | None = None,
+    loop: Loop = "lightning",
 ) -> torch.Tensor:
-    """One Lightning automatic-optimization step; returns the detached loss.
+    """One training step in `loop`'s order (see the module's docstring); returns the detached loss.
 
     `grad_scale` is the loss scale for '16-mixed' (a float32 scalar tensor). Lightning's GradScaler
     reads `found_inf.item()`, which a fake tensor cannot answer, so the scaler's tensor work is done
@@ -118,15 +123,24 @@ def run_training_step(
         loss = loss_fn(model, batch)
     check_loss(loss)
     phase("forward_end")
-    optimizer.zero_grad(set_to_none=True)
+    if loop == "lightning":
+        optimizer.zero_grad(set_to_none=True)
     phase("backward")
     (loss * grad_scale if grad_scale is not None else loss).backward()
     phase("optimizer")
     if grad_scale is not None:
         _unscale_grads(optimizer, grad_scale)
     optimizer.step()
+    if loop == "torch":
+        optimizer.zero_grad(set_to_none=True)
     phase("end")
     return loss.detach()
+
+
+def check_loop(loop: Any) -> None:
+    if loop not in LOOPS:
+        raise EstimateError(f"loop must be 'lightning' (Lightning's order: zero_grad after the forward) or 'torch' "
+                            f"(a plain loop: forward, backward, step, zero_grad(set_to_none=True)); got {loop!r}")
 
 
 def check_loss(loss: Any) -> None:

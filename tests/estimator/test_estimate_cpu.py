@@ -175,13 +175,16 @@ def test_lstm_counts_onednn_workspace_that_the_meta_kernel_leaves_empty(batch_fi
 def real_live_peak(model, batch, loss_fn, steps=2):
     """Peak live storage bytes of real steps, counted by the same tracker on real tensors."""
     from memplan.estimator.allocator import ExactAllocatorModel
+    from memplan.estimator.composite import RealCompositePaths
     from memplan.estimator.inputs import resolve_optimizer
     from memplan.estimator.step import PrecisionPolicy, run_training_step
     from memplan.estimator.tracker import Category, StorageTracker
 
     tracker = StorageTracker(ExactAllocatorModel(), None, cpu_kernels=True)
     opt = resolve_optimizer(model, "adamw")
-    with tracker:
+    # under a dispatch mode ATen's composites take their out-of-place paths: RealCompositePaths puts
+    # back the ones a run without a mode takes (memplan.estimator.composite)
+    with tracker, RealCompositePaths():
         for p in model.parameters():
             tracker.track(p, Category.PARAMETERS)
         tracker.track(batch, Category.BATCH)
@@ -192,3 +195,117 @@ def real_live_peak(model, batch, loss_fn, steps=2):
                               policy=PrecisionPolicy.from_string("32-true"), device_type="cpu")
     tracker.stop()
     return tracker.peak.total
+
+
+@pytest.mark.parametrize("loop", ["lightning", "torch"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_both_loop_orders_match_real_cpu_steps(loop, optimizer):
+    est = estimate(mlp, mlp_batch(), loss=ce_loss, optimizer=optimizer, device="cpu", loop=loop)
+    truth = measure_cpu_peak(mlp, mlp_batch, loss=ce_loss, optimizer=optimizer, loop=loop)
+    assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
+    if loop == "torch":
+        assert any("plain PyTorch loop" in note for note in est.notes)
+        if optimizer == "sgd":  # the peak is no longer in a forward holding the last step's gradients
+            lightning = estimate(mlp, mlp_batch(), loss=ce_loss, optimizer=optimizer, device="cpu")
+            assert lightning.peak_phase == "forward" and est.peak_phase == "backward"
+            assert est.peak_allocated < lightning.peak_allocated
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_torch_loop_order_matches_a_real_lightning_module_step(checkpointing, monkeypatch):
+    est = estimate(tiny_gpt, gpt_batch(), checkpointing=checkpointing, device="cpu", loop="torch")
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)  # as in the Lightning-order test above
+    truth = measure_cpu_peak(tiny_gpt, gpt_batch, checkpointing=checkpointing, loop="torch")
+    assert relative_error(est.peak_allocated, truth) < 0.01, (est.peak_allocated, truth)
+
+
+def transformer_encoder() -> nn.Module:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)  # deep-copies `layer` 3 times
+
+
+def transformer() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Transformer(64, 4, 2, 2, 128, dropout=0.0, batch_first=True)
+
+
+@pytest.mark.parametrize("build, loss", [
+    (transformer_encoder, lambda m, b: m(b[0]).square().mean()),
+    (transformer, lambda m, b: m(b[0], b[0]).square().mean()),
+])
+def test_layers_deep_copied_while_a_callable_builds_the_model_are_counted_once(build, loss, monkeypatch):
+    def make_batch():  # made inside the measured run, as the estimate counts it
+        return (torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(0)),)
+
+    by_callable = estimate(build, make_batch(), loss=loss, device="cpu")
+    assert by_callable.peak_allocated == estimate(build(), make_batch(), loss=loss, device="cpu").peak_allocated
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)  # see the Lightning-module test above
+    truth = measure_cpu_peak(build, make_batch, loss=loss)
+    assert relative_error(by_callable.peak_allocated, truth) < 0.001, (by_callable.peak_allocated, truth)
+
+
+class _Deep(nn.Module):
+    """24 small checkpointed blocks: each keeps a 5 KiB copy of the CPU RNG state until its backward."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.Tanh()) for _ in range(24))
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("loop", ["lightning", "torch"])
+def test_checkpointing_counts_the_rng_state_each_block_saves(loop, monkeypatch):
+    def make_batch():  # made inside the measured run, as the estimate counts it
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(16, 32, generator=g), torch.randn(16, 1, generator=g)
+
+    loss = lambda m, b: F.mse_loss(m(b[0]), b[1])  # noqa: E731
+    est = estimate(_Deep, make_batch(), loss=loss, checkpointing=True, optimizer="sgd", device="cpu", loop=loop)
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    truth = measure_cpu_peak(_Deep, make_batch, loss=loss, checkpointing=True, optimizer="sgd", loop=loop)
+    assert relative_error(est.peak_allocated, truth) < 0.001, (est.peak_allocated, truth)
+    assert torch.get_rng_state is torch.random.get_rng_state  # put back after the trace
+
+
+class _RecurrentLM(nn.Module):
+    def __init__(self, cell: str, batch_first: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(1000, 64)
+        self.rnn = getattr(nn, cell)(64, 128, num_layers=2, batch_first=batch_first)
+        self.head = nn.Linear(128, 1000)  # on the RNN's output, which is not contiguous
+
+    def forward(self, tokens):
+        return self.head(self.rnn(self.emb(tokens))[0])
+
+
+@pytest.mark.parametrize("cell, batch_first, precision", [
+    ("GRU", True, "32-true"), ("RNN", True, "32-true"), ("GRU", False, "32-true"), ("GRU", True, "bf16-mixed"),
+])
+def test_a_linear_on_a_non_contiguous_input_adds_its_bias_in_place_as_the_real_kernel(cell, batch_first, precision):
+    def make_batch():
+        return torch.randint(0, 1000, (8, 32), generator=torch.Generator().manual_seed(0))
+
+    def loss(m, tokens):
+        return F.cross_entropy(m(tokens).flatten(0, 1), tokens.flatten())
+
+    build = lambda: _RecurrentLM(cell, batch_first)  # noqa: E731
+    est = estimate(build, make_batch(), loss=loss, device="cpu", precision=precision)
+    truth = measure_cpu_peak(build, make_batch, loss=loss, precision=precision)
+    assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
+
+
+def test_a_cpu_estimate_of_a_convolutional_model_says_onednn_scratch_is_not_counted():
+    from memplan.demos import ImageCNN
+
+    note = "CPU convolutions: oneDNN's in-kernel scratch is not counted"
+    cnn = estimate(ImageCNN, ImageCNN().example_batch(2), device="cpu")
+    assert any(n.startswith(note) for n in cnn.notes) == torch.backends.mkldnn.is_available()
+    assert not any(n.startswith(note) for n in estimate(mlp, mlp_batch(), loss=ce_loss, device="cpu").notes)

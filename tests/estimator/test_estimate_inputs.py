@@ -33,9 +33,70 @@ def test_loss_returning_a_non_scalar_says_to_reduce_it():
 
 def test_batch_the_model_rejects_names_the_batch():
     wrong = (torch.randn(2, 9), torch.randint(0, 4, (2,)))
-    with pytest.raises(EstimateError, match=r"^batch: the model could not run its training step on this batch") as err:
+    with pytest.raises(EstimateError, match=r"^batch: the model could not run aten\.addmm\.default\(float32\[4\], "
+                       r"float32\[2, 9\], float32\[8, 4\]\) in `model\.0` on this batch") as err:
         estimate(build, wrong, loss=loss, device="cpu")
-    assert "shapes" in str(err.value)
+    assert "Pass the batch exactly as training_step receives it" in str(err.value)
+
+
+def test_a_batch_missing_a_key_names_the_batch_and_where():
+    with pytest.raises(EstimateError, match=r"^batch: the training step could not take this batch \(KeyError: 'y' at "
+                       r".*test_estimate_inputs.py:\d+\)"):
+        estimate(build, {"x": torch.randn(2, 8)}, loss=lambda m, b: F.cross_entropy(m(b["x"]), b["y"]), device="cpu")
+
+
+class _Inner(nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.proj, self.op = nn.Linear(8, 8), op
+
+    def forward(self, x):
+        return self.op(self.proj(x))
+
+
+class _Deep(nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8), nn.ModuleDict({"experts": _Inner(op)})])
+
+    def forward(self, x):
+        return self.layers[1]["experts"](self.layers[0](x)).sum()
+
+
+_LIB = torch.library.Library("memplan_inputs_test", "DEF")
+_LIB.define("opaque(Tensor x) -> Tensor")
+_LIB.impl("opaque", lambda x: x.clone(), "CPU")
+
+
+def test_an_op_without_a_fake_kernel_is_named_with_its_module_not_blamed_on_the_batch():
+    model = _Deep(lambda x: torch.ops.memplan_inputs_test.opaque(x))
+    with pytest.raises(EstimateError, match=r"^model: the op memplan_inputs_test\.opaque\.default\(float32\[2, 8\]\) "
+                       r"failed in `model\.layers\.1\.experts` in the forward \(UnsupportedOperatorException: .*"
+                       r"register_fake"):
+        estimate(model, (torch.randn(2, 8),), device="cpu")
+
+
+def test_a_mismatch_inside_the_model_names_the_op_and_module_not_the_batch():
+    model = _Deep(nn.Linear(9, 8))
+    with pytest.raises(EstimateError, match=r"^model: the op aten\.addmm\.default\(float32\[8\], float32\[2, 8\], "
+                       r"float32\[9, 8\]\) failed in `model\.layers\.1\.experts\.op` in the forward \(RuntimeError: "
+                       r".*Check that the model runs this step for real"):
+        estimate(model, (torch.randn(2, 8),), device="cpu")
+
+
+def test_a_failure_in_the_backward_is_one_estimate_error_naming_the_op():
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return torch.ops.memplan_inputs_test.opaque(grad)
+
+    with pytest.raises(EstimateError, match=r"^model: the op memplan_inputs_test\.opaque\.default\(float32\[2, 8\]\) "
+                       r"failed at .*test_estimate_inputs.py:\d+ in the backward"):
+        estimate(_Deep(Twice.apply), (torch.randn(2, 8),), device="cpu")
 
 
 def test_a_failed_trace_leaves_autograd_and_autocast_as_they_were():
@@ -104,3 +165,8 @@ def test_data_dependent_op_on_activations_is_explained():
 
     with pytest.raises(EstimateError, match=r"depends on tensor values"):
         estimate(Masked, BATCH, loss=lambda m, b: m(b[0]), device="cpu")
+
+
+def test_an_unknown_loop_names_both_orders():
+    with pytest.raises(EstimateError, match=r"^loop must be 'lightning' .* or 'torch' .*; got 'pytorch'"):
+        estimate(build, BATCH, loss=loss, device="cpu", loop="pytorch")
