@@ -5,7 +5,9 @@
     chunking.py  micro-batch chunks inside training_step, and OOM retries
     checks.py    what MemoryPlanner refuses, with the fix
     framework.py the two Lightning packages (pytorch_lightning, lightning.pytorch) it works under
-    memory_planner.py  the callback: thin hooks over the above and memplan.monitor
+    adjust.py    every rank's status gathered, and the shared decision to lower or grow
+    runlog.py    the per-rank JSON-lines log (its schema, read back by `memplan report`), logger metrics
+    memory_planner.py  the callback: thin hooks over the above and memplan.hardware.readings
 """
 from memplan.callback.chunking import NothingFitsError
 from memplan.callback.layout import Layout

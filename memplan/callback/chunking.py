@@ -76,7 +76,7 @@ import torch
 
 from memplan.callback.layout import Layout, chunk_bounds, loaded_batch_size
 from memplan.estimator.step import loss_from_output, map_tensors
-from memplan.monitor import smaller_micro_batch
+from memplan.callback.adjust import smaller_micro_batch
 
 _NONE: frozenset[int] = frozenset()
 _NO_OP = contextlib.nullcontext()

@@ -13,7 +13,6 @@ import torch
 from pytorch_lightning.utilities.parsing import lightning_hasattr
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from memplan import monitor
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
     layout_from_plan, load_plan, plan_mismatches, planning_request,
@@ -22,11 +21,12 @@ from memplan.callback.checks import (
     ADJUST_FIX, CHUNKS_FIX, check_arguments, check_can_adjust, check_gradient_hooks, check_guard, restored_layout,
 )
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
-from memplan.callback.collectives import decide_on_rank_zero, gather_objects
+from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuses
+from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
-from memplan.hardware import host_info
-from memplan.monitor import Adjuster, Change, RankLog, RankStatus, gather_rows, gather_statuses, log_metrics, summary_line
+from memplan.callback.runlog import RankLog, log_metrics, summary_line
+from memplan.hardware import host_info, readings
 from memplan.plan import Plan
 from memplan.planner import Estimator, PlanRequest, estimator_for, largest_block_bytes, make_plan
 
@@ -325,12 +325,12 @@ class MemoryPlanner(*CALLBACKS):
 
     def _status(self, trainer: pl.Trainer) -> RankStatus:
         return dataclasses.replace(self._status_without_reading(trainer),
-                                   reading=monitor.read_memory(trainer.strategy.root_device))
+                                   reading=readings.read_memory(trainer.strategy.root_device))
 
     def _status_without_reading(self, trainer: pl.Trainer) -> RankStatus:
         runner, layout = self._runner, self.layout
         return RankStatus(
-            rank=trainer.global_rank, reading=monitor.MemoryReading(),
+            rank=trainer.global_rank, reading=readings.MemoryReading(),
             micro_batch_size=runner.micro_batch_size if runner else layout.micro_batch_size,
             gradient_checkpointing=runner.gradient_checkpointing if runner else layout.gradient_checkpointing,
             oom_retries=runner.oom_retries if runner else 0,
@@ -365,7 +365,7 @@ class MemoryPlanner(*CALLBACKS):
         rank_zero_info(f"MemoryPlanner at step {trainer.global_step}: {change.reason}; now {self.layout.describe()}")
 
     def _record_retry(self, trainer: pl.Trainer, retry: OomRetry) -> None:
-        reading = monitor.read_memory(trainer.strategy.root_device, reset_peak=False)
+        reading = readings.read_memory(trainer.strategy.root_device, reset_peak=False)
         self._log.write("oom_retry", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
                         phase=retry.phase, failed_micro_batch_size=retry.failed_micro_batch_size,
                         micro_batch_size=retry.micro_batch_size, gradient_checkpointing=retry.gradient_checkpointing,
@@ -376,7 +376,7 @@ class MemoryPlanner(*CALLBACKS):
                     " and checkpointing" if retry.gradient_checkpointing else "")
 
     def _out_of_memory(self, trainer: pl.Trainer, message: str, size: int) -> NothingFitsError:
-        reading = monitor.read_memory(trainer.strategy.root_device, reset_peak=False)
+        reading = readings.read_memory(trainer.strategy.root_device, reset_peak=False)
         checkpointing = self._runner is not None and self._runner.gradient_checkpointing
         self._log.write("fatal", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
                         micro_batch_size=size, gradient_checkpointing=checkpointing, error=message,
@@ -395,7 +395,7 @@ class MemoryPlanner(*CALLBACKS):
         teardown would (Lightning skips it after an error)."""
         if self._log is not None and isinstance(exception, torch.OutOfMemoryError) \
                 and not isinstance(exception, NothingFitsError):
-            reading = monitor.read_memory(trainer.strategy.root_device, reset_peak=False)
+            reading = readings.read_memory(trainer.strategy.root_device, reset_peak=False)
             unguarded = self._runner is not None and self._runner.lightning_backward
             where = UNGUARDED if unguarded else OUTSIDE_CHUNKS
             self._log.write("fatal", trainer.global_step, error=str(exception), where=where, **reading.to_dict())

@@ -1,7 +1,7 @@
 """Read MemoryPlanner's per-rank JSON-lines logs back: a plot of memory over steps, a summary of what
 happened and why, and a live per-rank table (`memplan report`, `memplan watch`).
 
-Everything stays in bytes as logged (monitor.RankLog); figures are formatted only when shown.
+Everything stays in bytes as logged (memplan.callback.runlog.RankLog); figures are formatted only when shown.
 """
 from __future__ import annotations
 

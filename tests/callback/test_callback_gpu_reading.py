@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memplan import monitor
+from memplan.hardware import readings
 from memplan.hardware import nvml
 from memplan.units import GiB, MiB
 
@@ -42,13 +42,13 @@ def simulated_gpus(monkeypatch):
         monkeypatch.setattr(torch.cuda, name, lambda device=None, value=value: value)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: resets.append(device))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # cuda:0 is the second GPU
-    monkeypatch.setattr(monitor, "_READERS", {})
+    monkeypatch.setattr(readings, "_READERS", {})
     yield resets
     nvml.set_backend(None)
 
 
 def test_a_gpu_reading_is_this_process_on_its_own_gpu_with_the_peak_headroom(simulated_gpus):
-    reading = monitor.read_memory(torch.device("cuda", 0))
+    reading = readings.read_memory(torch.device("cuda", 0))
     used = 30 * GiB + 10 * GiB + 512 * MiB
     assert reading.process_bytes == 30 * GiB and reading.device_used_bytes == used
     assert reading.device_total_bytes == 80 * GiB
@@ -56,6 +56,6 @@ def test_a_gpu_reading_is_this_process_on_its_own_gpu_with_the_peak_headroom(sim
     # at this interval's peak the process held 6 GiB more than now
     assert reading.headroom_bytes == 80 * GiB - used - 6 * GiB
     assert simulated_gpus == [torch.device("cuda", 0)]  # the next interval's peak starts now
-    monitor.read_memory(torch.device("cuda", 0), reset_peak=False)
+    readings.read_memory(torch.device("cuda", 0), reset_peak=False)
     assert len(simulated_gpus) == 1
     assert "device: 40.50 GiB of 80.00 GiB in use; this process: 30.00 GiB" in reading.describe()

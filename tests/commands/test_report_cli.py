@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from memplan.commands.cli import main
-from memplan.monitor import MemoryReading, RankLog
+from memplan.callback.runlog import RankLog
+from memplan.hardware.readings import MemoryReading
 from memplan.units import GiB, MiB
 
 TOTAL = 16 * GiB
