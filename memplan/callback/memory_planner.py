@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuse
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
-from memplan.callback.runlog import RankLog, log_metrics, summary_line
+from memplan.callback.runlog import RankLog, lightning_writes_row, logger_metrics, new_run_id, summary_line
 from memplan.hardware import host_info, readings
 from memplan.plan import Plan
 from memplan.planner import Estimator, PlanRequest, estimator_for, largest_block_bytes, make_plan
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 RESTORED = "restored from the checkpoint"
 OUTSIDE_CHUNKS = "where MemoryPlanner does not retry (the optimizer step, validation or another hook)"
+DEFAULT_EVERY_N_STEPS = 50
+"""Steps between checks when the Trainer's log_every_n_steps is 0 (Lightning's own default interval)."""
 UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a batch this rank ran unguarded, "
              "the optimizer step, validation or another hook)")
 
@@ -131,6 +134,8 @@ class MemoryPlanner(*CALLBACKS):
         self._log: RankLog | None = None
         self._every = 1
         self._last_step = 0
+        self._record_next = True  # the first step, and the step after a change, are always recorded
+        self._sampled = False
         self._planned_micro_batch_size = 0
         self._first_batch_seen = False
         self._oom_retries_seen = 0
@@ -166,16 +171,16 @@ class MemoryPlanner(*CALLBACKS):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self._maybe_check(trainer)
+        self._maybe_check(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._summarize(trainer)
+        self._finish(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._record_exception(trainer, exception)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._close()
+        self._close("finished")
 
     # --- setup: environment checks -----------------------------------------------------------
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -188,9 +193,28 @@ class MemoryPlanner(*CALLBACKS):
             self._given_plan = load_plan(self._plan_arg)
             self._check_plan(trainer, self._given_plan)
         directory = Path(self._log_dir) if self._log_dir is not None else Path(trainer.log_dir or ".") / "memplan"
-        self._log = RankLog(directory, trainer.global_rank)  # trainer.log_dir above is a collective: every rank
-        self.log_path = self._log.path
-        self._every = self._every_n_steps or trainer.log_every_n_steps
+        self._open_log(trainer, directory)  # trainer.log_dir above is a collective: every rank gets here
+        self._every = self._every_n_steps or trainer.log_every_n_steps or DEFAULT_EVERY_N_STEPS
+        if not (self._every_n_steps or trainer.log_every_n_steps):
+            rank_zero_info(f"MemoryPlanner: Trainer(log_every_n_steps=0): memory is checked every "
+                           f"{DEFAULT_EVERY_N_STEPS} steps (and at the first and last); pass every_n_steps= to choose")
+
+    def _open_log(self, trainer: pl.Trainer, directory: Path) -> None:
+        """This rank's log, under one run id from rank 0. A folder some rank cannot write stops every
+        rank at setup (a shared decision: no rank waits for one that raised)."""
+        run_id = trainer.strategy.broadcast(new_run_id(), src=0)
+        error = None
+        try:
+            self._log = RankLog(directory, trainer.global_rank, run_id)
+        except OSError as err:
+            error = err
+        if trainer.strategy.reduce_boolean_decision(error is None, all=True):
+            self.log_path = self._log.path
+            return
+        self._close("failed: log folder not writable")
+        where = f"{directory} ({error.strerror or error})" if error is not None else f"{directory} on another rank"
+        raise MisconfigurationException(f"MemoryPlanner cannot write its per-rank log in {where}: pass log_dir= a "
+                                        "folder every rank can write, e.g. MemoryPlanner(log_dir='/tmp/memplan')")
 
     def _check_plan(self, trainer: pl.Trainer, plan: Plan) -> None:
         mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
@@ -211,6 +235,7 @@ class MemoryPlanner(*CALLBACKS):
                                             "allow_checkpointing=False forbids; allow it, or plan without it")
         apply_layout(trainer, pl_module, layout, self._batch_arg_name if settable else None)
         self.layout = layout
+        self._last_step = trainer.global_step  # a resumed fit counts from its checkpoint's step
         self._adjuster = Adjuster(margin=self._margin, grow=self._grow, grow_margin=self._grow_margin,
                                   grow_patience=self._grow_patience, can_checkpoint=checkpointable,
                                   planned_micro_batch_size=self._planned_micro_batch_size or layout.micro_batch_size)
@@ -299,15 +324,28 @@ class MemoryPlanner(*CALLBACKS):
         self._log.write("loader", trainer.global_step, layout=self.layout.to_dict())
 
     # --- watch and adjust --------------------------------------------------------------------
-    def _maybe_check(self, trainer: pl.Trainer) -> None:
+    def _maybe_check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A reading every `every` steps, then a shared decision; recorded only: the first step, the
+        step after a change, and each step Lightning writes a logger row (so every row has fresh
+        figures). Every rank takes the same branch: the gather is a collective."""
         step = trainer.global_step
-        if step == self._last_step or step % self._every or self.layout is None:
+        if step == self._last_step or self.layout is None:
             return
-        self._last_step = step
+        due = step % self._every == 0
+        row = bool(trainer.loggers) and lightning_writes_row(trainer)
+        if not (due or row or self._record_next):
+            return
+        self._last_step, self._record_next = step, False
         statuses = gather_statuses(trainer.strategy, self._status(trainer), trainer.world_size)
         self._record_sample(trainer, statuses[trainer.global_rank])
-        log_metrics(trainer.loggers, statuses, self.layout, trainer.global_step)
+        if row:  # into Lightning's own row for this step (its loggers write from rank 0, which has all ranks)
+            predicted = None if self.plan is None else self.plan.predicted_peak_bytes
+            pl_module.log_dict(logger_metrics(statuses, self.layout, predicted), on_step=True, on_epoch=False,
+                               batch_size=1)
         if not self._adjust:
+            return
+        if not due:  # a reading between decisions still tells whether this layout fits
+            self._update_guard(statuses[trainer.global_rank])
             return
         change = self._adjuster.decide(statuses, self.layout.micro_batch_size, self.layout.gradient_checkpointing)
         if change is not None:
@@ -339,8 +377,10 @@ class MemoryPlanner(*CALLBACKS):
 
     def _record_sample(self, trainer: pl.Trainer, status: RankStatus) -> None:
         reading = status.reading
-        if reading.process_bytes is not None:
-            self._peak_process_bytes = max(reading.process_bytes, self._peak_process_bytes or 0)
+        self._sampled = True
+        peak = reading.process_bytes if reading.process_peak_bytes is None else reading.process_peak_bytes
+        if peak is not None:
+            self._peak_process_bytes = max(peak, self._peak_process_bytes or 0)
         if reading.headroom_bytes is not None:
             low = self._min_headroom_bytes
             self._min_headroom_bytes = reading.headroom_bytes if low is None else min(low, reading.headroom_bytes)
@@ -362,10 +402,11 @@ class MemoryPlanner(*CALLBACKS):
         record = self._log.write("change", trainer.global_step, cause=change.cause, ranks=list(change.ranks),
                                  reason=change.reason, before=before.to_dict(), after=self.layout.to_dict())
         self.changes.append(record)
+        self._record_next = True  # the new layout's first step is recorded
         rank_zero_info(f"MemoryPlanner at step {trainer.global_step}: {change.reason}; now {self.layout.describe()}")
 
     def _record_retry(self, trainer: pl.Trainer, retry: OomRetry) -> None:
-        reading = readings.read_memory(trainer.strategy.root_device, reset_peak=False)
+        reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
         self._log.write("oom_retry", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
                         phase=retry.phase, failed_micro_batch_size=retry.failed_micro_batch_size,
                         micro_batch_size=retry.micro_batch_size, gradient_checkpointing=retry.gradient_checkpointing,
@@ -376,7 +417,7 @@ class MemoryPlanner(*CALLBACKS):
                     " and checkpointing" if retry.gradient_checkpointing else "")
 
     def _out_of_memory(self, trainer: pl.Trainer, message: str, size: int) -> NothingFitsError:
-        reading = readings.read_memory(trainer.strategy.root_device, reset_peak=False)
+        reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
         checkpointing = self._runner is not None and self._runner.gradient_checkpointing
         self._log.write("fatal", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
                         micro_batch_size=size, gradient_checkpointing=checkpointing, error=message,
@@ -395,7 +436,7 @@ class MemoryPlanner(*CALLBACKS):
         teardown would (Lightning skips it after an error)."""
         if self._log is not None and isinstance(exception, torch.OutOfMemoryError) \
                 and not isinstance(exception, NothingFitsError):
-            reading = readings.read_memory(trainer.strategy.root_device, reset_peak=False)
+            reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
             unguarded = self._runner is not None and self._runner.lightning_backward
             where = UNGUARDED if unguarded else OUTSIDE_CHUNKS
             self._log.write("fatal", trainer.global_step, error=str(exception), where=where, **reading.to_dict())
@@ -403,9 +444,19 @@ class MemoryPlanner(*CALLBACKS):
                       trainer.global_step, where, reading.describe(),
                       " If its batches vary in size, MemoryPlanner(guard='always') retries every backward."
                       if unguarded else "")
-        self._close()
+        self._close(f"failed: {type(exception).__name__}: {str(exception)[:200]}")
 
     # --- end of fit --------------------------------------------------------------------------
+    def _finish(self, trainer: pl.Trainer) -> None:
+        """The last step's reading, when no check took it (every rank: a collective), then the summary."""
+        if self.layout is None:
+            return
+        if trainer.global_step != self._last_step or not self._sampled:
+            self._last_step = trainer.global_step
+            statuses = gather_statuses(trainer.strategy, self._status(trainer), trainer.world_size)
+            self._record_sample(trainer, statuses[trainer.global_rank])
+        self._summarize(trainer)
+
     def _summarize(self, trainer: pl.Trainer) -> None:
         """Every rank's peak, least headroom and how it ran at the end, gathered, printed on rank 0."""
         if self.layout is None:
@@ -413,26 +464,30 @@ class MemoryPlanner(*CALLBACKS):
         status = self._status_without_reading(trainer)
         mine = [-1 if self._peak_process_bytes is None else self._peak_process_bytes,
                 -1 if self._min_headroom_bytes is None else self._min_headroom_bytes,
-                status.micro_batch_size, status.gradient_checkpointing, status.oom_retries]
+                status.micro_batch_size, status.gradient_checkpointing, status.oom_retries, self._log.dropped]
         rows = gather_rows(trainer.strategy, [float(v) for v in mine], trainer.world_size)
         self._log.write("summary", trainer.global_step, peak_process_bytes=self._peak_process_bytes,
                         min_headroom_bytes=self._min_headroom_bytes, oom_retries=status.oom_retries,
-                        layout=self.layout.to_dict())
+                        dropped_lines=self._log.dropped, layout=self.layout.to_dict())
         lines = []
-        for rank, (peak, low, micro, checkpointing, ooms) in enumerate(rows):
+        for rank, (peak, low, micro, checkpointing, ooms, dropped) in enumerate(rows):
             runs = self.layout.with_micro_batch(int(micro), bool(checkpointing))
             lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low),
                                       runs.micro_batch_size, runs.micro_batches_per_step, runs.gradient_checkpointing,
-                                      int(ooms)))
+                                      int(ooms), int(dropped)))
         rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines))
 
-    def _close(self) -> None:
+    def _close(self, status: str) -> None:
         if self._runner is not None:
             self._runner.remove()
             self._runner = None
         if self._log is not None:
-            self._log.close()
-            self._log = None
+            rank_log, self._log = self._log, None
+            rank_log.write("end", self._last_step, status=status, dropped_lines=rank_log.dropped)
+            rank_log.close()
+            if rank_log.dropped:
+                warnings.warn(f"MemoryPlanner: rank {rank_log.rank} could not write {rank_log.dropped} of "
+                              f"{rank_log.dropped + rank_log.written} lines of its log {rank_log.path}", stacklevel=2)
 
     def _state_dict(self) -> dict[str, Any]:
         if self.layout is None:

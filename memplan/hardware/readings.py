@@ -3,6 +3,10 @@
 A reading comes from the rank's own device: on a GPU, NVML (this process's bytes, the device's used
 and total) and torch's caching allocator (allocated, reserved, peak reserved since the last reading);
 on CPU, psutil (this process's RSS, the host's RAM and what is still available).
+
+The user's CUDA statistics are left alone: memplan never calls torch.cuda.reset_peak_memory_stats, so
+`max_memory_allocated()` and DeviceStatsMonitor's peaks keep their meaning. The interval's peak is
+derived from torch's running peak instead (see `interval_peak_bytes`).
 """
 from __future__ import annotations
 
@@ -32,10 +36,22 @@ class MemoryReading:
     reserved_bytes: int | None = None
     """Bytes the caching allocator holds (None on CPU)."""
     peak_bytes: int | None = None
-    """Peak reserved since the previous reading on a GPU; peak RSS of the process on CPU."""
+    """Peak reserved since the previous reading on a GPU (see `interval_peak_bytes`); peak RSS of the
+    process since it started on CPU."""
     headroom_bytes: int | None = None
     """What the device could still give at this interval's peak: total - used - (peak - reserved)
     on a GPU; the host's available RAM (within the container's limit) on CPU."""
+
+    @property
+    def process_peak_bytes(self) -> int | None:
+        """This process's peak on its device in the interval, the figure a plan's predicted peak
+        compares with: on a GPU, NVML's figure plus what torch held above now at its peak; on CPU the
+        peak RSS."""
+        if self.reserved_bytes is None:
+            return self.peak_bytes
+        if self.process_bytes is None or self.peak_bytes is None:
+            return None
+        return self.process_bytes + max(0, self.peak_bytes - self.reserved_bytes)
 
     def to_dict(self) -> dict[str, int | None]:
         """The fields, bytes as ints (for the JSON-lines log)."""
@@ -57,13 +73,13 @@ class MemoryReading:
 READING_FIELDS = tuple(f.name for f in fields(MemoryReading))
 
 
-def read_memory(device: torch.device, *, reset_peak: bool = True) -> MemoryReading:
-    """A reading of `device` (this rank's root device) now. On a GPU, `reset_peak` starts the next
-    interval's peak (torch.cuda.reset_peak_memory_stats)."""
+def read_memory(device: torch.device, *, new_interval: bool = True) -> MemoryReading:
+    """A reading of `device` (this rank's root device) now. `new_interval`: the next reading's peak
+    counts from this one (False for a reading in between, such as at an OOM)."""
     reader = _READERS.get(device)
     if reader is None:
         reader = _READERS[device] = _CudaReader(device) if device.type == "cuda" else _HostReader()
-    return reader.read(reset_peak)
+    return reader.read(new_interval)
 
 
 class _CudaReader:
@@ -74,14 +90,18 @@ class _CudaReader:
         self.device = device
         self.gpu = gpu_for_cuda_index(device.index if device.index is not None else torch.cuda.current_device())
         self.pid = os.getpid()
+        self.previous: tuple[int, int] | None = None
+        """torch's running peak and the reserved bytes at the previous reading."""
 
-    def read(self, reset_peak: bool) -> MemoryReading:
+    def read(self, new_interval: bool) -> MemoryReading:
         device = self.device
-        reserved = int(torch.cuda.memory_reserved(device))
-        peak = int(torch.cuda.max_memory_reserved(device))
-        allocated = int(torch.cuda.memory_allocated(device))
-        if reset_peak:
-            torch.cuda.reset_peak_memory_stats(device)
+        stats = torch.cuda.memory_stats(device)  # one call: the counters below, never reset
+        reserved = int(stats.get("reserved_bytes.all.current", 0))
+        running_peak = int(stats.get("reserved_bytes.all.peak", 0))
+        allocated = int(stats.get("allocated_bytes.all.current", 0))
+        peak = interval_peak_bytes(running_peak, reserved, self.previous)
+        if new_interval:
+            self.previous = (running_peak, reserved)
         handle = NA if self.gpu is None else nvml_query("nvmlDeviceGetHandleByUUID", self.gpu.uuid)
         memory = NA if handle is NA else nvml_query("nvmlDeviceGetMemoryInfo", handle)
         if memory is not NA:
@@ -97,6 +117,24 @@ class _CudaReader:
         )
 
 
+def interval_peak_bytes(running_peak: int, reserved: int, previous: tuple[int, int] | None) -> int:
+    """Peak reserved bytes since the previous reading, from torch's running peak (never reset).
+
+    When the running peak moved since the previous reading (it rose, or the user reset it), the new
+    value was reached in this interval: it is the interval's peak (or the reserved bytes at the
+    interval's start, if higher). When it did not move, the interval stayed at or below it, and the
+    figure is the reserved bytes at either end of the interval: exact while the caching allocator
+    only grows (it gives memory back only on empty_cache() or after a failed allocation), a lower
+    bound after such a release. The first reading's interval is the whole run so far.
+    """
+    if previous is None:
+        return max(running_peak, reserved)
+    previous_peak, previous_reserved = previous
+    if running_peak != previous_peak:
+        return max(running_peak, previous_reserved, reserved)
+    return max(previous_reserved, reserved)
+
+
 class _HostReader:
     """psutil: this process's RSS and the host's available RAM; a container's limit, read once, and
     its usage at every reading where there is one."""
@@ -105,7 +143,7 @@ class _HostReader:
         self.process = psutil.Process()
         self.limited = host_info().cgroup_limit_bytes is not None
 
-    def read(self, reset_peak: bool) -> MemoryReading:
+    def read(self, new_interval: bool) -> MemoryReading:
         if self.limited:
             host = host_info()
             total = min(host.total_bytes, host.cgroup_limit_bytes or host.total_bytes)

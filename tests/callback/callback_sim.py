@@ -249,7 +249,7 @@ def simulated_free(fraction: float | None):
     """SIMULATED readings for readings.read_memory: `fraction` of a 16 GiB device free at every check
     (None: a device whose free memory cannot be read)."""
 
-    def read(device: torch.device, *, reset_peak: bool = True) -> readings.MemoryReading:
+    def read(device: torch.device, *, new_interval: bool = True) -> readings.MemoryReading:
         total = 16 * GiB
         if fraction is None:
             return readings.MemoryReading(process_bytes=2 * GiB, device_total_bytes=total)

@@ -89,8 +89,8 @@ def simulated_readings(tight_checks: int):
     """SIMULATED rank-1 readings: 1% of a 16 GiB device free for `tight_checks` checks, then 60%."""
     calls = {"n": 0}
 
-    def read(device: torch.device, *, reset_peak: bool = True) -> readings.MemoryReading:
-        if reset_peak:
+    def read(device: torch.device, *, new_interval: bool = True) -> readings.MemoryReading:
+        if new_interval:
             calls["n"] += 1
         free = 0.01 if calls["n"] <= tight_checks else 0.60
         total = 16 * GiB
@@ -162,6 +162,7 @@ def main(scenario: str, out: Path) -> None:
     planner = [] if scenario == "buckets_plain" else [MemoryPlanner(None if scenario == "oom" else plan, **options)]
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=RecordingLogger(out),
+        log_every_n_steps=1 if scenario == "adjust" else 50,
         callbacks=[*planner, *extra], enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=out,
     )

@@ -203,7 +203,8 @@ def test_a_backward_oom_after_the_first_reading_is_retried_while_the_rank_is_gua
     if not retried:
         with pytest.raises(torch.OutOfMemoryError, match="SIMULATED out of memory in backward"):
             trainer.fit(module)
-        fatal = read_jsonl(planner.log_path)[-1]
+        fatal, end = read_jsonl(planner.log_path)[-2:]
+        assert end["event"] == "end" and end["status"].startswith("failed: OutOfMemoryError")
         assert fatal["event"] == "fatal" and fatal["step"] == 2 and "ran unguarded" in fatal["where"]
         assert "guard='always'" in caplog.text
         return
@@ -223,8 +224,8 @@ def test_a_forward_oom_while_unguarded_is_retried_freed_and_guards_the_rank_agai
     assert retries(events) == [(2, "forward", 8, 4)]
     # the failed forward's tensors were freed before the retry ran (not kept by its traceback)
     assert budget.freed_before_retry == [True]
-    # steps 0-1 guarded (no reading yet), step 2 unguarded until its forward failed, then guarded
-    assert [(e["step"], e["guarded"]) for e in events if e["event"] == "sample"] == [(2, True), (4, True)]
+    # step 0 guarded (no reading yet), unguarded from the first step's reading until step 2's forward failed
+    assert [(e["step"], e["guarded"]) for e in events if e["event"] == "sample"] == [(1, True), (2, False), (4, True)]
     assert_trained_like_full_batches(module, 8, steps=4, forwarded_twice=True)
 
 
