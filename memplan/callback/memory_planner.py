@@ -51,9 +51,11 @@ class MemoryPlanner(*CALLBACKS):
     The batch size goes where Lightning users keep it (the ``batch_size`` attribute of the model, its
     hparams or the datamodule), the accumulation to ``trainer.accumulate_grad_batches``.
 
-    Watch: every ``every_n_steps`` optimizer steps each rank reads its own device (NVML and torch on a
-    GPU, psutil on CPU), writes ``<log_dir>/rank<R>.jsonl``, and the readings of all ranks, gathered,
-    go to the Trainer's loggers as ``memplan/rank<R>/...``.
+    Watch: every ``every_n_steps`` optimizer steps, and always at the first step, the step after a
+    change and the last step, each rank reads its own device (NVML and torch on a GPU, psutil on CPU)
+    and writes ``<log_dir>/rank<R>.jsonl`` (:mod:`memplan.callback.runlog`; a write that fails is
+    counted, never raised); the readings of all ranks, gathered, go into the Trainer logger's own rows
+    as ``memplan/rank<R>/<name>_gib``. torch's peak statistics are never reset.
 
     Adjust: when any rank's headroom falls under ``margin``, or a rank ran out of memory, all ranks
     agree (one all-gather) to halve the micro-batch (at 1: turn checkpointing on) while the loaded
@@ -68,7 +70,7 @@ class MemoryPlanner(*CALLBACKS):
         global_batch_size: samples per optimizer step to keep when planning now. Default: the
             loader's batch x ranks x ``accumulate_grad_batches``.
         every_n_steps: optimizer steps between readings and shared decisions. Default: the
-            Trainer's ``log_every_n_steps``.
+            Trainer's ``log_every_n_steps`` (50 where that is 0).
         margin: fraction of each device's memory to keep free; a rank under it lowers all ranks.
         adjust: adjust during training and retry OOMs; False only applies and watches.
         grow: grow back toward the planned micro-batch when headroom has lasted.

@@ -60,6 +60,7 @@ def test_both_ranks_lower_together_when_one_rank_is_short_and_grow_back(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
     assert changes(logs[0]) == changes(logs[1])
+    assert len({e["run"] for log in logs for e in log}) == 1  # one run id, from rank 0, on every record
     assert [(c["step"], c["cause"], c["ranks"], c["after"]["micro_batch_size"]) for c in changes(logs[0])] == [
         (1, "headroom", [1], 4), (2, "headroom", [1], 2), (4, "grow", [0, 1], 4), (6, "grow", [0, 1], 8)]
     assert {c["after"]["global_batch_size"] for c in changes(logs[0])} == {16}

@@ -8,6 +8,7 @@ import logging
 import os
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from callback_sim import Regression, make_plan, read_jsonl
@@ -132,6 +133,26 @@ def test_an_unwritable_log_dir_is_one_error_naming_the_path_and_log_dir(make_tra
     with pytest.raises(MisconfigurationException, match="log_dir=") as err:
         make_trainer([planner], max_steps=2).fit(Regression())
     assert str(blocker / "memplan") in str(err.value)
+
+
+class _Strategy:
+    """Just the two collectives MemoryPlanner's setup makes: rank 0's run id, and whether every rank's
+    folder is writable (here: another rank's is not)."""
+
+    def broadcast(self, obj, src=0):
+        return obj
+
+    def reduce_boolean_decision(self, decision, all=True):
+        return False
+
+
+def test_a_folder_another_rank_cannot_write_stops_this_rank_too(tmp_path):
+    planner = MemoryPlanner(make_plan(4, 1))
+    trainer = SimpleNamespace(strategy=_Strategy(), global_rank=1)
+    with pytest.raises(MisconfigurationException, match="on another rank: pass log_dir="):
+        planner._open_log(trainer, tmp_path / "memplan")
+    records, _ = runlog.parse_lines((tmp_path / "memplan" / "rank1.jsonl").read_bytes())
+    assert [(r["event"], r["status"]) for r in records] == [("end", "failed: log folder not writable")]
 
 
 # --- Lightning's logger --------------------------------------------------------------------------

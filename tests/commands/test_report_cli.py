@@ -114,6 +114,13 @@ def test_bad_lines_are_skipped_and_counted_by_reason(tmp_path, capsys):
     assert code == 0 and "skipped 4 bad lines" in " ".join(out.split())
 
 
+def test_a_folder_of_nothing_readable_exits_2_saying_what_was_skipped(tmp_path, capsys):
+    (tmp_path / "rank0.jsonl").write_bytes(b"\xff\xfe\n[1]\n")
+    code, out, err = run(capsys, "report", tmp_path)
+    assert code == 2 and out == ""
+    assert "no readable MemoryPlanner record" in err and "rank0.jsonl: 1 not UTF-8, 1 not a JSON object" in err
+
+
 def test_a_missing_rank_is_named(tmp_path, capsys):
     write_run(tmp_path / "memplan", ranks=(0,))  # its layout says 2 ranks; rank 1 wrote nothing
     code, out, _ = run(capsys, "report", tmp_path)
