@@ -213,15 +213,17 @@ def logger_metrics(statuses: Sequence[RankStatus], layout: Any, predicted_peak_b
 
 
 def lightning_writes_row(trainer: Any) -> bool:
-    """Whether Lightning writes its own logger row for the batch now ending (log_every_n_steps, or
-    the run stopping). `_LoggerConnector.should_update_logs`: Lightning 2.0-2.6 (both packages);
-    without it, every log_every_n_steps-th optimizer step."""
-    connector = getattr(trainer, "_logger_connector", None)
-    decision = getattr(connector, "should_update_logs", None)
-    if isinstance(decision, bool):
-        return decision
+    """Whether Lightning writes its own logger row at the end of this training batch: its
+    `_LoggerConnector.should_update_logs` for the fit loop (Lightning 2.0-2.6, both packages), which
+    counts `fit_loop.epoch_loop._batches_that_stepped` (+1: it is raised after the batch-end hooks);
+    read here without the property's loop lookup, paid every step. Without that counter: the optimizer
+    step count."""
     every = trainer.log_every_n_steps
-    return bool(every) and trainer.global_step % every == 0
+    if not every:
+        return False
+    stepped = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)
+    count = trainer.global_step if stepped is None else stepped + 1
+    return count % every == 0 or bool(trainer.should_stop)
 
 
 # --- summary -----------------------------------------------------------------------------------

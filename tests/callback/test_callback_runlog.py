@@ -167,3 +167,22 @@ def test_a_csv_logger_gets_one_full_row_per_step(make_trainer, tmp_path):
         assert row["train_loss"] and row["memplan/rank0/process_gib"] and row["memplan/predicted_peak_gib"]
         assert all(value != "" for value in row.values())  # no half-empty row
         assert 0 < float(row["memplan/rank0/process_gib"]) < 1024
+
+
+def test_the_row_decision_matches_lightnings_own(make_trainer, tmp_path):
+    from pytorch_lightning.callbacks import Callback
+
+    class Compare(Callback):
+        def __init__(self) -> None:
+            self.pairs, self.last = [], 0
+
+        def on_train_batch_end(self, trainer, *args) -> None:
+            if trainer.global_step != self.last:  # a batch that stepped: where MemoryPlanner asks
+                self.last = trainer.global_step
+                self.pairs.append((runlog.lightning_writes_row(trainer), trainer._logger_connector.should_update_logs))
+
+    compare = Compare()
+    make_trainer([compare], max_steps=9, log_every_n_steps=3, accumulate_grad_batches=2,
+                 logger=CSVLogger(tmp_path, name="csv")).fit(Regression())
+    assert len(compare.pairs) == 9 and [ours for ours, _ in compare.pairs].count(True) == 3
+    assert all(ours == theirs for ours, theirs in compare.pairs)
