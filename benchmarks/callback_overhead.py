@@ -111,11 +111,8 @@ class OwnTime:
             return
         started = time.perf_counter()
         fn = getattr(self._target, hook_name)
-        module = trainer.lightning_module
-        previous, module._current_fx_name = module._current_fx_name, hook_name  # as Lightning's dispatch does
         with trainer.profiler.profile(f"[Callback]{self._target.state_key}.{hook_name}"):
-            fn(trainer, module, *args, **kwargs)
-        module._current_fx_name = previous
+            fn(trainer, trainer.lightning_module, *args, **kwargs)
         if self._clock.timing:
             self.seconds += time.perf_counter() - started
         if hook_name == "on_fit_start" and isinstance(self._target, MemoryPlanner):

@@ -26,7 +26,9 @@ from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuse
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
-from memplan.callback.runlog import RankLog, lightning_writes_row, logger_metrics, new_run_id, summary_line
+from memplan.callback.runlog import (
+    LoggerRows, RankLog, lightning_step, lightning_writes_row, logger_metrics, new_run_id, summary_line,
+)
 from memplan.hardware import host_info, readings
 from memplan.plan import Plan
 from memplan.planner import Estimator, PlanRequest, estimator_for, largest_block_bytes, make_plan
@@ -134,6 +136,7 @@ class MemoryPlanner(*CALLBACKS):
         self._runner: MicroBatchRunner | None = None
         self._adjuster: Adjuster | None = None
         self._log: RankLog | None = None
+        self._rows = LoggerRows()
         self._every = 1
         self._last_step = 0
         self._record_next = True  # the first step, and the step after a change, are always recorded
@@ -173,7 +176,7 @@ class MemoryPlanner(*CALLBACKS):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self._maybe_check(trainer, pl_module)
+        self._maybe_check(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish(trainer)
@@ -212,6 +215,7 @@ class MemoryPlanner(*CALLBACKS):
             error = err
         if trainer.strategy.reduce_boolean_decision(error is None, all=True):
             self.log_path = self._log.path
+            self._rows.install(trainer.loggers)
             return
         self._close("failed: log folder not writable")
         where = f"{directory} ({error.strerror or error})" if error is not None else f"{directory} on another rank"
@@ -326,7 +330,7 @@ class MemoryPlanner(*CALLBACKS):
         self._log.write("loader", trainer.global_step, layout=self.layout.to_dict())
 
     # --- watch and adjust --------------------------------------------------------------------
-    def _maybe_check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _maybe_check(self, trainer: pl.Trainer) -> None:
         """A reading every `every` steps, then a shared decision; recorded only: the first step, the
         step after a change, and each step Lightning writes a logger row (so every row has fresh
         figures). Every rank takes the same branch: the gather is a collective."""
@@ -342,8 +346,7 @@ class MemoryPlanner(*CALLBACKS):
         self._record_sample(trainer, statuses[trainer.global_rank])
         if row:  # into Lightning's own row for this step (its loggers write from rank 0, which has all ranks)
             predicted = None if self.plan is None else self.plan.predicted_peak_bytes
-            pl_module.log_dict(logger_metrics(statuses, self.layout, predicted), on_step=True, on_epoch=False,
-                               batch_size=1)
+            self._rows.add(logger_metrics(statuses, self.layout, predicted), lightning_step(trainer), trainer.loggers)
         if not self._adjust:
             return
         if not due:  # a reading between decisions still tells whether this layout fits
@@ -480,6 +483,7 @@ class MemoryPlanner(*CALLBACKS):
         rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines))
 
     def _close(self, status: str) -> None:
+        self._rows.remove()
         if self._runner is not None:
             self._runner.remove()
             self._runner = None

@@ -12,7 +12,7 @@ file (a resume into the same log_dir); the run id tells them apart. A line is wr
 `write(2)` on a file opened O_APPEND, so a reader never sees two records in one line; a write that
 fails half-way is taken back, and a failed write is counted, never raised: logging does not end a run.
 
-This module imports neither torch nor Lightning: `memplan report` reads logs without them.
+This module itself imports neither torch nor Lightning: `memplan report` reads logs without them.
 """
 from __future__ import annotations
 
@@ -212,6 +212,66 @@ def logger_metrics(statuses: Sequence[RankStatus], layout: Any, predicted_peak_b
     return metrics
 
 
+class LoggerRows:
+    """memplan's metrics inside the row Lightning writes for the same step, one row per step.
+
+    Lightning writes a step's row with one `log_metrics(metrics, step)` call per logger, after the
+    batch-end hooks. `add` keeps memplan's metrics for that step; each logger's `log_metrics`, wrapped
+    by `install` (an attribute on the logger object, removed by `remove`), adds them to the first call
+    for that step. This costs a dict merge, where `LightningModule.log` costs ~100 us a metric. A
+    logger whose attribute cannot be set gets memplan's metrics in a call of their own.
+    """
+
+    def __init__(self) -> None:
+        self._pending: tuple[int, dict[str, float], set[int]] | None = None
+        self._wrapped: list[tuple[Any, Any]] = []
+
+    def install(self, loggers: Sequence[Any]) -> None:
+        for logger in loggers:
+            own = vars(logger).get("log_metrics") if hasattr(logger, "__dict__") else None
+            original = logger.log_metrics
+
+            def log_metrics(metrics: dict[str, float], step: int | None = None, *, _logger=logger,
+                            _original=original) -> Any:
+                return _original(self._with_pending(_logger, metrics, step), step)
+
+            try:
+                logger.log_metrics = log_metrics
+            except AttributeError:  # __slots__ or a read-only attribute: add() calls it directly
+                continue
+            self._wrapped.append((logger, own))
+
+    def add(self, metrics: dict[str, float], step: int, loggers: Sequence[Any]) -> None:
+        """memplan's metrics for the row Lightning writes at `step` (its step index)."""
+        self._pending = (step, metrics, set())
+        wrapped = {id(logger) for logger, _ in self._wrapped}
+        for logger in loggers:
+            if id(logger) not in wrapped:
+                logger.log_metrics(metrics, step=step)
+
+    def _with_pending(self, logger: Any, metrics: dict[str, float], step: int | None) -> dict[str, float]:
+        pending = self._pending
+        if pending is None or pending[0] != step or id(logger) in pending[2]:
+            return metrics
+        pending[2].add(id(logger))
+        return {**metrics, **pending[1]}
+
+    def remove(self) -> None:
+        for logger, own in self._wrapped:
+            if own is None:
+                del logger.log_metrics
+            else:
+                logger.log_metrics = own
+        self._wrapped, self._pending = [], None
+
+
+def lightning_step(trainer: Any) -> int:
+    """The step index Lightning gives the row of the training batch now ending (its loggers' x axis):
+    `fit_loop.epoch_loop._batches_that_stepped` (Lightning 2.0-2.6), raised after the batch-end hooks."""
+    stepped = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)
+    return trainer.global_step - 1 if stepped is None else stepped
+
+
 def lightning_writes_row(trainer: Any) -> bool:
     """Whether Lightning writes its own logger row at the end of this training batch: its
     `_LoggerConnector.should_update_logs` for the fit loop (Lightning 2.0-2.6, both packages), which
@@ -221,9 +281,7 @@ def lightning_writes_row(trainer: Any) -> bool:
     every = trainer.log_every_n_steps
     if not every:
         return False
-    stepped = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)
-    count = trainer.global_step if stepped is None else stepped + 1
-    return count % every == 0 or bool(trainer.should_stop)
+    return (lightning_step(trainer) + 1) % every == 0 or bool(trainer.should_stop)
 
 
 # --- summary -----------------------------------------------------------------------------------

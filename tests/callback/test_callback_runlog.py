@@ -186,3 +186,38 @@ def test_the_row_decision_matches_lightnings_own(make_trainer, tmp_path):
                  logger=CSVLogger(tmp_path, name="csv")).fit(Regression())
     assert len(compare.pairs) == 9 and [ours for ours, _ in compare.pairs].count(True) == 3
     assert all(ours == theirs for ours, theirs in compare.pairs)
+
+
+class _Slotted:
+    """A logger whose methods cannot be wrapped (no instance __dict__)."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append((step, dict(metrics)))
+
+
+class _Plain:
+    """A logger as most are: its method can be wrapped on the object."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append((step, dict(metrics)))
+
+
+def test_logger_rows_merge_once_into_the_rows_step_and_unwrap():
+    plain, slotted, rows = _Plain(), _Slotted(), runlog.LoggerRows()
+    rows.install([plain, slotted])
+    rows.add({"memplan/x_gib": 1.0}, step=4, loggers=[plain, slotted])
+    assert slotted.calls == [(4, {"memplan/x_gib": 1.0})]  # cannot be wrapped: a call of its own
+    plain.log_metrics(metrics={"loss": 0.5}, step=4)  # Lightning's row for step 4
+    plain.log_metrics({"val_loss": 0.4}, step=4)  # a second row at that index gets nothing more
+    plain.log_metrics({"loss": 0.3}, step=5)
+    assert plain.calls == [(4, {"loss": 0.5, "memplan/x_gib": 1.0}), (4, {"val_loss": 0.4}), (5, {"loss": 0.3})]
+    rows.remove()
+    assert "log_metrics" not in vars(plain)
