@@ -7,10 +7,18 @@
     rewrites.py  the user's settings MemoryPlanner changes, said out loud (or refused under strict=True)
     checks.py    what MemoryPlanner refuses, with the fix
     framework.py the two Lightning packages (pytorch_lightning, lightning.pytorch) it works under
-    memory_planner.py  the callback: thin hooks over the above and memplan.monitor
+    adjust.py    every rank's status gathered, and the shared decision to lower or grow
+    runlog.py    the per-rank JSON-lines log (its schema, read back by `memplan report`), logger metrics
+    memory_planner.py  the callback: thin hooks over the above and memplan.hardware.readings
 """
-from memplan.callback.chunking import NothingFitsError
-from memplan.callback.layout import Layout
-from memplan.callback.memory_planner import MemoryPlanner
+import importlib
 
 __all__ = ["Layout", "MemoryPlanner", "NothingFitsError"]
+_HOMES = {"Layout": "memplan.callback.layout", "MemoryPlanner": "memplan.callback.memory_planner",
+          "NothingFitsError": "memplan.callback.chunking"}
+
+
+def __getattr__(name: str):  # Lightning is imported when these are asked for, not by `memplan report` (PEP 562)
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'memplan.callback' has no attribute {name!r}")

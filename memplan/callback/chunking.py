@@ -79,12 +79,12 @@ from typing import Any
 import torch
 
 from memplan import compat
+from memplan.callback.adjust import smaller_micro_batch
 from memplan.batching import batch_size_of, split_batch
 from memplan.callback.layout import Layout, chunk_bounds
 from memplan.callback.logged import merge_logged
 from memplan.compat import tensor_version
 from memplan.estimator.step import loss_from_output
-from memplan.monitor import smaller_micro_batch
 
 _NONE: frozenset[int] = frozenset()
 _NO_OP = contextlib.nullcontext()

@@ -1,8 +1,8 @@
 """The two collectives of fit start: every rank's object to every rank, and one decision made on
-rank 0 for all. (The per-check gather of readings is memplan.monitor.gather_statuses.)"""
+rank 0 for all. (The per-check gather of readings is memplan.callback.adjust.gather_statuses, over gather_rows.)"""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytorch_lightning as pl
@@ -34,3 +34,9 @@ def decide_on_rank_zero(trainer: pl.Trainer, decide: Callable[[], Any]) -> Any:
     if failure is not None:
         raise RuntimeError(f"MemoryPlanner: planning on rank 0 failed: {failure}")
     return result
+
+
+def gather_rows(strategy: Any, row: Sequence[float], world_size: int) -> list[list[float]]:
+    """Each rank's row of numbers, in rank order, on every rank (one all-gather, one device sync)."""
+    tensor = torch.tensor(list(row), dtype=torch.float64, device=strategy.root_device)
+    return strategy.all_gather(tensor).reshape(world_size, -1).tolist()

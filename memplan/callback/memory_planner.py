@@ -14,7 +14,7 @@ import torch
 from pytorch_lightning.utilities.parsing import lightning_hasattr
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from memplan import batching, compat, monitor
+from memplan import batching, compat
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
     layout_from_plan, load_plan, plan_device_mismatch, plan_mismatches, plan_model_mismatch, planning_request,
@@ -24,15 +24,18 @@ from memplan.callback.checks import (
     restored_layout, split_caveats,
 )
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
-from memplan.callback.collectives import decide_on_rank_zero, gather_objects
+from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuses
+from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
 from memplan.callback.layout import Layout
 from memplan.callback.rewrites import (
     Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
 )
+from memplan.callback.runlog import (
+    LoggerRows, RankLog, lightning_step, lightning_writes_row, logger_metrics, new_run_id, summary_line,
+)
 from memplan.estimator.errors import EstimateError
-from memplan.hardware import host_info
-from memplan.monitor import Adjuster, Change, RankLog, RankStatus, gather_rows, gather_statuses, log_metrics, summary_line
+from memplan.hardware import host_info, readings
 from memplan.plan import Plan
 from memplan.planner import Estimator, PlanRequest, estimator_for, largest_block_bytes, make_plan
 
@@ -45,6 +48,8 @@ MANUAL_OPTIMIZATION = (
     "training_step runs its own backwards and optimizer steps, so a batch cannot be split into micro-batch chunks "
     "nor an OOM retried on part of it. It applies the plan (the batch size, checkpointing; no accumulation, which "
     "Lightning does not do under manual optimization) and watches memory. Pass adjust=False to say so")
+DEFAULT_EVERY_N_STEPS = 50
+"""Steps between checks when the Trainer's log_every_n_steps is 0 (Lightning's own default interval)."""
 UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a batch this rank ran unguarded, "
              "the optimizer step, validation or another hook)")
 
@@ -59,9 +64,11 @@ class MemoryPlanner(*CALLBACKS):
     The batch size goes where Lightning users keep it (the ``batch_size`` attribute of the model, its
     hparams or the datamodule), the accumulation to ``trainer.accumulate_grad_batches``.
 
-    Watch: every ``every_n_steps`` optimizer steps each rank reads its own device (NVML and torch on a
-    GPU, psutil on CPU), writes ``<log_dir>/rank<R>.jsonl``, and the readings of all ranks, gathered,
-    go to the Trainer's loggers as ``memplan/rank<R>/...``.
+    Watch: every ``every_n_steps`` optimizer steps, and always at the first step, the step after a
+    change and the last step, each rank reads its own device (NVML and torch on a GPU, psutil on CPU)
+    and writes ``<log_dir>/rank<R>.jsonl`` (:mod:`memplan.callback.runlog`; a write that fails is
+    counted, never raised); the readings of all ranks, gathered, go into the Trainer logger's own rows
+    as ``memplan/rank<R>/<name>_gib``. torch's peak statistics are never reset.
 
     Adjust: when any rank's headroom falls under ``margin``, or a rank ran out of memory, all ranks
     agree (one all-gather) to halve the micro-batch (at 1: turn checkpointing on) while the loaded
@@ -76,7 +83,7 @@ class MemoryPlanner(*CALLBACKS):
         global_batch_size: samples per optimizer step to keep when planning now. Default: the
             loader's batch x ranks x ``accumulate_grad_batches``.
         every_n_steps: optimizer steps between readings and shared decisions. Default: the
-            Trainer's ``log_every_n_steps``.
+            Trainer's ``log_every_n_steps`` (50 where that is 0).
         margin: fraction of each device's memory to keep free; a rank under it lowers all ranks.
         adjust: adjust during training and retry OOMs; False only applies and watches.
         grow: grow back toward the planned micro-batch when headroom has lasted.
@@ -158,8 +165,11 @@ class MemoryPlanner(*CALLBACKS):
         self._runner: MicroBatchRunner | None = None
         self._adjuster: Adjuster | None = None
         self._log: RankLog | None = None
+        self._rows = LoggerRows()
         self._every = 1
         self._last_step = 0
+        self._record_next = True  # the first step, and the step after a change, are always recorded
+        self._sampled = False
         self._planned_micro_batch_size = 0
         self._first_batch_seen = False
         self._oom_retries_seen = 0
@@ -212,13 +222,13 @@ class MemoryPlanner(*CALLBACKS):
         self._maybe_check(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._summarize(trainer)
+        self._finish(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._record_exception(trainer, exception)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._close()
+        self._close("finished")
 
     # --- setup: environment checks -----------------------------------------------------------
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -239,9 +249,29 @@ class MemoryPlanner(*CALLBACKS):
                 raise MisconfigurationException(f"MemoryPlanner(plan={str(self._plan_arg)!r}): {wrong_model}")
             self._check_plan(trainer, self._given_plan)
         directory = Path(self._log_dir) if self._log_dir is not None else Path(trainer.log_dir or ".") / "memplan"
-        self._log = RankLog(directory, trainer.global_rank)  # trainer.log_dir above is a collective: every rank
-        self.log_path = self._log.path
-        self._every = self._every_n_steps or trainer.log_every_n_steps
+        self._open_log(trainer, directory)  # trainer.log_dir above is a collective: every rank gets here
+        self._every = self._every_n_steps or trainer.log_every_n_steps or DEFAULT_EVERY_N_STEPS
+        if not (self._every_n_steps or trainer.log_every_n_steps):
+            rank_zero_info(f"MemoryPlanner: Trainer(log_every_n_steps=0): memory is checked every "
+                           f"{DEFAULT_EVERY_N_STEPS} steps (and at the first and last); pass every_n_steps= to choose")
+
+    def _open_log(self, trainer: pl.Trainer, directory: Path) -> None:
+        """This rank's log, under one run id from rank 0. A folder some rank cannot write stops every
+        rank at setup (a shared decision: no rank waits for one that raised)."""
+        run_id = trainer.strategy.broadcast(new_run_id(), src=0)
+        error = None
+        try:
+            self._log = RankLog(directory, trainer.global_rank, run_id)
+        except OSError as err:
+            error = err
+        if trainer.strategy.reduce_boolean_decision(error is None, all=True):
+            self.log_path = self._log.path
+            self._rows.install(trainer.loggers)
+            return
+        self._close("failed: log folder not writable")
+        where = f"{directory} ({error.strerror or error})" if error is not None else f"{directory} on another rank"
+        raise MisconfigurationException(f"MemoryPlanner cannot write its per-rank log in {where}: pass log_dir= a "
+                                        "folder every rank can write, e.g. MemoryPlanner(log_dir='/tmp/memplan')")
 
     def _check_plan(self, trainer: pl.Trainer, plan: Plan) -> None:
         mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
@@ -271,6 +301,7 @@ class MemoryPlanner(*CALLBACKS):
         announce(self.rewrites, strict=self._strict)
         apply_layout(trainer, pl_module, layout, self._batch_arg_name if settable else None)
         self.layout = layout
+        self._last_step = trainer.global_step  # a resumed fit counts from its checkpoint's step
         self._adjuster = Adjuster(margin=self._margin, grow=self._grow, grow_margin=self._grow_margin,
                                   grow_patience=self._grow_patience, can_checkpoint=checkpointable,
                                   planned_micro_batch_size=self._planned_micro_batch_size or layout.micro_batch_size)
@@ -406,14 +437,26 @@ class MemoryPlanner(*CALLBACKS):
 
     # --- watch and adjust --------------------------------------------------------------------
     def _maybe_check(self, trainer: pl.Trainer) -> None:
+        """A reading every `every` steps, then a shared decision; recorded only: the first step, the
+        step after a change, and each step Lightning writes a logger row (so every row has fresh
+        figures). Every rank takes the same branch: the gather is a collective."""
         step = trainer.global_step
-        if step == self._last_step or step % self._every or self.layout is None:
+        if step == self._last_step or self.layout is None:
             return
-        self._last_step = step
+        due = step % self._every == 0
+        row = bool(trainer.loggers) and lightning_writes_row(trainer)
+        if not (due or row or self._record_next):
+            return
+        self._last_step, self._record_next = step, False
         statuses = gather_statuses(trainer.strategy, self._status(trainer), trainer.world_size)
         self._record_sample(trainer, statuses[trainer.global_rank])
-        log_metrics(trainer.loggers, statuses, self.layout, trainer.global_step)
+        if row:  # into Lightning's own row for this step (its loggers write from rank 0, which has all ranks)
+            predicted = None if self.plan is None else self.plan.predicted_peak_bytes
+            self._rows.add(logger_metrics(statuses, self.layout, predicted), lightning_step(trainer), trainer.loggers)
         if not self._adjust:
+            return
+        if not due:  # a reading between decisions still tells whether this layout fits
+            self._update_guard(statuses[trainer.global_rank])
             return
         change = self._adjuster.decide(statuses, self.layout.micro_batch_size, self.layout.gradient_checkpointing)
         if change is not None:
@@ -431,12 +474,12 @@ class MemoryPlanner(*CALLBACKS):
 
     def _status(self, trainer: pl.Trainer) -> RankStatus:
         return dataclasses.replace(self._status_without_reading(trainer),
-                                   reading=monitor.read_memory(trainer.strategy.root_device))
+                                   reading=readings.read_memory(trainer.strategy.root_device))
 
     def _status_without_reading(self, trainer: pl.Trainer) -> RankStatus:
         runner, layout = self._runner, self.layout
         return RankStatus(
-            rank=trainer.global_rank, reading=monitor.MemoryReading(),
+            rank=trainer.global_rank, reading=readings.MemoryReading(),
             micro_batch_size=runner.micro_batch_size if runner else layout.micro_batch_size,
             gradient_checkpointing=runner.gradient_checkpointing if runner else layout.gradient_checkpointing,
             oom_retries=runner.oom_retries if runner else 0,
@@ -445,8 +488,10 @@ class MemoryPlanner(*CALLBACKS):
 
     def _record_sample(self, trainer: pl.Trainer, status: RankStatus) -> None:
         reading = status.reading
-        if reading.process_bytes is not None:
-            self._peak_process_bytes = max(reading.process_bytes, self._peak_process_bytes or 0)
+        self._sampled = True
+        peak = reading.process_bytes if reading.process_peak_bytes is None else reading.process_peak_bytes
+        if peak is not None:
+            self._peak_process_bytes = max(peak, self._peak_process_bytes or 0)
         if reading.headroom_bytes is not None:
             low = self._min_headroom_bytes
             self._min_headroom_bytes = reading.headroom_bytes if low is None else min(low, reading.headroom_bytes)
@@ -471,10 +516,11 @@ class MemoryPlanner(*CALLBACKS):
         if self.layout.gradient_checkpointing and not before.gradient_checkpointing:
             self.rewrites.append(checkpointing_rewrite(trainer.global_step, change.reason))
             rank_zero_warn(f"MemoryPlanner changes {self.rewrites[-1].describe()}")
+        self._record_next = True  # the new layout's first step is recorded
         rank_zero_info(f"MemoryPlanner at step {trainer.global_step}: {change.reason}; now {self.layout.describe()}")
 
     def _record_retry(self, trainer: pl.Trainer, retry: OomRetry) -> None:
-        reading = monitor.read_memory(trainer.strategy.root_device, reset_peak=False)
+        reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
         self._log.write("oom_retry", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
                         phase=retry.phase, failed_micro_batch_size=retry.failed_micro_batch_size,
                         micro_batch_size=retry.micro_batch_size, gradient_checkpointing=retry.gradient_checkpointing,
@@ -485,7 +531,7 @@ class MemoryPlanner(*CALLBACKS):
                     " and checkpointing" if retry.gradient_checkpointing else "")
 
     def _out_of_memory(self, trainer: pl.Trainer, message: str, size: int) -> NothingFitsError:
-        reading = monitor.read_memory(trainer.strategy.root_device, reset_peak=False)
+        reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
         checkpointing = self._runner is not None and self._runner.gradient_checkpointing
         self._log.write("fatal", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
                         micro_batch_size=size, gradient_checkpointing=checkpointing, error=message,
@@ -504,7 +550,7 @@ class MemoryPlanner(*CALLBACKS):
         teardown would (Lightning skips it after an error)."""
         if self._log is not None and isinstance(exception, torch.OutOfMemoryError) \
                 and not isinstance(exception, NothingFitsError):
-            reading = monitor.read_memory(trainer.strategy.root_device, reset_peak=False)
+            reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
             unguarded = self._runner is not None and self._runner.lightning_backward
             where = UNGUARDED if unguarded else OUTSIDE_CHUNKS
             self._log.write("fatal", trainer.global_step, error=str(exception), where=where, **reading.to_dict())
@@ -512,9 +558,19 @@ class MemoryPlanner(*CALLBACKS):
                       trainer.global_step, where, reading.describe(),
                       " If its batches vary in size, MemoryPlanner(guard='always') retries every backward."
                       if unguarded else "")
-        self._close()
+        self._close(f"failed: {type(exception).__name__}: {str(exception)[:200]}")
 
     # --- end of fit --------------------------------------------------------------------------
+    def _finish(self, trainer: pl.Trainer) -> None:
+        """The last step's reading, when no check took it (every rank: a collective), then the summary."""
+        if self.layout is None:
+            return
+        if trainer.global_step != self._last_step or not self._sampled:
+            self._last_step = trainer.global_step
+            statuses = gather_statuses(trainer.strategy, self._status(trainer), trainer.world_size)
+            self._record_sample(trainer, statuses[trainer.global_rank])
+        self._summarize(trainer)
+
     def _summarize(self, trainer: pl.Trainer) -> None:
         """Every rank's peak, least headroom and how it ran at the end, gathered, printed on rank 0."""
         if self.layout is None:
@@ -522,26 +578,31 @@ class MemoryPlanner(*CALLBACKS):
         status = self._status_without_reading(trainer)
         mine = [-1 if self._peak_process_bytes is None else self._peak_process_bytes,
                 -1 if self._min_headroom_bytes is None else self._min_headroom_bytes,
-                status.micro_batch_size, status.gradient_checkpointing, status.oom_retries]
+                status.micro_batch_size, status.gradient_checkpointing, status.oom_retries, self._log.dropped]
         rows = gather_rows(trainer.strategy, [float(v) for v in mine], trainer.world_size)
         self._log.write("summary", trainer.global_step, peak_process_bytes=self._peak_process_bytes,
                         min_headroom_bytes=self._min_headroom_bytes, oom_retries=status.oom_retries,
-                        layout=self.layout.to_dict())
+                        dropped_lines=self._log.dropped, layout=self.layout.to_dict())
         lines = []
-        for rank, (peak, low, micro, checkpointing, ooms) in enumerate(rows):
+        for rank, (peak, low, micro, checkpointing, ooms, dropped) in enumerate(rows):
             runs = self.layout.with_micro_batch(int(micro), bool(checkpointing))
             lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low),
                                       runs.micro_batch_size, runs.micro_batches_per_step, runs.gradient_checkpointing,
-                                      int(ooms)))
+                                      int(ooms), int(dropped)))
         rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines + summary_lines(self.rewrites, self._mismatches)))
 
-    def _close(self) -> None:
+    def _close(self, status: str) -> None:
+        self._rows.remove()
         if self._runner is not None:
             self._runner.remove()
             self._runner = None
         if self._log is not None:
-            self._log.close()
-            self._log = None
+            rank_log, self._log = self._log, None
+            rank_log.write("end", self._last_step, status=status, dropped_lines=rank_log.dropped)
+            rank_log.close()
+            if rank_log.dropped:
+                warnings.warn(f"MemoryPlanner: rank {rank_log.rank} could not write {rank_log.dropped} of "
+                              f"{rank_log.dropped + rank_log.written} lines of its log {rank_log.path}", stacklevel=2)
 
     def _state_dict(self) -> dict[str, Any]:
         if self.layout is None:

@@ -125,35 +125,56 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="plot and summarise a run's MemoryPlanner logs (memory per rank, changes, OOMs)")
-    p.add_argument("log_dir", help="the run's log directory, or its memplan/ folder holding rank<R>.jsonl")
-    p.add_argument("--output", default=None, help="PNG to write (default: LOG_DIR/memplan_report.png)")
+    p.add_argument("log_dir", help="the run's log directory (lightning_logs/, a version_N folder, or its memplan/ "
+                   "folder holding rank<R>.jsonl)")
+    p.add_argument("--output", default=None, help="PNG to write (default: LOG_DIR/memplan_report.png, else "
+                   "./memplan_report.png when LOG_DIR is read-only)")
+    _add_run_choice(p)
     p.set_defaults(run=cmd_report)
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _add_run_choice(p) -> None:
+    p.add_argument("--version", type=int, default=None, metavar="N",
+                   help="read lightning_logs/version_N (default: the folder written last)")
+    p.add_argument("--run", dest="run_id", default=None, metavar="ID",
+                   help="the run whose id starts with ID, where runs shared a log folder (default: the newest)")
 
+
+def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from memplan.commands.report import NoRankLogs, load_logs, plot, summary_renderables
+    from memplan.commands.report import output_path, plot, summary_renderables
+    from memplan.commands.run_logs import NoRankLogs, load_run
 
     try:
-        histories = load_logs(args.log_dir)
+        logs = load_run(args.log_dir, version=args.version, run=args.run_id)
     except NoRankLogs as err:
         return _usage_error(str(err))
+    try:  # before anything prints: a read-only folder is one clear line, not a crash after the summary
+        path, note = output_path(args.output, args.log_dir)
+    except OSError as err:
+        return _usage_error(str(err))
     console = Console()
-    for renderable in summary_renderables(histories):
+    for renderable in summary_renderables(logs):
         console.print(renderable)
-    path = plot(histories, args.output or Path(args.log_dir) / "memplan_report.png")
+    if note:
+        print(f"memplan: {note}", file=sys.stderr)
+    try:
+        plot(logs.histories, path)
+    except OSError as err:
+        print(f"memplan: could not write {path}: {err.strerror or err}; pass --output PATH", file=sys.stderr)
+        return EXIT_ERROR
     print(f"wrote {path}")
     return EXIT_OK
 
 
 def _add_watch(sub) -> None:
     p = sub.add_parser("watch", help="each rank's latest memory reading, refreshed (like gpustat -i)")
-    p.add_argument("log_dir", help="the run's log directory, or its memplan/ folder holding rank<R>.jsonl")
+    p.add_argument("log_dir", help="the run's log directory (lightning_logs/, a version_N folder, or its memplan/ "
+                   "folder); waits for logs to appear")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     p.add_argument("--once", action="store_true", help="print the table once and exit")
+    _add_run_choice(p)
     p.set_defaults(run=cmd_watch)
 
 
@@ -162,23 +183,37 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     from rich.console import Console
     from rich.live import Live
+    from rich.markup import escape
 
-    from memplan.commands.report import NoRankLogs, load_logs, watch_table
+    from memplan.commands.report import watch_view
+    from memplan.commands.run_logs import NoRankLogs, load_run
 
-    if args.interval <= 0:
+    if not args.interval > 0:
         return _usage_error(f"--interval must be a positive number of seconds; got {args.interval}")
+
+    def view():
+        try:
+            return watch_view(load_run(args.log_dir, version=args.version, run=args.run_id))
+        except NoRankLogs as err:  # not yet: a run started with the watch has not written its logs
+            if args.once or args.version is not None or args.run_id is not None:
+                raise
+            return f"waiting for MemoryPlanner logs ({escape(str(err))}); Ctrl-C to stop"
+
     try:
-        table = watch_table(load_logs(args.log_dir))
+        first = view()
     except NoRankLogs as err:
         return _usage_error(str(err))
     if args.once:
-        Console().print(table)
+        Console().print(first)
         return EXIT_OK
     try:
-        with Live(table, refresh_per_second=4) as live:
+        with Live(first, refresh_per_second=4) as live:
             while True:
                 time.sleep(args.interval)
-                live.update(watch_table(load_logs(args.log_dir)))
+                try:
+                    live.update(view())
+                except NoRankLogs as err:  # a --version / --run that went away: say so, keep watching
+                    live.update(f"memplan: {escape(str(err))}")
     except KeyboardInterrupt:
         return EXIT_OK
 

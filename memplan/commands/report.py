@@ -1,115 +1,17 @@
-"""Read MemoryPlanner's per-rank JSON-lines logs back: a plot of memory over steps, a summary of what
-happened and why, and a live per-rank table (`memplan report`, `memplan watch`).
-
-Everything stays in bytes as logged (monitor.RankLog); figures are formatted only when shown.
+"""Render one run of MemoryPlanner's per-rank logs (loaded by memplan.commands.run_logs): a plot of
+memory over steps, a summary of what happened and why, and a live per-rank table (`memplan report`,
+`memplan watch`). Figures stay in bytes as logged; they are formatted only when shown.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+import os
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+from memplan.commands.run_logs import RankHistory, RunLogs, age, describe_skipped
 from memplan.units import GiB, format_bytes
-
-LOG_GLOB = "rank*.jsonl"
-
-
-class NoRankLogs(ValueError):
-    """The directory holds no MemoryPlanner rank logs."""
-
-
-@dataclass(kw_only=True)
-class RankHistory:
-    """One rank's log, split by event."""
-
-    rank: int
-    """Global rank."""
-    path: Path
-    """Its rank<R>.jsonl."""
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    """`sample` events: readings in bytes and how the rank ran at that step."""
-    changes: list[dict[str, Any]] = field(default_factory=list)
-    """`change` events: shared micro-batch / checkpointing decisions with cause and reason."""
-    oom_retries: list[dict[str, Any]] = field(default_factory=list)
-    """`oom_retry` events."""
-    fatals: list[dict[str, Any]] = field(default_factory=list)
-    """`fatal` events."""
-    applies: list[dict[str, Any]] = field(default_factory=list)
-    """`apply` events (layout and plan), one per fit or resume."""
-    summaries: list[dict[str, Any]] = field(default_factory=list)
-    """`summary` events at the end of each fit."""
-
-    @property
-    def device_total_bytes(self) -> int | None:
-        totals = [s["device_total_bytes"] for s in self.samples if s.get("device_total_bytes")]
-        return max(totals) if totals else None
-
-    @property
-    def budget_bytes(self) -> int | None:
-        """The plan's per-device budget (free memory less the planning margin), where a plan was applied."""
-        budgets = [a["plan"]["device_budget_bytes"] for a in self.applies
-                   if a.get("plan") and a["plan"].get("device_budget_bytes")]
-        return budgets[-1] if budgets else None
-
-    @property
-    def peak_process_bytes(self) -> int | None:
-        values = [s["process_bytes"] for s in self.samples if s.get("process_bytes") is not None]
-        values += [e["peak_process_bytes"] for e in self.summaries if e.get("peak_process_bytes") is not None]
-        return max(values) if values else None
-
-    @property
-    def min_headroom_bytes(self) -> int | None:
-        values = [s["headroom_bytes"] for s in self.samples if s.get("headroom_bytes") is not None]
-        values += [e["min_headroom_bytes"] for e in self.summaries if e.get("min_headroom_bytes") is not None]
-        return min(values) if values else None
-
-
-_KINDS = {"sample": "samples", "change": "changes", "oom_retry": "oom_retries", "fatal": "fatals",
-          "apply": "applies", "summary": "summaries"}
-
-
-def find_rank_logs(directory: str | Path) -> list[Path]:
-    """The rank<R>.jsonl files for `directory`: the memplan/ folder itself, or the newest such folder
-    below it (e.g. lightning_logs/version_0). Raises NoRankLogs when there are none."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise NoRankLogs(f"{root} is not a directory")
-    here = sorted(root.glob(LOG_GLOB))
-    if here:
-        return _by_rank(here)
-    folders = {p.parent for p in root.rglob(LOG_GLOB)}
-    if not folders:
-        raise NoRankLogs(f"no MemoryPlanner rank logs ({LOG_GLOB}) in {root} or below it; point at the run's "
-                         "log directory (the one holding memplan/)")
-    newest = max(folders, key=lambda d: max(p.stat().st_mtime for p in d.glob(LOG_GLOB)))
-    return _by_rank(list(newest.glob(LOG_GLOB)))
-
-
-def _by_rank(paths: list[Path]) -> list[Path]:
-    ranked = [p for p in paths if p.stem[4:].isdigit()]
-    if not ranked:
-        raise NoRankLogs(f"no rank<R>.jsonl files among {', '.join(p.name for p in paths)}")
-    return sorted(ranked, key=lambda p: int(p.stem[4:]))
-
-
-def load_rank_log(path: Path) -> RankHistory:
-    """A rank's events. A line cut short (the rank is still writing it) is skipped."""
-    history = RankHistory(rank=int(path.stem[4:]), path=path)
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            kind = _KINDS.get(record.get("event"))
-            if kind is not None:
-                getattr(history, kind).append(record)
-    return history
-
-
-def load_logs(directory: str | Path) -> list[RankHistory]:
-    return [load_rank_log(p) for p in find_rank_logs(directory)]
 
 
 def shared_changes(histories: list[RankHistory]) -> list[dict[str, Any]]:
@@ -135,11 +37,45 @@ def change_label(change: dict[str, Any]) -> str:
     return " ".join(parts) or str(change.get("cause", "change"))
 
 
+# --- what was read ------------------------------------------------------------------------------
+
+def context_lines(logs: RunLogs) -> list[str]:
+    """Which run and folder are shown, what else is there, and what could not be read (plain text)."""
+    run = logs.run
+    ranks = len(logs.histories)
+    lines = [f"run {run.run} in {logs.folder}: {ranks} rank{'s' if ranks != 1 else ''}, up to step {run.last_step}, "
+             f"{logs.ended or 'still running (or stopped without closing its logs)'}"]
+    if len(logs.versions) > 1:
+        names = [_short(v) for v in logs.versions]
+        lines.append(f"versions: {', '.join(names)}; shown: {_short(logs.folder)} (pick one with --version N)")
+    if logs.other_runs:
+        others = ", ".join(f"{r.run} (up to step {r.last_step})" for r in logs.other_runs)
+        lines.append(f"other runs in this folder: {others}; shown: the newest (pick one with --run ID)")
+    if logs.missing_ranks:
+        lines.append(f"missing ranks: {', '.join(map(str, logs.missing_ranks))} of {logs.world_size or '?'} "
+                     "(no log lines of this run)")
+    skipped = describe_skipped(logs)
+    if skipped:
+        lines.append(skipped)
+    lines += [f"could not read {name}: {why}" for name, why in sorted(logs.unreadable.items())]
+    return lines
+
+
+def _short(folder: Path) -> str:
+    """A version folder by its version_N name where it has one."""
+    named = next((p.name for p in (folder, *folder.parents) if p.name.startswith("version_")), None)
+    return named or str(folder)
+
+
 # --- summary -----------------------------------------------------------------------------------
 
-def summary_renderables(histories: list[RankHistory]) -> list[Any]:
-    """A per-rank table, then the changes, OOM retries and fatal errors in words (rich renderables)."""
+def summary_renderables(logs: RunLogs) -> list[Any]:
+    """What was read, a per-rank table, then the changes, OOM retries and fatal errors in words (rich
+    renderables; text from the logs is escaped, never read as markup)."""
+    from rich.markup import escape
     from rich.table import Table
+
+    histories = logs.histories
 
     table = Table(title="memplan: per-rank memory", title_justify="left")
     for column in ("rank", "peak (process)", "least headroom", "device total", "samples", "OOM retries", "fatal"):
@@ -147,18 +83,19 @@ def summary_renderables(histories: list[RankHistory]) -> list[Any]:
     for h in histories:
         table.add_row(str(h.rank), _fmt(h.peak_process_bytes), _fmt(h.min_headroom_bytes), _fmt(h.device_total_bytes),
                       str(len(h.samples)), str(len(h.oom_retries)), str(len(h.fatals)) if h.fatals else "-")
-    out: list[Any] = [table]
+    out: list[Any] = [escape(line) for line in context_lines(logs)] + [table]
     changes = shared_changes(histories)
     out.append(f"changes: {len(changes)}" if changes else "changes: none")
-    out += [f"  step {c['step']}: {change_label(c)} ({c.get('cause')}): {c.get('reason', '')}" for c in changes]
+    out += [escape(f"  step {c['step']}: {change_label(c)} ({c.get('cause')}): {c.get('reason', '')}") for c in changes]
     retries = [(h.rank, e) for h in histories for e in h.oom_retries]
     out.append(f"OOM retries: {len(retries)}" if retries else "OOM retries: none")
-    out += [f"  rank {r} step {e['step']} ({e.get('phase')}): micro-batch {e.get('failed_micro_batch_size')} ran out "
-            f"of memory, retried with {e.get('micro_batch_size')}"
-            f"{' and checkpointing' if e.get('gradient_checkpointing') else ''}" for r, e in retries]
+    out += [escape(f"  rank {r} step {e['step']} ({e.get('phase')}): micro-batch {e.get('failed_micro_batch_size')} "
+                   f"ran out of memory, retried with {e.get('micro_batch_size')}"
+                   f"{' and checkpointing' if e.get('gradient_checkpointing') else ''}") for r, e in retries]
     fatals = [(h.rank, e) for h in histories for e in h.fatals]
-    out += [f"[bold red]fatal[/]: rank {r} step {e['step']}: {e.get('error', '')}"
-            f"{' (' + e['where'] + ')' if e.get('where') else ''}" for r, e in fatals]
+    out += ["[bold red]fatal[/]: " + escape(f"rank {r} step {e['step']}: {e.get('error', '')}"
+                                            f"{' (' + str(e['where']) + ')' if e.get('where') else ''}")
+            for r, e in fatals]
     return out
 
 
@@ -211,10 +148,53 @@ def plot(histories: list[RankHistory], output: str | Path) -> Path:
     ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     fig.tight_layout()
     path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                fig.savefig(f, format="png")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)  # never a half-written PNG under the name asked for
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    finally:
+        plt.close(fig)
     return path
+
+
+def output_path(output: str | None, log_dir: str | Path) -> tuple[Path, str | None]:
+    """Where the PNG goes, checked before anything is drawn: `--output` (its folder made), else
+    LOG_DIR/memplan_report.png, else ./memplan_report.png when LOG_DIR cannot be written. Returns the
+    path and a note when it is not where asked; raises OSError naming `--output` when nowhere works."""
+    if output is not None:
+        path = Path(output)
+        if path.is_dir():
+            raise IsADirectoryError(f"--output {output} is a folder; name the PNG file, e.g. {path / 'report.png'}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _check_writable(path.parent)
+        except OSError as err:
+            raise OSError(f"cannot write --output {output} ({err.strerror or err}); pass --output a path in a "
+                          "folder you can write") from None
+        return path, None
+    default = Path(log_dir) / "memplan_report.png"
+    try:
+        _check_writable(default.parent)
+        return default, None
+    except OSError as err:
+        fallback = Path.cwd() / "memplan_report.png"
+        try:
+            _check_writable(fallback.parent)
+        except OSError:
+            raise OSError(f"cannot write the report to {default.parent} ({err.strerror or err}) nor to the current "
+                          "folder; pass --output PATH in a folder you can write") from None
+        return fallback, f"{default.parent} is not writable ({err.strerror or err}): the PNG goes to {fallback}"
+
+
+def _check_writable(folder: Path) -> None:
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".memplan_report_check."):
+        pass
 
 
 def _highest(h: RankHistory) -> float:
@@ -263,12 +243,17 @@ def _mark_changes(ax, changes: list[dict[str, Any]]) -> None:
 
 # --- watch -------------------------------------------------------------------------------------
 
-def watch_table(histories: list[RankHistory]):
-    """The latest reading of each rank, like `gpustat -i`."""
+def watch_view(logs: RunLogs, now: float | None = None):
+    """The latest reading of each rank, like `gpustat -i`, with its age; the title says which run and
+    whether it has ended."""
+    from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="memplan watch", title_justify="left")
-    for column in ("rank", "step", "process", "device used / total", "headroom", "micro-batch", "last change"):
+    now = time.time() if now is None else now
+    histories = logs.histories
+    table = Table(title=escape(f"memplan watch: run {logs.run.run}"), title_justify="left")
+    for column in ("rank", "step", "age", "process", "device used / total", "headroom", "micro-batch", "last change"):
         table.add_column(column, justify="right" if column != "last change" else "left")
     changes = shared_changes(histories)
     for h in histories:
@@ -279,9 +264,21 @@ def watch_table(histories: list[RankHistory]):
         micro_text = "n/a" if micro is None else f"{micro} x {last.get('accumulate_grad_batches', '?')}" \
                                                   f"{' ckpt' if last.get('gradient_checkpointing') else ''}"
         mine = [c for c in h.changes] or changes
-        last_change = f"step {mine[-1]['step']}: {change_label(mine[-1])} ({mine[-1].get('cause')})" if mine else "-"
+        last_change = escape(f"step {mine[-1]['step']}: {change_label(mine[-1])} ({mine[-1].get('cause')})") \
+            if mine else "-"
         if h.fatals:
             last_change = f"[red]FATAL at step {h.fatals[-1]['step']}[/]"
-        table.add_row(str(h.rank), str(last.get("step", "-")), _fmt(last.get("process_bytes")), device,
-                      _fmt(last.get("headroom_bytes")), micro_text, last_change)
-    return table
+        table.add_row(str(h.rank), str(last.get("step", "-")), age(last or h.last, now),
+                      _fmt(last.get("process_bytes")), device, _fmt(last.get("headroom_bytes")), escape(micro_text),
+                      last_change)
+    for rank in logs.missing_ranks:
+        table.add_row(str(rank), "-", "-", "[yellow]no log[/]", "", "", "", "")
+    notes = [escape(line) for line in context_lines(logs)[1:]]
+    ended = logs.ended
+    status = f"[bold]run ended: {escape(ended)}[/]" if ended else f"running; last record {age(_latest(histories), now)}"
+    return Group(table, status, *notes)
+
+
+def _latest(histories: list[RankHistory]) -> dict[str, Any] | None:
+    records = [h.last for h in histories if h.last and isinstance(h.last.get("time"), (int, float))]
+    return max(records, key=lambda r: r["time"], default=None)

@@ -23,7 +23,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from memplan import monitor
+from memplan.hardware import readings
 from memplan.plan import Plan
 from memplan.units import GiB
 
@@ -246,14 +246,14 @@ class RecordingLogger(Logger):
 
 
 def simulated_free(fraction: float | None):
-    """SIMULATED readings for monitor.read_memory: `fraction` of a 16 GiB device free at every check
+    """SIMULATED readings for readings.read_memory: `fraction` of a 16 GiB device free at every check
     (None: a device whose free memory cannot be read)."""
 
-    def read(device: torch.device, *, reset_peak: bool = True) -> monitor.MemoryReading:
+    def read(device: torch.device, *, new_interval: bool = True) -> readings.MemoryReading:
         total = 16 * GiB
         if fraction is None:
-            return monitor.MemoryReading(process_bytes=2 * GiB, device_total_bytes=total)
-        return monitor.MemoryReading(process_bytes=2 * GiB, device_used_bytes=int(total * (1 - fraction)),
+            return readings.MemoryReading(process_bytes=2 * GiB, device_total_bytes=total)
+        return readings.MemoryReading(process_bytes=2 * GiB, device_used_bytes=int(total * (1 - fraction)),
                                      device_total_bytes=total, peak_bytes=2 * GiB, headroom_bytes=int(total * fraction))
 
     return read

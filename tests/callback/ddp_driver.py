@@ -51,7 +51,7 @@ from callback_sim import (  # noqa: E402
 )
 from pytorch_lightning.callbacks import Callback  # noqa: E402
 
-from memplan import monitor  # noqa: E402
+from memplan.hardware import readings  # noqa: E402
 from memplan.callback import MemoryPlanner  # noqa: E402
 from memplan.units import GiB  # noqa: E402
 
@@ -93,12 +93,12 @@ def simulated_readings(tight_checks: int):
     """SIMULATED rank-1 readings: 1% of a 16 GiB device free for `tight_checks` checks, then 60%."""
     calls = {"n": 0}
 
-    def read(device: torch.device, *, reset_peak: bool = True) -> monitor.MemoryReading:
-        if reset_peak:
+    def read(device: torch.device, *, new_interval: bool = True) -> readings.MemoryReading:
+        if new_interval:
             calls["n"] += 1
         free = 0.01 if calls["n"] <= tight_checks else 0.60
         total = 16 * GiB
-        return monitor.MemoryReading(process_bytes=2 * GiB, device_used_bytes=int(total * (1 - free)),
+        return readings.MemoryReading(process_bytes=2 * GiB, device_used_bytes=int(total * (1 - free)),
                                      device_total_bytes=total, peak_bytes=2 * GiB, headroom_bytes=int(total * free))
 
     return read
@@ -153,7 +153,7 @@ def main(scenario: str, out: Path) -> None:
         options = dict(every_n_steps=1, grow=True, grow_patience=2)
         steps = 8
         if RANK == 1:
-            monitor.read_memory = simulated_readings(tight_checks=2)
+            readings.read_memory = simulated_readings(tight_checks=2)
     elif scenario == "oom":
         options = dict(every_n_steps=2, grow=False)
         steps = 4
@@ -177,7 +177,7 @@ def main(scenario: str, out: Path) -> None:
         strategy, steps, options = DDPStrategy(bucket_cap_mb=0.001), 3, dict(every_n_steps=10, grow=False)
         extra = [RecordBuckets(out)]
     elif scenario == "mixed":
-        monitor.read_memory = simulated_free(0.60)
+        readings.read_memory = simulated_free(0.60)
         budget = SimulatedBudget(ranks=(1,))
         extra = [TightenAt(budget, step=3, limit=5, phase="forward")]
         options = dict(every_n_steps=2, grow=False)
@@ -185,6 +185,7 @@ def main(scenario: str, out: Path) -> None:
     planner = [] if scenario == "buckets_plain" else [MemoryPlanner(None if scenario == "oom" else plan, **options)]
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=RecordingLogger(out),
+        log_every_n_steps=1 if scenario == "adjust" else 50,
         callbacks=[*planner, *extra], enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=out,
     )

@@ -8,7 +8,8 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from memplan.callback import Layout
 from memplan.callback.apply import layout_from_plan, plan_mismatches
 from memplan.callback.layout import chunk_bounds
-from memplan.monitor import Adjuster, MemoryReading, RankStatus
+from memplan.callback.adjust import Adjuster, RankStatus
+from memplan.hardware.readings import MemoryReading
 from memplan.units import GiB
 
 

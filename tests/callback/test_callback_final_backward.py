@@ -18,7 +18,7 @@ from pytorch_lightning.plugins import MixedPrecision
 from test_callback_chunking import assert_trained_like_full_batches
 from test_callback_ddp import check_trained_like_one_process, retries, run_logs
 
-from memplan import monitor
+from memplan.hardware import readings
 from memplan.callback import MemoryPlanner, chunking
 
 
@@ -175,7 +175,7 @@ def test_an_oom_in_one_ranks_only_backward_is_retried_there_without_a_hang(tmp_p
 # --- the guard: unguarded once a reading shows the margin free, guarded again after a change or OOM ---
 
 def test_a_rank_with_the_margin_free_leaves_the_backward_to_lightning(make_trainer, monkeypatch):
-    monkeypatch.setattr(monitor, "read_memory", simulated_free(0.10))  # above the 5 % margin, as plans leave
+    monkeypatch.setattr(readings, "read_memory", simulated_free(0.10))  # above the 5 % margin, as plans leave
     handoffs = Handoffs(monkeypatch)
     module = Regression(batch_size=8)
     planner = MemoryPlanner(make_plan(8, 1), every_n_steps=1, grow=False)
@@ -195,7 +195,7 @@ def test_a_rank_with_the_margin_free_leaves_the_backward_to_lightning(make_train
 ])
 def test_a_backward_oom_after_the_first_reading_is_retried_while_the_rank_is_guarded(
         make_trainer, monkeypatch, caplog, free, guard, retried):
-    monkeypatch.setattr(monitor, "read_memory", simulated_free(free))
+    monkeypatch.setattr(readings, "read_memory", simulated_free(free))
     budget = SimulatedBudget()
     module = Regression(batch_size=8, budget=budget)
     planner = MemoryPlanner(make_plan(8, 1), every_n_steps=1, grow=False, guard=guard)
@@ -203,7 +203,8 @@ def test_a_backward_oom_after_the_first_reading_is_retried_while_the_rank_is_gua
     if not retried:
         with pytest.raises(torch.OutOfMemoryError, match="SIMULATED out of memory in backward"):
             trainer.fit(module)
-        fatal = read_jsonl(planner.log_path)[-1]
+        fatal, end = read_jsonl(planner.log_path)[-2:]
+        assert end["event"] == "end" and end["status"].startswith("failed: OutOfMemoryError")
         assert fatal["event"] == "fatal" and fatal["step"] == 2 and "ran unguarded" in fatal["where"]
         assert "guard='always'" in caplog.text
         return
@@ -213,7 +214,7 @@ def test_a_backward_oom_after_the_first_reading_is_retried_while_the_rank_is_gua
 
 
 def test_a_forward_oom_while_unguarded_is_retried_freed_and_guards_the_rank_again(make_trainer, monkeypatch):
-    monkeypatch.setattr(monitor, "read_memory", simulated_free(0.60))
+    monkeypatch.setattr(readings, "read_memory", simulated_free(0.60))
     budget = SimulatedBudget()
     module = Regression(batch_size=8, budget=budget)
     planner = MemoryPlanner(make_plan(8, 1), every_n_steps=2, grow=False)
@@ -223,8 +224,8 @@ def test_a_forward_oom_while_unguarded_is_retried_freed_and_guards_the_rank_agai
     assert retries(events) == [(2, "forward", 8, 4)]
     # the failed forward's tensors were freed before the retry ran (not kept by its traceback)
     assert budget.freed_before_retry == [True]
-    # steps 0-1 guarded (no reading yet), step 2 unguarded until its forward failed, then guarded
-    assert [(e["step"], e["guarded"]) for e in events if e["event"] == "sample"] == [(2, True), (4, True)]
+    # step 0 guarded (no reading yet), unguarded from the first step's reading until step 2's forward failed
+    assert [(e["step"], e["guarded"]) for e in events if e["event"] == "sample"] == [(1, True), (2, False), (4, True)]
     assert_trained_like_full_batches(module, 8, steps=4, forwarded_twice=True)
 
 

@@ -30,10 +30,11 @@ def test_each_rank_writes_json_lines_every_n_steps_flushed_as_written(make_train
     trainer.fit(Regression(batch_size=8))
     assert planner.log_path == tmp_path / "memplan" / "rank0.jsonl"
     events = read_jsonl(planner.log_path)
-    assert [e["event"] for e in events] == ["apply", "sample", "sample", "sample", "summary"]
+    assert [e["event"] for e in events] == ["apply", "sample", "sample", "sample", "sample", "summary", "end"]
     samples = [e for e in events if e["event"] == "sample"]
-    assert [s["step"] for s in samples] == [2, 4, 6]
-    assert dict(counter.counts)[2] == 1 and dict(counter.counts)[4] == 2  # on disk before fit ended
+    assert [s["step"] for s in samples] == [1, 2, 4, 6]  # the first step, then every 2 (6 is also the last)
+    assert dict(counter.counts)[2] == 2 and dict(counter.counts)[4] == 3  # on disk before fit ended
+    assert len({e["run"] for e in events}) == 1 and events[-1]["status"] == "finished"
     first = samples[0]
     assert first["rank"] == 0 and isinstance(first["process_bytes"], int) and first["process_bytes"] > 0
     assert 0 < first["headroom_bytes"] <= first["device_total_bytes"]
@@ -45,17 +46,21 @@ def test_each_rank_writes_json_lines_every_n_steps_flushed_as_written(make_train
 def test_the_default_interval_is_the_trainers_log_every_n_steps(make_trainer):
     planner = MemoryPlanner(make_plan(4, 1))
     make_trainer([planner], max_steps=7, log_every_n_steps=3).fit(Regression())
-    assert [e["step"] for e in read_jsonl(planner.log_path) if e["event"] == "sample"] == [3, 6]
+    assert [e["step"] for e in read_jsonl(planner.log_path) if e["event"] == "sample"] == [1, 3, 6, 7]
 
 
-def test_the_trainers_logger_receives_every_ranks_readings(make_trainer, tmp_path):
+def test_the_trainers_logger_receives_every_ranks_readings_in_lightnings_own_rows(make_trainer, tmp_path):
     logger = RecordingLogger(tmp_path)
-    make_trainer([MemoryPlanner(make_plan(4, 1), every_n_steps=2)], max_steps=4, logger=logger).fit(Regression())
-    memplan = [m for m in logger.metrics if "memplan/micro_batch_size" in m]
-    assert [m["step"] for m in memplan] == [2, 4]
-    for name in ("process_bytes", "peak_bytes", "headroom_bytes", "device_used_bytes", "oom_retries"):
-        assert f"memplan/rank0/{name}" in memplan[0]
-    assert memplan[0]["memplan/rank0/process_bytes"] > 0 and memplan[0]["memplan/micro_batch_size"] == 4
+    make_trainer([MemoryPlanner(make_plan(4, 1), every_n_steps=2)], max_steps=4, logger=logger,
+                 log_every_n_steps=2).fit(Regression())
+    rows = [m for m in logger.metrics if "train_loss" in m]
+    assert [m["step"] for m in rows] == [1, 3]  # Lightning's rows (log_every_n_steps=2), at its own step index
+    assert all("memplan/micro_batch_size" in m for m in rows)
+    assert not [m for m in logger.metrics if "memplan/micro_batch_size" in m and "train_loss" not in m]
+    for name in ("process_gib", "peak_gib", "headroom_gib", "device_used_gib", "oom_retries"):
+        assert f"memplan/rank0/{name}" in rows[0]
+    assert 0 < rows[0]["memplan/rank0/process_gib"] < 64 and rows[0]["memplan/micro_batch_size"] == 4
+    assert rows[0]["memplan/predicted_peak_gib"] == (1 << 20) / (1 << 30)  # the plan's prediction, in GiB
 
 
 def test_a_short_summary_per_rank_ends_the_fit(make_trainer, caplog):

@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from memplan.commands.cli import main
-from memplan.monitor import MemoryReading, RankLog
+from memplan.callback.runlog import RankLog
+from memplan.hardware.readings import MemoryReading
 from memplan.units import GiB, MiB
 
 TOTAL = 16 * GiB
@@ -31,13 +32,13 @@ def runs_as(layout: dict, oom_retries: int) -> dict:
             "gradient_checkpointing": False, "global_batch_size": 16, "oom_retries": oom_retries}
 
 
-def write_run(log_dir: Path) -> None:
+def write_run(log_dir: Path, run_id: str = "20261124-050000-aaaaaa", ranks: tuple[int, ...] = (0, 1)) -> None:
     """Two ranks, 4 checks; rank 1 retries an OOM at step 1 and runs tight at step 2, where both
     ranks lower micro-batch 8 -> 4. Process peaks: rank 0 3 GiB, rank 1 15 GiB."""
     plan = {"device_budget_bytes": 14 * GiB, "micro_batch_size": 8}
     process = {0: [1, 2, 3, 2], 1: [10, 14, 15, 9]}
-    for rank in (0, 1):
-        log = RankLog(log_dir, rank)
+    for rank in ranks:
+        log = RankLog(log_dir, rank, run_id)
         log.write("apply", 0, source="plan", layout=LAYOUT_8, plan=plan)
         ooms = 0
         for step in range(1, 5):
@@ -91,3 +92,134 @@ def test_an_empty_dir_exits_2_with_one_message(tmp_path, capsys):
     assert "no MemoryPlanner rank logs" in err and str(tmp_path) in err
     assert not (tmp_path / "memplan_report.png").exists()
     assert run(capsys, "watch", tmp_path, "--once")[0] == 2
+
+
+# --- data that is not what it should be ----------------------------------------------------------
+
+def test_bad_lines_are_skipped_and_counted_by_reason(tmp_path, capsys):
+    log_dir = tmp_path / "memplan"
+    write_run(log_dir)
+    with (log_dir / "rank0.jsonl").open("ab") as f:
+        f.write(b"\xff\xfe not utf-8\n")  # non-UTF-8
+        f.write(b"[1, 2, 3]\n")  # a JSON array
+        f.write(b'{"event": "sample", "process_bytes": 1}\n')  # a record without step
+        f.write(b'{"event": "sample", "step": 9, "process_bytes": "lots"}\n')  # a size that is not bytes
+    code, out, err = run(capsys, "report", log_dir)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert ("skipped 4 bad lines: rank0.jsonl: 1 not UTF-8, 1 not a JSON object, 1 no integer step, "
+            "1 process_bytes is not a byte count") in flat
+    assert "15.00 GiB" in flat  # the good lines still count
+    code, out, _ = run(capsys, "watch", log_dir, "--once")
+    assert code == 0 and "skipped 4 bad lines" in " ".join(out.split())
+
+
+def test_a_folder_of_nothing_readable_exits_2_saying_what_was_skipped(tmp_path, capsys):
+    (tmp_path / "rank0.jsonl").write_bytes(b"\xff\xfe\n[1]\n")
+    code, out, err = run(capsys, "report", tmp_path)
+    assert code == 2 and out == ""
+    assert "no readable MemoryPlanner record" in err and "rank0.jsonl: 1 not UTF-8, 1 not a JSON object" in err
+
+
+def test_a_missing_rank_is_named(tmp_path, capsys):
+    write_run(tmp_path / "memplan", ranks=(0,))  # its layout says 2 ranks; rank 1 wrote nothing
+    code, out, _ = run(capsys, "report", tmp_path)
+    assert code == 0 and "missing ranks: 1 of 2" in " ".join(out.split())
+    code, out, _ = run(capsys, "watch", tmp_path, "--once")
+    assert "no log" in out
+
+
+def test_two_runs_in_one_folder_are_never_merged(tmp_path, capsys):
+    old, new = "20261124-040000-111111", "20261124-050000-222222"
+    write_run(tmp_path / "memplan", run_id=old)
+    write_run(tmp_path / "memplan", run_id=new, ranks=(0,))
+    code, out, _ = run(capsys, "report", tmp_path)
+    flat = " ".join(out.split())
+    assert code == 0 and f"run {new}" in flat and f"other runs in this folder: {old}" in flat
+    table = [line for line in out.splitlines() if line.count("│") > 3]
+    assert [line.split("│")[1].strip() for line in table] == ["0"]  # rank 0 of the new run only
+    assert table[0].split("│")[5].strip() == "4"  # its 4 samples, not 8
+    code, out, _ = run(capsys, "report", tmp_path, "--run", "20261124-04")
+    assert code == 0 and f"run {old}" in " ".join(out.split()) and "missing ranks" not in out
+    code, _, err = run(capsys, "report", tmp_path, "--run", "nope")
+    assert code == 2 and "--run nope" in err and old in err and new in err
+
+
+def test_versions_are_listed_and_picked(tmp_path, capsys):
+    logs = tmp_path / "lightning_logs"
+    write_run(logs / "version_0" / "memplan", run_id="20261124-040000-000000")
+    write_run(logs / "version_1" / "memplan", run_id="20261124-050000-111111")
+    code, out, _ = run(capsys, "report", logs)
+    flat = " ".join(out.split())
+    assert code == 0 and "versions: version_0, version_1; shown: version_1 (pick one with --version N)" in flat
+    assert "run 20261124-050000-111111" in flat
+    code, out, _ = run(capsys, "report", logs, "--version", "0")
+    assert code == 0 and "shown: version_0" in " ".join(out.split())
+    code, _, err = run(capsys, "report", logs, "--version", "7")
+    assert code == 2 and "--version 7" in err and "versions there: 0, 1" in err
+
+
+def test_an_unwritable_output_is_one_error_before_the_summary(tmp_path, capsys):
+    write_run(tmp_path / "memplan")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code, out, err = run(capsys, "report", tmp_path, "--output", blocker / "report.png")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--output" in err and str(blocker / "report.png") in err
+
+
+def test_a_read_only_log_dir_puts_the_png_in_the_current_folder(tmp_path, capsys, monkeypatch):
+    from memplan.commands import report
+
+    write_run(tmp_path / "logs" / "memplan")
+    real = report._check_writable
+
+    def read_only(folder):
+        if Path(folder) == tmp_path / "logs":
+            raise PermissionError(13, "Permission denied")
+        real(folder)
+
+    monkeypatch.setattr(report, "_check_writable", read_only)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    code, out, err = run(capsys, "report", tmp_path / "logs")
+    assert code == 0 and (here / "memplan_report.png").stat().st_size > 0
+    assert "is not writable (Permission denied): the PNG goes to" in err
+    assert not (tmp_path / "logs" / "memplan_report.png").exists()
+
+
+# --- watch ---------------------------------------------------------------------------------------
+
+def test_watch_shows_each_readings_age_and_that_the_run_ended(tmp_path, capsys):
+    write_run(tmp_path / "memplan")
+    code, out, _ = run(capsys, "watch", tmp_path, "--once")
+    assert code == 0 and "age" in out and "s ago" in out
+    assert "run ended: finished" in out
+
+
+def test_a_live_watch_waits_for_logs_and_survives_a_bad_line(tmp_path, capsys, monkeypatch):
+    import time
+
+    from memplan.commands import report
+
+    seen = []
+    real_view = report.watch_view
+    monkeypatch.setattr(report, "watch_view", lambda logs, now=None: seen.append(logs) or real_view(logs, now))
+    ticks = []
+
+    def tick(seconds):
+        ticks.append(seconds)
+        if len(ticks) == 1:  # the run starts writing after the watch started
+            write_run(tmp_path / "lightning_logs" / "version_0" / "memplan")
+        elif len(ticks) == 2:
+            with (tmp_path / "lightning_logs" / "version_0" / "memplan" / "rank1.jsonl").open("ab") as f:
+                f.write(b"\x00\xff garbage\n")
+        else:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", tick)
+    code, out, err = run(capsys, "watch", tmp_path, "--interval", "0.01")
+    assert code == 0, err
+    assert len(seen) == 2 and seen[1].skipped == {"rank1.jsonl": {"not UTF-8": 1}}
+    assert "run ended: finished" in out  # the last frame, after the bad line

@@ -1,133 +1,18 @@
-"""Per-rank memory readings, the per-rank JSON-lines log, and the decision every rank shares.
+"""The adjust policy: every rank's status gathered, and the decision every rank shares.
 
-A reading comes from the rank's own device: on a GPU, NVML (this process's bytes, the device's used
-and total) and torch's caching allocator (allocated, reserved, peak reserved since the last reading);
-on CPU, psutil (this process's RSS, the host's RAM and what is still available). Readings are
-gathered from every rank with one collective, so each rank holds the same table and `Adjuster.decide`,
-a pure function of that table and of state every rank keeps alike, gives every rank the same answer.
+Readings are gathered from every rank with one collective, so each rank holds the same table and
+`Adjuster.decide`, a pure function of that table and of state every rank keeps alike, gives every
+rank the same answer.
 """
 from __future__ import annotations
 
-import json
-import os
-import resource
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
-import psutil
-import torch
-
-from memplan.hardware import NA, gpu_for_cuda_index, host_info, nvml_query, process_gpu_bytes
+from memplan.callback.collectives import gather_rows
+from memplan.hardware.readings import READING_FIELDS, MemoryReading
 from memplan.units import format_bytes
-
-
-@dataclass(frozen=True, kw_only=True)
-class MemoryReading:
-    """One rank's memory at one moment. Bytes; None where the source could not tell."""
-
-    process_bytes: int | None = None
-    """This process's memory on its device: NVML's per-PID figure on a GPU, the RSS on CPU."""
-    device_used_bytes: int | None = None
-    """Device memory in use by every process (NVML `used`); on CPU, host RAM not available."""
-    device_total_bytes: int | None = None
-    """Device memory (NVML `total`); on CPU, host RAM or the container's limit."""
-    allocated_bytes: int | None = None
-    """Bytes in live tensors (torch's caching allocator; None on CPU)."""
-    reserved_bytes: int | None = None
-    """Bytes the caching allocator holds (None on CPU)."""
-    peak_bytes: int | None = None
-    """Peak reserved since the previous reading on a GPU; peak RSS of the process on CPU."""
-    headroom_bytes: int | None = None
-    """What the device could still give at this interval's peak: total - used - (peak - reserved)
-    on a GPU; the host's available RAM (within the container's limit) on CPU."""
-
-    def to_dict(self) -> dict[str, int | None]:
-        """The fields, bytes as ints (for the JSON-lines log)."""
-        return {name: getattr(self, name) for name in READING_FIELDS}
-
-    def describe(self) -> str:
-        """The figures that are known, for people."""
-        parts = []
-        if self.device_used_bytes is not None and self.device_total_bytes is not None:
-            parts.append(f"device: {format_bytes(self.device_used_bytes)} of {format_bytes(self.device_total_bytes)} in use")
-        if self.process_bytes is not None:
-            parts.append(f"this process: {format_bytes(self.process_bytes)}")
-        if self.reserved_bytes is not None:
-            parts.append(f"torch: {format_bytes(self.allocated_bytes or 0)} allocated, "
-                         f"{format_bytes(self.reserved_bytes)} reserved (peak {format_bytes(self.peak_bytes or 0)})")
-        return "; ".join(parts) if parts else "no memory reading available"
-
-
-READING_FIELDS = tuple(f.name for f in fields(MemoryReading))
-
-
-def read_memory(device: torch.device, *, reset_peak: bool = True) -> MemoryReading:
-    """A reading of `device` (this rank's root device) now. On a GPU, `reset_peak` starts the next
-    interval's peak (torch.cuda.reset_peak_memory_stats)."""
-    reader = _READERS.get(device)
-    if reader is None:
-        reader = _READERS[device] = _CudaReader(device) if device.type == "cuda" else _HostReader()
-    return reader.read(reset_peak)
-
-
-class _CudaReader:
-    """The rank's GPU found once through NVML (CUDA_VISIBLE_DEVICES honoured); then two queries a
-    reading: its memory, and the processes on it (for this one's share)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.gpu = gpu_for_cuda_index(device.index if device.index is not None else torch.cuda.current_device())
-        self.pid = os.getpid()
-
-    def read(self, reset_peak: bool) -> MemoryReading:
-        device = self.device
-        reserved = int(torch.cuda.memory_reserved(device))
-        peak = int(torch.cuda.max_memory_reserved(device))
-        allocated = int(torch.cuda.memory_allocated(device))
-        if reset_peak:
-            torch.cuda.reset_peak_memory_stats(device)
-        handle = NA if self.gpu is None else nvml_query("nvmlDeviceGetHandleByUUID", self.gpu.uuid)
-        memory = NA if handle is NA else nvml_query("nvmlDeviceGetMemoryInfo", handle)
-        if memory is not NA:
-            total, used = int(memory.total), int(memory.used)
-            process = process_gpu_bytes(self.pid, self.gpu)
-        else:  # no NVML: the driver's free/total through CUDA itself
-            free, total = (int(v) for v in torch.cuda.mem_get_info(device))
-            used, process = total - free, None
-        return MemoryReading(
-            process_bytes=process, device_used_bytes=used, device_total_bytes=total, allocated_bytes=allocated,
-            reserved_bytes=reserved, peak_bytes=peak,
-            headroom_bytes=max(0, total - used - max(0, peak - reserved)),  # others may have grown since
-        )
-
-
-class _HostReader:
-    """psutil: this process's RSS and the host's available RAM; a container's limit, read once, and
-    its usage at every reading where there is one."""
-
-    def __init__(self) -> None:
-        self.process = psutil.Process()
-        self.limited = host_info().cgroup_limit_bytes is not None
-
-    def read(self, reset_peak: bool) -> MemoryReading:
-        if self.limited:
-            host = host_info()
-            total = min(host.total_bytes, host.cgroup_limit_bytes or host.total_bytes)
-            headroom = host.budget_bytes
-        else:
-            memory = psutil.virtual_memory()
-            total, headroom = int(memory.total), int(memory.available)
-        return MemoryReading(
-            process_bytes=int(self.process.memory_info().rss), device_used_bytes=max(0, total - headroom),
-            device_total_bytes=total, headroom_bytes=headroom,
-            peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # KiB on Linux
-        )
-
-
-_READERS: dict[torch.device, _CudaReader | _HostReader] = {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,52 +52,6 @@ class RankStatus:
 def gather_statuses(strategy: Any, status: RankStatus, world_size: int) -> tuple[RankStatus, ...]:
     """Every rank's status, in rank order, on every rank: one all-gather through the Trainer's strategy."""
     return tuple(RankStatus.from_row(row) for row in gather_rows(strategy, status.to_row(), world_size))
-
-
-def gather_rows(strategy: Any, row: Sequence[float], world_size: int) -> list[list[float]]:
-    """Each rank's row of numbers, in rank order, on every rank (one all-gather, one device sync)."""
-    tensor = torch.tensor(list(row), dtype=torch.float64, device=strategy.root_device)
-    return strategy.all_gather(tensor).reshape(world_size, -1).tolist()
-
-
-METRIC_FIELDS = ("process_bytes", "device_used_bytes", "peak_bytes", "headroom_bytes")
-"""The readings sent to the Trainer's loggers, per rank."""
-
-
-def log_metrics(loggers: Sequence[Any], statuses: Sequence[RankStatus], layout: Any, step: int) -> None:
-    """Every rank's readings to the Trainer's loggers as memplan/rank<R>/<field>. Lightning's loggers
-    write from rank 0 only; after the gather rank 0 holds every rank's readings."""
-    metrics: dict[str, float] = {
-        "memplan/micro_batch_size": float(layout.micro_batch_size),
-        "memplan/micro_batches_per_step": float(layout.micro_batches_per_step),
-        "memplan/gradient_checkpointing": float(layout.gradient_checkpointing),
-    }
-    for status in statuses:
-        for name in METRIC_FIELDS:
-            value = getattr(status.reading, name)
-            if value is not None:
-                metrics[f"memplan/rank{status.rank}/{name}"] = float(value)
-        metrics[f"memplan/rank{status.rank}/oom_retries"] = float(status.oom_retries)
-    for logger in loggers:
-        logger.log_metrics(metrics, step=step)
-
-
-class RankLog:
-    """`<dir>/rank<R>.jsonl`: one JSON object a line, flushed as written, appended across resumes."""
-
-    def __init__(self, directory: str | os.PathLike, rank: int) -> None:
-        self.path = Path(directory) / f"rank{rank}.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.rank = rank
-        self._file = self.path.open("a", encoding="utf-8", buffering=1)  # line-buffered: flushed per line
-
-    def write(self, event: str, step: int, **fields_: Any) -> dict[str, Any]:
-        record = {"event": event, "step": step, "rank": self.rank, "time": round(time.time(), 3), **fields_}
-        self._file.write(json.dumps(record) + "\n")
-        return record
-
-    def close(self) -> None:
-        self._file.close()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -341,13 +180,3 @@ def _fraction_free(reading: MemoryReading) -> float | None:
 
 def _ranks(ranks: Sequence[int]) -> str:
     return ", ".join(str(r) for r in ranks)
-
-
-def summary_line(rank: int, peak_process_bytes: int | None, min_headroom_bytes: int | None,
-                 micro_batch_size: int, micro_batches_per_step: int, checkpointing: bool, oom_retries: int) -> str:
-    """One rank's end-of-fit summary, for people."""
-    peak = "n/a" if peak_process_bytes is None else format_bytes(peak_process_bytes)
-    headroom = "n/a" if min_headroom_bytes is None else format_bytes(min_headroom_bytes)
-    return (f"rank {rank}: peak {peak} in this process, least headroom {headroom}, micro-batch "
-            f"{micro_batch_size} x {micro_batches_per_step} per step{', checkpointing' if checkpointing else ''}, "
-            f"{oom_retries} OOM retr{'y' if oom_retries == 1 else 'ies'}")

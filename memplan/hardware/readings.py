@@ -1,0 +1,161 @@
+"""A device's memory now: the one place torch.cuda's allocator counters are read beside NVML.
+
+A reading comes from the rank's own device: on a GPU, NVML (this process's bytes, the device's used
+and total) and torch's caching allocator (allocated, reserved, peak reserved since the last reading);
+on CPU, psutil (this process's RSS, the host's RAM and what is still available).
+
+The user's CUDA statistics are left alone: memplan never calls torch.cuda.reset_peak_memory_stats, so
+`max_memory_allocated()` and DeviceStatsMonitor's peaks keep their meaning. The interval's peak is
+derived from torch's running peak instead (see `interval_peak_bytes`).
+"""
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass, fields
+
+import psutil
+import torch
+
+from memplan.hardware import NA, gpu_for_cuda_index, host_info, nvml_query, process_gpu_bytes
+from memplan.units import format_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryReading:
+    """One rank's memory at one moment. Bytes; None where the source could not tell."""
+
+    process_bytes: int | None = None
+    """This process's memory on its device: NVML's per-PID figure on a GPU, the RSS on CPU."""
+    device_used_bytes: int | None = None
+    """Device memory in use by every process (NVML `used`); on CPU, host RAM not available."""
+    device_total_bytes: int | None = None
+    """Device memory (NVML `total`); on CPU, host RAM or the container's limit."""
+    allocated_bytes: int | None = None
+    """Bytes in live tensors (torch's caching allocator; None on CPU)."""
+    reserved_bytes: int | None = None
+    """Bytes the caching allocator holds (None on CPU)."""
+    peak_bytes: int | None = None
+    """Peak reserved since the previous reading on a GPU (see `interval_peak_bytes`); peak RSS of the
+    process since it started on CPU."""
+    headroom_bytes: int | None = None
+    """What the device could still give at this interval's peak: total - used - (peak - reserved)
+    on a GPU; the host's available RAM (within the container's limit) on CPU."""
+
+    @property
+    def process_peak_bytes(self) -> int | None:
+        """This process's peak on its device in the interval, the figure a plan's predicted peak
+        compares with: on a GPU, NVML's figure plus what torch held above now at its peak; on CPU the
+        peak RSS."""
+        if self.reserved_bytes is None:
+            return self.peak_bytes
+        if self.process_bytes is None or self.peak_bytes is None:
+            return None
+        return self.process_bytes + max(0, self.peak_bytes - self.reserved_bytes)
+
+    def to_dict(self) -> dict[str, int | None]:
+        """The fields, bytes as ints (for the JSON-lines log)."""
+        return {name: getattr(self, name) for name in READING_FIELDS}
+
+    def describe(self) -> str:
+        """The figures that are known, for people."""
+        parts = []
+        if self.device_used_bytes is not None and self.device_total_bytes is not None:
+            parts.append(f"device: {format_bytes(self.device_used_bytes)} of {format_bytes(self.device_total_bytes)} in use")
+        if self.process_bytes is not None:
+            parts.append(f"this process: {format_bytes(self.process_bytes)}")
+        if self.reserved_bytes is not None:
+            parts.append(f"torch: {format_bytes(self.allocated_bytes or 0)} allocated, "
+                         f"{format_bytes(self.reserved_bytes)} reserved (peak {format_bytes(self.peak_bytes or 0)})")
+        return "; ".join(parts) if parts else "no memory reading available"
+
+
+READING_FIELDS = tuple(f.name for f in fields(MemoryReading))
+
+
+def read_memory(device: torch.device, *, new_interval: bool = True) -> MemoryReading:
+    """A reading of `device` (this rank's root device) now. `new_interval`: the next reading's peak
+    counts from this one (False for a reading in between, such as at an OOM)."""
+    reader = _READERS.get(device)
+    if reader is None:
+        reader = _READERS[device] = _CudaReader(device) if device.type == "cuda" else _HostReader()
+    return reader.read(new_interval)
+
+
+class _CudaReader:
+    """The rank's GPU found once through NVML (CUDA_VISIBLE_DEVICES honoured); then two queries a
+    reading: its memory, and the processes on it (for this one's share)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.gpu = gpu_for_cuda_index(device.index if device.index is not None else torch.cuda.current_device())
+        self.pid = os.getpid()
+        self.previous: tuple[int, int] | None = None
+        """torch's running peak and the reserved bytes at the previous reading."""
+
+    def read(self, new_interval: bool) -> MemoryReading:
+        device = self.device
+        stats = torch.cuda.memory_stats(device)  # one call: the counters below, never reset
+        reserved = int(stats.get("reserved_bytes.all.current", 0))
+        running_peak = int(stats.get("reserved_bytes.all.peak", 0))
+        allocated = int(stats.get("allocated_bytes.all.current", 0))
+        peak = interval_peak_bytes(running_peak, reserved, self.previous)
+        if new_interval:
+            self.previous = (running_peak, reserved)
+        handle = NA if self.gpu is None else nvml_query("nvmlDeviceGetHandleByUUID", self.gpu.uuid)
+        memory = NA if handle is NA else nvml_query("nvmlDeviceGetMemoryInfo", handle)
+        if memory is not NA:
+            total, used = int(memory.total), int(memory.used)
+            process = process_gpu_bytes(self.pid, self.gpu)
+        else:  # no NVML: the driver's free/total through CUDA itself
+            free, total = (int(v) for v in torch.cuda.mem_get_info(device))
+            used, process = total - free, None
+        return MemoryReading(
+            process_bytes=process, device_used_bytes=used, device_total_bytes=total, allocated_bytes=allocated,
+            reserved_bytes=reserved, peak_bytes=peak,
+            headroom_bytes=max(0, total - used - max(0, peak - reserved)),  # others may have grown since
+        )
+
+
+def interval_peak_bytes(running_peak: int, reserved: int, previous: tuple[int, int] | None) -> int:
+    """Peak reserved bytes since the previous reading, from torch's running peak (never reset).
+
+    When the running peak moved since the previous reading (it rose, or the user reset it), the new
+    value was reached in this interval: it is the interval's peak (or the reserved bytes at the
+    interval's start, if higher). When it did not move, the interval stayed at or below it, and the
+    figure is the reserved bytes at either end of the interval: exact while the caching allocator
+    only grows (it gives memory back only on empty_cache() or after a failed allocation), a lower
+    bound after such a release. The first reading's interval is the whole run so far.
+    """
+    if previous is None:
+        return max(running_peak, reserved)
+    previous_peak, previous_reserved = previous
+    if running_peak != previous_peak:
+        return max(running_peak, previous_reserved, reserved)
+    return max(previous_reserved, reserved)
+
+
+class _HostReader:
+    """psutil: this process's RSS and the host's available RAM; a container's limit, read once, and
+    its usage at every reading where there is one."""
+
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self.limited = host_info().cgroup_limit_bytes is not None
+
+    def read(self, new_interval: bool) -> MemoryReading:
+        if self.limited:
+            host = host_info()
+            total = min(host.total_bytes, host.cgroup_limit_bytes or host.total_bytes)
+            headroom = host.budget_bytes
+        else:
+            memory = psutil.virtual_memory()
+            total, headroom = int(memory.total), int(memory.available)
+        return MemoryReading(
+            process_bytes=int(self.process.memory_info().rss), device_used_bytes=max(0, total - headroom),
+            device_total_bytes=total, headroom_bytes=headroom,
+            peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # KiB on Linux
+        )
+
+
+_READERS: dict[torch.device, _CudaReader | _HostReader] = {}
