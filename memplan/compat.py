@@ -87,6 +87,13 @@ def ddp_kwargs(strategy: Any) -> dict[str, Any]:
     return strategy._ddp_kwargs
 
 
+def batches_that_stepped(trainer: Any) -> int | None:
+    """`trainer.fit_loop.epoch_loop._batches_that_stepped` (Lightning 2.0-2.6): the step index Lightning
+    gives its logger rows, raised after the batch-end hooks. None where it is missing: the run log then
+    falls back to the optimizer step count (its rows may then sit one step off Lightning's)."""
+    return getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)
+
+
 def layer_sync(strategy: Any) -> Any:
     """`Strategy._layer_sync` (pytorch-lightning 2.2-2.6): set when `Trainer(sync_batchnorm=True)`
     converts BatchNorm to SyncBatchNorm (None otherwise, and on strategies without it)."""

@@ -268,7 +268,9 @@ class LoggerRows:
 def lightning_step(trainer: Any) -> int:
     """The step index Lightning gives the row of the training batch now ending (its loggers' x axis):
     `fit_loop.epoch_loop._batches_that_stepped` (Lightning 2.0-2.6), raised after the batch-end hooks."""
-    stepped = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)
+    from memplan import compat  # here: `memplan report` imports this module without torch
+
+    stepped = compat.batches_that_stepped(trainer)
     return trainer.global_step - 1 if stepped is None else stepped
 
 
