@@ -24,8 +24,8 @@ values that decide such shapes come from one of two places, and each is resolved
      picks does not change the bytes saved for backward (their sum is tokens*k per layer); only the
      largest expert's transient does.
    - "sample": those selections run on random real values of the deciding tensor (normal, seeded by
-     module path, op and shape, so a checkpointed block recomputes the same routing), which gives the
-     imbalance a randomly initialised model shows.
+     op and shape, so a checkpointed block recomputes the same routing; layers of one shape therefore
+     draw the same routing), which gives the imbalance a randomly initialised model shows.
    - "error": refuse, with one EstimateError naming the op, the module and the fix.
    In both resolving modes, what remains value-dependent on an activation is answered as a random
    real sample (nonzero of a thresholded activation, `unique`), a boolean or number read back with
@@ -192,9 +192,11 @@ class ValueResolver:
         # decisions (indices, masks, counts) stay real for the code that branches on them; data goes fake
         return _map_out(out, lambda t: t if not t.is_floating_point() else self.fake_mode.from_tensor(t))
 
-    def _seed(self, func, tensors) -> int:
-        key = f"{self.module_path}|{func}|{[tuple(t.shape) for t in tensors]}"
-        return zlib.crc32(key.encode())
+    @staticmethod
+    def _seed(func, tensors) -> int:
+        """The same op on the same shapes draws the same sample, so a checkpointed block recomputes the
+        routing its forward took (recomputation may run outside the module hooks that name the path)."""
+        return zlib.crc32(f"{func}|{[tuple(t.shape) for t in tensors]}".encode())
 
     @staticmethod
     def _stand_in(t: torch.Tensor, fill: str, seed: int) -> torch.Tensor:

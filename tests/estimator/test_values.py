@@ -197,3 +197,12 @@ def test_finiteness_check_and_hungarian_matcher_are_resolved():
     assert any("numpy" in n for n in est.notes)
     with pytest.raises(EstimateError, match=r"data_dependent="):
         estimate(matcher, matcher_batch(), loss=matched_loss, device="cpu", data_dependent="error")
+
+
+@pytest.mark.parametrize("mode", ["balanced", "sample"])
+def test_checkpointed_moe_recomputes_the_same_routing(mode):
+    """Recomputation in backward must see the routing the forward saw, or checkpoint's shape check fails."""
+    est = estimate(moe, moe_batch(), loss=ce_loss, device="cpu", data_dependent=mode, checkpointing={TinyMoE})
+    truth = measure_cpu_peak(moe, moe_batch, loss=ce_loss, checkpointing={TinyMoE})
+    assert est.checkpointing
+    assert relative_error(est.peak_allocated, truth) < 0.03, (est.peak_allocated, truth)
