@@ -82,3 +82,33 @@ def test_every_rule_is_still_needed():
         "drop or narrow its rule in memplan/estimator/kernel_rules.py"
     )
     assert set(RULES) == {GROUPED_MM}, "a new rule needs its cases in this file"
+
+
+class GroupedExperts(torch.nn.Module):
+    """Experts applied with torch._grouped_mm in float32, as transformers' default MoE path runs on CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w_in = torch.nn.Parameter(torch.randn(4, 32, 64) * 0.02)
+        self.w_out = torch.nn.Parameter(torch.randn(4, 64, 32) * 0.02)
+
+    def forward(self, x):
+        offs = torch.tensor([64, 128, 192, 256], dtype=torch.int32)
+        h = torch.nn.functional.gelu(torch._grouped_mm(x, self.w_in, offs=offs))
+        return torch._grouped_mm(h, self.w_out, offs=offs)
+
+
+def test_float32_grouped_mm_model_estimates_exactly():
+    from memplan.estimator.api import estimate
+    from memplan.estimator.measure import measure_cpu_peak
+
+    def build():
+        torch.manual_seed(0)
+        return GroupedExperts()
+
+    def batch():
+        return (torch.randn(256, 32, generator=torch.Generator().manual_seed(0)),)
+
+    loss = lambda m, b: m(b[0]).square().mean()  # noqa: E731
+    est = estimate(build, batch(), loss=loss, device="cpu")
+    assert est.peak_allocated == measure_cpu_peak(build, batch, loss=loss)
