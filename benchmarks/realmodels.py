@@ -441,7 +441,7 @@ def truth_one(name: str) -> dict:
     return measure(CASES[name])
 
 
-def estimate_one(name: str) -> dict:
+def estimate_one(name: str, data_dependent: str = "balanced") -> dict:
     from memplan.estimator import estimate
 
     torch.manual_seed(SEED)
@@ -451,7 +451,7 @@ def estimate_one(name: str) -> dict:
     started = time.perf_counter()
     result = estimate(
         case.build, batch, loss=case.loss, optimizer=case.optimizer, precision=case.precision,
-        checkpointing=case.checkpointing, device="cpu", data_dependent="balanced",
+        checkpointing=case.checkpointing, device="cpu", data_dependent=data_dependent,
     )
     return {
         "estimate": result.to_dict(),
@@ -476,6 +476,10 @@ def run_case(name: str) -> dict:
     peak = truth["peak_allocated"]
     row["error"] = (row["estimate"]["peak_allocated"] - peak) / peak
     row["error_bytes"] = row["estimate"]["peak_allocated"] - peak
+    if case.family == "moe":  # the other routing assumption, for comparison
+        sample, _, sample_error = _run_json(["benchmarks.realmodels", "--estimate-one", name, "--data-dependent", "sample"])
+        row["error_sample"] = (sample["estimate"]["peak_allocated"] - peak) / peak if sample else None
+        row["error_sample_message"] = sample_error or None
     return row
 
 
@@ -524,9 +528,9 @@ def render_markdown(report: dict) -> str:
         "Torch order (zero_grad first) not measured: `estimate(loop=...)` is not on this branch. "
         "MoE truth routes with the seeded random router; the estimate assumes balanced routing (its notes say so).",
         "",
-        "| case | family | precision | params | truth MiB | memplan MiB | error | error bytes | scratch at peak MiB "
-        "| truth peak in | assumptions in notes |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+        "| case | family | precision | params | truth MiB | memplan MiB | error | error bytes "
+        "| error with data_dependent='sample' | scratch at peak MiB | truth peak in | assumptions in notes |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         t, e = r.get("truth"), r.get("estimate")
@@ -534,12 +538,12 @@ def render_markdown(report: dict) -> str:
         if "error" not in r:
             message = (r.get("error_message") or "").strip().splitlines()[-1:] or [""]
             lines.append(f"| {r['case']} | {r['family']} | {setting} | | | | failed ({r.get('failed')}) | "
-                         f"{message[0][:160].replace('|', '/')} | | | |")
+                         f"{message[0][:160].replace('|', '/')} | | | | |")
             continue
         assumed = "; ".join(n.split(" (in ")[0] for n in e["notes"] if "data_dependent=" in n) or "-"
         lines.append(
             f"| {r['case']} | {r['family']} | {setting} | {t['num_parameters']:,} | {t['peak_allocated'] / MiB:.2f} "
-            f"| {e['peak_allocated'] / MiB:.2f} | {_pct(r['error'])} | {r['error_bytes']:+,} "
+            f"| {e['peak_allocated'] / MiB:.2f} | {_pct(r['error'])} | {r['error_bytes']:+,} | {_pct(r.get('error_sample'))} "
             f"| {t['scratch_at_peak'] / MiB:.2f} | {t['peak_phase']}: {(t['peak_op_stack'] or ['-'])[-1]} | {assumed} |"
         )
     a, moe = s["all"], s["moe"]
@@ -584,9 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="write benchmarks/results/ also with --only")
     parser.add_argument("--truth-one", choices=sorted(CASES), metavar="CASE", help=argparse.SUPPRESS)
     parser.add_argument("--estimate-one", choices=sorted(CASES), metavar="CASE", help=argparse.SUPPRESS)
+    parser.add_argument("--data-dependent", default="balanced", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.truth_one or args.estimate_one:
-        out = truth_one(args.truth_one) if args.truth_one else estimate_one(args.estimate_one)
+        out = truth_one(args.truth_one) if args.truth_one else estimate_one(args.estimate_one, args.data_dependent)
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
         return 0
