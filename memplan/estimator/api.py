@@ -28,6 +28,7 @@ from memplan.estimator.step import (
 )
 from memplan.estimator.target import GENERIC_CUDA, Target, resolve_target
 from memplan.estimator.tracker import Category, Phase, StorageTracker
+from memplan.estimator.values import DataDependent, ValueResolver
 
 TRACED_STEPS = 2
 """Step 1 creates the optimizer state lazily; step 2 is the steady state the peak is taken from."""
@@ -47,6 +48,7 @@ def estimate(
     strategy: str | None = None,
     world_size: int = 1,
     loop: Loop = "lightning",
+    data_dependent: DataDependent = "balanced",
 ) -> MemoryEstimate:
     """Peak memory of one steady-state training step, traced on fake tensors (no weight allocated).
 
@@ -62,6 +64,9 @@ def estimate(
     strategy, world_size: None, or "ddp" with the number of ranks (memory is per rank).
     loop: "lightning" (zero_grad after the forward, as Lightning runs it) or "torch" (a plain loop:
         forward + loss, backward, step, zero_grad(set_to_none=True)).
+    data_dependent: how shapes decided by activation values (MoE routing, matching, `.item()` checks)
+        are resolved: "balanced" (even routing), "sample" (random values) or "error" (refuse). Shapes
+        decided by the batch (masks, lengths) are always exact. See memplan/estimator/values.py.
     """
     policy = PrecisionPolicy.from_string(precision)
     _check_strategy(strategy, world_size)
@@ -70,7 +75,7 @@ def estimate(
     _check_precision_on_target(policy, target)
 
     started = time.perf_counter()
-    trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, loop)
+    trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, loop, data_dependent)
     with warnings.catch_warnings(), _quiet_fake_tensor_log():
         warnings.filterwarnings("ignore", message=".*self.log.*")
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
@@ -113,27 +118,30 @@ def _check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
 class _Trace:
     """One estimate's trace: the fake model, the tracker, and the two steps."""
 
-    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy, loop):
+    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy, loop,
+                 data_dependent):
         self.target = target
         self.loop = loop
         self.policy = policy
         self.strategy = strategy
         self.notes: list[str] = []
         self.fake_mode = new_fake_mode()
+        self.values = ValueResolver(data_dependent, self.fake_mode)
         self.device = torch.device(target.trace_device)
         self.model = fake_model(model, self.fake_mode, device=self.device, param_dtype=policy.param_dtype)
         self.checkpointed = apply_checkpointing(self.model, checkpointing) if checkpointing else []
         self.batch = batch
         self.loss_arg, self.optimizer_arg = loss, optimizer
         self.memory = _memory_model(target)
-        self.tracker = StorageTracker(self.memory, self.fake_mode, cpu_kernels=not target.is_cuda)
+        self.tracker = StorageTracker(self.memory, self.fake_mode, cpu_kernels=not target.is_cuda, values=self.values)
         self.overheads = _overheads(target)
 
     # --- the trace ---------------------------------------------------------------------------
     def run(self) -> None:
         tracker = self.tracker
         try:
-            with self._emulation(), self.fake_mode, tracker, self._rng_states(), RealCompositePaths():
+            with self._emulation(), self.values.watching(self.model), self.fake_mode, tracker, self._rng_states(), \
+                    RealCompositePaths():
                 self._setup()
                 for step in range(TRACED_STEPS):
                     if step == TRACED_STEPS - 1:
@@ -262,7 +270,7 @@ class _Trace:
             from memplan.estimator.cuda import nccl_buffer_bytes
 
             communication = nccl_buffer_bytes(world_size, compute_capability=self.target.compute_capability)
-        notes = list(self.notes)
+        notes = list(self.notes) + self.values.notes
         if self.loop == "torch":
             notes.append("plain PyTorch loop order: zero_grad(set_to_none=True) after the optimizer step")
         if self.target.emulates_cuda:

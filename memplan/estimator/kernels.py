@@ -70,3 +70,13 @@ def promotion_scratch_bytes(func, tensors: list[torch.Tensor]) -> int:
         return 0
     itemsize = torch.empty((), dtype=common, device="meta").element_size()
     return sum(t.numel() * itemsize for t in tensors if t.dtype != common)
+
+
+def ctc_backward_scratch_bytes(func, args) -> int:
+    """`_ctc_loss_backward` makes `log_beta = at::empty_like(log_alpha)` and frees it before returning,
+    on CPU and CUDA alike (aten/src/ATen/native/LossCTC.cpp, cuda/LossCTC.cu). Arguments: (grad,
+    log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, ...)."""
+    if func not in (torch.ops.aten._ctc_loss_backward.Tensor, torch.ops.aten._ctc_loss_backward.default):
+        return 0
+    log_alpha = args[6]
+    return log_alpha.numel() * log_alpha.element_size()

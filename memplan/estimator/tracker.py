@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memplan.estimator.kernels import promotion_scratch_bytes, rnn_workspace_bytes
+from memplan.estimator.kernels import ctc_backward_scratch_bytes, promotion_scratch_bytes, rnn_workspace_bytes
 
 # Factory ops with no tensor inputs whose output is at most this many elements are made real, so
 # that values like `torch.arange(seq_len)` can be inspected by model code. 64 Ki elements.
@@ -71,8 +71,10 @@ class Snapshot:
 class StorageTracker(TorchDispatchMode):
     """Counts live storage bytes through a memory model. Use as the outermost dispatch mode."""
 
-    def __init__(self, memory_model, fake_mode, *, cpu_kernels: bool) -> None:
+    def __init__(self, memory_model, fake_mode, *, cpu_kernels: bool, values=None) -> None:
         super().__init__()
+        self.values = values
+        """A values.ValueResolver that runs ops on fake inputs (kernel rules, value-dependent shapes)."""
         self.memory = memory_model
         self.fake_mode = fake_mode
         self.cpu_kernels = cpu_kernels
@@ -161,7 +163,7 @@ class StorageTracker(TorchDispatchMode):
             with _disable_current_modes():
                 out = func(*args, **kwargs)
         else:
-            out = func(*args, **kwargs)
+            out = self.values.call(func, args, kwargs) if self.values is not None else func(*args, **kwargs)
             if not tensors:
                 out = self._maybe_realize_factory(func, args, kwargs, out)
             out = self._fill_library_workspace(func, args, out)
@@ -169,6 +171,7 @@ class StorageTracker(TorchDispatchMode):
             self.track(t)
         if self.cpu_kernels:
             self._transient(promotion_scratch_bytes(func, tensors))
+        self._transient(ctc_backward_scratch_bytes(func, args))
         return out
 
     def _fill_library_workspace(self, func, args, out):

@@ -1,0 +1,89 @@
+"""Ops whose fake kernel disagrees with the real one, and the rule memplan follows for each.
+
+A fake tensor runs an op's meta kernel. Where that kernel refuses inputs the real kernel takes (or
+gives another output), the trace would fail, or count other bytes, for a step that runs. Each entry
+of RULES names the op, what the installed torch does wrong, and a function that gives the output the
+real kernel gives. tests/estimator/test_kernel_rules.py runs each rule against the real kernel of the
+installed torch, and checks that the fake kernel still disagrees: an upgrade that fixes or changes an
+op fails that test, so the rule is removed or changed rather than silently kept.
+
+Known for torch 2.13.0.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+Rule = Callable[..., object]
+"""rule(func, args, kwargs) -> outputs; called under the fake mode, in place of func."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelRule:
+    """One op whose fake kernel the trace must not call as it is."""
+
+    op: torch._ops.OpOverload
+    """The aten overload the rule replaces."""
+    disagreement: str
+    """What the installed torch's fake kernel does that the real kernel does not."""
+    run: Rule
+    """Gives the real kernel's outputs (shapes, strides, dtypes) as fakes."""
+
+
+_META_DTYPE = torch.bfloat16
+"""The only non-scaled dtype `_meta_grouped_mm_common` accepts (torch/_meta_registrations.py)."""
+
+
+def _as_meta_dtype(t: torch.Tensor) -> torch.Tensor:
+    """A bf16 stand-in for `t` whose strides in bytes equal `t`'s, so the meta kernel's 16-byte stride
+    checks (written in elements of the input's dtype) judge the stand-in as the real kernel judges `t`."""
+    if t.dtype == _META_DTYPE:
+        return t
+    scale = t.element_size() / _META_DTYPE.itemsize
+    strides = [s if s == 1 else s * scale for s in t.stride()]
+    if any(s != int(s) for s in strides):  # 1-byte dtypes: no byte-equivalent bf16 layout; let the meta judge
+        return t
+    return torch.empty_strided(tuple(t.shape), tuple(int(s) for s in strides), dtype=_META_DTYPE, device=t.device)
+
+
+def _grouped_mm(func, args, kwargs):
+    """The real kernels (CPU, and CUDA's fallback) take float32/float16/bfloat16 and return mat_a's dtype;
+    the meta kernel checks dtype == bfloat16 first (and refuses any other out_dtype). Run the meta on
+    byte-equivalent bf16 stand-ins, so every other check (ranks, contraction size, strides, group
+    counts) is still the meta kernel's own, and give its output back in mat_a's dtype."""
+    mat_a, mat_b, *rest = args
+    dtype = mat_a.dtype
+    if mat_b.dtype != dtype or dtype not in (torch.float32, torch.float16) or kwargs.get("out_dtype") or len(rest) > 2:
+        return func(*args, **kwargs)  # the meta's own verdict where the real kernel has no other answer
+    out = func(_as_meta_dtype(mat_a), _as_meta_dtype(mat_b), *rest, **kwargs)
+    return _like_in_dtype(out, dtype)
+
+
+def _like_in_dtype(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`out` re-made in `dtype`: contiguous as the CPU kernel makes it, or with the last dimension padded
+    to 16 bytes as `_create_grouped_mm_output_tensor` does on CUDA builds."""
+    if out.is_contiguous():
+        return torch.empty(tuple(out.shape), dtype=dtype, device=out.device)
+    alignment = 16 // dtype.itemsize
+    padded = -(-out.shape[-1] // alignment) * alignment
+    strides = (out.shape[1] * padded, padded, 1) if out.dim() == 3 else (padded, 1)
+    return torch.empty_strided(tuple(out.shape), strides, dtype=dtype, device=out.device)
+
+
+RULES: dict[torch._ops.OpOverload, KernelRule] = {
+    rule.op: rule
+    for rule in (
+        KernelRule(
+            op=torch.ops.aten._grouped_mm.default,
+            disagreement="the fake kernel accepts only bfloat16; the real CPU kernel also runs float32 and float16 "
+            "(transformers' default MoE experts path calls it in float32 on CPU)",
+            run=_grouped_mm,
+        ),
+    )
+}
+
+
+def rule_for(func) -> KernelRule | None:
+    return RULES.get(func)
