@@ -37,6 +37,9 @@ def _add_estimate(sub) -> None:
                    help="estimate a DDP rank of this world size")
     p.add_argument("--loop", choices=("lightning", "torch"), default="lightning", help="step order: 'lightning' "
                    "(zero_grad after the forward) or 'torch' (forward, backward, step, zero_grad)")
+    p.add_argument("--data-dependent", choices=("balanced", "sample", "error"), default="balanced",
+                   help="shapes decided by activation values (MoE routing, matching): 'balanced' (even routing), "
+                        "'sample' (random values) or 'error' (refuse); shapes decided by the batch are always exact")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes as ints)")
     p.set_defaults(run=cmd_estimate)
 
@@ -80,7 +83,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if (args.config is None) == (args.demo is None):
         return _usage_error("pass a config file or --demo NAME (one of them)")
     options = dict(checkpointing=args.checkpointing, device=args.device,
-                   strategy="ddp" if args.ddp else None, world_size=args.ddp or 1, loop=args.loop)
+                   strategy="ddp" if args.ddp else None, world_size=args.ddp or 1, loop=args.loop,
+                   data_dependent=args.data_dependent)
     try:
         est = _estimate_config(args, options) if args.config else _estimate_demo(args, options)
     except ValueError as err:  # EstimateError and ConfigError are ValueErrors naming the field

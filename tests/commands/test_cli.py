@@ -119,3 +119,21 @@ def test_fewer_gpus_than_given_is_never_silent(capsys):
     assert "the plan uses 512 of the 1000 GPUs per node --gpus gives" in err and "does not split evenly" in err
     code, out, _ = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP)
     assert "Uses 512 of 1000 GPUs per node" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("flags, expected", [((), ("lightning", "balanced")),
+                                             (("--loop", "torch", "--data-dependent", "sample"), ("torch", "sample"))])
+def test_estimate_passes_the_loop_and_the_data_dependent_policy_to_the_trace(capsys, monkeypatch, flags, expected):
+    import memplan
+
+    seen = {}
+    real = memplan.estimate
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(memplan, "estimate", spy)
+    code, out, _ = run(capsys, "estimate", "--demo", "mlp", "--batch-size", "2", "--device", "cpu", *flags)
+    assert code == 0 and "peak" in out.lower()
+    assert (seen["loop"], seen["data_dependent"]) == expected
