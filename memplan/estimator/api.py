@@ -17,6 +17,7 @@ from memplan.estimator.checkpointing import apply_checkpointing
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake import fake_model, new_fake_mode
+from memplan.estimator.fsdp import FsdpSettings, fake_process_group, follow_storage, shard_model
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator.step import LossFn, PrecisionPolicy, iter_tensors, map_tensors, run_training_step
@@ -26,7 +27,7 @@ from memplan.estimator.tracker import Category, Phase, StorageTracker
 TRACED_STEPS = 2
 """Step 1 creates the optimizer state lazily; step 2 is the steady state the peak is taken from."""
 
-STRATEGIES = (None, "ddp")
+STRATEGIES = (None, "ddp", "fsdp")
 
 
 def estimate(
@@ -40,6 +41,7 @@ def estimate(
     device: str | None = None,
     strategy: str | None = None,
     world_size: int = 1,
+    fsdp: FsdpSettings | None = None,
 ) -> MemoryEstimate:
     """Peak memory of one steady-state training step, traced on fake tensors (no weight allocated).
 
@@ -52,18 +54,23 @@ def estimate(
     checkpointing: False, True (each repeated block), or a set of module classes to checkpoint.
     device: "cpu", a GPU model name ("A100-80GB"), a memplan.hardware GpuModel (custom_gpu("24GiB")),
         or None for the local GPU.
-    strategy, world_size: None, or "ddp" with the number of ranks (memory is per rank).
+    strategy, world_size: None, or "ddp" / "fsdp" with the number of ranks (memory is per rank).
+    fsdp: FsdpSettings (sharding strategy, wrapped classes, offload, dtypes) for strategy="fsdp".
     """
     policy = PrecisionPolicy.from_string(precision)
     _check_strategy(strategy, world_size)
+    if strategy == "fsdp":
+        fsdp = fsdp or FsdpSettings()
+        fsdp.check(world_size)
     target = resolve_target(device)
     _check_precision_on_target(policy, target)
 
     started = time.perf_counter()
-    trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy)
-    with warnings.catch_warnings(), _quiet_fake_tensor_log():
+    group = fake_process_group(world_size) if strategy == "fsdp" else contextlib.nullcontext()
+    with warnings.catch_warnings(), _quiet_fake_tensor_log(), group:
         warnings.filterwarnings("ignore", message=".*self.log.*")
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
+        trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, (fsdp, world_size))
         trace.run()
     return trace.result(time.perf_counter() - started, world_size)
 
@@ -83,11 +90,11 @@ def _quiet_fake_tensor_log():
 
 def _check_strategy(strategy: str | None, world_size: int) -> None:
     if strategy not in STRATEGIES:
-        raise EstimateError(f"strategy must be None or 'ddp'; got {strategy!r}")
+        raise EstimateError(f"strategy must be None, 'ddp' or 'fsdp'; got {strategy!r}")
     if not isinstance(world_size, int) or world_size < 1:
         raise EstimateError(f"world_size must be a positive int; got {world_size!r}")
     if world_size > 1 and strategy is None:
-        raise EstimateError(f"world_size={world_size} needs strategy='ddp'")
+        raise EstimateError(f"world_size={world_size} needs strategy='ddp' or 'fsdp'")
 
 
 def _check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
@@ -103,7 +110,7 @@ def _check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
 class _Trace:
     """One estimate's trace: the fake model, the tracker, and the two steps."""
 
-    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy):
+    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy, fsdp=(None, 1)):
         self.target = target
         self.policy = policy
         self.strategy = strategy
@@ -112,6 +119,10 @@ class _Trace:
         self.device = torch.device(target.trace_device)
         self.model = fake_model(model, self.fake_mode, device=self.device, param_dtype=policy.param_dtype)
         self.checkpointed = apply_checkpointing(self.model, checkpointing) if checkpointing else []
+        self.fsdp = fsdp[0] if strategy == "fsdp" else None
+        if self.fsdp is not None:
+            shard_model(self.model, self.fsdp, fsdp[1], self.fake_mode)
+            self.notes.append(self.fsdp.describe(fsdp[1]))
         self.batch = batch
         self.loss_arg, self.optimizer_arg = loss, optimizer
         self.memory = _memory_model(target)
@@ -122,7 +133,8 @@ class _Trace:
     def run(self) -> None:
         tracker = self.tracker
         try:
-            with self._emulation(), self.fake_mode, tracker:
+            follow = follow_storage(tracker) if self.fsdp else contextlib.nullcontext()
+            with self._emulation(), self.fake_mode, tracker, follow:
                 self._setup()
                 for step in range(TRACED_STEPS):
                     if step == TRACED_STEPS - 1:
@@ -153,6 +165,10 @@ class _Trace:
                 p.register_post_accumulate_grad_hook(lambda q: tracker.classify(q.grad, Category.GRADIENTS))
         for b in self.model.buffers():
             tracker.track(b, Category.PARAMETERS)
+        if self.fsdp is not None and self.fsdp.cpu_offload:
+            for p in self.model.parameters():
+                tracker.forget(p)
+                p.register_post_accumulate_grad_hook(lambda q: tracker.forget(q.grad))
         self.batch = self._prepare_batch(self.batch)
         for t in iter_tensors(self.batch):
             tracker.track(t, Category.BATCH)
@@ -206,6 +222,9 @@ class _Trace:
             raise
         state_tensors = [t for s in self.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         self.tracker.classify_all(state_tensors, Category.OPTIMIZER_STATE)
+        if self.fsdp is not None and self.fsdp.cpu_offload:
+            for t in state_tensors:
+                self.tracker.forget(t)
 
     def _on_phase(self, name: str, saved_hooks) -> None:
         tracker = self.tracker
@@ -231,7 +250,7 @@ class _Trace:
         peak_reserved = self.memory.peak_reserved_bytes
         context = self.overheads.context_bytes if self.overheads else 0
         communication = 0
-        if self.strategy == "ddp" and self.target.is_cuda:
+        if self.strategy in ("ddp", "fsdp") and self.target.is_cuda:
             from memplan.estimator.cuda import nccl_buffer_bytes
 
             communication = nccl_buffer_bytes(world_size, compute_capability=self.target.compute_capability)

@@ -88,7 +88,7 @@ class StorageTracker(TorchDispatchMode):
     # --- allocation bookkeeping ------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: Category = Category.TEMPORARIES) -> None:
         """Count a tensor's storage if it is not counted yet; otherwise leave it as it is."""
-        storage = tensor.untyped_storage()
+        storage = _local(tensor).untyped_storage()
         if storage in self._records:
             return
         handle = self.memory.malloc(storage.nbytes())
@@ -100,7 +100,7 @@ class StorageTracker(TorchDispatchMode):
 
     def classify(self, tensor: torch.Tensor, category: Category, *, only_from: Category | None = None) -> None:
         """Move a tensor's storage into `category` (tracking it first if needed)."""
-        storage = tensor.untyped_storage()
+        storage = _local(tensor).untyped_storage()
         record = self._records.get(storage)
         if record is None:
             self.track(tensor, category)
@@ -131,6 +131,32 @@ class StorageTracker(TorchDispatchMode):
         self._by_category[category] += self.memory.block_bytes(handle)
         self._update_peak()
 
+    def resize(self, tensor: torch.Tensor) -> None:
+        """A storage was resized in place (FSDP frees and re-allocates its unsharded parameters with
+        `storage.resize_`): count its new size, as a fresh allocation of the current phase."""
+        storage = _local(tensor).untyped_storage()
+        record = self._records.get(storage)
+        if record is None:
+            if storage.nbytes():
+                self.track(tensor)
+            return
+        if record.live:
+            self._on_free(record)
+        if storage.nbytes():
+            record.handle = self.memory.malloc(storage.nbytes())
+            record.nbytes = self.memory.block_bytes(record.handle)
+            record.category, record.phase, record.live = Category.TEMPORARIES, self.phase, True
+            self._by_category[record.category] += record.nbytes
+            self._update_peak()
+
+    def forget(self, tensor: torch.Tensor) -> None:
+        """The storage lives off the device from now on (FSDP's CPU offload): stop counting it."""
+        record = self._records.get(_local(tensor).untyped_storage())
+        if record is None:
+            self.track(tensor)
+            record = self._records[_local(tensor).untyped_storage()]
+        self._on_free(record)
+
     def _on_free(self, record: _Record) -> None:
         if not self._active or not record.live:
             return
@@ -158,7 +184,7 @@ class StorageTracker(TorchDispatchMode):
         self.ops_seen += 1
         flat, _ = tree_flatten((args, kwargs))
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
-        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
+        if tensors and not any(isinstance(_local(t), FakeTensor) for t in tensors):
             with _disable_current_modes():
                 out = func(*args, **kwargs)
         else:
@@ -197,3 +223,10 @@ class StorageTracker(TorchDispatchMode):
             return out
         with _disable_current_modes():
             return func(*args, **kwargs)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds a DTensor's storage (FSDP2's sharded parameters, gradients and optimizer
+    state are DTensors); any other tensor as it is. `_local_tensor` is DTensor's attribute in torch
+    2.4-2.13 (`to_local()` would dispatch an op)."""
+    return getattr(tensor, "_local_tensor", tensor)
