@@ -34,6 +34,8 @@ class Alternative:
     """Whether it fits the device budget and host RAM."""
     why_not: str | None = None
     """Why it lost or does not fit, in words."""
+    strategy: str = "ddp"
+    """The data-parallel layout in words: 'ddp', 'single', or 'fsdp FULL_SHARD' (+ ' offload')."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,8 +60,8 @@ class Plan:
     """Lightning precision string, ready for Trainer(precision=...)."""
     gradient_checkpointing: bool
     """Checkpoint each repeated block."""
-    strategy: Literal["ddp", "auto"]
-    """Lightning strategy: 'ddp' for more than one rank, else 'auto'."""
+    strategy: Literal["ddp", "fsdp", "auto"]
+    """Lightning strategy: 'ddp' or 'fsdp' for more than one rank, else 'auto'."""
     predicted_peak_bytes: int
     """Predicted per-GPU device total (peak reserved + CUDA context + NCCL)."""
     device_budget_bytes: int
@@ -72,6 +74,12 @@ class Plan:
     """Why this plan won, in words."""
     alternatives: tuple[Alternative, ...] = field(default_factory=tuple)
     """The next-best candidates, best first."""
+    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"] | None = None
+    """FSDP's sharding strategy when strategy is 'fsdp' (HYBRID_SHARD: sharded within a node)."""
+    cpu_offload: bool = False
+    """FSDP keeps parameters, gradients and optimizer state in host memory."""
+    block_classes: tuple[str, ...] = ()
+    """Import paths of the repeated block classes FSDP wraps (its auto_wrap_policy)."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -87,6 +95,9 @@ class Plan:
                 f"({self.micro_batch_size} x {self.world_size} x {self.accumulate_grad_batches} = {product}); "
                 f"got {self.global_batch_size}"
             )
+        if self.strategy == "fsdp" and self.sharding_strategy is None:
+            raise ValueError("Plan.sharding_strategy must be FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD when "
+                             "strategy is 'fsdp'")
         if self.world_size % self.nodes:
             raise ValueError(f"Plan.world_size ({self.world_size}) must be a multiple of nodes ({self.nodes})")
 
@@ -105,6 +116,7 @@ class Plan:
         out["format"] = PLAN_FORMAT
         out["gpus"] = list(self.gpus)
         out["reasons"] = list(self.reasons)
+        out["block_classes"] = list(self.block_classes)
         out["headroom_bytes"] = self.headroom_bytes
         out["alternatives"] = [dataclasses.asdict(a) for a in self.alternatives]
         return out
@@ -123,5 +135,6 @@ class Plan:
             raise ValueError(f"plan file has unknown keys {unknown}; re-run memplan suggest with this memplan version")
         data["gpus"] = tuple(data.get("gpus", ()))
         data["reasons"] = tuple(data.get("reasons", ()))
+        data["block_classes"] = tuple(data.get("block_classes", ()))
         data["alternatives"] = tuple(Alternative(**a) for a in data.get("alternatives", ()))
         return cls(**data)

@@ -21,6 +21,7 @@ from memplan.hardware import custom_gpu, host_info, lookup_gpu, visible_gpus
 from memplan.commands.devices import OFF_BOX_HINT
 from memplan.plan import Plan
 from memplan.planner import DeviceBudget, HostLoad, PlanRequest, estimator_for, largest_block_bytes, make_plan
+from memplan.planner.tracing import block_classes, tokens_per_sample
 from memplan.planner.request import SEARCHED_PRECISIONS
 from memplan.units import format_bytes
 
@@ -100,6 +101,9 @@ def plan_config(
         allow_checkpointing=allow and has_blocks,
         margin=settings.margin if margin is None else margin,
         largest_block_bytes=largest_block_bytes(skeleton),
+        parameter_count=sum(p.numel() for p in skeleton.parameters()) if has_blocks else None,
+        tokens_per_sample=tokens_per_sample(base),
+        block_classes=block_classes(skeleton),
     )
     estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device)
     with loaded.config_errors():
@@ -118,7 +122,8 @@ def render_plan(plan: Plan) -> Group:
     gpus = ", ".join(map(str, plan.gpus)) if plan.gpus else f"{plan.gpus_per_node} per node"
     rows = [
         ("GPUs", f"{plan.world_size} ({gpus}{f', {plan.nodes} nodes' if plan.nodes > 1 else ''})"),
-        ("strategy", plan.strategy),
+        ("strategy", plan.strategy if plan.strategy != "fsdp" else
+         f"fsdp ({plan.sharding_strategy}{', CPU offload' if plan.cpu_offload else ''})"),
         ("precision", plan.precision),
         ("micro-batch per GPU", str(plan.micro_batch_size)),
         ("gradient accumulation", str(plan.accumulate_grad_batches)),
@@ -140,7 +145,7 @@ def render_plan(plan: Plan) -> Group:
                  "per-GPU peak, speed relative to the plan):"]
         for a in plan.alternatives:
             lines.append(
-                f"  {a.world_size} x {a.micro_batch_size} x {a.accumulate_grad_batches}, {a.precision}, "
+                f"  {a.world_size} x {a.micro_batch_size} x {a.accumulate_grad_batches}, {a.strategy}, {a.precision}, "
                 f"checkpointing {'on' if a.gradient_checkpointing else 'off'}: "
                 f"{format_bytes(a.predicted_peak_bytes)}, {a.relative_speed:.2f}x"
                 f"{'' if a.fits or a.why_not else ', does not fit'}{f' - {a.why_not}' if a.why_not else ''}"

@@ -60,10 +60,12 @@ EXTRAPOLATION_SLACK = 0.02
 
 
 class Estimator(Protocol):
-    """Per-GPU memory of one training step at a setting (memplan.estimate with the model bound)."""
+    """Per-GPU memory of one training step at a setting (memplan.estimate with the model bound).
+    `fsdp` (an estimator.fsdp.FsdpSettings) is passed only for FSDP candidates: an estimator for a
+    search without FSDP (PlanRequest.searches_fsdp False) need not accept it."""
 
     def __call__(self, *, micro_batch_size: int, precision: str, checkpointing: bool,
-                 world_size: int) -> MemoryEstimate: ...
+                 world_size: int, **fsdp) -> MemoryEstimate: ...
 
 
 @dataclass
@@ -128,19 +130,30 @@ class _Search:
             self.groups.setdefault(c.group, []).append(c)
         self.curves: dict[Group, _Curve] = {g: _Curve() for g in self.groups}
         for g, curve in self.curves.items():
-            curve.sibling = self.curves.get(Group(amp=g.amp, checkpointing=g.checkpointing, multi=not g.multi))
-        self.traces: dict[tuple[int, str, bool, int], MemoryEstimate] = {}
+            if g.sharding is None:
+                curve.sibling = self.curves.get(Group(amp=g.amp, checkpointing=g.checkpointing, multi=not g.multi))
+            else:  # activations grow alike under every layout: borrow DDP's slope, else one GPU's
+                curve.sibling = (self.curves.get(Group(amp=g.amp, checkpointing=g.checkpointing, multi=True))
+                                 or self.curves.get(Group(amp=g.amp, checkpointing=g.checkpointing, multi=False)))
+        self.traces: dict[tuple, MemoryEstimate] = {}
         self.explored: set[Group] = set()
         self.unfit: set[Group] = set()
         self.calls = 0
 
     # --- estimator calls ------------------------------------------------------------------------
-    def trace(self, micro: int, precision: str, checkpointing: bool, world_size: int) -> MemoryEstimate:
-        key = (micro, precision, checkpointing, world_size)
+    def trace(self, micro: int, precision: str, checkpointing: bool, world_size: int,
+              sharding: str | None = None, offload: bool = False) -> MemoryEstimate:
+        key = (micro, precision, checkpointing, world_size, sharding, offload)
         if key not in self.traces:
             self.calls += 1
+            extra = {}
+            if sharding is not None:
+                from memplan.estimator.fsdp import FsdpSettings
+
+                shard_size = world_size // self.request.nodes if sharding == "HYBRID_SHARD" else None
+                extra["fsdp"] = FsdpSettings(sharding_strategy=sharding, shard_size=shard_size, cpu_offload=offload)
             self.traces[key] = self.estimator(micro_batch_size=micro, precision=precision,
-                                              checkpointing=checkpointing, world_size=world_size)
+                                              checkpointing=checkpointing, world_size=world_size, **extra)
         return self.traces[key]
 
     def trace_precision(self, group: Group) -> str:
@@ -168,10 +181,11 @@ class _Search:
         return c.host_fits and self.fits_device(c)
 
     # --- the search -----------------------------------------------------------------------------
-    def bound(self, group: Group) -> float | None:
-        """The fastest candidate the group could hold if memory allowed; None if none fits the host."""
-        speeds = [c.speed for c in self.groups[group] if c.host_fits]
-        return max(speeds) if speeds else None
+    def bound(self, group: Group) -> tuple | None:
+        """The best rank_key a candidate of the group could have if memory allowed; None if none fits
+        the host."""
+        keys = [c.rank_key() for c in self.groups[group] if c.host_fits]
+        return max(keys) if keys else None
 
     def ruled_out(self, group: Group) -> bool:
         top = max(c.budget_bytes for c in self.groups[group])
@@ -181,7 +195,8 @@ class _Search:
     def explore(self, group: Group) -> None:
         self.explored.add(group)
         curve, precision = self.curves[group], self.trace_precision(group)
-        curve.add(1, self.trace(1, precision, group.checkpointing, group.probe_world_size))
+        layout = (group.sharding, group.offload)
+        curve.add(1, self.trace(1, precision, group.checkpointing, group.probe_world_size, *layout))
         if not any(self.fits_device(c) for c in self.groups[group] if c.micro_batch_size == 1):
             self.unfit.add(group)
             return
@@ -189,16 +204,15 @@ class _Search:
         sibling_slope = curve.sibling.own_slope() if curve.sibling is not None else None
         if largest > 1 and sibling_slope is None:
             probe = min(PROBE_MICRO, largest)
-            curve.add(probe, self.trace(probe, precision, group.checkpointing, group.probe_world_size))
+            curve.add(probe, self.trace(probe, precision, group.checkpointing, group.probe_world_size, *layout))
 
     def best_fit(self) -> Candidate | None:
         fitting = [c for c in self.candidates if self.fits(c)]
         return max(fitting, key=Candidate.rank_key) if fitting else None
 
     def next_group(self, best: Candidate | None) -> Group | None:
-        floor = best.speed if best is not None else float("-inf")
         pending = [(b, g) for g in self.groups if g not in self.explored and not self.ruled_out(g)
-                   and (b := self.bound(g)) is not None and b > floor]
+                   and (b := self.bound(g)) is not None and (best is None or b > best.rank_key())]
         return max(pending, key=lambda item: item[0])[1] if pending else None
 
     def run(self) -> tuple[Candidate, MemoryEstimate]:
@@ -234,7 +248,8 @@ class _Search:
         allowed setting (AMP and checkpointing when allowed), micro-batch 1, on every GPU allowed."""
         request = self.request
         amp = any(g.amp for g in self.groups)
-        frugal = [g for g in self.groups if g.amp == amp and g.checkpointing == request.allow_checkpointing]
+        frugal = [g for g in self.groups if g.amp == amp and g.checkpointing == request.allow_checkpointing
+                  and g.sharding is None] or list(self.groups)
         group = max(frugal, key=lambda g: g.multi)
         widest = max(self.groups[group], key=lambda c: c.world_size)
         precision = self.trace_precision(group)
@@ -243,10 +258,15 @@ class _Search:
         if widest.world_size > 1 and ddp_est.communication:
             ddp_needed += nccl_buffer_bytes(widest.world_size, compute_capability=widest.compute_capability)
         # FSDP from the one-GPU trace where there is one: it has no DDP buckets in its gradients.
-        base = self.traces.get((1, precision, group.checkpointing, 1), ddp_est)
-        fsdp_needed = fsdp_full_shard_bytes(base, world_size=widest.world_size,
-                                            largest_block_bytes=request.largest_block_bytes,
-                                            compute_capability=widest.compute_capability)
+        base = self.traces.get((1, precision, group.checkpointing, 1, None, False), ddp_est)
+        fsdp_traced = [self.predicted_bytes(c) for c in self.candidates if c.group.sharding is not None
+                       and c.group in self.explored and c.micro_batch_size == 1]
+        if fsdp_traced:  # FSDP was searched: its own traces say what it needs
+            fsdp_needed = min(fsdp_traced)
+        else:
+            fsdp_needed = fsdp_full_shard_bytes(base, world_size=widest.world_size,
+                                                largest_block_bytes=request.largest_block_bytes,
+                                                compute_capability=widest.compute_capability)
         budget = max(c.budget_bytes for c in self.candidates)
         where = f"across {widest.world_size} GPUs" if widest.world_size > 1 else "on one GPU"
         setting = ", ".join([precision, *(["activation checkpointing"] if group.checkpointing else []),
@@ -266,7 +286,8 @@ class _Search:
             lines.append(
                 f"DDP needs {format_bytes(ddp_needed)} per GPU {where} even with {setting}, over the per-GPU "
                 f"budget of {format_bytes(widest.budget_bytes)} ({request.margin:.0%} margin kept). FSDP full "
-                f"shard {where} would need about {format_bytes(fsdp_needed)} per GPU (approximate), {verdict}.")
+                f"shard {where} would need {'' if fsdp_traced else 'about '}{format_bytes(fsdp_needed)} per GPU "
+                f"({'traced, its most frugal layout' if fsdp_traced else 'approximate'}), {verdict}.")
             if not amp or not request.allow_checkpointing:
                 allow = [x for x, ok in (("precisions=('bf16-mixed', '16-mixed', ...)", amp),
                                          ("allow_checkpointing=True", request.allow_checkpointing)) if not ok]

@@ -1,0 +1,135 @@
+"""The planner with FSDP: DDP against FSDP's layouts, the communication cost model, the planned config.
+
+A simulated step stands in for memplan.estimate: per rank, the training state (fp32 parameters,
+gradients, Adam's two states: 4 x params) is sharded over the FSDP shard degree (none of it on the GPU
+with CPU offload), two blocks are gathered at once (SHARD_GRAD_OP keeps all of them gathered from forward
+to backward), activations grow with the micro-batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from memplan.estimator.result import MemoryEstimate
+from memplan.hardware import lookup_gpu
+from memplan.hardware.catalog import gpu_links
+from memplan.planner import DeviceBudget, NoFit, PlanRequest, make_plan
+from memplan.planner.costs import communication_seconds, strategy_factor
+from memplan.units import GiB, MiB
+
+CONTEXT = 640 * MiB
+BLOCKS = 32
+
+
+@dataclass
+class ShardedStep:
+    params: int = 7_000_000_000
+    activation_bytes_per_sample: int = 3 * GiB
+    calls: list = field(default_factory=list)
+
+    def __call__(self, *, micro_batch_size, precision, checkpointing, world_size, fsdp=None):
+        self.calls.append((micro_batch_size, checkpointing, world_size, fsdp))
+        weights = 4 * self.params
+        act = self.activation_bytes_per_sample * micro_batch_size // (4 if checkpointing else 1)
+        if fsdp is None:
+            state = 4 * weights + (weights if world_size > 1 else 0)  # + DDP's buckets
+            gathered = 0
+        else:
+            shard = fsdp.shard_size or world_size
+            state = 0 if fsdp.cpu_offload else -(-4 * weights // shard)
+            gathered = weights if fsdp.sharding_strategy == "SHARD_GRAD_OP" else 2 * weights // BLOCKS
+        total = state + gathered + act
+        return MemoryEstimate(
+            parameters=state // 4, gradients=state // 4, optimizer_state=state // 2, activations=act,
+            temporaries=gathered, batch=0, peak_allocated=total, peak_reserved=total,
+            device_total=total + CONTEXT, cuda_context=CONTEXT, device="H100-80GB", precision=precision,
+            checkpointing=checkpointing, strategy="fsdp" if fsdp else ("ddp" if world_size > 1 else None),
+            world_size=world_size, forward_activations=act, batch_size=micro_batch_size)
+
+
+def h100s(count: int) -> tuple[DeviceBudget, ...]:
+    return (DeviceBudget.from_catalog(lookup_gpu("H100-80GB")),) * count
+
+
+def request(**kwargs) -> PlanRequest:
+    base = dict(global_batch_size=256, devices=h100s(8), precisions=("bf16-mixed",), parameter_count=7_000_000_000,
+                tokens_per_sample=4096, block_classes=("transformers.models.llama.modeling_llama.LlamaDecoderLayer",))
+    return PlanRequest(**{**base, **kwargs})
+
+
+def test_a_7b_model_that_ddp_cannot_fit_is_planned_with_fsdp_full_shard():
+    sim = ShardedStep()
+    plan = make_plan(request(), sim)
+    assert plan.strategy == "fsdp" and plan.sharding_strategy == "FULL_SHARD" and not plan.cpu_offload
+    assert plan.micro_batch_size * plan.world_size * plan.accumulate_grad_batches == 256
+    assert plan.predicted_peak_bytes <= plan.device_budget_bytes
+    assert any(r.startswith("DDP does not fit") for r in plan.reasons)
+    assert plan.block_classes == ("transformers.models.llama.modeling_llama.LlamaDecoderLayer",)
+    fsdp_calls = [c for c in sim.calls if c[3] is not None]
+    assert fsdp_calls and all(c[2] == 8 for c in fsdp_calls)  # FSDP traced at its own world size
+
+
+def test_a_model_ddp_fits_stays_on_ddp():
+    plan = make_plan(request(parameter_count=100_000_000), ShardedStep(params=100_000_000))
+    assert plan.strategy == "ddp" and plan.sharding_strategy is None
+
+
+def test_without_a_parameter_count_fsdp_is_not_searched_and_nofit_says_what_it_would_need():
+    with pytest.raises(NoFit, match="FSDP full shard across 8 GPUs would need about"):
+        make_plan(request(parameter_count=None), ShardedStep())
+
+
+def test_multi_node_shards_within_a_node_when_that_fits():
+    plan = make_plan(request(nodes=8, global_batch_size=512), ShardedStep())
+    assert plan.strategy == "fsdp" and plan.sharding_strategy == "HYBRID_SHARD"
+    assert plan.world_size == 64 and plan.gpus_per_node == 8
+
+
+def test_offload_is_the_last_resort_and_needs_the_host_ram():
+    # 70B-class: the sharded state alone (16 B x 70e9 / 8 = 130 GiB) is over an H100 on one node.
+    big = ShardedStep(params=70_000_000_000, activation_bytes_per_sample=1 * GiB)
+    plan = make_plan(request(parameter_count=70_000_000_000), big)
+    assert plan.strategy == "fsdp" and plan.cpu_offload
+    with pytest.raises(NoFit):
+        make_plan(request(parameter_count=70_000_000_000, host_available_bytes=256 * GiB), big)
+
+
+def test_full_shard_moves_one_and_a_half_times_ddps_bytes():
+    common = dict(world_size=8, gpus_per_node=8, nodes=1, accumulate_grad_batches=1, parameter_count=10**9,
+                  gpu_name="H100-80GB")
+    ddp = communication_seconds(sharding=None, **common)
+    assert communication_seconds(sharding="FULL_SHARD", **common) == pytest.approx(1.5 * ddp)
+    assert communication_seconds(sharding="SHARD_GRAD_OP", **common) == pytest.approx(ddp)
+    ring = 2 * 7 / 8 * 4e9 / (gpu_links("H100-80GB").intra_node_bytes_per_s * 0.7)
+    assert ddp == pytest.approx(ring)
+
+
+def test_fsdp_pays_for_its_communication_only_when_compute_cannot_hide_it():
+    args = dict(offload=False, gpus_per_node=8, micro_batch_size=1, accumulate_grad_batches=4,
+                precision="bf16-mixed", checkpointing=True, parameter_count=7 * 10**9, tokens_per_sample=4096,
+                gpu_name="H100-80GB")
+    assert strategy_factor(sharding="FULL_SHARD", world_size=8, nodes=1, **args) == pytest.approx(1.0)
+    across = strategy_factor(sharding="FULL_SHARD", world_size=64, nodes=8, **args)
+    hybrid = strategy_factor(sharding="HYBRID_SHARD", world_size=64, nodes=8, **args)
+    assert across < hybrid <= 1.0
+
+
+def test_planned_config_names_lightnings_fsdp_strategy(tmp_path):
+    from memplan.config.write import fsdp_strategy
+
+    plan = make_plan(request(nodes=8, global_batch_size=512), ShardedStep())
+    entry = fsdp_strategy(plan)
+    assert entry == {"class_path": "lightning.pytorch.strategies.FSDPStrategy", "init_args": {
+        "sharding_strategy": "HYBRID_SHARD", "auto_wrap_policy": list(plan.block_classes), "cpu_offload": False,
+        "device_mesh": [8, 8]}}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(strategies=("zero3",)), "PlanRequest.strategies"),
+    (dict(parameter_count=0), "PlanRequest.parameter_count"),
+    (dict(tokens_per_sample=0), "PlanRequest.tokens_per_sample"),
+])
+def test_bad_fsdp_request_fields_name_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        request(**kwargs)
