@@ -175,7 +175,11 @@ def shard_model(model: nn.Module, settings: FsdpSettings, world_size: int, fake_
     with fake_mode:
         for block in blocks:
             fully_shard(block, reshard_after_forward=settings.resharded, **kwargs)
-        fully_shard(model, reshard_after_forward=settings.resharded, **kwargs)
+        # The root as fully_shard leaves it by default: kept unsharded from forward to backward
+        # (its parameters are the first backward needs), unless the user said otherwise.
+        root_reshard = settings.reshard_after_forward if settings.reshard_after_forward is not None else (
+            None if settings.resharded else False)
+        fully_shard(model, reshard_after_forward=root_reshard, **kwargs)
     return blocks
 
 

@@ -16,7 +16,8 @@ every candidate. It relies on four facts about a training step's memory:
    is traced at micro-batch 1 and PROBE_MICRO; the line through them (slope at least the growth of
    saved activations, so a peak that sits in the optimizer step at small micro-batches does not
    hide the slope) predicts larger micro-batches, plus SAFETY_BYTES for the allocator's segments.
-   A group whose sibling (same precision and checkpointing, other world kind) has a slope reuses
+   A group whose sibling (same precision and checkpointing, other world kind or data-parallel
+   layout: DDP, one GPU, the FSDP layouts) has a slope reuses
    it and is traced at micro-batch 1 only.
 4. Less memory: checkpointing <= none, AMP <= 32-true, one rank <= DDP. A group that does not fit at
    micro-batch 1 rules out every group needing no less (on budgets no larger) without a trace.
@@ -79,7 +80,7 @@ class _Curve:
     """micro-batch -> forward_activations + batch (grows with the micro-batch whatever the peak)."""
     has_communication: bool = False
     """Whether the estimator reports NCCL buffers (a CUDA target with DDP)."""
-    sibling: _Curve | None = None
+    siblings: tuple[_Curve, ...] = ()
     """The same precision and checkpointing at the other world kind, whose slope this one may reuse."""
 
     def add(self, micro: int, est: MemoryEstimate) -> None:
@@ -96,10 +97,14 @@ class _Curve:
         growth = (self.activation_growth[hi] - self.activation_growth[lo]) / (hi - lo)
         return max(chord, growth, 0.0)
 
+    def sibling_slope(self) -> float | None:
+        """The first sibling's own slope, None when no sibling has two traces."""
+        return next((s for s in (c.own_slope() for c in self.siblings) if s is not None), None)
+
     def slope(self) -> float:
         own = self.own_slope()
-        if own is None and self.sibling is not None:
-            own = self.sibling.own_slope()
+        if own is None:
+            own = self.sibling_slope()
         return own or 0.0
 
     def predict(self, micro: int) -> int:
@@ -130,11 +135,10 @@ class _Search:
             self.groups.setdefault(c.group, []).append(c)
         self.curves: dict[Group, _Curve] = {g: _Curve() for g in self.groups}
         for g, curve in self.curves.items():
-            if g.sharding is None:
-                curve.sibling = self.curves.get(Group(amp=g.amp, checkpointing=g.checkpointing, multi=not g.multi))
-            else:  # activations grow alike under every layout: borrow DDP's slope, else one GPU's
-                curve.sibling = (self.curves.get(Group(amp=g.amp, checkpointing=g.checkpointing, multi=True))
-                                 or self.curves.get(Group(amp=g.amp, checkpointing=g.checkpointing, multi=False)))
+            # Activations grow alike under every layout: the other world kind first, then the rest.
+            kin = [h for h in self.curves if h != g and (h.amp, h.checkpointing) == (g.amp, g.checkpointing)]
+            kin.sort(key=lambda h: (h.sharding is not None, h.multi == g.multi))
+            curve.siblings = tuple(self.curves[h] for h in kin)
         self.traces: dict[tuple, MemoryEstimate] = {}
         self.explored: set[Group] = set()
         self.unfit: set[Group] = set()
@@ -201,8 +205,7 @@ class _Search:
             self.unfit.add(group)
             return
         largest = max(c.micro_batch_size for c in self.groups[group])
-        sibling_slope = curve.sibling.own_slope() if curve.sibling is not None else None
-        if largest > 1 and sibling_slope is None:
+        if largest > 1 and curve.sibling_slope() is None:
             probe = min(PROBE_MICRO, largest)
             curve.add(probe, self.trace(probe, precision, group.checkpointing, group.probe_world_size, *layout))
 
