@@ -133,3 +133,35 @@ def test_planned_config_names_lightnings_fsdp_strategy(tmp_path):
 def test_bad_fsdp_request_fields_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         request(**kwargs)
+
+
+def test_plan_with_the_real_estimator_shards_what_ddp_cannot_hold():
+    import functools
+
+    import memplan
+    from memplan.batching import resize_batch
+    from memplan.demos import GPTLM
+    from memplan.estimator.fsdp import FsdpSettings
+    from memplan.planner import block_classes, estimator_for
+
+    build = functools.partial(GPTLM, vocab_size=50257, context=128, d_model=512, n_layers=4, n_heads=8, dropout=0.0)
+    batch = GPTLM.example_batch(build(), 1)
+    traced = estimator_for(build, batch, device="A100-80GB")
+    ddp = traced(micro_batch_size=1, precision="bf16-mixed", checkpointing=False, world_size=4)
+    fsdp = traced(micro_batch_size=1, precision="bf16-mixed", checkpointing=False, world_size=4, fsdp=FsdpSettings())
+    assert fsdp.device_total < ddp.device_total - 300 * MiB  # 38M parameters: 16 B each (+ buckets) under DDP, / 4
+    free = (fsdp.device_total + ddp.device_total) // 2  # between the two: only FSDP fits
+    a100 = lookup_gpu("A100-80GB")
+    device = DeviceBudget(name=a100.name, cuda_index=None, total_bytes=a100.total_bytes, free_bytes=int(free / 0.9),
+                          compute_capability=(8, 0))
+    request = PlanRequest(global_batch_size=4, devices=(device,) * 4, precisions=("bf16-mixed",),
+                          allow_checkpointing=False, allow_cpu_offload=False,
+                          parameter_count=sum(p.numel() for p in build().parameters()), tokens_per_sample=128,
+                          block_classes=block_classes(build()))
+    plan = make_plan(request, traced)
+    assert (plan.strategy, plan.world_size, plan.micro_batch_size) == ("fsdp", 4, 1)
+    assert plan.block_classes == ("memplan.demos._GPTBlock",)
+    direct = memplan.estimate(build, resize_batch(batch, 1), precision="bf16-mixed", device="A100-80GB",
+                              strategy="fsdp", world_size=4,
+                              fsdp=FsdpSettings(sharding_strategy=plan.sharding_strategy))
+    assert plan.predicted_peak_bytes == direct.device_total <= plan.device_budget_bytes
