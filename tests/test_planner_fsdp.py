@@ -120,7 +120,7 @@ def test_planned_config_names_lightnings_fsdp_strategy(tmp_path):
 
     plan = make_plan(request(nodes=8, global_batch_size=512), ShardedStep())
     entry = fsdp_strategy(plan)
-    assert entry == {"class_path": "lightning.pytorch.strategies.FSDPStrategy", "init_args": {
+    assert entry == {"class_path": "FSDPStrategy", "init_args": {
         "sharding_strategy": "HYBRID_SHARD", "auto_wrap_policy": list(plan.block_classes), "cpu_offload": False,
         "device_mesh": [8, 8]}}
 
@@ -165,3 +165,45 @@ def test_plan_with_the_real_estimator_shards_what_ddp_cannot_hold():
                               strategy="fsdp", world_size=4,
                               fsdp=FsdpSettings(sharding_strategy=plan.sharding_strategy))
     assert plan.predicted_peak_bytes == direct.device_total <= plan.device_budget_bytes
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Lightning's use of jsonargparse's old API
+def test_planned_fsdp_config_is_a_lightning_cli_config(tmp_path, monkeypatch, capsys):
+    import sys
+    from pathlib import Path
+
+    import pytorch_lightning as pl
+    import yaml
+    from pytorch_lightning.cli import LightningCLI
+
+    from memplan.config import add_memplan_argument, load_config
+    from memplan.config.write import planner_callback, write_planned_config
+    from memplan.plan import Plan
+
+    loaded = load_config(Path(__file__).resolve().parents[1] / "configs" / "llama-7b-fsdp.yaml")
+    block = "transformers.models.llama.modeling_llama.LlamaDecoderLayer"
+    plan = Plan(gpu_name="H100-80GB", gpus=(), nodes=2, world_size=16, micro_batch_size=4, accumulate_grad_batches=4,
+                global_batch_size=256, precision="bf16-mixed", gradient_checkpointing=True, strategy="fsdp",
+                predicted_peak_bytes=40 * GiB, device_budget_bytes=71 * GiB, host_bytes_per_rank=4 * GiB,
+                sharding_strategy="HYBRID_SHARD", block_classes=(block,))
+    out = tmp_path / "planned.yaml"
+    with pytest.warns(UserWarning, match="MemoryPlanner does not run under FSDPStrategy yet"):
+        write_planned_config(loaded, plan, out, callback=planner_callback("planned.plan.json"))
+    trainer = yaml.safe_load(out.read_text())["trainer"]
+    assert trainer["strategy"] == {"class_path": "FSDPStrategy", "init_args": {
+        "sharding_strategy": "HYBRID_SHARD", "auto_wrap_policy": [block], "cpu_offload": False,
+        "activation_checkpointing_policy": [block], "device_mesh": [2, 8]}}
+    assert (trainer["devices"], trainer["num_nodes"], trainer["accumulate_grad_batches"]) == (8, 2, 4)
+    assert "callbacks" not in trainer
+
+    class CLI(LightningCLI):
+        def add_arguments_to_parser(self, parser):
+            add_memplan_argument(parser)
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    with pytest.raises(SystemExit) as exited:
+        CLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+            args=["fit", "--config", str(out), "--print_config"])
+    printed = capsys.readouterr()
+    assert exited.value.code == 0, printed.err
+    assert "FSDPStrategy" in printed.out and "HYBRID_SHARD" in printed.out
