@@ -91,7 +91,8 @@ def test_offload_is_the_last_resort_and_needs_the_host_ram():
     big = ShardedStep(params=70_000_000_000, activation_bytes_per_sample=1 * GiB)
     plan = make_plan(request(parameter_count=70_000_000_000), big)
     assert plan.strategy == "fsdp" and plan.cpu_offload
-    with pytest.raises(NoFit):
+    with pytest.raises(NoFit, match=r"FSDP with CPU offload \(allow_cpu_offload\) keeps .* 8 ranks per node need "
+                                    r"[0-9.]+ [GT]iB, over the 230.40 GiB host budget; add nodes"):
         make_plan(request(parameter_count=70_000_000_000, host_available_bytes=256 * GiB), big)
 
 

@@ -275,17 +275,27 @@ class _Search:
         setting = ", ".join([precision, *(["activation checkpointing"] if group.checkpointing else []),
                              "micro-batch 1"])
         lines = []
-        if not all(c.host_fits for c in self.candidates):
-            least = min(self.candidates, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
+        on_device = [c for c in self.candidates if not c.offload]
+        if not all(c.host_fits for c in on_device):
+            least = min(on_device, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
             lines.append(
                 f"host RAM limits the ranks: {least.gpus_per_node} rank(s) per node need "
                 f"{format_bytes(least.gpus_per_node * least.host_bytes_per_rank)} at the least, and "
-                f"{'no' if not any(c.host_fits for c in self.candidates) else 'no other'} setting fits the "
+                f"{'no' if not any(c.host_fits for c in on_device) else 'no other'} setting fits the "
                 f"{format_bytes(request.host_budget_bytes or 0)} host budget ({request.margin:.0%} margin kept); "
                 "free host memory, build the model on meta, or use fewer DataLoader workers.")
+        offloaded = [c for c in self.candidates if c.offload]
+        if offloaded and not any(c.host_fits for c in offloaded):
+            least = min(offloaded, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
+            lines.append(
+                f"FSDP with CPU offload (allow_cpu_offload) keeps each rank's shard of the training state in host "
+                f"RAM: {least.gpus_per_node} ranks per node need {format_bytes(least.gpus_per_node * least.host_bytes_per_rank)}, "
+                f"over the {format_bytes(request.host_budget_bytes or 0)} host budget; add nodes (smaller shards), "
+                "free host memory, or use GPUs with more memory.")
         if ddp_needed > widest.budget_bytes:
             verdict = ("which would fit: use strategy='fsdp'" if fsdp_needed <= widest.budget_bytes else
-                       "which does not fit either: add GPUs or nodes, offload to CPU, or use GPUs with more memory")
+                       "which does not fit either: add GPUs or nodes, "
+                       f"{'' if offloaded else 'offload to CPU, '}or use GPUs with more memory")
             lines.append(
                 f"DDP needs {format_bytes(ddp_needed)} per GPU {where} even with {setting}, over the per-GPU "
                 f"budget of {format_bytes(widest.budget_bytes)} ({request.margin:.0%} margin kept). FSDP full "
