@@ -27,7 +27,7 @@ from benchmarks.results_io import machine, write_results
 ROOT = Path(__file__).resolve().parent.parent
 SEVENTY_B = dict(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                  num_attention_heads=64, num_key_value_heads=8, context=4096)
-CASES = {"7b": (1, None), "70b": (8, SEVENTY_B)}
+CASES = {"70b": (8, SEVENTY_B), "7b": (1, None)}
 GOAL_S, GOAL_RSS = 60.0, 2 << 30
 
 
@@ -46,7 +46,8 @@ def run(name: str, tmp: Path) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - started
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
-    row = {"case": name, "nodes": nodes, "wall_seconds": round(wall, 1),
+    cpu = sum(float(m) for m in re.findall(r"(?:User|System) time \(seconds\): ([0-9.]+)", proc.stderr))
+    row = {"case": name, "nodes": nodes, "wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
            "max_rss_bytes": int(rss.group(1)) * 1024 if rss else None, "returncode": proc.returncode}
     if proc.returncode == 0:
         plan = json.loads(proc.stdout)
@@ -67,14 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["# memplan suggest planning FSDP: wall time and peak RSS", "",
              f"Goal (70B on 8 x 8 H100-80GB): < {GOAL_S:.0f} s, < 2 GiB RSS. Timings on a shared machine must be "
              "re-measured on a quiet one.", "",
-             "| case | nodes x GPUs | wall s | peak RSS MiB | plan |", "|---|---|---:|---:|---|"]
+             "| case | nodes x GPUs | wall s | CPU s (user + sys) | peak RSS MiB | plan |", "|---|---|---:|---:|---:|---|"]
     for r in rows:
         plan = r.get("plan") or {}
         what = (f"{plan.get('strategy')} {plan.get('sharding_strategy') or ''} micro {plan.get('micro_batch_size')} x "
                 f"accum {plan.get('accumulate_grad_batches')}, ckpt {plan.get('gradient_checkpointing')}"
                 if plan else f"failed: {r.get('error')}")
         rss = f"{r['max_rss_bytes'] / (1 << 20):.0f}" if r["max_rss_bytes"] else "-"
-        lines.append(f"| {r['case']} | {r['nodes']} x 8 | {r['wall_seconds']} | {rss} | {what} |")
+        lines.append(f"| {r['case']} | {r['nodes']} x 8 | {r['wall_seconds']} | {r['cpu_seconds']} | {rss} | {what} |")
     markdown = "\n".join(lines) + "\n"
     print(markdown)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -70,7 +70,7 @@ def estimate(
     with warnings.catch_warnings(), _quiet_fake_tensor_log(), group:
         warnings.filterwarnings("ignore", message=".*self.log.*")
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
-        trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, (fsdp, world_size))
+        trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, fsdp, world_size)
         trace.run()
     return trace.result(time.perf_counter() - started, world_size)
 
@@ -110,7 +110,8 @@ def _check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
 class _Trace:
     """One estimate's trace: the fake model, the tracker, and the two steps."""
 
-    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy, fsdp=(None, 1)):
+    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy,
+                 fsdp: FsdpSettings | None = None, world_size: int = 1):
         self.target = target
         self.policy = policy
         self.strategy = strategy
@@ -119,10 +120,10 @@ class _Trace:
         self.device = torch.device(target.trace_device)
         self.model = fake_model(model, self.fake_mode, device=self.device, param_dtype=policy.param_dtype)
         self.checkpointed = apply_checkpointing(self.model, checkpointing) if checkpointing else []
-        self.fsdp = fsdp[0] if strategy == "fsdp" else None
+        self.fsdp = fsdp if strategy == "fsdp" else None
         if self.fsdp is not None:
-            shard_model(self.model, self.fsdp, fsdp[1], self.fake_mode)
-            self.notes.append(self.fsdp.describe(fsdp[1]))
+            shard_model(self.model, self.fsdp, world_size, self.fake_mode)
+            self.notes.append(self.fsdp.describe(world_size))
         self.batch = batch
         self.loss_arg, self.optimizer_arg = loss, optimizer
         self.memory = _memory_model(target)
