@@ -157,5 +157,9 @@ def test_per_rank_peak_matches_a_real_two_rank_fsdp2_run():
         mp.spawn(_real_rank, args=(2, _free_port(), out), nprocs=2, join=True)
         truths = [out[0], out[1]]
     est = fsdp_estimate(2, loss=lambda m, b: m.training_step(b, 0))
+    # The fake process group's collectives finish at once; in the real run one rank may still hold
+    # one block's unsharded buffer (an all-gather or reduce-scatter in flight), depending on timing.
+    block = sum(p.numel() * p.element_size() for p in tiny_gpt().blocks[0].parameters())
     for truth in truths:
-        assert abs(est.peak_allocated - truth) / truth < 0.03, (est.peak_allocated, truths)
+        assert -0.01 * truth <= truth - est.peak_allocated <= block + 0.01 * truth, (est.peak_allocated, truths)
+    assert min(abs(t - est.peak_allocated) / t for t in truths) < 0.01, (est.peak_allocated, truths)
