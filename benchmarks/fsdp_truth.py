@@ -73,10 +73,11 @@ def run(case: Case, world_size: int) -> dict:
 
     torch.manual_seed(SEED)
     torch.set_num_threads(1)
-    batch = case.make_batch(case.batch_size)
-    # One batch per step per rank; Lightning's DistributedSampler hands each rank its own.
-    loader = DataLoader([batch] * (STEPS * world_size), batch_size=None)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        # The batch is made inside the profile, as the estimate counts it. One batch per step per
+        # rank; Lightning's DistributedSampler hands each rank its own (the same tensors, no copy).
+        batch = case.make_batch(case.batch_size)
+        loader = DataLoader([batch] * (STEPS * world_size), batch_size=None)
         trainer = pl.Trainer(
             accelerator="cpu", devices=world_size, precision=case.precision, max_steps=STEPS,
             strategy=ModelParallelStrategy(data_parallel_size=world_size, tensor_parallel_size=1),
