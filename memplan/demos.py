@@ -278,6 +278,42 @@ class RandomTokens(_RandomData):
         self._make = functools.partial(_token_sample, vocab_size=vocab_size, context=context)
 
 
+class LlamaLM(_Demo):
+    """A Llama-family causal LM from transformers' LlamaConfig (random init, nothing downloaded); the
+    defaults are Llama-2-7B's shape (32 layers, hidden 4096, 32 heads, MLP 11008, vocabulary 32000,
+    context 4096; 6.74B parameters). `num_key_value_heads` < `num_attention_heads` gives GQA (Llama-2-70B:
+    80 layers, hidden 8192, 64 heads, 8 KV heads, MLP 28672). Takes GPTLM's (idx, targets) batches."""
+
+    def __init__(self, vocab_size: int = 32000, hidden_size: int = 4096, intermediate_size: int = 11008,
+                 num_hidden_layers: int = 32, num_attention_heads: int = 32, num_key_value_heads: int = 32,
+                 context: int = 4096):
+        super().__init__()
+        self.save_hyperparameters()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+            num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads, max_position_embeddings=context, use_cache=False,
+            attn_implementation="sdpa",
+        )
+        self.model = LlamaForCausalLM(config)
+
+    def forward(self, idx):
+        return self.model(input_ids=idx).logits
+
+    def training_step(self, batch, batch_idx):
+        idx, targets = batch
+        logits = self(idx)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    def example_batch(self, batch_size: int):
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, self.hparams.vocab_size, (batch_size, self.hparams.context + 1), generator=g)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
 DATAMODULES: dict[str, type[_RandomData]] = {
     "mlp": RandomVectors, "cnn": RandomImages, "resnet": RandomImages, "gpt2-small": RandomTokens,
+    "llama-7b-fsdp": RandomTokens,
 }

@@ -11,7 +11,8 @@ from memplan.precision import PRECISIONS, Precision, canonical_precision
 
 PLAN_FORMAT = 1
 """Version of the plan file layout (`Plan.to_dict()`)."""
-STRATEGIES: tuple[str, ...] = ("ddp", "auto")
+STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "auto")
+SHARDING_STRATEGIES: tuple[str, ...] = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")
 """Lightning strategies a plan may name."""
 
 
@@ -37,6 +38,8 @@ class Alternative:
     """Whether it fits the device budget and host RAM."""
     why_not: str | None = None
     """Why it lost or does not fit, in words."""
+    strategy: str = "ddp"
+    """The data-parallel layout in words: 'ddp', 'single', or 'fsdp FULL_SHARD' (+ ' offload')."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,8 +64,8 @@ class Plan:
     """Lightning precision string, ready for Trainer(precision=...)."""
     gradient_checkpointing: bool
     """Checkpoint each repeated block."""
-    strategy: Literal["ddp", "auto"]
-    """Lightning strategy: 'ddp' for more than one rank, else 'auto'."""
+    strategy: Literal["ddp", "fsdp", "auto"]
+    """Lightning strategy: 'ddp' or 'fsdp' for more than one rank, else 'auto'."""
     predicted_peak_bytes: int
     """Predicted per-GPU device total (peak reserved + CUDA context + NCCL)."""
     device_budget_bytes: int
@@ -82,6 +85,12 @@ class Plan:
     model_fingerprint: str | None = None
     """model_fingerprint() of the model planned for: its parameters' names and shapes. A plan is refused
     for a model with another fingerprint (None: not recorded, not checked)."""
+    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"] | None = None
+    """FSDP's sharding strategy when strategy is 'fsdp' (HYBRID_SHARD: sharded within a node)."""
+    cpu_offload: bool = False
+    """FSDP keeps parameters, gradients and optimizer state in host memory."""
+    block_classes: tuple[str, ...] = ()
+    """Import paths of the repeated block classes FSDP wraps (its auto_wrap_policy)."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -113,6 +122,13 @@ class Plan:
                 f"({self.micro_batch_size} x {self.world_size} x {self.accumulate_grad_batches} = {product}); "
                 f"got {self.global_batch_size}"
             )
+        if self.strategy == "fsdp" and self.sharding_strategy not in SHARDING_STRATEGIES:
+            raise ValueError(f"Plan.sharding_strategy must be one of {', '.join(SHARDING_STRATEGIES)} when strategy "
+                             f"is 'fsdp'; got {self.sharding_strategy!r}")
+        if not isinstance(self.cpu_offload, bool):
+            raise ValueError(f"Plan.cpu_offload must be true or false; got {self.cpu_offload!r}")
+        if not all(isinstance(c, str) and c for c in self.block_classes):
+            raise ValueError(f"Plan.block_classes must be a list of class import paths; got {list(self.block_classes)!r}")
         if self.world_size % self.nodes:
             raise ValueError(f"Plan.world_size ({self.world_size}) must be a multiple of nodes ({self.nodes})")
 
@@ -131,6 +147,7 @@ class Plan:
         out["format"] = PLAN_FORMAT
         out["gpus"] = list(self.gpus)
         out["reasons"] = list(self.reasons)
+        out["block_classes"] = list(self.block_classes)
         out["headroom_bytes"] = self.headroom_bytes
         out["alternatives"] = [dataclasses.asdict(a) for a in self.alternatives]
         return out
@@ -161,6 +178,9 @@ class Plan:
         data["precision"] = canonical_precision(data["precision"], name="Plan.precision")
         data["gpus"] = tuple(data.get("gpus", ()))
         data["reasons"] = tuple(str(r) for r in data.get("reasons", ()))
+        if not isinstance(data.get("block_classes", []), list):
+            raise ValueError(f"Plan.block_classes must be a list; got {data['block_classes']!r}")
+        data["block_classes"] = tuple(data.get("block_classes", ()))
         data["alternatives"] = tuple(_alternative(a) for a in data.get("alternatives", ()))
         return cls(**data)
 

@@ -57,7 +57,8 @@ def render_plan(plan: Plan, loaded: Any = None) -> Group:
     gpus = ", ".join(map(str, plan.gpus)) if plan.gpus else f"{plan.gpus_per_node} per node"
     rows = [
         (f"{word}s", f"{plan.world_size} ({gpus}{f', {plan.nodes} nodes' if plan.nodes > 1 else ''})"),
-        ("strategy", plan.strategy),
+        ("strategy", plan.strategy if plan.strategy != "fsdp" else
+         f"fsdp ({plan.sharding_strategy}{', CPU offload' if plan.cpu_offload else ''})"),
         ("precision", plan.precision),
         (f"micro-batch per {word}", str(plan.micro_batch_size)),
         ("gradient accumulation", str(plan.accumulate_grad_batches)),
@@ -81,7 +82,7 @@ def render_plan(plan: Plan, loaded: Any = None) -> Group:
                  f"per-{word} peak, speed relative to the plan):"]
         for a in plan.alternatives:
             lines.append(
-                f"  {a.world_size} x {a.micro_batch_size} x {a.accumulate_grad_batches}, {a.precision}, "
+                f"  {a.world_size} x {a.micro_batch_size} x {a.accumulate_grad_batches}, {a.strategy}, {a.precision}, "
                 f"checkpointing {'on' if a.gradient_checkpointing else 'off'}: "
                 f"{format_bytes(a.predicted_peak_bytes)}, {a.relative_speed:.2f}x"
                 f"{'' if a.fits or a.why_not else ', does not fit'}{f' - {a.why_not}' if a.why_not else ''}"

@@ -22,6 +22,7 @@ from memplan.estimator.step import iter_tensors
 from memplan.hardware import GpuModel, host_info, visible_gpus
 from memplan.plan import Plan, model_class_name, model_fingerprint
 from memplan.planner import DeviceBudget, HostLoad, NoFit, PlanRequest, estimator_for, largest_block_bytes, make_plan
+from memplan.planner.tracing import block_classes, tokens_per_sample
 from memplan.planner.request import SEARCHED_PRECISIONS
 from memplan.units import GiB, TiB, format_bytes
 
@@ -181,6 +182,9 @@ def plan_config(
         allow_checkpointing=wanted.allow_checkpointing and has_blocks,
         margin=wanted.margin,
         largest_block_bytes=largest_block_bytes(skeleton),
+        parameter_count=sum(p.numel() for p in skeleton.parameters()) if has_blocks else None,
+        tokens_per_sample=tokens_per_sample(base),
+        block_classes=block_classes(skeleton),
     )
     estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device)
     why_no_checkpointing = _why_no_checkpointing(wanted, has_blocks)
@@ -203,14 +207,15 @@ def _announced(estimator: Callable[..., Any], model_name: str, progress: Progres
     """The estimator, saying on the progress line what each trace is."""
     count = 0
 
-    def estimate_at(*, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int):
+    def estimate_at(*, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int, fsdp=None):
         nonlocal count
         count += 1
-        ranks = "1 rank" if world_size == 1 else f"DDP, {world_size} ranks"
+        kind = "DDP" if fsdp is None else f"FSDP {fsdp.sharding_strategy}"
+        ranks = "1 rank" if world_size == 1 else f"{kind}, {world_size} ranks"
         progress.say(f"tracing {model_name}: trace {count} ({TYPICAL_TRACES}), micro-batch {micro_batch_size}, "
                      f"{precision}, checkpointing {'on' if checkpointing else 'off'}, {ranks}")
         return estimator(micro_batch_size=micro_batch_size, precision=precision, checkpointing=checkpointing,
-                         world_size=world_size)
+                         world_size=world_size, fsdp=fsdp)
 
     return estimate_at
 

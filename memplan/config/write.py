@@ -71,9 +71,14 @@ def write_planned_config(loaded: LoadedConfig, plan: Plan, path: str | Path, *,
                           "write the planned config to another file")
     raw = copy.deepcopy(loaded.raw)
     raw.pop("memplan", None)
+    if plan.strategy == "fsdp" and callback is not None:
+        warnings.warn("MemoryPlanner does not run under FSDPStrategy yet: the planned config applies the FSDP plan "
+                      "through the Trainer and FSDPStrategy's arguments (checkpointing included) and leaves the "
+                      "callback out", stacklevel=2)
+        callback = None
     raw["trainer"] = _planned_trainer(dict(raw.get("trainer") or {}), plan, callback)
     _set_batch_size(raw, loaded, plan.micro_batch_size)
-    if plan.gradient_checkpointing and callback is None:
+    if plan.gradient_checkpointing and callback is None and plan.strategy != "fsdp":
         warnings.warn("the plan checkpoints activations, which the MemoryPlanner callback applies, and no callback "
                       f"was given: {path} will not fit as planned unless the model checkpoints itself", stacklevel=2)
     plan_path = plan_path_for(path)
@@ -128,7 +133,9 @@ def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str,
     trainer["num_nodes"] = plan.nodes
     trainer["precision"] = plan.precision
     trainer["accumulate_grad_batches"] = plan.accumulate_grad_batches
-    if not (plan.strategy == "ddp" and is_ddp_strategy(trainer.get("strategy"))):
+    if plan.strategy == "fsdp":
+        trainer["strategy"] = fsdp_strategy(plan)
+    elif not (plan.strategy == "ddp" and is_ddp_strategy(trainer.get("strategy"))):
         trainer["strategy"] = plan.strategy  # a DDP variant of the user's (find_unused_parameters ...) is kept
     if callback is not None:
         existing = trainer.get("callbacks") or []
@@ -137,6 +144,30 @@ def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str,
         kept = [c for c in existing if not (isinstance(c, Mapping) and c.get("class_path") == ours)]
         trainer["callbacks"] = [*kept, dict(callback)]
     return trainer
+
+
+FSDP_CLASS_PATH = "FSDPStrategy"
+"""By class name: LightningCLI resolves it in the Lightning package it runs (lightning.pytorch or
+pytorch_lightning); a full import path would tie the config to one of the two."""
+
+
+def fsdp_strategy(plan: Plan) -> dict[str, Any]:
+    """The trainer.strategy entry of an FSDP plan: Lightning's FSDPStrategy (FSDP1: Lightning's FSDP2
+    engine, ModelParallelStrategy, needs fully_shard in the user's configure_model) with the planned sharding,
+    each repeated block wrapped (auto_wrap_policy, a list of class paths LightningCLI turns into a
+    set of classes), the same classes checkpointed when the plan checkpoints
+    (activation_checkpointing_policy), CPU offload, and (HYBRID_SHARD) the (replicate, shard) device mesh."""
+    if not plan.block_classes:
+        raise ConfigError("model", (
+            "the plan uses FSDP but names no block class to wrap (Plan.block_classes is empty): re-run memplan "
+            "suggest, or set trainer.strategy.init_args.auto_wrap_policy to your model's block classes"))
+    args: dict[str, Any] = {"sharding_strategy": plan.sharding_strategy,
+                            "auto_wrap_policy": list(plan.block_classes), "cpu_offload": plan.cpu_offload}
+    if plan.gradient_checkpointing:
+        args["activation_checkpointing_policy"] = list(plan.block_classes)
+    if plan.sharding_strategy == "HYBRID_SHARD":
+        args["device_mesh"] = [plan.nodes, plan.gpus_per_node]
+    return {"class_path": FSDP_CLASS_PATH, "init_args": args}
 
 
 def is_ddp_strategy(strategy: Any) -> bool:
@@ -166,7 +197,9 @@ def _header(loaded: LoadedConfig, plan: Plan, plan_path: Path) -> str:
         f"({plan.nodes} node(s) x {plan.gpus_per_node} GPU(s)).",
         f"Micro-batch {plan.micro_batch_size} x {plan.world_size} rank(s) x {plan.accumulate_grad_batches} "
         f"accumulation = global batch {plan.global_batch_size}; precision {plan.precision}; activation "
-        f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}.",
+        f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}"
+        + (f"; FSDP {plan.sharding_strategy}{' with CPU offload' if plan.cpu_offload else ''}."
+           if plan.strategy == "fsdp" else "."),
         f"Predicted peak per GPU {format_bytes(plan.predicted_peak_bytes)} of "
         f"{format_bytes(plan.device_budget_bytes)} usable. Plan file: {plan_path.name}.",
         "The source's memplan: section and comments are not carried over.",

@@ -20,6 +20,7 @@ from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.fake_copy import metric_states
+from memplan.estimator.fsdp import FsdpSettings, fake_process_group, follow_storage, shard_model
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator import manual
@@ -33,7 +34,7 @@ from memplan.estimator.values import DataDependent, ValueResolver
 TRACED_STEPS = 2
 """Step 1 creates the optimizer state lazily; step 2 is the steady state the peak is taken from."""
 
-STRATEGIES = (None, "ddp")
+STRATEGIES = (None, "ddp", "fsdp")
 
 
 def estimate(
@@ -49,6 +50,7 @@ def estimate(
     world_size: int = 1,
     loop: Loop = "lightning",
     data_dependent: DataDependent = "balanced",
+    fsdp: FsdpSettings | None = None,
 ) -> MemoryEstimate:
     """Peak memory of one steady-state training step, traced on fake tensors (no weight allocated).
 
@@ -61,24 +63,30 @@ def estimate(
     checkpointing: False, True (each repeated block), or a set of module classes to checkpoint.
     device: "cpu", a GPU model name ("A100-80GB"), a memplan.hardware GpuModel (custom_gpu("24GiB")),
         or None for the local GPU.
-    strategy, world_size: None, or "ddp" with the number of ranks (memory is per rank).
+    strategy, world_size: None, or "ddp" / "fsdp" with the number of ranks (memory is per rank).
     loop: "lightning" (zero_grad after the forward, as Lightning runs it) or "torch" (a plain loop:
         forward + loss, backward, step, zero_grad(set_to_none=True)).
     data_dependent: how shapes decided by activation values (MoE routing, matching, `.item()` checks)
         are resolved: "balanced" (even routing), "sample" (random values) or "error" (refuse). Shapes
         decided by the batch (masks, lengths) are always exact. See memplan/estimator/values.py.
+    fsdp: FsdpSettings (sharding strategy, wrapped classes, offload, dtypes) for strategy="fsdp".
     """
     policy = PrecisionPolicy.from_string(precision)
     _check_strategy(strategy, world_size)
     check_loop(loop)
+    if strategy == "fsdp":
+        fsdp = fsdp or FsdpSettings()
+        fsdp.check(world_size)
     target = resolve_target(device)
     _check_precision_on_target(policy, target)
 
     started = time.perf_counter()
-    trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, loop, data_dependent)
-    with warnings.catch_warnings(), _quiet_fake_tensor_log():
+    group = fake_process_group(world_size) if strategy == "fsdp" else contextlib.nullcontext()
+    with warnings.catch_warnings(), _quiet_fake_tensor_log(), group:
         warnings.filterwarnings("ignore", message=".*self.log.*")
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
+        trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, loop, data_dependent,
+                       fsdp, world_size)
         trace.run()
     return trace.result(time.perf_counter() - started, world_size)
 
@@ -98,11 +106,11 @@ def _quiet_fake_tensor_log():
 
 def _check_strategy(strategy: str | None, world_size: int) -> None:
     if strategy not in STRATEGIES:
-        raise EstimateError(f"strategy must be None or 'ddp'; got {strategy!r}")
+        raise EstimateError(f"strategy must be None, 'ddp' or 'fsdp'; got {strategy!r}")
     if not isinstance(world_size, int) or world_size < 1:
         raise EstimateError(f"world_size must be a positive int; got {world_size!r}")
     if world_size > 1 and strategy is None:
-        raise EstimateError(f"world_size={world_size} needs strategy='ddp'")
+        raise EstimateError(f"world_size={world_size} needs strategy='ddp' or 'fsdp'")
 
 
 def _check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
@@ -119,7 +127,7 @@ class _Trace:
     """One estimate's trace: the fake model, the tracker, and the two steps."""
 
     def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy, loop,
-                 data_dependent):
+                 data_dependent, fsdp: FsdpSettings | None = None, world_size: int = 1):
         self.target = target
         self.loop = loop
         self.policy = policy
@@ -130,6 +138,10 @@ class _Trace:
         self.device = torch.device(target.trace_device)
         self.model = fake_model(model, self.fake_mode, device=self.device, param_dtype=policy.param_dtype)
         self.checkpointed = apply_checkpointing(self.model, checkpointing) if checkpointing else []
+        self.fsdp = fsdp if strategy == "fsdp" else None
+        if self.fsdp is not None:
+            shard_model(self.model, self.fsdp, world_size, self.fake_mode)
+            self.notes.append(self.fsdp.describe(world_size))
         self.batch = batch
         self.loss_arg, self.optimizer_arg = loss, optimizer
         self.memory = _memory_model(target)
@@ -140,8 +152,9 @@ class _Trace:
     def run(self) -> None:
         tracker = self.tracker
         try:
+            follow = follow_storage(tracker) if self.fsdp else contextlib.nullcontext()
             with self._emulation(), self.values.watching(self.model), self.fake_mode, tracker, self._rng_states(), \
-                    RealCompositePaths():
+                    RealCompositePaths(), follow:
                 self._setup()
                 for step in range(TRACED_STEPS):
                     if step == TRACED_STEPS - 1:
@@ -179,6 +192,10 @@ class _Trace:
                 p.register_post_accumulate_grad_hook(lambda q: tracker.classify(q.grad, Category.GRADIENTS))
         for b in (*self.model.buffers(), *metric_states(self.model)):
             tracker.track(b, Category.PARAMETERS)
+        if self.fsdp is not None and self.fsdp.cpu_offload:
+            for p in self.model.parameters():
+                tracker.forget(p)
+                p.register_post_accumulate_grad_hook(lambda q: tracker.forget(q.grad))
         self.batch = self._prepare_batch(self.batch)
         for t in iter_tensors(self.batch):
             tracker.track(t, Category.BATCH)
@@ -241,6 +258,9 @@ class _Trace:
         optimizers = self.manual.optimizers if self.manual is not None else [self.optimizer]
         state_tensors = [t for o in optimizers for s in o.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         self.tracker.classify_all(state_tensors, Category.OPTIMIZER_STATE)
+        if self.fsdp is not None and self.fsdp.cpu_offload:
+            for t in state_tensors:
+                self.tracker.forget(t)
 
     def _on_phase(self, name: str, saved_hooks) -> None:
         tracker = self.tracker
@@ -266,7 +286,7 @@ class _Trace:
         peak_reserved = self.memory.peak_reserved_bytes
         context = self.overheads.context_bytes if self.overheads else 0
         communication = 0
-        if self.strategy == "ddp" and self.target.is_cuda:
+        if self.strategy in ("ddp", "fsdp") and self.target.is_cuda:
             from memplan.estimator.cuda import nccl_buffer_bytes
 
             communication = nccl_buffer_bytes(world_size, compute_capability=self.target.compute_capability)

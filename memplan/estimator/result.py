@@ -48,7 +48,7 @@ class MemoryEstimate:
     checkpointing: bool = False
     """Whether activation checkpointing was applied."""
     strategy: str | None = None
-    """None or 'ddp'."""
+    """None, 'ddp' or 'fsdp' (figures are rank 0's: FSDP gives it the largest shard)."""
     world_size: int = 1
     """Number of data-parallel ranks the estimate is for (memory is per rank)."""
     batch_size: int | None = None

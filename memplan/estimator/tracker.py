@@ -90,7 +90,7 @@ class StorageTracker(TorchDispatchMode):
     # --- allocation bookkeeping ------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: Category = Category.TEMPORARIES) -> None:
         """Count a tensor's storage if it is not counted yet; otherwise leave it as it is."""
-        storage = tensor.untyped_storage()
+        storage = _local(tensor).untyped_storage()
         if storage in self._records:
             return
         handle = self.memory.malloc(storage.nbytes())
@@ -102,7 +102,7 @@ class StorageTracker(TorchDispatchMode):
 
     def classify(self, tensor: torch.Tensor, category: Category, *, only_from: Category | None = None) -> None:
         """Move a tensor's storage into `category` (tracking it first if needed)."""
-        storage = tensor.untyped_storage()
+        storage = _local(tensor).untyped_storage()
         record = self._records.get(storage)
         if record is None:
             self.track(tensor, category)
@@ -133,6 +133,32 @@ class StorageTracker(TorchDispatchMode):
         self._by_category[category] += self.memory.block_bytes(handle)
         self._update_peak()
 
+    def resize(self, tensor: torch.Tensor) -> None:
+        """A storage was resized in place (FSDP frees and re-allocates its unsharded parameters with
+        `storage.resize_`): count its new size, as a fresh allocation of the current phase."""
+        storage = _local(tensor).untyped_storage()
+        record = self._records.get(storage)
+        if record is None:
+            if storage.nbytes():
+                self.track(tensor)
+            return
+        if record.live:
+            self._on_free(record)
+        if storage.nbytes():
+            record.handle = self.memory.malloc(storage.nbytes())
+            record.nbytes = self.memory.block_bytes(record.handle)
+            record.category, record.phase, record.live = Category.TEMPORARIES, self.phase, True
+            self._by_category[record.category] += record.nbytes
+            self._update_peak()
+
+    def forget(self, tensor: torch.Tensor) -> None:
+        """The storage lives off the device from now on (FSDP's CPU offload): stop counting it."""
+        record = self._records.get(_local(tensor).untyped_storage())
+        if record is None:
+            self.track(tensor)
+            record = self._records[_local(tensor).untyped_storage()]
+        self._on_free(record)
+
     def _on_free(self, record: _Record) -> None:
         if not self._active or not record.live:
             return
@@ -159,7 +185,7 @@ class StorageTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         self.ops_seen += 1
         tensors = _tensors_in((args, kwargs))
-        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
+        if tensors and not any(isinstance(_local(t), FakeTensor) for t in tensors):
             with _disable_current_modes():
                 out = func(*args, **kwargs)
         else:
@@ -213,3 +239,10 @@ def _tensors_in(value, found: list | None = None) -> list[torch.Tensor]:
         for item in value.values():
             _tensors_in(item, found)
     return found
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds a DTensor's storage (FSDP2's sharded parameters, gradients and optimizer
+    state are DTensors); any other tensor as it is. `_local_tensor` is DTensor's attribute in torch
+    2.4-2.13 (`to_local()` would dispatch an op)."""
+    return getattr(tensor, "_local_tensor", tensor)

@@ -168,3 +168,65 @@ def custom_gpu(total_bytes: int | str, compute_capability: tuple[int, int] = (8,
 
 __all__ = ["BF16_MIN_CAPABILITY", "GpuModel", "KNOWN_GPUS", "custom_gpu", "known_gpu_names",
            "lookup_gpu", "match_nvml_name", "supports_bf16"]
+
+
+# --- interconnect and compute, for the planner's communication cost (memplan/planner/costs.py) -------
+
+@dataclass(frozen=True, kw_only=True)
+class GpuLinks:
+    """How fast one GPU of a model computes and talks to its peers; figures per GPU, one direction."""
+
+    intra_node_bytes_per_s: float
+    """GPU-to-GPU bandwidth inside a node: NVLink where the SXM board has it, else the PCIe slot."""
+    dense_half_flops: float
+    """Dense bf16 (fp16 before Ampere) tensor-core FLOP/s, without sparsity."""
+    link: str
+    """The link, in words ('NVLink 4', 'PCIe 4.0 x16')."""
+
+
+INTER_NODE_BYTES_PER_S = 50e9
+"""Network bandwidth per GPU between nodes: one 400 Gb/s InfiniBand NDR / RoCE port per GPU, as in
+NVIDIA's DGX H100 reference architecture (8 x ConnectX-7 at 400 Gb/s for 8 GPUs). Older clusters
+with 200 Gb/s HDR per GPU have half of it."""
+
+_PCIE3, _PCIE4, _PCIE5 = 16e9, 32e9, 64e9
+"""PCIe x16 per direction: 3.0 (~16 GB/s), 4.0 (~32 GB/s), 5.0 (~64 GB/s)."""
+
+# Sources: NVIDIA's datasheets (NVLink bandwidth is quoted bidirectional there; halved here):
+# V100 https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf
+# T4 https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf
+# A100 https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+# A10/A10G, A40, RTX A6000, L4, L40, L40S, RTX 6000 Ada: each board's datasheet on nvidia.com (PCIe 4.0 x16);
+# RTX 3090 / 4090: NVIDIA Ampere / Ada GA102 / AD102 architecture whitepapers (fp16 with fp32 accumulate);
+# H100 / H200 https://www.nvidia.com/en-us/data-center/h100/ and /h200/ (SXM: NVLink 4, 900 GB/s);
+# B200 https://www.nvidia.com/en-us/data-center/dgx-b200/ (NVLink 5, 1.8 TB/s per GPU).
+# Boards the catalog merges (H100 SXM and PCIe) get the SXM figures.
+_LINKS: dict[str, GpuLinks] = {
+    "V100-16GB": GpuLinks(intra_node_bytes_per_s=150e9, dense_half_flops=125e12, link="NVLink 2"),
+    "V100-32GB": GpuLinks(intra_node_bytes_per_s=150e9, dense_half_flops=125e12, link="NVLink 2"),
+    "T4": GpuLinks(intra_node_bytes_per_s=_PCIE3, dense_half_flops=65e12, link="PCIe 3.0 x16"),
+    "A10G": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=70e12, link="PCIe 4.0 x16"),
+    "A100-40GB": GpuLinks(intra_node_bytes_per_s=300e9, dense_half_flops=312e12, link="NVLink 3"),
+    "A100-80GB": GpuLinks(intra_node_bytes_per_s=300e9, dense_half_flops=312e12, link="NVLink 3"),
+    "A40": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=150e12, link="PCIe 4.0 x16"),
+    "RTX-A6000": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=155e12, link="PCIe 4.0 x16"),
+    "RTX-3090": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=71e12, link="PCIe 4.0 x16"),
+    "L4": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=121e12, link="PCIe 4.0 x16"),
+    "L40": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=181e12, link="PCIe 4.0 x16"),
+    "L40S": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=362e12, link="PCIe 4.0 x16"),
+    "RTX-4090": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=165e12, link="PCIe 4.0 x16"),
+    "RTX-6000-Ada": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=364e12, link="PCIe 4.0 x16"),
+    "H100-80GB": GpuLinks(intra_node_bytes_per_s=450e9, dense_half_flops=989e12, link="NVLink 4"),
+    "H100-NVL": GpuLinks(intra_node_bytes_per_s=_PCIE5, dense_half_flops=835e12, link="PCIe 5.0 x16"),
+    "H200": GpuLinks(intra_node_bytes_per_s=450e9, dense_half_flops=989e12, link="NVLink 4"),
+    "B200": GpuLinks(intra_node_bytes_per_s=900e9, dense_half_flops=2250e12, link="NVLink 5"),
+}
+_UNKNOWN_LINKS = GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=150e12, link="PCIe 4.0 x16 (assumed)")
+
+
+def gpu_links(name: str) -> GpuLinks:
+    """Interconnect and compute figures of a GPU by catalog or NVML name; a PCIe 4.0 board of
+    mid-range compute for a GPU the catalog does not know (custom sizes included)."""
+    key = _key(name)
+    model = _INDEX.get(key) or _NVML_INDEX.get(key)
+    return _LINKS.get(model.name, _UNKNOWN_LINKS) if model is not None else _UNKNOWN_LINKS

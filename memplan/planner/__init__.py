@@ -11,8 +11,8 @@ from memplan.planner.costs import host_bytes_per_rank, relative_throughput
 from memplan.planner.nofit import NoFit, fsdp_full_shard_bytes
 from memplan.planner.request import DeviceBudget, HostLoad, PlanRequest
 from memplan.planner.search import Estimator, make_plan
-from memplan.planner.tracing import estimator_for, largest_block_bytes
+from memplan.planner.tracing import block_classes, estimator_for, largest_block_bytes
 
-__all__ = ["DeviceBudget", "Estimator", "HostLoad", "NoFit", "PlanRequest", "estimator_for",
+__all__ = ["DeviceBudget", "block_classes", "Estimator", "HostLoad", "NoFit", "PlanRequest", "estimator_for",
            "fsdp_full_shard_bytes", "host_bytes_per_rank", "largest_block_bytes", "make_plan",
            "relative_throughput"]

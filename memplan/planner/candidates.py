@@ -1,15 +1,20 @@
 """Every setting the planner could choose, before any memory is known.
 
-A candidate is one (precision, checkpointing, GPUs per node, micro-batch) with its accumulation set so
-that micro x world x accumulation is the global batch exactly. Candidates fall into groups that share
-one per-rank memory curve: (AMP or 32-true) x (checkpointing or not) x (one rank, or DDP).
+A candidate is one (precision, checkpointing, GPUs per node, micro-batch, strategy) with its
+accumulation set so that micro x world x accumulation is the global batch exactly. Candidates fall
+into groups that share one per-rank memory curve: (AMP or 32-true) x (checkpointing or not) x (one
+rank, DDP, or an FSDP sharding at one world size).
+
+FSDP candidates use every usable GPU of each node: sharding over fewer ranks only holds more per GPU
+and trains fewer samples at once, so it never wins. They are searched with FULL_SHARD, SHARD_GRAD_OP,
+HYBRID_SHARD (several nodes, sharded within a node) and FULL_SHARD with CPU offload (when allowed).
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from memplan.planner.costs import host_bytes_per_rank, relative_throughput
+from memplan.planner.costs import OFFLOAD_BYTES_PER_PARAM, host_bytes_per_rank, relative_throughput, strategy_factor
 from memplan.planner.request import AMP_PRECISIONS, SEARCHED_PRECISIONS, DeviceBudget, HostLoad, PlanRequest
 
 PRECISION_PREFERENCE = {p: i for i, p in enumerate(SEARCHED_PRECISIONS)}
@@ -25,26 +30,53 @@ class Group:
     checkpointing: bool
     """Activation checkpointing of repeated blocks."""
     multi: bool
-    """DDP with more than one rank (gradient buckets and NCCL buffers); False: a single GPU."""
+    """More than one rank (DDP, or FSDP); False: a single GPU."""
+    sharding: str | None = None
+    """FSDP sharding strategy (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD); None: DDP or one GPU."""
+    offload: bool = False
+    """FSDP with CPU offload of parameters, gradients and optimizer state."""
+    world_size: int = 0
+    """The world size of an FSDP group (its per-rank memory depends on it); 0 otherwise."""
 
     @property
     def probe_world_size(self) -> int:
         """World size the group is traced at: per-rank DDP memory is the same for any world > 1
-        except NCCL's buffers, which are recomputed per world size."""
+        except NCCL's buffers, which are recomputed per world size; FSDP is traced at its own."""
+        if self.sharding is not None:
+            return self.world_size
         return 2 if self.multi else 1
+
+    @property
+    def _memory_level(self) -> tuple[int, str]:
+        """Order of the data-parallel layouts by memory at equal setting: offload < FULL_SHARD <
+        SHARD_GRAD_OP, HYBRID_SHARD (incomparable with each other) < one GPU < DDP."""
+        if self.sharding is None:
+            return (4 if self.multi else 3, "")
+        if self.offload:
+            return (0, "")
+        return (1, "") if self.sharding == "FULL_SHARD" else (2, self.sharding)
 
     def needs_no_less_than(self, other: Group) -> bool:
         """Whether this group needs at least `other`'s memory at equal micro-batch: 32-true >= AMP
         (same fp32 master weights and optimizer state, activations saved in fp32 rather than half),
-        no checkpointing >= checkpointing, DDP >= one rank (buckets and NCCL only add). A pruning
+        no checkpointing >= checkpointing, DDP >= one rank >= FSDP (see _memory_level). A pruning
         assumption: for all but toy models the activations and the DDP buckets dominate the
         difference."""
-        return ((other.amp or not self.amp) and (other.checkpointing or not self.checkpointing)
-                and (self.multi or not other.multi))
+        mine, theirs = self._memory_level, other._memory_level
+        layout = mine[0] > theirs[0] or mine == theirs
+        if self.sharding is not None and other.sharding is not None and self.world_size != other.world_size:
+            layout = False
+        return (other.amp or not self.amp) and (other.checkpointing or not self.checkpointing) and layout
+
+    @property
+    def strategy_label(self) -> str:
+        if self.sharding is None:
+            return "DDP" if self.multi else "one GPU"
+        return f"FSDP {self.sharding}{' + CPU offload' if self.offload else ''}"
 
     def describe(self) -> str:
         return (f"{'AMP' if self.amp else '32-true'}, {'checkpointing' if self.checkpointing else 'no checkpointing'}, "
-                f"{'DDP' if self.multi else 'one GPU'}")
+                f"{self.strategy_label}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,13 +118,26 @@ class Candidate:
         return min(d.compute_capability for d in self.devices)
 
     @property
-    def trace_key(self) -> tuple[int, str, bool, int]:
-        """(micro_batch_size, precision, checkpointing, world_size): the estimator call for it exactly."""
-        return (self.micro_batch_size, self.precision, self.checkpointing, self.world_size)
+    def sharding(self) -> str | None:
+        return self.group.sharding
+
+    @property
+    def offload(self) -> bool:
+        return self.group.offload
+
+    @property
+    def trace_key(self) -> tuple:
+        """(micro_batch_size, precision, checkpointing, world_size, sharding, offload): the estimator
+        call for it exactly."""
+        return (self.micro_batch_size, self.precision, self.checkpointing, self.world_size,
+                self.group.sharding, self.group.offload)
 
     def rank_key(self) -> tuple:
-        """Sort key, best last: speed, then bf16 > 16 > 32, no checkpointing, larger micro-batch."""
+        """Sort key, best last: speed, then bf16 > 16 > 32, no checkpointing, DDP over FSDP (the
+        simpler engine at equal speed), HYBRID_SHARD over other FSDP layouts (less traffic between
+        nodes), no offload, larger micro-batch."""
         return (round(self.speed, 12), -PRECISION_PREFERENCE[self.precision], not self.checkpointing,
+                self.group.sharding is None, self.group.sharding == "HYBRID_SHARD", not self.group.offload,
                 self.micro_batch_size)
 
 
@@ -105,31 +150,66 @@ def divisors(n: int) -> list[int]:
 def enumerate_candidates(request: PlanRequest) -> Iterator[Candidate]:
     """Every candidate of the request: precisions allowed (bf16-mixed only on sm80+ GPUs),
     checkpointing off/on, 1..len(devices) GPUs per node (those with the most free memory), each
-    micro-batch dividing the per-rank batch (up to max_micro_batch_size)."""
-    load = request.host_load or HostLoad(model_init_bytes=0, sample_bytes=0)
-    host_budget = request.host_budget_bytes
+    micro-batch dividing the per-rank batch (up to max_micro_batch_size), under DDP (or one GPU)
+    and, when request.searches_fsdp, under each FSDP layout on every usable GPU of each node."""
     for precision in (p for p in SEARCHED_PRECISIONS if p in request.precisions):
         usable = request.usable_device_indices(precision)
         for checkpointing in ((False, True) if request.allow_checkpointing else (False,)):
+            amp = precision in AMP_PRECISIONS
             for gpus in range(1, len(usable) + 1):
                 world = gpus * request.nodes
-                if request.global_batch_size % world:
+                if request.global_batch_size % world or (world > 1 and "ddp" not in request.strategies):
                     continue
-                group = Group(amp=precision in AMP_PRECISIONS, checkpointing=checkpointing, multi=world > 1)
-                chosen = tuple(request.devices[i] for i in usable[:gpus])
-                per_rank = request.global_batch_size // world
-                for micro in divisors(per_rank):
-                    if request.max_micro_batch_size is not None and micro > request.max_micro_batch_size:
-                        break
-                    host = host_bytes_per_rank(load, micro)
-                    yield Candidate(
-                        group=group, precision=precision, gpus_per_node=gpus, world_size=world,
-                        micro_batch_size=micro, accumulate_grad_batches=per_rank // micro, devices=chosen,
-                        device_indices=usable[:gpus],
-                        budget_bytes=request.budget_bytes(chosen[-1].free_bytes), host_bytes_per_rank=host,
-                        host_fits=host_budget is None or gpus * host <= host_budget,
-                        speed=relative_throughput(
-                            world_size=world, micro_batch_size=micro, accumulate_grad_batches=per_rank // micro,
-                            precision=precision, checkpointing=checkpointing,
-                            compute_capability=min(d.compute_capability for d in chosen)),
-                    )
+                group = Group(amp=amp, checkpointing=checkpointing, multi=world > 1)
+                yield from _micro_batches(request, group, precision, usable[:gpus])
+            world = len(usable) * request.nodes
+            if not request.searches_fsdp or world < 2 or request.global_batch_size % world:
+                continue
+            for sharding, offload in _fsdp_layouts(request, len(usable)):
+                group = Group(amp=amp, checkpointing=checkpointing, multi=True, sharding=sharding, offload=offload,
+                              world_size=world)
+                yield from _micro_batches(request, group, precision, usable)
+
+
+def _fsdp_layouts(request: PlanRequest, gpus_per_node: int) -> list[tuple[str, bool]]:
+    layouts = [("FULL_SHARD", False), ("SHARD_GRAD_OP", False)]
+    if request.nodes > 1 and gpus_per_node > 1:
+        layouts.append(("HYBRID_SHARD", False))
+    if request.allow_cpu_offload:
+        layouts.append(("FULL_SHARD", True))
+    return layouts
+
+
+def _micro_batches(request: PlanRequest, group: Group, precision: str,
+                   indices: tuple[int, ...]) -> Iterator[Candidate]:
+    load = request.host_load or HostLoad(model_init_bytes=0, sample_bytes=0)
+    host_budget = request.host_budget_bytes
+    gpus = len(indices)
+    world = gpus * request.nodes
+    chosen = tuple(request.devices[i] for i in indices)
+    per_rank = request.global_batch_size // world
+    offloaded = 0
+    if group.offload:
+        shard = gpus if group.sharding == "HYBRID_SHARD" else world
+        offloaded = -(-OFFLOAD_BYTES_PER_PARAM * (request.parameter_count or 0) // shard)
+    for micro in divisors(per_rank):
+        if request.max_micro_batch_size is not None and micro > request.max_micro_batch_size:
+            break
+        host = host_bytes_per_rank(load, micro) + offloaded
+        accumulation = per_rank // micro
+        speed = relative_throughput(
+            world_size=world, micro_batch_size=micro, accumulate_grad_batches=accumulation,
+            precision=precision, checkpointing=group.checkpointing,
+            compute_capability=min(d.compute_capability for d in chosen))
+        if group.sharding is not None:
+            speed *= strategy_factor(
+                sharding=group.sharding, offload=group.offload, world_size=world, gpus_per_node=gpus,
+                nodes=request.nodes, micro_batch_size=micro, accumulate_grad_batches=accumulation,
+                precision=precision, checkpointing=group.checkpointing, parameter_count=request.parameter_count,
+                tokens_per_sample=request.tokens_per_sample, gpu_name=chosen[-1].name)
+        yield Candidate(
+            group=group, precision=precision, gpus_per_node=gpus, world_size=world,
+            micro_batch_size=micro, accumulate_grad_batches=accumulation, devices=chosen,
+            device_indices=indices, budget_bytes=request.budget_bytes(chosen[-1].free_bytes),
+            host_bytes_per_rank=host, host_fits=host_budget is None or gpus * host <= host_budget, speed=speed,
+        )

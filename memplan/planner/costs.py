@@ -29,6 +29,30 @@ Candidates that fit are ranked by a relative throughput (samples per second, in 
 - Gradient accumulation: Lightning skips DDP's all-reduce on non-final micro-steps (no_sync), so the
   cost is only per-micro-step loop overhead: at most 2%. The small-micro-batch cost is in m/(m+K).
 
+Data-parallel communication: FSDP against DDP
+----------------------------------------------
+The factors above rank DDP candidates. An FSDP candidate is the DDP candidate of the same setting
+with its communication swapped: its speed is the DDP speed x (T + E_ddp) / (T + E_fsdp), where T is
+the compute time of one optimizer step and E the communication time that compute cannot hide:
+
+    T = 6 x params x tokens_per_sample x micro x accumulation / (flops x MFU)   (x 4/3 if checkpointing;
+        flops halved for 32-true)
+    E = max(0, C - OVERLAP x T)
+    ring all-reduce of B bytes over n ranks: 2 (n - 1) / n x B / bw;  all-gather / reduce-scatter: (n - 1) / n x B / bw
+    C_ddp          = all-reduce(grads) once per optimizer step (Lightning's no_sync skips it while accumulating)
+    C_full_shard   = per micro-step: all-gather(params) in forward and again in backward + reduce-scatter(grads)
+    C_shard_grad_op= per micro-step: all-gather(params) once (kept to backward) + reduce-scatter(grads)
+    C_hybrid       = C_full_shard within a node (n = GPUs per node, NVLink) + per micro-step all-reduce of
+                     the 1/n gradient shard across nodes (network)
+    C_offload      = C_full_shard + per micro-step PCIe copies of the shard (params in, gradients out)
+                     + the optimizer step on the host over the shard, which nothing hides
+    params and grads in fp32 (4 bytes each: the planner does not set FSDP's param_dtype).
+
+bw is the catalog's per-GPU link (memplan.hardware.catalog.gpu_links: NVLink or PCIe inside a node,
+INTER_NODE_BYTES_PER_S between nodes, a ring over several nodes runs at the slower of the two)
+x COMM_EFFICIENCY. Lightning's ModelParallelStrategy / FSDPStrategy keep gradient sync on while
+accumulating, hence FSDP's per-micro-step reduce-scatter.
+
 Host RAM per rank
 -----------------
     RANK_RUNTIME_BYTES + model_init_bytes + num_workers x WORKER_BYTES
@@ -39,11 +63,14 @@ CUDA process; each DataLoader worker is a forked copy whose touched pages (refco
 ~0.5 GiB; each worker keeps prefetch_factor batches and the training step holds one more; pinned
 batches are a second copy, rounded up to a power of two by torch's CachingHostAllocator (so 2x).
 These are approximations on the high side; a plan is only as good as host_available_bytes.
+With FSDP CPU offload a rank also holds its shard of the training state in host RAM:
+OFFLOAD_BYTES_PER_PARAM x params / shard degree.
 """
 from __future__ import annotations
 
 import math
 
+from memplan.hardware.catalog import INTER_NODE_BYTES_PER_S, gpu_links
 from memplan.planner.request import HostLoad
 from memplan.units import GiB, MiB
 
@@ -66,6 +93,77 @@ RANK_RUNTIME_BYTES = 2 * GiB
 """Host RSS of one CUDA training process before the model and data: Python, torch, CUDA libraries."""
 WORKER_BYTES = 512 * MiB
 """Host RSS of one forked DataLoader worker (copy-on-write pages it touches)."""
+
+
+COMM_EFFICIENCY = 0.7
+"""Fraction of a link's bandwidth a NCCL ring reaches (nccl-tests bus bandwidth on NVLink and IB)."""
+MFU = 0.4
+"""Model FLOPs utilisation of a well-tuned transformer step (the compute-time estimate's efficiency)."""
+OVERLAP = 0.8
+"""Fraction of the compute time that collectives can hide behind (prefetch and bucketing are not perfect)."""
+PCIE_BYTES_PER_S = 25e9
+"""Host<->GPU copies of CPU offload (PCIe 4.0/5.0 x16 in practice, pinned memory)."""
+HOST_OPTIMIZER_BYTES_PER_S = 10e9
+"""Memory bandwidth one rank's host-side optimizer step gets (a socket's bandwidth shared by its ranks)."""
+OFFLOAD_BYTES_PER_PARAM = 16
+"""Host bytes per parameter under CPU offload: fp32 parameter, gradient and Adam's two states."""
+
+
+def _compute_seconds(*, parameter_count: int, tokens_per_sample: int, samples: int, precision: str,
+                     checkpointing: bool, flops: float) -> float:
+    seconds = 6.0 * parameter_count * tokens_per_sample * samples / (flops * MFU)
+    if precision not in ("bf16-mixed", "16-mixed"):
+        seconds *= AMP_SPEEDUP
+    return seconds / CHECKPOINT_FACTOR if checkpointing else seconds
+
+
+def communication_seconds(*, sharding: str | None, offload: bool = False, world_size: int, gpus_per_node: int,
+                          nodes: int, accumulate_grad_batches: int, parameter_count: int, gpu_name: str) -> float:
+    """Communication time of one optimizer step (see the module docstring); sharding None is DDP."""
+    links = gpu_links(gpu_name)
+    intra = links.intra_node_bytes_per_s * COMM_EFFICIENCY
+    inter = min(links.intra_node_bytes_per_s, INTER_NODE_BYTES_PER_S) * COMM_EFFICIENCY
+    state = 4.0 * parameter_count
+    if world_size == 1:
+        return 0.0
+
+    def ring(n: int, bw: float) -> float:  # all-gather or reduce-scatter of `state` over n ranks
+        return (n - 1) / n * state / bw
+
+    bw = intra if nodes == 1 else inter
+    if sharding is None:
+        return 2 * ring(world_size, bw)
+    if sharding == "NO_SHARD":
+        return 2 * ring(world_size, bw) * accumulate_grad_batches
+    if sharding == "HYBRID_SHARD":
+        per_micro = 3 * ring(gpus_per_node, intra) + 2 * (nodes - 1) / nodes * state / gpus_per_node / inter
+        return per_micro * accumulate_grad_batches
+    gathers = 1 if sharding == "SHARD_GRAD_OP" else 2
+    seconds = (gathers + 1) * ring(world_size, bw) * accumulate_grad_batches
+    if offload:
+        shard = state / world_size
+        seconds += 3 * shard / PCIE_BYTES_PER_S * accumulate_grad_batches
+    return seconds
+
+
+def strategy_factor(*, sharding: str | None, offload: bool = False, world_size: int, gpus_per_node: int,
+                    nodes: int, micro_batch_size: int, accumulate_grad_batches: int, precision: str,
+                    checkpointing: bool, parameter_count: int, tokens_per_sample: int, gpu_name: str) -> float:
+    """Speed of a candidate under `sharding` relative to the same candidate under DDP (1.0 for DDP)."""
+    if sharding is None:
+        return 1.0
+    compute = _compute_seconds(parameter_count=parameter_count, tokens_per_sample=tokens_per_sample,
+                               samples=micro_batch_size * accumulate_grad_batches, precision=precision,
+                               checkpointing=checkpointing, flops=gpu_links(gpu_name).dense_half_flops)
+    common = dict(world_size=world_size, gpus_per_node=gpus_per_node, nodes=nodes,
+                  accumulate_grad_batches=accumulate_grad_batches, parameter_count=parameter_count,
+                  gpu_name=gpu_name)
+    ddp = max(0.0, communication_seconds(sharding=None, **common) - OVERLAP * compute)
+    fsdp = max(0.0, communication_seconds(sharding=sharding, offload=offload, **common) - OVERLAP * compute)
+    if offload:  # the host optimizer step over this rank's shard: nothing hides it
+        shard = world_size if sharding != "HYBRID_SHARD" else gpus_per_node
+        fsdp += 3 * OFFLOAD_BYTES_PER_PARAM * parameter_count / shard / HOST_OPTIMIZER_BYTES_PER_S
+    return (compute + ddp) / (compute + fsdp)
 
 
 def relative_throughput(*, world_size: int, micro_batch_size: int, accumulate_grad_batches: int = 1,

@@ -33,7 +33,10 @@ def describe_plan(request: PlanRequest, winner: Candidate, est: MemoryEstimate, 
         global_batch_size=request.global_batch_size,
         precision=winner.precision,
         gradient_checkpointing=winner.checkpointing,
-        strategy="ddp" if winner.world_size > 1 else "auto",
+        strategy="fsdp" if winner.sharding else ("ddp" if winner.world_size > 1 else "auto"),
+        sharding_strategy=winner.sharding,
+        cpu_offload=winner.offload,
+        block_classes=request.block_classes if winner.sharding else (),
         predicted_peak_bytes=est.device_total,
         device_budget_bytes=winner.budget_bytes,
         host_bytes_per_rank=winner.host_bytes_per_rank,
@@ -63,6 +66,7 @@ def _reasons(request: PlanRequest, w: Candidate, est: MemoryEstimate, search: _S
         _micro_reason(request, w, search),
         _precision_reason(request, w, search),
         _checkpointing_reason(request, w, search),
+        *_strategy_reasons(request, w, search),
     ]
     reasons.extend(_left_out_reasons(request, w, search))
     return reasons
@@ -74,7 +78,7 @@ def _n(count: int, word: str) -> str:
 
 def _same(c: Candidate, w: Candidate, **changes) -> bool:
     fields = {"precision": w.precision, "checkpointing": w.checkpointing, "world_size": w.world_size,
-              "micro_batch_size": w.micro_batch_size}
+              "micro_batch_size": w.micro_batch_size, "sharding": w.sharding, "offload": w.offload}
     fields.update(changes)
     return all(getattr(c, k) == v for k, v in fields.items())
 
@@ -218,7 +222,7 @@ def _alternatives(w: Candidate, search: _Search) -> list[Alternative]:
             and (c.group not in search.unfit or c.micro_batch_size == 1)]  # unfit groups: only micro 1 traced
 
     def kind(c: Candidate) -> tuple:  # bf16-mixed and 16-mixed twins count as one kind
-        return (c.world_size, c.group.amp, c.checkpointing)
+        return (c.world_size, c.group.amp, c.checkpointing, c.sharding, c.offload)
 
     best_fit: dict[tuple, Candidate] = {}
     for c in (c for c in seen if search.fits(c) and kind(c) != kind(w)):
@@ -257,11 +261,19 @@ def _alternative(c: Candidate, w: Candidate, search: _Search) -> Alternative:
         world_size=c.world_size, micro_batch_size=c.micro_batch_size,
         accumulate_grad_batches=c.accumulate_grad_batches, precision=c.precision,
         gradient_checkpointing=c.checkpointing, predicted_peak_bytes=search.predicted_bytes(c),
-        relative_speed=c.speed / w.speed, fits=fits, why_not=why)
+        relative_speed=c.speed / w.speed, fits=fits, why_not=why, strategy=_layout(c))
+
+
+def _layout(c: Candidate) -> str:
+    if c.sharding is None:
+        return "ddp" if c.world_size > 1 else "single"
+    return f"fsdp {c.sharding}{' offload' if c.offload else ''}"
 
 
 def _differences(c: Candidate, w: Candidate) -> str:
     out = []
+    if _layout(c) != _layout(w):
+        out.append(f"{c.group.strategy_label} instead of {w.group.strategy_label} (communication, costs.py)")
     if c.world_size < w.world_size:
         out.append(f"{_n(c.world_size, 'rank')} instead of {w.world_size}")
     if c.micro_batch_size < w.micro_batch_size:
@@ -273,3 +285,46 @@ def _differences(c: Candidate, w: Candidate) -> str:
     if c.precision == "16-mixed" and w.precision == "bf16-mixed":
         out.append("16-mixed pays for a GradScaler; same memory as bf16-mixed")
     return "; ".join(out) or "ranked lower by the throughput model"
+
+
+# --- the data-parallel layout ----------------------------------------------------------------------
+def _strategy_reasons(request: PlanRequest, w: Candidate, search: _Search) -> list[str]:
+    """Why DDP or FSDP (and which sharding): the best fit of each other layout, or what it needs."""
+    if w.world_size == 1 or not request.searches_fsdp:
+        return []
+    others: dict[str, list[Candidate]] = {}
+    for c in search.candidates:
+        if c.group.strategy_label != w.group.strategy_label and c.world_size > 1:
+            others.setdefault(c.group.strategy_label, []).append(c)
+    lines = []
+    for label, cands in others.items():
+        fitting = [c for c in cands if search.fits(c)]
+        if fitting:
+            best = max(fitting, key=Candidate.rank_key)
+            lines.append(f"{label}: fits (micro-batch {best.micro_batch_size}"
+                         f"{', checkpointing' if best.checkpointing else ''}) but runs at {best.speed / w.speed:.0%} "
+                         f"of this speed.")
+            continue
+        explored = [c for c in cands if c.group in search.explored and c.micro_batch_size == 1]
+        if explored:
+            least = min(explored, key=search.predicted_bytes)
+            lines.append(f"{label} does not fit: {_miss(search, least, request)} even at micro-batch 1"
+                         f"{' with checkpointing' if least.checkpointing else ''}.")
+        elif cands:
+            lines.append(f"{label}: not traced; it could not beat this setting's predicted speed.")
+    if w.sharding is not None:
+        loss = 1 - w.speed / _ddp_speed(w)
+        cost = (f"cost {loss:.0%} of DDP's speed at this setting" if loss >= 0.005 else
+                "hide behind compute at this setting (no loss against DDP)")
+        lines.insert(0, f"FSDP {w.sharding}{' with CPU offload' if w.offload else ''}: parameters, gradients and "
+                        f"optimizer state sharded over {w.gpus_per_node if w.sharding == 'HYBRID_SHARD' else w.world_size} "
+                        f"ranks; its all-gathers and reduce-scatters {cost} (costs.py).")
+    return lines
+
+
+def _ddp_speed(w: Candidate) -> float:
+    from memplan.planner.costs import relative_throughput
+
+    return relative_throughput(world_size=w.world_size, micro_batch_size=w.micro_batch_size,
+                               accumulate_grad_batches=w.accumulate_grad_batches, precision=w.precision,
+                               checkpointing=w.checkpointing, compute_capability=w.compute_capability)

@@ -12,6 +12,8 @@ from memplan.hardware.catalog import GpuModel, match_nvml_name, supports_bf16
 SEARCHED_PRECISIONS: tuple[str, ...] = ("bf16-mixed", "16-mixed", "32-true")
 """Lightning precision strings the planner searches, in order of preference at equal speed."""
 AMP_PRECISIONS: tuple[str, ...] = ("bf16-mixed", "16-mixed")
+STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
+"""Data-parallel strategies the planner searches."""
 """Mixed precisions: fp32 master weights, half-precision autocast (same memory to within the GradScaler)."""
 
 
@@ -141,6 +143,18 @@ class PlanRequest:
     largest_block_bytes: int | None = None
     """Parameter bytes of the model's largest repeated block, for NoFit's FSDP estimate (all-gather
     prefetch holds about two); None assumes the whole model is gathered at once (no wrap policy)."""
+    strategies: tuple[str, ...] = STRATEGIES
+    """Data-parallel strategies the planner may choose among: 'ddp' and/or 'fsdp'."""
+    parameter_count: int | None = None
+    """Parameters of the model (elements). FSDP's communication is weighed with it (costs.py); None
+    leaves FSDP out of the search."""
+    tokens_per_sample: int = 1
+    """Tokens (sequence positions) per sample, for the compute time FSDP's collectives hide behind;
+    1 for models that are not sequence models."""
+    allow_cpu_offload: bool = True
+    """Whether the planner may choose FSDP with CPU offload (slow: only when nothing else fits)."""
+    block_classes: tuple[str, ...] = ()
+    """Import paths of the model's repeated block classes: FSDP's wrap policy in the planned config."""
 
     def __post_init__(self) -> None:
         for name in ("devices", "precisions"):  # a list is as good as a tuple; store the tuple
@@ -168,11 +182,32 @@ class PlanRequest:
         if self.largest_block_bytes is not None:
             _check_int("PlanRequest", "largest_block_bytes", self.largest_block_bytes, minimum=0,
                        fix="parameter bytes of the largest repeated block, or None")
+        self._check_fsdp_fields()
         if not any(self.global_batch_size % (self.nodes * g) == 0 for g in range(1, len(self.devices) + 1)):
             raise ValueError(
                 f"PlanRequest.global_batch_size ({self.global_batch_size}) must be divisible by the world size, "
                 f"nodes x GPUs per node = {self.nodes} x 1..{len(self.devices)}; none divides it: use a multiple "
                 f"of {self.nodes}, or fewer nodes")
+
+    def _check_fsdp_fields(self) -> None:
+        for name in ("strategies", "block_classes"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not self.strategies or any(s not in STRATEGIES for s in self.strategies):
+            raise ValueError(f"PlanRequest.strategies must be a non-empty tuple drawn from {STRATEGIES}; "
+                             f"got {self.strategies!r}")
+        if self.parameter_count is not None:
+            _check_int("PlanRequest", "parameter_count", self.parameter_count, minimum=1,
+                       fix="the model's number of parameters, or None to leave FSDP out")
+        _check_int("PlanRequest", "tokens_per_sample", self.tokens_per_sample, minimum=1,
+                   fix="the sequence length of one sample, 1 for non-sequence models")
+        if not isinstance(self.allow_cpu_offload, bool):
+            raise ValueError(f"PlanRequest.allow_cpu_offload must be True or False; got {self.allow_cpu_offload!r}")
+
+    @property
+    def searches_fsdp(self) -> bool:
+        """Whether FSDP candidates are searched: allowed, and the parameter count known."""
+        return "fsdp" in self.strategies and self.parameter_count is not None
 
     def _check_devices(self) -> None:
         if not isinstance(self.devices, tuple) or not self.devices:

@@ -16,7 +16,8 @@ every candidate. It relies on four facts about a training step's memory:
    is traced at micro-batch 1 and PROBE_MICRO; the line through them (slope at least the growth of
    saved activations, so a peak that sits in the optimizer step at small micro-batches does not
    hide the slope) predicts larger micro-batches, plus SAFETY_BYTES for the allocator's segments.
-   A group whose sibling (same precision and checkpointing, other world kind) has a slope reuses
+   A group whose sibling (same precision and checkpointing, other world kind or data-parallel
+   layout: DDP, one GPU, the FSDP layouts) has a slope reuses
    it and is traced at micro-batch 1 only.
 4. Less memory: checkpointing <= none, AMP <= 32-true, one rank <= DDP. A group that does not fit at
    micro-batch 1 rules out every group needing no less (on budgets no larger) without a trace.
@@ -60,10 +61,12 @@ EXTRAPOLATION_SLACK = 0.02
 
 
 class Estimator(Protocol):
-    """Per-GPU memory of one training step at a setting (memplan.estimate with the model bound)."""
+    """Per-GPU memory of one training step at a setting (memplan.estimate with the model bound).
+    `fsdp` (an estimator.fsdp.FsdpSettings) is passed only for FSDP candidates: an estimator for a
+    search without FSDP (PlanRequest.searches_fsdp False) need not accept it."""
 
     def __call__(self, *, micro_batch_size: int, precision: str, checkpointing: bool,
-                 world_size: int) -> MemoryEstimate: ...
+                 world_size: int, **fsdp) -> MemoryEstimate: ...
 
 
 @dataclass
@@ -77,7 +80,7 @@ class _Curve:
     """micro-batch -> forward_activations + batch (grows with the micro-batch whatever the peak)."""
     has_communication: bool = False
     """Whether the estimator reports NCCL buffers (a CUDA target with DDP)."""
-    sibling: _Curve | None = None
+    siblings: tuple[_Curve, ...] = ()
     """The same precision and checkpointing at the other world kind, whose slope this one may reuse."""
 
     def add(self, micro: int, est: MemoryEstimate) -> None:
@@ -94,10 +97,14 @@ class _Curve:
         growth = (self.activation_growth[hi] - self.activation_growth[lo]) / (hi - lo)
         return max(chord, growth, 0.0)
 
+    def sibling_slope(self) -> float | None:
+        """The first sibling's own slope, None when no sibling has two traces."""
+        return next((s for s in (c.own_slope() for c in self.siblings) if s is not None), None)
+
     def slope(self) -> float:
         own = self.own_slope()
-        if own is None and self.sibling is not None:
-            own = self.sibling.own_slope()
+        if own is None:
+            own = self.sibling_slope()
         return own or 0.0
 
     def predict(self, micro: int) -> int:
@@ -128,19 +135,29 @@ class _Search:
             self.groups.setdefault(c.group, []).append(c)
         self.curves: dict[Group, _Curve] = {g: _Curve() for g in self.groups}
         for g, curve in self.curves.items():
-            curve.sibling = self.curves.get(Group(amp=g.amp, checkpointing=g.checkpointing, multi=not g.multi))
-        self.traces: dict[tuple[int, str, bool, int], MemoryEstimate] = {}
+            # Activations grow alike under every layout: the other world kind first, then the rest.
+            kin = [h for h in self.curves if h != g and (h.amp, h.checkpointing) == (g.amp, g.checkpointing)]
+            kin.sort(key=lambda h: (h.sharding is not None, h.multi == g.multi))
+            curve.siblings = tuple(self.curves[h] for h in kin)
+        self.traces: dict[tuple, MemoryEstimate] = {}
         self.explored: set[Group] = set()
         self.unfit: set[Group] = set()
         self.calls = 0
 
     # --- estimator calls ------------------------------------------------------------------------
-    def trace(self, micro: int, precision: str, checkpointing: bool, world_size: int) -> MemoryEstimate:
-        key = (micro, precision, checkpointing, world_size)
+    def trace(self, micro: int, precision: str, checkpointing: bool, world_size: int,
+              sharding: str | None = None, offload: bool = False) -> MemoryEstimate:
+        key = (micro, precision, checkpointing, world_size, sharding, offload)
         if key not in self.traces:
             self.calls += 1
+            extra = {}
+            if sharding is not None:
+                from memplan.estimator.fsdp import FsdpSettings
+
+                shard_size = world_size // self.request.nodes if sharding == "HYBRID_SHARD" else None
+                extra["fsdp"] = FsdpSettings(sharding_strategy=sharding, shard_size=shard_size, cpu_offload=offload)
             self.traces[key] = self.estimator(micro_batch_size=micro, precision=precision,
-                                              checkpointing=checkpointing, world_size=world_size)
+                                              checkpointing=checkpointing, world_size=world_size, **extra)
         return self.traces[key]
 
     def trace_precision(self, group: Group) -> str:
@@ -168,10 +185,11 @@ class _Search:
         return c.host_fits and self.fits_device(c)
 
     # --- the search -----------------------------------------------------------------------------
-    def bound(self, group: Group) -> float | None:
-        """The fastest candidate the group could hold if memory allowed; None if none fits the host."""
-        speeds = [c.speed for c in self.groups[group] if c.host_fits]
-        return max(speeds) if speeds else None
+    def bound(self, group: Group) -> tuple | None:
+        """The best rank_key a candidate of the group could have if memory allowed; None if none fits
+        the host."""
+        keys = [c.rank_key() for c in self.groups[group] if c.host_fits]
+        return max(keys) if keys else None
 
     def ruled_out(self, group: Group) -> bool:
         top = max(c.budget_bytes for c in self.groups[group])
@@ -181,24 +199,23 @@ class _Search:
     def explore(self, group: Group) -> None:
         self.explored.add(group)
         curve, precision = self.curves[group], self.trace_precision(group)
-        curve.add(1, self.trace(1, precision, group.checkpointing, group.probe_world_size))
+        layout = (group.sharding, group.offload)
+        curve.add(1, self.trace(1, precision, group.checkpointing, group.probe_world_size, *layout))
         if not any(self.fits_device(c) for c in self.groups[group] if c.micro_batch_size == 1):
             self.unfit.add(group)
             return
         largest = max(c.micro_batch_size for c in self.groups[group])
-        sibling_slope = curve.sibling.own_slope() if curve.sibling is not None else None
-        if largest > 1 and sibling_slope is None:
+        if largest > 1 and curve.sibling_slope() is None:
             probe = min(PROBE_MICRO, largest)
-            curve.add(probe, self.trace(probe, precision, group.checkpointing, group.probe_world_size))
+            curve.add(probe, self.trace(probe, precision, group.checkpointing, group.probe_world_size, *layout))
 
     def best_fit(self) -> Candidate | None:
         fitting = [c for c in self.candidates if self.fits(c)]
         return max(fitting, key=Candidate.rank_key) if fitting else None
 
     def next_group(self, best: Candidate | None) -> Group | None:
-        floor = best.speed if best is not None else float("-inf")
         pending = [(b, g) for g in self.groups if g not in self.explored and not self.ruled_out(g)
-                   and (b := self.bound(g)) is not None and b > floor]
+                   and (b := self.bound(g)) is not None and (best is None or b > best.rank_key())]
         return max(pending, key=lambda item: item[0])[1] if pending else None
 
     def run(self) -> tuple[Candidate, MemoryEstimate]:
@@ -234,7 +251,8 @@ class _Search:
         allowed setting (AMP and checkpointing when allowed), micro-batch 1, on every GPU allowed."""
         request = self.request
         amp = any(g.amp for g in self.groups)
-        frugal = [g for g in self.groups if g.amp == amp and g.checkpointing == request.allow_checkpointing]
+        frugal = [g for g in self.groups if g.amp == amp and g.checkpointing == request.allow_checkpointing
+                  and g.sharding is None] or list(self.groups)
         group = max(frugal, key=lambda g: g.multi)
         widest = max(self.groups[group], key=lambda c: c.world_size)
         precision = self.trace_precision(group)
@@ -243,30 +261,46 @@ class _Search:
         if widest.world_size > 1 and ddp_est.communication:
             ddp_needed += nccl_buffer_bytes(widest.world_size, compute_capability=widest.compute_capability)
         # FSDP from the one-GPU trace where there is one: it has no DDP buckets in its gradients.
-        base = self.traces.get((1, precision, group.checkpointing, 1), ddp_est)
-        fsdp_needed = fsdp_full_shard_bytes(base, world_size=widest.world_size,
-                                            largest_block_bytes=request.largest_block_bytes,
-                                            compute_capability=widest.compute_capability)
+        base = self.traces.get((1, precision, group.checkpointing, 1, None, False), ddp_est)
+        fsdp_traced = [self.predicted_bytes(c) for c in self.candidates if c.group.sharding is not None
+                       and c.group in self.explored and c.micro_batch_size == 1]
+        if fsdp_traced:  # FSDP was searched: its own traces say what it needs
+            fsdp_needed = min(fsdp_traced)
+        else:
+            fsdp_needed = fsdp_full_shard_bytes(base, world_size=widest.world_size,
+                                                largest_block_bytes=request.largest_block_bytes,
+                                                compute_capability=widest.compute_capability)
         budget = max(c.budget_bytes for c in self.candidates)
         where = f"across {widest.world_size} GPUs" if widest.world_size > 1 else "on one GPU"
         setting = ", ".join([precision, *(["activation checkpointing"] if group.checkpointing else []),
                              "micro-batch 1"])
         lines = []
-        if not all(c.host_fits for c in self.candidates):
-            least = min(self.candidates, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
+        on_device = [c for c in self.candidates if not c.offload]
+        if not all(c.host_fits for c in on_device):
+            least = min(on_device, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
             lines.append(
                 f"host RAM limits the ranks: {least.gpus_per_node} rank(s) per node need "
                 f"{format_bytes(least.gpus_per_node * least.host_bytes_per_rank)} at the least, and "
-                f"{'no' if not any(c.host_fits for c in self.candidates) else 'no other'} setting fits the "
+                f"{'no' if not any(c.host_fits for c in on_device) else 'no other'} setting fits the "
                 f"{format_bytes(request.host_budget_bytes or 0)} host budget ({request.margin:.0%} margin kept); "
                 "free host memory, build the model on meta, or use fewer DataLoader workers.")
+        offloaded = [c for c in self.candidates if c.offload]
+        if offloaded and not any(c.host_fits for c in offloaded):
+            least = min(offloaded, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
+            lines.append(
+                f"FSDP with CPU offload (allow_cpu_offload) keeps each rank's shard of the training state in host "
+                f"RAM: {least.gpus_per_node} ranks per node need {format_bytes(least.gpus_per_node * least.host_bytes_per_rank)}, "
+                f"over the {format_bytes(request.host_budget_bytes or 0)} host budget; add nodes (smaller shards), "
+                "free host memory, or use GPUs with more memory.")
         if ddp_needed > widest.budget_bytes:
             verdict = ("which would fit: use strategy='fsdp'" if fsdp_needed <= widest.budget_bytes else
-                       "which does not fit either: add GPUs or nodes, offload to CPU, or use GPUs with more memory")
+                       "which does not fit either: add GPUs or nodes, "
+                       f"{'' if offloaded else 'offload to CPU, '}or use GPUs with more memory")
             lines.append(
                 f"DDP needs {format_bytes(ddp_needed)} per GPU {where} even with {setting}, over the per-GPU "
                 f"budget of {format_bytes(widest.budget_bytes)} ({request.margin:.0%} margin kept). FSDP full "
-                f"shard {where} would need about {format_bytes(fsdp_needed)} per GPU (approximate), {verdict}.")
+                f"shard {where} would need {'' if fsdp_traced else 'about '}{format_bytes(fsdp_needed)} per GPU "
+                f"({'traced, its most frugal layout' if fsdp_traced else 'approximate'}), {verdict}.")
             if not amp or not request.allow_checkpointing:
                 allow = [x for x, ok in (("precisions=('bf16-mixed', '16-mixed', ...)", amp),
                                          ("allow_checkpointing=True", request.allow_checkpointing)) if not ok]

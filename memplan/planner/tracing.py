@@ -14,17 +14,19 @@ from memplan.planner.search import Estimator
 def estimator_for(model: Any, batch: Any, *, loss: Callable | None = None, optimizer: Any = None,
                   device: Any = None) -> Estimator:
     """An Estimator tracing `model` on `batch` resized to each micro-batch (memplan.batching), with
-    strategy='ddp' for world_size > 1. `model`, `loss`, `optimizer` and `device` are as in
+    strategy='ddp' for world_size > 1
+    (strategy='fsdp' when the planner passes FSDP settings). `model`, `loss`, `optimizer` and `device` are as in
     memplan.estimate; build the model on meta or pass a callable so that no weights are allocated.
     The resized batch is made of real tensors in host memory (the trace itself allocates nothing)."""
 
-    def estimate_at(*, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int):
+    def estimate_at(*, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int, fsdp=None):
         from memplan.batching import resize_batch
         from memplan.estimator import estimate
 
+        strategy = "fsdp" if fsdp is not None else ("ddp" if world_size > 1 else None)
         return estimate(model, resize_batch(batch, micro_batch_size), loss=loss, optimizer=optimizer,
                         precision=precision, checkpointing=checkpointing, device=device,
-                        strategy="ddp" if world_size > 1 else None, world_size=world_size)
+                        strategy=strategy, world_size=world_size, fsdp=fsdp)
 
     return estimate_at
 
@@ -38,3 +40,27 @@ def largest_block_bytes(model: Any) -> int | None:
     if not blocks:
         return None
     return max(sum(p.numel() * p.element_size() for p in block.parameters()) for _, block in blocks)
+
+
+def block_classes(model: Any) -> tuple[str, ...]:
+    """Import paths of the model's repeated block classes (FSDP's wrap policy), for
+    PlanRequest.block_classes; empty when the model has none. Works on a meta model."""
+    from memplan.estimator.checkpointing import find_repeated_blocks
+
+    seen: dict[str, None] = {}
+    for _, block in find_repeated_blocks(model):
+        seen[f"{type(block).__module__}.{type(block).__qualname__}"] = None
+    return tuple(seen)
+
+
+def tokens_per_sample(batch: Any) -> int:
+    """Sequence positions per sample: the second dimension of the batch's first integer tensor of
+    two or more dimensions (token ids), else 1. For the compute time in costs.py."""
+    import torch
+
+    from memplan.estimator.step import iter_tensors
+
+    for t in iter_tensors(batch):
+        if t.dim() >= 2 and not t.is_floating_point() and t.dtype != torch.bool:
+            return int(t.shape[1])
+    return 1

@@ -1,0 +1,209 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`) traced for real, on fake tensors, in one process.
+
+The estimate runs the step on rank 0 of a fake process group of `world_size` ranks (torch's own
+`FakeStore` + the "fake" backend, which torchtitan's memory estimation uses): fully_shard shards the
+fake parameters as it would on rank 0 (rank 0 holds the largest shard when a dimension does not
+divide), and every collective returns at once with its output buffer untouched. So the trace sees
+what rank 0 allocates: the sharded parameters, gradients and optimizer state (DTensors, counted by
+their local shard), each wrapped block's all-gather buffers and unsharded parameters, the prefetch of
+the next block, and the reduce-scatter buffers, freed when FSDP frees them.
+
+What is wrapped follows Lightning's ModelParallelStrategy examples: `fully_shard` on each repeated
+block (the blocks memplan checkpoints, memplan.estimator.checkpointing), then on the root.
+
+torch privates used here, known for torch 2.6-2.13 (an upgrade fails in `follow_storage`):
+`torch.distributed.fsdp._fully_shard._fsdp_param.alloc_storage / free_storage` (FSDP2 frees the
+unsharded parameters with `storage.resize_(0)`, which no dispatch mode sees), and
+`torch.testing._internal.distributed.fake_pg.FakeStore`.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from memplan.estimator.checkpointing import find_repeated_blocks
+from memplan.estimator.errors import EstimateError
+
+ShardingStrategy = Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"]
+SHARDING_STRATEGIES: tuple[str, ...] = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FsdpSettings:
+    """How the model is sharded: the settings an FSDP user chooses."""
+
+    sharding_strategy: ShardingStrategy = "FULL_SHARD"
+    """FULL_SHARD: parameters, gradients and optimizer state sharded over all ranks, blocks resharded
+    after forward. SHARD_GRAD_OP: same, but blocks stay unsharded from forward to backward.
+    HYBRID_SHARD: FULL_SHARD within groups of `shard_size` ranks (a node), replicated across groups.
+    NO_SHARD: every rank holds everything (DDP's memory, FSDP's engine)."""
+    shard_size: int | None = None
+    """Ranks per shard group for HYBRID_SHARD (the GPUs of one node); ignored otherwise."""
+    reshard_after_forward: bool | None = None
+    """Free each block's unsharded parameters after its forward; None: as the strategy implies."""
+    wrap: tuple[type[nn.Module], ...] | None = None
+    """Module classes given their own fully_shard; None: the model's repeated blocks."""
+    cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state in host memory (CPUOffloadPolicy)."""
+    param_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """dtype of the all-gathered parameters (MixedPrecisionPolicy.param_dtype); None: as stored."""
+    reduce_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """dtype gradients are reduce-scattered in (MixedPrecisionPolicy.reduce_dtype); None: param_dtype."""
+
+    def __post_init__(self) -> None:
+        if self.sharding_strategy not in SHARDING_STRATEGIES:
+            raise EstimateError(
+                f"fsdp.sharding_strategy must be one of {', '.join(SHARDING_STRATEGIES)}; "
+                f"got {self.sharding_strategy!r}"
+            )
+        for name in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in DTYPES:
+                raise EstimateError(f"fsdp.{name} must be one of {', '.join(DTYPES)} or None; got {value!r}")
+        if self.shard_size is not None and (not isinstance(self.shard_size, int) or self.shard_size < 1):
+            raise EstimateError(f"fsdp.shard_size must be a positive int (ranks per node); got {self.shard_size!r}")
+        if self.wrap is not None and not all(isinstance(c, type) and issubclass(c, nn.Module) for c in self.wrap):
+            raise EstimateError(f"fsdp.wrap must be a tuple of nn.Module classes; got {self.wrap!r}")
+
+    @property
+    def resharded(self) -> bool:
+        """Whether blocks free their unsharded parameters after forward."""
+        if self.reshard_after_forward is not None:
+            return self.reshard_after_forward
+        return self.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
+
+    def shard_degree(self, world_size: int) -> int:
+        """Ranks one parameter is sharded over."""
+        if self.sharding_strategy == "NO_SHARD":
+            return 1
+        if self.sharding_strategy == "HYBRID_SHARD":
+            return self.shard_size or world_size
+        return world_size
+
+    def check(self, world_size: int) -> None:
+        """Errors that need the world size."""
+        if self.sharding_strategy != "HYBRID_SHARD":
+            return
+        if self.shard_size is None:
+            raise EstimateError(
+                "fsdp.sharding_strategy='HYBRID_SHARD' needs fsdp.shard_size, the ranks of one shard group "
+                "(usually the GPUs per node, e.g. shard_size=8)"
+            )
+        if world_size % self.shard_size:
+            raise EstimateError(
+                f"fsdp.sharding_strategy='HYBRID_SHARD': world_size={world_size} is not a multiple of "
+                f"fsdp.shard_size={self.shard_size}; use a shard_size that divides the world size "
+                "(the GPUs per node), or FULL_SHARD"
+            )
+
+    def describe(self, world_size: int) -> str:
+        parts = [f"FSDP2 {self.sharding_strategy} over {self.shard_degree(world_size)} of {world_size} ranks"]
+        if self.cpu_offload:
+            parts.append("CPU offload (sharded parameters, gradients and optimizer state in host memory)")
+        if self.param_dtype or self.reduce_dtype:
+            parts.append(f"param_dtype={self.param_dtype}, reduce_dtype={self.reduce_dtype}")
+        if not self.resharded:
+            parts.append("blocks kept unsharded from forward to backward")
+        return "; ".join(parts)
+
+
+def blocks_to_wrap(model: nn.Module, wrap: Collection[type[nn.Module]] | None) -> list[nn.Module]:
+    """The modules that get their own fully_shard, before the root."""
+    if wrap is None:
+        blocks = [m for _, m in find_repeated_blocks(model)]
+        if not blocks:
+            raise EstimateError(
+                "fsdp.wrap: the model has no repeated block (an nn.ModuleList or nn.Sequential of >= 2 modules "
+                "of one class) to give its own fully_shard; pass fsdp=FsdpSettings(wrap=(BlockClass,)) naming "
+                "the module classes to wrap"
+            )
+        return blocks
+    classes = tuple(wrap)
+    blocks = [m for m in model.modules() if isinstance(m, classes) and m is not model]
+    if not blocks:
+        names = ", ".join(c.__name__ for c in classes)
+        raise EstimateError(f"fsdp.wrap=({names}) matched no module of the model; check the class names")
+    return blocks
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[None]:
+    """A process group of `world_size` fake ranks in this process, this process being rank 0."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_available():
+        raise EstimateError("strategy='fsdp' needs torch.distributed, which this torch build lacks")
+    if dist.is_initialized():
+        raise EstimateError(
+            "strategy='fsdp' traces with a fake process group, but a process group is already initialized in "
+            "this process; run the estimate before init_process_group, or in a separate process "
+            "(python -m memplan estimate ...)"
+        )
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def shard_model(model: nn.Module, settings: FsdpSettings, world_size: int, fake_mode) -> list[nn.Module]:
+    """Apply fully_shard to the blocks and the root, on fake tensors; returns the wrapped blocks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    blocks = blocks_to_wrap(model, settings.wrap)
+    shard = settings.shard_degree(world_size)
+    # The mesh is built outside the fake mode: DeviceMesh reads its rank map back with .tolist().
+    if shard == world_size:
+        mesh = init_device_mesh("cpu", (world_size,))
+    else:
+        mesh = init_device_mesh("cpu", (world_size // shard, shard), mesh_dim_names=("replicate", "shard"))
+    kwargs = dict(
+        mesh=mesh,
+        mp_policy=MixedPrecisionPolicy(
+            param_dtype=DTYPES.get(settings.param_dtype), reduce_dtype=DTYPES.get(settings.reduce_dtype)
+        ),
+        offload_policy=CPUOffloadPolicy(pin_memory=False) if settings.cpu_offload else OffloadPolicy(),
+    )
+    with fake_mode:
+        for block in blocks:
+            fully_shard(block, reshard_after_forward=settings.resharded, **kwargs)
+        # The root as fully_shard leaves it by default: kept unsharded from forward to backward
+        # (its parameters are the first backward needs), unless the user said otherwise.
+        root_reshard = settings.reshard_after_forward if settings.reshard_after_forward is not None else (
+            None if settings.resharded else False)
+        fully_shard(model, reshard_after_forward=root_reshard, **kwargs)
+    return blocks
+
+
+@contextlib.contextmanager
+def follow_storage(tracker) -> Iterator[None]:
+    """Tell the tracker when FSDP2 frees or re-allocates an unsharded parameter in place."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError as err:  # pragma: no cover - a torch upgrade moved FSDP2's internals
+        raise EstimateError(f"strategy='fsdp' needs FSDP2's internals of torch 2.6-2.13 ({err})") from err
+    original_alloc, original_free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+
+    def alloc_storage(tensor: torch.Tensor) -> None:
+        original_alloc(tensor)
+        tracker.resize(tensor)
+
+    def free_storage(tensor: torch.Tensor) -> None:
+        original_free(tensor)
+        tracker.resize(tensor)
+
+    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc_storage
+    _fsdp_param.free_storage = free_storage
+    try:
+        yield
+    finally:
+        _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = original_alloc
+        _fsdp_param.free_storage = original_free
