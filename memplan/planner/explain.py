@@ -147,7 +147,7 @@ def _checkpointing_reason(request: PlanRequest, w: Candidate, search: _Search) -
     unckpt = [c for c in search.candidates if c.precision == w.precision and not c.checkpointing and search.fits(c)]
     if unckpt:
         best = max(unckpt, key=Candidate.rank_key)
-        without = (f"the best setting without it (micro-batch {best.micro_batch_size} on {_n(best.world_size, 'rank')}) "
+        without = (f"the best setting (micro-batch {best.micro_batch_size} on {_n(best.world_size, 'rank')}) "
                    f"runs at {best.speed / w.speed:.0%} of this speed")
     elif plain is not None and plain.group in search.explored:
         without = f"this setting {_miss(search, plain, request)}, and nothing without checkpointing fits"
