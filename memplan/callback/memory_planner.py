@@ -38,6 +38,8 @@ from memplan.planner import Estimator, PlanRequest, estimator_for, largest_block
 
 log = logging.getLogger(__name__)
 
+LIGHTNING_LOG_EVERY_N_STEPS = 50
+"""Trainer(log_every_n_steps=...)'s default: the reading interval when the Trainer's is 0 (logging off)."""
 RESTORED = "restored from the checkpoint"
 OUTSIDE_CHUNKS = "where MemoryPlanner does not retry (the optimizer step, validation or another hook)"
 MANUAL_OPTIMIZATION = (
@@ -76,7 +78,7 @@ class MemoryPlanner(*CALLBACKS):
         global_batch_size: samples per optimizer step to keep when planning now. Default: the
             loader's batch x ranks x ``accumulate_grad_batches``.
         every_n_steps: optimizer steps between readings and shared decisions. Default: the
-            Trainer's ``log_every_n_steps``.
+            Trainer's ``log_every_n_steps`` (50, Lightning's default, where it is 0).
         margin: fraction of each device's memory to keep free; a rank under it lowers all ranks.
         adjust: adjust during training and retry OOMs; False only applies and watches.
         grow: grow back toward the planned micro-batch when headroom has lasted.
@@ -241,7 +243,8 @@ class MemoryPlanner(*CALLBACKS):
         directory = Path(self._log_dir) if self._log_dir is not None else Path(trainer.log_dir or ".") / "memplan"
         self._log = RankLog(directory, trainer.global_rank)  # trainer.log_dir above is a collective: every rank
         self.log_path = self._log.path
-        self._every = self._every_n_steps or trainer.log_every_n_steps
+        # log_every_n_steps=0 (Lightning: no logging) still needs readings to adjust from: Lightning's default then
+        self._every = self._every_n_steps or trainer.log_every_n_steps or LIGHTNING_LOG_EVERY_N_STEPS
 
     def _check_plan(self, trainer: pl.Trainer, plan: Plan) -> None:
         mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
