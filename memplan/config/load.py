@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from torch import nn
 
@@ -129,8 +130,18 @@ class LoadedConfig:
         if self.settings.optimizer is not None:
             return self.settings.optimizer
         if self.optimizer_section is not None:
-            return self.optimizer_section.instantiate
+            return self._build_optimizer
         return None
+
+    def _build_optimizer(self, params: Any) -> Any:
+        """The `optimizer:` section on `params`; its class refusing its init_args is a ConfigError naming them."""
+        section = self.optimizer_section
+        try:
+            return section.instantiate(params)
+        except (TypeError, ValueError) as err:  # torch.optim's own checks: "Invalid learning rate: -1"
+            raise ConfigError(f"{section.key}.init_args", (
+                f"{section.key}: {section.cls.__name__}(params, **{section.key}.init_args) raised "
+                f"{type(err).__name__}: {err}; fix {section.key}.init_args")) from err
 
     @property
     def loader(self) -> LoaderHints:
@@ -253,11 +264,18 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         normalize_precision(trainer["precision"], name="trainer.precision")
     others = {k: v for k, v in trainer.items() if k not in ("devices", "num_nodes", "accumulate_grad_batches", "precision")}
     check_arguments(_trainer_class(model.cls), others, "trainer")
-    return LoadedConfig(
+    loaded = LoadedConfig(
         path=path, raw=raw, settings=settings, model=model, data=data, optimizer_section=optimizer,
         trainer=dict(trainer), trainer_world_size=None if devices is None else devices * nodes,
         accumulate_grad_batches=_positive_int(trainer, "accumulate_grad_batches"),
     )
+    found = loaded.batch_size_arg
+    if found is not None and loaded.data_batch_size is not None and loaded.data_batch_size < 1:
+        key = f"{found[0]}.init_args.{found[1]}"
+        raise ConfigError(key, f"{key} must be a positive int (samples per batch); got {loaded.data_batch_size!r}")
+    if optimizer is not None:  # its own checks (a negative lr ...) before any trace: on one parameter
+        loaded._build_optimizer([nn.Parameter(torch.zeros(1))])
+    return loaded
 
 
 # --- YAML -------------------------------------------------------------------------------------------

@@ -1,0 +1,47 @@
+"""Bad inputs found by trying memplan as a new user, beyond test_bad_inputs.py's table: each refused
+before anything is traced, exit 2, one line naming the flag, the YAML key path or the file."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_bad_inputs import assert_refused, config_with, no_gpu_and_no_trace, run, write_config  # noqa: F401
+
+# (id, argv with CONFIG standing for the config path, YAML changes, fragment naming the input)
+CASES = [
+    ("validate-batch-0", ["validate", "CONFIG", "--batch-size", "0"], {},
+     "argument --batch-size: must be a positive whole number"),
+    ("validate-batch-negative", ["validate", "CONFIG", "--batch-size", "-3"], {},
+     "argument --batch-size: must be a positive whole number"),
+    ("yaml-data-batch-size-negative", ["suggest", "--gpu", "A100-80GB", "CONFIG"], {"data.init_args.batch_size": -4},
+     "data.init_args.batch_size must be a positive int"),
+    ("yaml-data-batch-size-0", ["suggest", "--gpu", "A100-80GB", "CONFIG"], {"data.init_args.batch_size": 0},
+     "data.init_args.batch_size must be a positive int"),
+    ("yaml-optimizer-lr-negative", ["suggest", "--gpu", "A100-80GB", "CONFIG"],
+     {"optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": -1.0}}},
+     "optimizer: AdamW(params, **optimizer.init_args) raised ValueError: Invalid learning rate"),
+    ("estimate-optimizer-eps-negative", ["estimate", "CONFIG", "--batch-size", "4"],
+     {"optimizer": {"class_path": "torch.optim.Adam", "init_args": {"eps": -1.0}}}, "fix optimizer.init_args"),
+]
+
+
+@pytest.mark.parametrize(("argv", "changes", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_inputs_a_new_user_tried_are_refused_by_name(capsys, tmp_path, argv, changes, fragment):
+    config = write_config(tmp_path, config_with(changes))
+    got, _, err = run(capsys, [config if a == "CONFIG" else a for a in argv])
+    assert_refused(got, err, 2, fragment)
+
+
+@pytest.mark.parametrize(("make", "fragment"), [
+    (lambda d: d / "missing.plan.json", "no such file"),
+    (lambda d: d, "cannot read it"),
+    (lambda d: (d / "p.plan.json").write_text("trainer: {}\n") and d / "p.plan.json", "is not JSON"),
+    (lambda d: (d / "p.plan.json").write_text(json.dumps({"micro_batch_size": 4})) and d / "p.plan.json",
+     "plan file lacks"),
+], ids=["missing", "a-folder", "yaml-not-json", "not-a-plan"])
+def test_validate_names_its_plan_file(capsys, tmp_path, make, fragment):
+    config = write_config(tmp_path, config_with({}))
+    plan = make(tmp_path)
+    got, _, err = run(capsys, ["validate", config, "--plan", str(plan)])
+    assert_refused(got, err, 2, fragment)
+    assert f"--plan {plan}" in err
