@@ -45,3 +45,21 @@ def test_validate_names_its_plan_file(capsys, tmp_path, make, fragment):
     got, _, err = run(capsys, ["validate", config, "--plan", str(plan)])
     assert_refused(got, err, 2, fragment)
     assert f"--plan {plan}" in err
+
+
+def test_an_output_folder_that_fails_at_write_time_is_named_not_a_temp_file(capsys, tmp_path, monkeypatch):
+    # root passes os.access() everywhere (/proc, a folder made read-only by its mode): the write itself fails
+    import errno
+
+    import memplan.config.write
+
+    def refuse(path, text):
+        raise OSError(errno.EROFS, "Read-only file system", str(path.parent / f".{path.name}.x1y2.tmp"))
+
+    monkeypatch.undo()  # this test traces: the plan comes before the write
+    monkeypatch.setattr(memplan.config.write, "write_atomically", refuse)
+    config = write_config(tmp_path, config_with({}))
+    output = tmp_path / "out" / "planned.yaml"
+    got, _, err = run(capsys, ["suggest", "--gpu", "A100-80GB", "--gpus", "2", config, "--output", str(output)])
+    assert_refused(got, err, 1, f"--output {output}: cannot write in {output.parent} (Read-only file system)")
+    assert ".tmp" not in err
