@@ -134,10 +134,17 @@ def plan_mismatches(plan: Plan, *, precision: str, world_size: int, nodes: int) 
     return found
 
 
-def layout_from_plan(plan: Plan, *, world_size: int, loader_batch_size: int, settable: bool) -> Layout:
+def layout_from_plan(plan: Plan, *, world_size: int, loader_batch_size: int, settable: bool,
+                     keep_loader: bool = False) -> Layout:
     """The plan on this Trainer: loader batch = micro-batch when the batch size can be set, else the
-    loader's batch split into micro-batches; accumulation fills the plan's global batch."""
-    loader = plan.micro_batch_size if settable else loader_batch_size
+    loader's batch split into micro-batches; accumulation fills the plan's global batch.
+
+    `keep_loader`: a loss that is not a per-sample mean (a sum, a token mean): Lightning's accumulation
+    weighs every loaded batch 1/accumulate_grad_batches, which only a per-sample mean over equal batches
+    makes exact. So the loader keeps its batch, split into micro-batch chunks that MemoryPlanner weighs
+    by the loss's reduction, wherever its batch still divides the plan's global batch."""
+    keep = keep_loader and plan.global_batch_size % (loader_batch_size * world_size) == 0
+    loader = plan.micro_batch_size if settable and not keep else loader_batch_size
     per_step = loader * world_size
     if plan.global_batch_size % per_step:
         fix = (f"set a `batch_size` attribute the train loader reads, so MemoryPlanner can set it to "
