@@ -20,6 +20,10 @@ CASES = [
     ("yaml-optimizer-lr-negative", ["suggest", "--gpu", "A100-80GB", "CONFIG"],
      {"optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": -1.0}}},
      "optimizer: AdamW(params, **optimizer.init_args) raised ValueError: Invalid learning rate"),
+    ("yaml-top-level-typo", ["suggest", "--gpu", "A100-80GB", "CONFIG"], {"modle": {"init_args": {"hidden": 64}}},
+     "modle: is not a LightningCLI section (did you mean 'model'?)"),
+    ("yaml-top-level-typo-trainer", ["estimate", "CONFIG", "--batch-size", "4"], {"trainr": {"max_steps": 5}},
+     "trainr: is not a LightningCLI section (did you mean 'trainer'?)"),
     ("estimate-optimizer-eps-negative", ["estimate", "CONFIG", "--batch-size", "4"],
      {"optimizer": {"class_path": "torch.optim.Adam", "init_args": {"eps": -1.0}}}, "fix optimizer.init_args"),
 ]
@@ -63,3 +67,10 @@ def test_an_output_folder_that_fails_at_write_time_is_named_not_a_temp_file(caps
     got, _, err = run(capsys, ["suggest", "--gpu", "A100-80GB", "--gpus", "2", config, "--output", str(output)])
     assert_refused(got, err, 1, f"--output {output}: cannot write in {output.parent} (Read-only file system)")
     assert ".tmp" not in err
+
+
+def test_a_top_level_key_that_is_no_near_miss_is_left_to_a_lightningcli_subclass(capsys, tmp_path, monkeypatch):
+    from memplan.config import load_config
+
+    loaded = load_config(write_config(tmp_path, config_with({"optimizer_config": {"warmup": 10}})))
+    assert loaded.model.cls.__name__ == "MLP"
