@@ -131,3 +131,16 @@ def test_a_settable_batch_size_is_split_not_accumulated_for_a_loss_that_is_no_sa
         split, _ = train(make_trainer, tmp_path, "split", reduction, planner)
     assert (planner.layout.loader_batch_size, planner.layout.chunks, planner.layout.accumulate_grad_batches) == (8, 4, 1)
     assert_same_weights(split, whole)
+
+
+def test_the_loader_is_kept_only_where_the_plan_keeps_the_global_batch_it_runs():
+    from memplan.callback.apply import layout_from_plan
+
+    def layout(plan, keep):
+        got = layout_from_plan(plan, world_size=1, loader_batch_size=8, settable=True, keep_accumulation=keep)
+        return got.loader_batch_size, got.micro_batch_size, got.accumulate_grad_batches
+
+    assert layout(make_plan(2, 4), keep=1) == (8, 2, 1)  # global 8 kept: split the loaded 8
+    assert layout(make_plan(2, 8), keep=2) == (8, 2, 2)  # the Trainer's own accumulation of 2 kept
+    assert layout(make_plan(2, 8), keep=1) == (2, 2, 8)  # another global batch: the plan as written
+    assert layout(make_plan(2, 4), keep=None) == (2, 2, 4)  # a per-sample mean: Lightning accumulates
