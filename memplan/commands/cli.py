@@ -209,7 +209,8 @@ def _read_plan(path: str):
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"--plan {path}: no such file; write one with `memplan suggest ... --output planned.yaml`") from None
+        raise ValueError(f"--plan {path}: no such file; write one with "
+                         "`memplan suggest ... --output planned.yaml`") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"--plan {path}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
     except json.JSONDecodeError as err:

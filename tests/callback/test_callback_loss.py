@@ -129,7 +129,8 @@ def test_a_settable_batch_size_is_split_not_accumulated_for_a_loss_that_is_no_sa
     planner = MemoryPlanner(make_plan(2, 4), grow=False, adjust=False, batch_arg_name="loader_batch", **options)
     with pytest.warns(UserWarning, match="runs as chunks of 2"):
         split, _ = train(make_trainer, tmp_path, "split", reduction, planner)
-    assert (planner.layout.loader_batch_size, planner.layout.chunks, planner.layout.accumulate_grad_batches) == (8, 4, 1)
+    layout = planner.layout
+    assert (layout.loader_batch_size, layout.chunks, layout.accumulate_grad_batches) == (8, 4, 1)
     assert_same_weights(split, whole)
 
 
