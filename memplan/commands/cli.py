@@ -65,8 +65,9 @@ def _device(text: str):
 
     try:
         return lookup_gpu(text)
-    except ValueError:
-        pass
+    except ValueError as err:
+        if "is ambiguous" in str(err):  # a family name (A100, V100): name the boards, as --gpu does
+            raise argparse.ArgumentTypeError(str(err).removeprefix("--gpu ")) from None
     try:
         return custom_gpu(parse_size(text))
     except ValueError:

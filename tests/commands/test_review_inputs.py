@@ -24,6 +24,8 @@ CASES = [
      "modle: is not a LightningCLI section (did you mean 'model'?)"),
     ("yaml-top-level-typo-trainer", ["estimate", "CONFIG", "--batch-size", "4"], {"trainr": {"max_steps": 5}},
      "trainr: is not a LightningCLI section (did you mean 'trainer'?)"),
+    ("estimate-device-ambiguous", ["estimate", "CONFIG", "--batch-size", "4", "--device", "A100"], {},
+     "argument --device: 'A100' is ambiguous: say A100-40GB or A100-80GB"),
     ("estimate-optimizer-eps-negative", ["estimate", "CONFIG", "--batch-size", "4"],
      {"optimizer": {"class_path": "torch.optim.Adam", "init_args": {"eps": -1.0}}}, "fix optimizer.init_args"),
 ]
