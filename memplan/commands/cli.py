@@ -248,6 +248,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             checkpointing=args.checkpointing or bool(plan and plan.gradient_checkpointing),
         )
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        if plan is not None and (plan.gpu_name == "cpu") != (device == "cpu"):
+            print(f"memplan: note: --plan {args.plan} was made for {plan.world_size} x {plan.gpu_name}; validate runs "
+                  f"its micro-batch in one process on {device} here: it checks the estimate on {device}, not that "
+                  f"the plan fits {plan.gpu_name}", file=sys.stderr)
         est = estimate_for(loaded, setting, device)
     except (OSError, ValueError) as err:  # ConfigError and EstimateError are ValueErrors naming the field
         return _usage_error(str(err))
