@@ -134,10 +134,19 @@ def plan_mismatches(plan: Plan, *, precision: str, world_size: int, nodes: int) 
     return found
 
 
-def layout_from_plan(plan: Plan, *, world_size: int, loader_batch_size: int, settable: bool) -> Layout:
+def layout_from_plan(plan: Plan, *, world_size: int, loader_batch_size: int, settable: bool,
+                     keep_accumulation: int | None = None) -> Layout:
     """The plan on this Trainer: loader batch = micro-batch when the batch size can be set, else the
-    loader's batch split into micro-batches; accumulation fills the plan's global batch."""
-    loader = plan.micro_batch_size if settable else loader_batch_size
+    loader's batch split into micro-batches; accumulation fills the plan's global batch.
+
+    `keep_accumulation`: the Trainer's accumulate_grad_batches, given for a loss that is not a per-sample
+    mean (a sum, a token mean). Lightning's accumulation weighs every loaded batch 1/accumulate_grad_batches,
+    which only a per-sample mean over equal batches makes exact; so where the plan keeps the global batch
+    the Trainer runs now, the loader keeps its batch and accumulation, and the batch is split into
+    micro-batch chunks that MemoryPlanner weighs by the loss's reduction."""
+    keep = (keep_accumulation is not None
+            and plan.global_batch_size == loader_batch_size * world_size * keep_accumulation)
+    loader = plan.micro_batch_size if settable and not keep else loader_batch_size
     per_step = loader * world_size
     if plan.global_batch_size % per_step:
         fix = (f"set a `batch_size` attribute the train loader reads, so MemoryPlanner can set it to "

@@ -328,7 +328,9 @@ class MemoryPlanner(*CALLBACKS):
             self.plan, source = self._plan_now(trainer, pl_module, loader_batch), "planned from an estimate"
         self._planned_micro_batch_size = self.plan.micro_batch_size
         layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
-                                  settable=settable)
+                                  settable=settable, keep_accumulation=trainer.accumulate_grad_batches if (
+                                      pl_module.automatic_optimization
+                                      and (self._loss_reduction == "sum" or self._mean_over is not None)) else None)
         if not pl_module.automatic_optimization and layout.accumulate_grad_batches > 1:
             rank_zero_warn(f"MemoryPlanner: the plan's global batch of {layout.global_batch_size} needs "
                            f"{layout.accumulate_grad_batches} batches per optimizer step, which Lightning does not "

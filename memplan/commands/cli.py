@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from memplan.commands import args as arg
 
@@ -67,8 +68,9 @@ def _device(text: str):
 
     try:
         return lookup_gpu(text)
-    except ValueError:
-        pass
+    except ValueError as err:
+        if "is ambiguous" in str(err):  # a family name (A100, V100): name the boards, as --gpu does
+            raise argparse.ArgumentTypeError(str(err).removeprefix("--gpu ")) from None
     try:
         return custom_gpu(parse_size(text))
     except ValueError:
@@ -225,8 +227,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def _add_validate(sub) -> None:
     p = sub.add_parser("validate", help="run real training steps on this machine and compare with the estimate")
     p.add_argument("config", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
-    p.add_argument("--batch-size", type=int, default=None, help="micro-batch size per device (default: the "
-                   "plan's, else the config's data batch size)")
+    p.add_argument("--batch-size", type=arg.positive_int("--batch-size", "samples per device"), default=None,
+                   help="micro-batch size per device (default: the plan's, else the config's data batch size)")
     p.add_argument("--plan", default=None, help="a plan file from memplan suggest --output (*.plan.json): "
                    "its micro-batch, precision and checkpointing")
     p.add_argument("--precision", type=arg.precision("--precision"), default=None, help="Lightning precision or "
@@ -238,6 +240,25 @@ def _add_validate(sub) -> None:
     p.add_argument("--force", action="store_true", help="run even when the estimate exceeds the memory free "
                    "on this host (or GPU); without it validate refuses, with the figures")
     p.set_defaults(run=cmd_validate)
+
+
+def _read_plan(path: str):
+    """The plan file of `validate --plan`, every failure a ValueError naming the flag and the file."""
+    from memplan.plan import Plan
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"--plan {path}: no such file; write one with "
+                         "`memplan suggest ... --output planned.yaml`") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"--plan {path}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--plan {path} is not JSON ({err}); pass the *.plan.json `memplan suggest` wrote") from None
+    try:
+        return Plan.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"--plan {path}: {err}") from None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -253,7 +274,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _usage_error("pass --batch-size or --plan, not both")
     try:
         loaded = load_config(args.config)
-        plan = Plan.from_dict(json.loads(open(args.plan).read())) if args.plan else None
+        plan = _read_plan(args.plan) if args.plan else None
         wrong_model = loaded.plan_mismatch(plan, plan_name=f"--plan {args.plan}") if plan else None
         if wrong_model is not None:
             return _usage_error(wrong_model)
@@ -266,6 +287,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             checkpointing=args.checkpointing or bool(plan and plan.gradient_checkpointing),
         )
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        if plan is not None and (plan.gpu_name == "cpu") != (device == "cpu"):
+            print(f"memplan: note: --plan {args.plan} was made for {plan.world_size} x {plan.gpu_name}; validate runs "
+                  f"its micro-batch in one process on {device} here: it checks the estimate on {device}, not that "
+                  f"the plan fits {plan.gpu_name}", file=sys.stderr)
         est = estimate_for(loaded, setting, device)
     except (OSError, ValueError) as err:  # ConfigError and EstimateError are ValueErrors naming the field
         return _usage_error(str(err))

@@ -38,7 +38,13 @@ def write_output(loaded, plan, output: str, *, force: bool, stream) -> None:
 
     has_lightning = importlib.util.find_spec("pytorch_lightning") is not None
     callback = planner_callback(plan_path_for(output)) if has_lightning else None
-    write_planned_config(loaded, plan, output, callback=callback, force=force)
+    try:
+        write_planned_config(loaded, plan, output, callback=callback, force=force)
+    except FileExistsError:
+        raise
+    except OSError as err:  # a folder access() let through (root, /proc, a full disk): name --output, not a temp file
+        raise OSError(f"--output {output}: cannot write in {Path(output).resolve().parent} "
+                      f"({err.strerror or err}); choose a folder you can write to") from err
     print(f"wrote {output} and {plan_path_for(output)}", file=stream)
     print("launch with: " + " ".join(shlex.quote(a) if "$" not in a else a
                                      for a in torchrun_command(plan, Path(output).resolve())), file=stream)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import functools
 import inspect
 import re
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from torch import nn
 
@@ -129,8 +131,18 @@ class LoadedConfig:
         if self.settings.optimizer is not None:
             return self.settings.optimizer
         if self.optimizer_section is not None:
-            return self.optimizer_section.instantiate
+            return self._build_optimizer
         return None
+
+    def _build_optimizer(self, params: Any) -> Any:
+        """The `optimizer:` section on `params`; its class refusing its init_args is a ConfigError naming them."""
+        section = self.optimizer_section
+        try:
+            return section.instantiate(params)
+        except (TypeError, ValueError) as err:  # torch.optim's own checks: "Invalid learning rate: -1"
+            raise ConfigError(f"{section.key}.init_args", (
+                f"{section.key}: {section.cls.__name__}(params, **{section.key}.init_args) raised "
+                f"{type(err).__name__}: {err}; fix {section.key}.init_args")) from err
 
     @property
     def loader(self) -> LoaderHints:
@@ -223,6 +235,7 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     raw = _read_yaml(path)
     if overrides:
         raw = _merge(raw, _expand_dotted(overrides))
+    _check_sections(raw)
     if "model" not in raw:
         raise ConfigError("model", (
             f"{path}: no model: section; memplan reads the YAML you pass to LightningCLI's `fit --config`, "
@@ -253,11 +266,33 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         normalize_precision(trainer["precision"], name="trainer.precision")
     others = {k: v for k, v in trainer.items() if k not in ("devices", "num_nodes", "accumulate_grad_batches", "precision")}
     check_arguments(_trainer_class(model.cls), others, "trainer")
-    return LoadedConfig(
+    loaded = LoadedConfig(
         path=path, raw=raw, settings=settings, model=model, data=data, optimizer_section=optimizer,
         trainer=dict(trainer), trainer_world_size=None if devices is None else devices * nodes,
         accumulate_grad_batches=_positive_int(trainer, "accumulate_grad_batches"),
     )
+    found = loaded.batch_size_arg
+    if found is not None and loaded.data_batch_size is not None and loaded.data_batch_size < 1:
+        key = f"{found[0]}.init_args.{found[1]}"
+        raise ConfigError(key, f"{key} must be a positive int (samples per batch); got {loaded.data_batch_size!r}")
+    if optimizer is not None:  # its own checks (a negative lr ...) before any trace: on one parameter
+        loaded._build_optimizer([nn.Parameter(torch.zeros(1))])
+    return loaded
+
+
+def _check_sections(raw: Mapping[str, Any]) -> None:
+    """A top-level key that misspells a LightningCLI section (`modle:`, `trainr:`) is refused, naming it;
+    other unknown keys may be a LightningCLI subclass's own arguments and are left to it."""
+    for key in raw:
+        if str(key) in _SECTIONS:
+            continue
+        close = difflib.get_close_matches(str(key), _SECTIONS, n=1, cutoff=0.8)  # modle, trainr; not optimizer_config
+        if close:
+            raise ConfigError(str(key), f"{key}: is not a LightningCLI section (did you mean {close[0]!r}?); the "
+                              f"sections are {', '.join(_SECTIONS)}")
+
+
+_SECTIONS = ("seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler", "ckpt_path", "memplan")
 
 
 # --- YAML -------------------------------------------------------------------------------------------

@@ -114,3 +114,34 @@ def test_the_first_split_warns_once_naming_batch_norm(make_trainer, tmp_path):
     said = [str(w.message) for w in record if "runs as chunks of" in str(w.message)]
     assert len(said) == 1
     assert "BatchNorm1d layers normalise over each chunk" in said[0] and "contrastive" in said[0]
+
+
+@pytest.mark.parametrize(("reduction", "options"), [
+    ("sum", dict(loss_reduction="sum")),
+    ("mean", dict(loss_reduction="mean", mean_over=weighted_tokens)),
+])
+def test_a_settable_batch_size_is_split_not_accumulated_for_a_loss_that_is_no_sample_mean(
+        make_trainer, tmp_path, reduction, options):
+    # With a batch-size attribute MemoryPlanner could set the loader's batch to the micro-batch and let
+    # Lightning accumulate, but Lightning weighs each loaded batch 1/accumulate_grad_batches: a sum (x4 too
+    # small) or a token mean (weighted by batches, not tokens) would train differently. It splits instead.
+    whole, _ = train(make_trainer, tmp_path, "whole", reduction)
+    planner = MemoryPlanner(make_plan(2, 4), grow=False, adjust=False, batch_arg_name="loader_batch", **options)
+    with pytest.warns(UserWarning, match="runs as chunks of 2"):
+        split, _ = train(make_trainer, tmp_path, "split", reduction, planner)
+    layout = planner.layout
+    assert (layout.loader_batch_size, layout.chunks, layout.accumulate_grad_batches) == (8, 4, 1)
+    assert_same_weights(split, whole)
+
+
+def test_the_loader_is_kept_only_where_the_plan_keeps_the_global_batch_it_runs():
+    from memplan.callback.apply import layout_from_plan
+
+    def layout(plan, keep):
+        got = layout_from_plan(plan, world_size=1, loader_batch_size=8, settable=True, keep_accumulation=keep)
+        return got.loader_batch_size, got.micro_batch_size, got.accumulate_grad_batches
+
+    assert layout(make_plan(2, 4), keep=1) == (8, 2, 1)  # global 8 kept: split the loaded 8
+    assert layout(make_plan(2, 8), keep=2) == (8, 2, 2)  # the Trainer's own accumulation of 2 kept
+    assert layout(make_plan(2, 8), keep=1) == (2, 2, 8)  # another global batch: the plan as written
+    assert layout(make_plan(2, 4), keep=None) == (2, 2, 4)  # a per-sample mean: Lightning accumulates

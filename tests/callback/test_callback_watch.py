@@ -49,6 +49,13 @@ def test_the_default_interval_is_the_trainers_log_every_n_steps(make_trainer):
     assert [e["step"] for e in read_jsonl(planner.log_path) if e["event"] == "sample"] == [1, 3, 6, 7]
 
 
+def test_log_every_n_steps_0_turns_lightnings_logging_off_not_the_readings(make_trainer):
+    # Lightning accepts log_every_n_steps=0 (no logging); readings then come at Lightning's default interval
+    planner = MemoryPlanner(make_plan(4, 1))
+    make_trainer([planner], max_steps=51, log_every_n_steps=0).fit(Regression())
+    assert [e["step"] for e in read_jsonl(planner.log_path) if e["event"] == "sample"] == [1, 50, 51]
+
+
 def test_the_trainers_logger_receives_every_ranks_readings_in_lightnings_own_rows(make_trainer, tmp_path):
     logger = RecordingLogger(tmp_path)
     make_trainer([MemoryPlanner(make_plan(4, 1), every_n_steps=2)], max_steps=4, logger=logger,

@@ -249,3 +249,18 @@ def test_without_nvml_the_gpu_check_is_named_as_skipped(monkeypatch, capsys):
     rooms = validate.check_room(estimate, "cuda", force=False)
     assert [room.where for room in rooms] == ["this host"]
     assert "GPU memory not checked before running: libnvidia-ml.so.1 not found" in capsys.readouterr().err
+
+
+def test_validate_says_a_plan_for_a_gpu_is_checked_here_on_cpu(capsys, tmp_path, monkeypatch):
+    from memplan.plan import Plan
+
+    plan = Plan(gpu_name="A100-80GB", gpus=(0, 1), nodes=1, world_size=2, micro_batch_size=8,
+                accumulate_grad_batches=1, global_batch_size=16, precision="32-true", gradient_checkpointing=False,
+                strategy="ddp", predicted_peak_bytes=1 << 30, device_budget_bytes=72 << 30, host_bytes_per_rank=0)
+    path = tmp_path / "planned.plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    monkeypatch.setattr(validate, "measure_in_subprocess",
+                        lambda s: validate.Measurement(device="cpu", max_allocated=_cpu_estimate(s)))
+    code, out, err = run(capsys, "validate", MLP, "--plan", str(path))
+    assert code == 0 and "validation passed" in out
+    assert f"--plan {path} was made for 2 x A100-80GB" in err and "not that the plan fits A100-80GB" in err
