@@ -281,9 +281,7 @@ class _Trace:
             notes.extend(self.overheads.notes)
         if self.checkpointed:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks")
-        if not self.target.is_cuda and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and any(
-                isinstance(m, nn.modules.conv._ConvNd) for m in self.model.modules()):
-            notes.append("CPU convolutions: oneDNN's in-kernel scratch is not counted (2-7 % of a ResNet's peak)")
+        notes.extend(self.tracker.conv_probe.notes())
         return MemoryEstimate(
             parameters=by[Category.PARAMETERS],
             gradients=by[Category.GRADIENTS],
