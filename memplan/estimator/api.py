@@ -281,7 +281,7 @@ class _Trace:
             notes.extend(self.overheads.notes)
         if self.checkpointed:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks")
-        notes.extend(self.tracker.conv_probe.notes())
+        notes.extend(self.tracker.kernel_probe.notes())
         return MemoryEstimate(
             parameters=by[Category.PARAMETERS],
             gradients=by[Category.GRADIENTS],

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memplan.estimator.conv_probe import ConvScratchProbe
+from memplan.estimator.kernel_probe import KernelScratchProbe
 from memplan.estimator.kernels import ctc_backward_scratch_bytes, promotion_scratch_bytes, rnn_workspace_bytes
 
 # Factory ops with no tensor inputs whose output is at most this many elements are made real, so
@@ -80,8 +80,8 @@ class StorageTracker(TorchDispatchMode):
         self.fake_mode = fake_mode
         self.cpu_kernels = cpu_kernels
         """Model CPU kernels' in-kernel temporaries (type-promotion copies); off for CUDA targets."""
-        self.conv_probe = ConvScratchProbe()
-        """oneDNN convolution scratch, measured per shape on this host (CPU targets only)."""
+        self.kernel_probe = KernelScratchProbe()
+        """oneDNN convolution and LSTM scratch, measured per shape on this host (CPU targets only)."""
         self.phase = Phase.SETUP
         self._records: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._by_category = {c: 0 for c in Category}
@@ -175,7 +175,7 @@ class StorageTracker(TorchDispatchMode):
         if self.cpu_kernels:
             self._transient(promotion_scratch_bytes(func, tensors))
             with _disable_current_modes():  # the probe runs the real op on real tensors
-                self._transient(self.conv_probe.scratch_bytes(func, args, kwargs, out))
+                self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         self._transient(ctc_backward_scratch_bytes(func, args))
         return out
 
