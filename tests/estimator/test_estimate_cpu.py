@@ -367,3 +367,29 @@ def test_convolution_scratch_is_not_probed_under_a_running_profiler():
     with profile(activities=[ProfilerActivity.CPU]):
         est = estimate(ResNetBlock, image_batch(), loss=ce_loss, device="cpu")
     assert any("scratch of" in n and "not counted" in n for n in est.notes), est.notes
+
+
+class ConvertsInForward(nn.Module):
+    """A router that converts its classifier inside forward, as SwitchTransformers' does."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.classifier, self.head = nn.Linear(1000, 64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(self.dtype)
+        return self.head(self.classifier(x.to(self.dtype)).float())
+
+
+def test_a_module_converted_to_its_own_dtype_inside_forward_is_estimated_as_the_real_step():
+    est = estimate(ConvertsInForward, mlp_batch(), loss=ce_loss, device="cpu")
+    truth = measure_cpu_peak(ConvertsInForward, mlp_batch, loss=ce_loss)
+    assert relative_error(est.peak_allocated, truth) < 1e-3, (est.peak_allocated, truth)
+
+
+def test_a_module_converted_to_another_dtype_inside_forward_is_an_error_naming_it():
+    from memplan.estimator.errors import EstimateError
+
+    with pytest.raises(EstimateError, match="converts the parameters of a Linear.*before training"):
+        estimate(lambda: ConvertsInForward(torch.float64), mlp_batch(), loss=ce_loss, device="cpu")
