@@ -355,6 +355,9 @@ def _cases() -> list[tuple]:
             (f"qwen3-moe-experts-peak-{impl}", "moe", *_hf_case(
                 "Qwen3MoeForCausalLM", "Qwen3MoeConfig", **_MOE_PEAK, num_experts=16, moe_intermediate_size=256,
                 head_dim=32, experts_implementation=impl, batch=_moe_peak_batch), {}),
+            (f"mixtral-experts-peak-{impl}-ckpt", "moe", *_hf_case(
+                "MixtralForCausalLM", "MixtralConfig", **{**_MOE_PEAK, "intermediate_size": 2048}, num_local_experts=8,
+                experts_implementation=impl, batch=_moe_peak_batch), {"checkpointing": True}),
         ]
     cases += [
         # encoders
