@@ -393,3 +393,26 @@ def test_a_module_converted_to_another_dtype_inside_forward_is_an_error_naming_i
 
     with pytest.raises(EstimateError, match="converts the parameters of a Linear.*before training"):
         estimate(lambda: ConvertsInForward(torch.float64), mlp_batch(), loss=ce_loss, device="cpu")
+
+
+class ScanLoop(nn.Module):
+    """A selective-scan-like loop: one large activation read at every step (`a[:, i]`), so backward sums
+    8 full-size gradients into it, as Mamba's reference scan does with its 64 steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.basis, self.head = nn.Linear(1000, 8), nn.Parameter(torch.ones(2048)), nn.Linear(2048, 10)
+
+    def forward(self, x):
+        a = (self.proj(x)[:, :, None] * self.basis).exp()
+        state = torch.zeros_like(a[:, 0])
+        for i in range(a.shape[1]):
+            state = a[:, i] * state + 1
+        return self.head(state)
+
+
+@pytest.mark.parametrize("loop", ["lightning", "torch"])
+def test_gradients_summed_into_a_tensor_read_many_times_are_added_in_place_as_the_autograd_engine(loop):
+    est = estimate(ScanLoop, mlp_batch(), loss=ce_loss, device="cpu", loop=loop)
+    truth = measure_cpu_peak(ScanLoop, mlp_batch, loss=ce_loss, loop=loop)
+    assert relative_error(est.peak_allocated, truth) < 1e-3, (est.peak_allocated, truth)
