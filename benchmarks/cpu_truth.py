@@ -100,7 +100,7 @@ class PreparedRun:
         """One training step, through the function memplan's tracer runs; returns the detached loss."""
         return run_training_step(
             self.model, self.batch, loss_fn=self.case.loss, optimizer=self.optimizer, policy=self.policy,
-            device_type="cpu", grad_scale=self.grad_scale,
+            device_type="cpu", grad_scale=self.grad_scale, loop=self.case.loop,
         )
 
 

@@ -7,8 +7,13 @@ None of these models is in memplan's own zoo (benchmarks/zoo.py): they are what 
 built from a config class at a small size (no weights, no hub access) by a zero-argument callable,
 trained as Lightning orders the step (benchmarks/zoo.Case + benchmarks/cpu_truth.measure: profiler
 "Total Allocated" peak over build + 2 steps, in a fresh process, seeds fixed), and estimated with
-`memplan.estimate(build, batch, device="cpu")` in another fresh process. Torch order (zero_grad
-first) is not measured here: `estimate(loop=...)` is not on this branch.
+`memplan.estimate(build, batch, device="cpu")` in another fresh process. A subset (`-torch` cases)
+runs in plain PyTorch order instead (zero_grad(set_to_none=True) after the optimizer step), truth and
+estimate alike (`loop="torch"`).
+
+The `-experts-peak` MoE cases have a small vocabulary and long sequences, so that the peak falls
+inside the experts (not at the loss's logits) and routing decides it; they report the error with
+data_dependent="balanced" and "sample".
 
 Mixture-of-experts cases run both of transformers' experts paths. transformers 5.x picks the path
 from `config._experts_implementation` (`experts_implementation=` in the config or `from_pretrained`):
@@ -250,8 +255,19 @@ _ENC = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden
             max_position_embeddings=256, num_labels=4)
 _MOE = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, use_cache=False, num_experts_per_tok=2)
+_MOE_PEAK = dict(_MOE, vocab_size=64, max_position_embeddings=512)
+"""A vocabulary small enough that the logits are not the peak."""
 _VIT = dict(image_size=32, patch_size=4, num_channels=3, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=256, num_labels=10)
+
+
+def _moe_peak_batch(batch_size: int) -> dict:
+    return lm_batch(batch_size, seq_len=256, vocab=64)
+
+
+TORCH_ORDER = ("gpt2", "llama-gqa", "bert", "t5", "vit", "resnet-hf", "convnext", "plain-lstm", "mixtral-eager",
+               "mixtral-grouped_mm", "mixtral-experts-peak-grouped_mm", "plain-topk-moe")
+"""Cases also run in plain PyTorch order (`-torch`)."""
 
 
 def _hf_case(model_class, config_class, attn="sdpa", batch=lm_batch, **config):
@@ -330,6 +346,20 @@ def _cases() -> list[tuple]:
                                                                num_local_experts=4, experts_implementation="grouped_mm"),
          {"precision": "bf16-mixed", "checkpointing": True}),
         ("plain-topk-moe", "moe", TopKMoE, token_batch, plain_loss, {}),
+    ]
+    for impl in ("eager", "grouped_mm"):  # the experts, not the logits, at the peak: routing decides it
+        cases += [
+            (f"mixtral-experts-peak-{impl}", "moe", *_hf_case(
+                "MixtralForCausalLM", "MixtralConfig", **{**_MOE_PEAK, "intermediate_size": 512}, num_local_experts=8,
+                experts_implementation=impl, batch=_moe_peak_batch), {}),
+            (f"qwen3-moe-experts-peak-{impl}", "moe", *_hf_case(
+                "Qwen3MoeForCausalLM", "Qwen3MoeConfig", **_MOE_PEAK, num_experts=16, moe_intermediate_size=256,
+                head_dim=32, experts_implementation=impl, batch=_moe_peak_batch), {}),
+            (f"mixtral-experts-peak-{impl}-ckpt", "moe", *_hf_case(
+                "MixtralForCausalLM", "MixtralConfig", **{**_MOE_PEAK, "intermediate_size": 2048}, num_local_experts=8,
+                experts_implementation=impl, batch=_moe_peak_batch), {"checkpointing": True}),
+        ]
+    cases += [
         # encoders
         ("bert", "encoder", *_hf_case("BertForSequenceClassification", "BertConfig", batch=cls_batch, **_ENC), {}),
         ("roberta", "encoder", *_hf_case("RobertaForSequenceClassification", "RobertaConfig", batch=cls_batch,
@@ -422,6 +452,8 @@ def _cases() -> list[tuple]:
         ("plain-transformer-encoder", "plain torch", TransformerClassifier, token_batch, plain_loss, {}),
         ("plain-mlp-mixer", "plain torch", MlpMixer, image_batch, mixer_loss, {}),
     ]
+    by_name = {c[0]: c for c in cases}
+    cases += [(f"{name}-torch", *by_name[name][1:5], {**by_name[name][5], "loop": "torch"}) for name in TORCH_ORDER]
     return cases
 
 
@@ -456,7 +488,7 @@ def estimate_one(name: str, data_dependent: str = "balanced") -> dict:
     started = time.perf_counter()
     result = estimate(
         case.build, batch, loss=case.loss, optimizer=case.optimizer, precision=case.precision,
-        checkpointing=case.checkpointing, device="cpu", data_dependent=data_dependent,
+        checkpointing=case.checkpointing, device="cpu", data_dependent=data_dependent, loop=case.loop,
     )
     return {
         "estimate": result.to_dict(),
@@ -471,6 +503,7 @@ def run_case(name: str) -> dict:
     case = CASES[name]
     row: dict[str, Any] = {
         "case": name, "family": case.family, "precision": case.precision, "checkpointing": case.checkpointing,
+        "loop": case.loop,
         "truth": truth, "estimate": est["estimate"] if est else None,
         "truth_process_seconds": round(truth_wall, 2), "estimate_process_seconds": round(est_wall, 2),
     }
@@ -504,8 +537,9 @@ def summarize(rows: list[dict]) -> dict:
         }
 
     moe = [r for r in ok if r["family"] == "moe"]
+    torch_order = [r for r in ok if r.get("loop") == "torch"]
     summary = {"cases": len(rows), "estimated": sum(1 for r in rows if r.get("estimate")), "all": stats(ok),
-               "moe": stats(moe), "failed": [r["case"] for r in rows if "failed" in r]}
+               "moe": stats(moe), "torch_order": stats(torch_order), "failed": [r["case"] for r in rows if "failed" in r]}
     a = summary["all"]
     summary["goal_met"] = bool(
         ok and len(ok) == len(rows) and a["median_abs_error"] <= GOAL_MEDIAN and a["worst_abs_error"] <= GOAL_WORST
@@ -530,7 +564,10 @@ def render_markdown(report: dict) -> str:
         "zero-argument callable. Truth: profiler \"Total Allocated\" peak over build + 2 steps in a fresh "
         "process, Lightning order (benchmarks/cpu_truth.py, seed 0). Estimate: `memplan.estimate(build, batch, "
         "device='cpu', data_dependent='balanced')` in another fresh process. Error = (estimate - truth) / truth. "
-        "Torch order (zero_grad first) not measured: `estimate(loop=...)` is not on this branch. "
+        "Cases marked 'torch order' run zero_grad(set_to_none=True) after the optimizer step, truth and estimate "
+        "alike (`loop='torch'`). "
+        "CPU convolutions and LSTM layers: the estimate measures oneDNN's in-kernel scratch by running each op "
+        "shape once on real zeros (memplan.estimator.kernel_probe; the column 'scratch at peak' is the truth's). "
         "MoE truth routes with the seeded random router; the estimate assumes balanced routing (its notes say so).",
         "",
         "| case | family | precision | params | truth MiB | memplan MiB | error | error bytes "
@@ -539,7 +576,7 @@ def render_markdown(report: dict) -> str:
     ]
     for r in rows:
         t, e = r.get("truth"), r.get("estimate")
-        setting = r["precision"] + (" ckpt" if r["checkpointing"] else "")
+        setting = r["precision"] + (" ckpt" if r["checkpointing"] else "") + (" torch order" if r.get("loop") == "torch" else "")
         if "error" not in r:
             message = (r.get("error_message") or "").strip().splitlines()[-1:] or [""]
             lines.append(f"| {r['case']} | {r['family']} | {setting} | | | | failed ({r.get('failed')}) | "
@@ -563,6 +600,9 @@ def render_markdown(report: dict) -> str:
         f"| all | {a['measured']} | {_pct(a['median_abs_error'])} | {_pct(a['worst_abs_error'])} |",
         f"| MoE (both experts paths) | {moe['measured']} | {_pct(moe['median_abs_error'])} | {_pct(moe['worst_abs_error'])} |",
     ]
+    if s.get("torch_order", {}).get("measured"):
+        o = s["torch_order"]
+        lines.append(f"| torch order | {o['measured']} | {_pct(o['median_abs_error'])} | {_pct(o['worst_abs_error'])} |")
     if s["failed"]:
         lines += ["", "Failed: " + ", ".join(s["failed"])]
     return "\n".join(lines) + "\n"

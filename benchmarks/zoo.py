@@ -60,6 +60,8 @@ class Case:
     """A key of OPTIMIZERS."""
     family: str = ""
     """Model family, for grouping in the report."""
+    loop: str = "lightning"
+    """Step order, as memplan.estimate's `loop=`: "lightning" or "torch" (zero_grad after the step)."""
 
 
 def _generator() -> torch.Generator:

@@ -22,6 +22,7 @@ from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.fake_copy import metric_states
 from memplan.estimator.fsdp import FsdpSettings, fake_process_group, follow_storage, shard_model
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
+from memplan.estimator.module_conversion import conversions_in_step
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator import manual
 from memplan.estimator.step import (
@@ -239,15 +240,16 @@ class _Trace:
     def _step(self) -> None:
         saved_hooks = _SavedTensorsHooks(self._pack)
         try:
-            if self.manual is not None:  # the user's own manual_backward and optimizer steps
-                manual.run_manual_step(self.model, self.batch, self.manual, policy=self.policy,
-                                       phase=lambda name: self._on_phase(name, saved_hooks))
-            else:
-                run_training_step(
-                    self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer, policy=self.policy,
-                    device_type=self.device.type, grad_scale=self.grad_scale,
-                    on_phase=lambda name: self._on_phase(name, saved_hooks), loop=self.loop,
-                )
+            with conversions_in_step():  # a no-op Module.to() in forward, as the real run
+                if self.manual is not None:  # the user's own manual_backward and optimizer steps
+                    manual.run_manual_step(self.model, self.batch, self.manual, policy=self.policy,
+                                           phase=lambda name: self._on_phase(name, saved_hooks))
+                else:
+                    run_training_step(
+                        self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer, policy=self.policy,
+                        device_type=self.device.type, grad_scale=self.grad_scale,
+                        on_phase=lambda name: self._on_phase(name, saved_hooks), loop=self.loop,
+                    )
         except (EstimateError, DataDependentOutputException, DynamicOutputShapeException):
             saved_hooks.close()
             raise
@@ -301,9 +303,7 @@ class _Trace:
             notes.extend(self.overheads.notes)
         if self.checkpointed:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks")
-        if not self.target.is_cuda and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and any(
-                isinstance(m, nn.modules.conv._ConvNd) for m in self.model.modules()):
-            notes.append("CPU convolutions: oneDNN's in-kernel scratch is not counted (2-7 % of a ResNet's peak)")
+        notes.extend(self.tracker.kernel_probe.notes())
         return MemoryEstimate(
             parameters=by[Category.PARAMETERS],
             gradients=by[Category.GRADIENTS],

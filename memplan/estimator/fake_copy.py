@@ -34,6 +34,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch.nn.utils.parametrize import is_parametrized
 
 from memplan.estimator.inputs import is_lightning_module
 
@@ -102,7 +103,8 @@ class _TreeCopy:
         return order
 
     def _fill(self, original: nn.Module, copy: nn.Module) -> None:
-        custom_state = type(original).__setstate__ is not nn.Module.__setstate__
+        # parametrize's classes (weight_norm in wav2vec2) refuse __getstate__; their __dict__ is the state
+        custom_state = type(original).__setstate__ is not nn.Module.__setstate__ and not is_parametrized(original)
         state = original.__getstate__() if custom_state else original.__dict__
         copy.__setstate__({k: self._remap(v) for k, v in state.items() if k not in _DROPPED})
         if _is_metric(original):

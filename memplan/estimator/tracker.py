@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from memplan.estimator.kernel_probe import KernelScratchProbe
 from memplan.estimator.kernels import ctc_backward_scratch_bytes, promotion_scratch_bytes, rnn_workspace_bytes
 
 # Factory ops with no tensor inputs whose output is at most this many elements are made real, so
@@ -57,6 +58,8 @@ class _Record:
     category: Category
     phase: Phase
     live: bool = True
+    node: int | None = None
+    """id() of the autograd node whose backward made the storage (None outside backward)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +82,8 @@ class StorageTracker(TorchDispatchMode):
         self.fake_mode = fake_mode
         self.cpu_kernels = cpu_kernels
         """Model CPU kernels' in-kernel temporaries (type-promotion copies); off for CUDA targets."""
+        self.kernel_probe = KernelScratchProbe()
+        """oneDNN convolution and LSTM scratch, measured per shape on this host (CPU targets only)."""
         self.phase = Phase.SETUP
         self._records: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._by_category = {c: 0 for c in Category}
@@ -86,6 +91,9 @@ class StorageTracker(TorchDispatchMode):
         self.peak = Snapshot(total=0, by_category=dict(self._by_category), phase=Phase.SETUP)
         self.ops_seen = 0
         self.forward_activations = 0
+        self._accumulation: tuple | None = None
+        """A backward `add` that may be the autograd engine's gradient accumulation, until the next op
+        shows whether one input died with it (see _settle_accumulation)."""
 
     # --- allocation bookkeeping ------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: Category = Category.TEMPORARIES) -> None:
@@ -94,7 +102,9 @@ class StorageTracker(TorchDispatchMode):
         if storage in self._records:
             return
         handle = self.memory.malloc(storage.nbytes())
-        record = _Record(handle, self.memory.block_bytes(handle), category, self.phase)
+        node = torch._C._current_autograd_node() if self.phase is Phase.BACKWARD else None
+        record = _Record(handle, self.memory.block_bytes(handle), category, self.phase,
+                         node=None if node is None else id(node))
         self._records[storage] = record
         weakref.finalize(storage, self._on_free, record)
         self._by_category[category] += record.nbytes
@@ -166,24 +176,64 @@ class StorageTracker(TorchDispatchMode):
         self._by_category[record.category] -= record.nbytes
         self.memory.free(record.handle)
 
+    _defer_peak = False
+
+    def _accumulation_inputs(self, func, args, kwargs, out) -> list[_Record]:
+        """The autograd engine sums two gradients flowing into one tensor (a tensor read several times:
+        `x[:, i]` in a loop, tokens gathered per expert) with `old.add_(new)` when it holds the last
+        reference to one of them (InputBuffer::accumulate), but out of place under any dispatch mode or
+        for a tensor subclass, so the trace allocates a sum the real run never does. An `add` of two
+        same-shape dense gradients in backward, with grad mode off, one made by the node now running and
+        one by another node, is such an accumulation: returns the records of its inputs, else []."""
+        if (func is not torch.ops.aten.add.Tensor or self.phase is not Phase.BACKWARD or kwargs
+                or torch.is_grad_enabled() or len(args) != 2 or not isinstance(out, torch.Tensor)):
+            return []
+        node = torch._C._current_autograd_node()
+        if node is None or not all(isinstance(a, torch.Tensor) and a.shape == out.shape and a.dtype == out.dtype
+                                   and a.is_contiguous() for a in args):
+            return []
+        records = [self._records.get(a.untyped_storage()) for a in args]
+        if any(r is None or not r.live for r in records) or {r.node == id(node) for r in records} != {True, False}:
+            return []
+        return records
+
+    def _settle_accumulation(self) -> None:
+        """After an accumulation's `add`: if one of its inputs died with it (the engine held its last
+        reference), the real engine added in place and never held the sum besides both inputs; count
+        the moment of the add without the sum. Otherwise count it as it was."""
+        if self._accumulation is None:
+            return
+        total, by_category, phase, out_bytes, inputs = self._accumulation
+        self._accumulation = None
+        if any(not r.live and r.nbytes == out_bytes for r in inputs):
+            total -= out_bytes
+            by_category[Category.TEMPORARIES] -= out_bytes
+        if total > self.peak.total:
+            self.peak = Snapshot(total=total, by_category=by_category, phase=phase)
+
     def _update_peak(self) -> None:
+        if self._defer_peak:
+            return
         total = self.memory.allocated_bytes
         if total > self.peak.total:
             self.peak = Snapshot(total=total, by_category=dict(self._by_category), phase=self.phase)
 
     def reset_peak(self) -> None:
         """Start a new peak window (the steady-state step)."""
+        self._settle_accumulation()
         self.memory.reset_peaks()
         self.peak = Snapshot(total=self.memory.allocated_bytes, by_category=dict(self._by_category), phase=self.phase)
 
     def stop(self) -> None:
         """Stop counting: finalizers that run later (garbage collected fakes) are ignored."""
+        self._settle_accumulation()
         self._active = False
 
     # --- dispatch ----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops_seen += 1
+        self._settle_accumulation()
         tensors = _tensors_in((args, kwargs))
         if tensors and not any(isinstance(_local(t), FakeTensor) for t in tensors):
             with _disable_current_modes():
@@ -193,10 +243,19 @@ class StorageTracker(TorchDispatchMode):
             if not tensors:
                 out = self._maybe_realize_factory(func, args, kwargs, out)
             out = self._fill_library_workspace(func, args, out)
+        accumulation = self._accumulation_inputs(func, args, kwargs, out)
+        if accumulation:
+            self._defer_peak = True
         for t in _tensors_in(out):
             self.track(t)
+        if accumulation:
+            self._defer_peak = False
+            self._accumulation = (self.memory.allocated_bytes, dict(self._by_category), self.phase,
+                                  out.untyped_storage().nbytes(), accumulation)
         if self.cpu_kernels:
             self._transient(promotion_scratch_bytes(func, tensors))
+            with _disable_current_modes():  # the probe runs the real op on real tensors
+                self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         self._transient(ctc_backward_scratch_bytes(func, args))
         return out
 

@@ -161,3 +161,23 @@ def test_a_parameter_attribute_reaches_configure_optimizers():
 
     estimate(NoDecay(), (torch.randn(4, 8),), optimizer=optimizer, device="cpu")
     assert seen == [False, False, True, False]
+
+
+class WeightNormConv(nn.Module):
+    """wav2vec2's positional conv: a weight-normed Conv1d (a parametrized class with its own __setstate__)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = parametrizations.weight_norm(nn.Conv1d(16, 16, 5, padding=2), dim=2)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(F.gelu(self.conv(x)).mean(-1))
+
+
+def test_a_parametrized_convolution_is_copied_and_estimated():
+    batch = lambda: (torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 3]))  # noqa: E731
+    loss = lambda model, b: F.cross_entropy(model(b[0]), b[1])  # noqa: E731
+    est = estimate(WeightNormConv, batch(), loss=loss, device="cpu")
+    truth = measure_cpu_peak(WeightNormConv, batch, loss=loss)
+    assert abs(est.peak_allocated - truth) / truth < 0.01, (est.peak_allocated, truth)
