@@ -151,7 +151,21 @@ class _GPTBlock(nn.Module):
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
-class GPTLM(_Demo):
+class _TokenLM(_Demo):
+    """A causal LM demo: (tokens, next tokens) batches from hparams vocab_size and context, cross-entropy loss."""
+
+    def training_step(self, batch, batch_idx):
+        idx, targets = batch
+        logits = self(idx)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    def example_batch(self, batch_size: int):
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, self.hparams.vocab_size, (batch_size, self.hparams.context + 1), generator=g)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+class GPTLM(_TokenLM):
     """A GPT-2-class causal LM (defaults: GPT-2 small, 124M parameters, context 1024), tied embeddings."""
 
     def __init__(self, vocab_size: int = 50257, context: int = 1024, d_model: int = 768, n_layers: int = 12,
@@ -175,16 +189,6 @@ class GPTLM(_Demo):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))
-
-    def training_step(self, batch, batch_idx):
-        idx, targets = batch
-        logits = self(idx)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-    def example_batch(self, batch_size: int):
-        g = torch.Generator().manual_seed(0)
-        tokens = torch.randint(0, self.hparams.vocab_size, (batch_size, self.hparams.context + 1), generator=g)
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
 DEMOS: dict[str, type[_Demo]] = {"mlp": MLP, "cnn": ImageCNN, "resnet": ResNet, "gpt2-small": GPTLM}
@@ -278,7 +282,7 @@ class RandomTokens(_RandomData):
         self._make = functools.partial(_token_sample, vocab_size=vocab_size, context=context)
 
 
-class LlamaLM(_Demo):
+class LlamaLM(_TokenLM):
     """A Llama-family causal LM from transformers' LlamaConfig (random init, nothing downloaded); the
     defaults are Llama-2-7B's shape (32 layers, hidden 4096, 32 heads, MLP 11008, vocabulary 32000,
     context 4096; 6.74B parameters). `num_key_value_heads` < `num_attention_heads` gives GQA (Llama-2-70B:
@@ -301,16 +305,6 @@ class LlamaLM(_Demo):
 
     def forward(self, idx):
         return self.model(input_ids=idx).logits
-
-    def training_step(self, batch, batch_idx):
-        idx, targets = batch
-        logits = self(idx)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-    def example_batch(self, batch_size: int):
-        g = torch.Generator().manual_seed(0)
-        tokens = torch.randint(0, self.hparams.vocab_size, (batch_size, self.hparams.context + 1), generator=g)
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
 DATAMODULES: dict[str, type[_RandomData]] = {
