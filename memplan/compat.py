@@ -87,11 +87,15 @@ def ddp_kwargs(strategy: Any) -> dict[str, Any]:
     return strategy._ddp_kwargs
 
 
-def batches_that_stepped(trainer: Any) -> int | None:
-    """`trainer.fit_loop.epoch_loop._batches_that_stepped` (Lightning 2.0-2.6): the step index Lightning
-    gives its logger rows, raised after the batch-end hooks. None where it is missing: the run log then
-    falls back to the optimizer step count (its rows may then sit one step off Lightning's)."""
-    return getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)
+def logger_row_getter(trainer: Any) -> Callable[[], int]:
+    """The step index Lightning gives the logger row of the training batch now ending (its loggers' x
+    axis): `trainer.fit_loop.epoch_loop._batches_that_stepped` (Lightning 2.0-2.6), raised after the
+    batch-end hooks. Where it is missing, the optimizer step count less one (the run log's rows may
+    then sit one step off Lightning's). Returns a getter, bound once: it is read every step."""
+    loop = trainer.fit_loop.epoch_loop
+    if hasattr(loop, "_batches_that_stepped"):
+        return lambda: loop._batches_that_stepped
+    return lambda: trainer.global_step - 1
 
 
 def layer_sync(strategy: Any) -> Any:

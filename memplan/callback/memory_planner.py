@@ -32,7 +32,7 @@ from memplan.callback.rewrites import (
     Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
 )
 from memplan.callback.runlog import (
-    LoggerRows, RankLog, lightning_step, lightning_writes_row, logger_metrics, new_run_id, summary_line,
+    LoggerRows, RankLog, lightning_writes_row, logger_metrics, new_run_id, summary_line,
 )
 from memplan.estimator.errors import EstimateError
 from memplan.hardware import host_info, readings
@@ -166,6 +166,8 @@ class MemoryPlanner(*CALLBACKS):
         self._adjuster: Adjuster | None = None
         self._log: RankLog | None = None
         self._rows = LoggerRows()
+        self._has_loggers = False
+        self._row_step: Callable[[], int] = lambda: 0
         self._every = 1
         self._last_step = 0
         self._record_next = True  # the first step, and the step after a change, are always recorded
@@ -267,6 +269,8 @@ class MemoryPlanner(*CALLBACKS):
         if trainer.strategy.reduce_boolean_decision(error is None, all=True):
             self.log_path = self._log.path
             self._rows.install(trainer.loggers)
+            self._has_loggers = bool(trainer.loggers)
+            self._row_step = compat.logger_row_getter(trainer)
             return
         self._close("failed: log folder not writable")
         where = f"{directory} ({error.strerror or error})" if error is not None else f"{directory} on another rank"
@@ -446,7 +450,7 @@ class MemoryPlanner(*CALLBACKS):
         if step == self._last_step or self.layout is None:
             return
         due = step % self._every == 0
-        row = bool(trainer.loggers) and lightning_writes_row(trainer)
+        row = self._has_loggers and lightning_writes_row(trainer, self._row_step())
         if not (due or row or self._record_next):
             return
         self._last_step, self._record_next = step, False
@@ -454,7 +458,7 @@ class MemoryPlanner(*CALLBACKS):
         self._record_sample(trainer, statuses[trainer.global_rank])
         if row:  # into Lightning's own row for this step (its loggers write from rank 0, which has all ranks)
             predicted = None if self.plan is None else self.plan.predicted_peak_bytes
-            self._rows.add(logger_metrics(statuses, self.layout, predicted), lightning_step(trainer), trainer.loggers)
+            self._rows.add(logger_metrics(statuses, self.layout, predicted), self._row_step(), trainer.loggers)
         if not self._adjust:
             return
         if not due:  # a reading between decisions still tells whether this layout fits

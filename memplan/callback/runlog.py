@@ -265,25 +265,15 @@ class LoggerRows:
         self._wrapped, self._pending = [], None
 
 
-def lightning_step(trainer: Any) -> int:
-    """The step index Lightning gives the row of the training batch now ending (its loggers' x axis):
-    `fit_loop.epoch_loop._batches_that_stepped` (Lightning 2.0-2.6), raised after the batch-end hooks."""
-    from memplan import compat  # here: `memplan report` imports this module without torch
-
-    stepped = compat.batches_that_stepped(trainer)
-    return trainer.global_step - 1 if stepped is None else stepped
-
-
-def lightning_writes_row(trainer: Any) -> bool:
-    """Whether Lightning writes its own logger row at the end of this training batch: its
-    `_LoggerConnector.should_update_logs` for the fit loop (Lightning 2.0-2.6, both packages), which
-    counts `fit_loop.epoch_loop._batches_that_stepped` (+1: it is raised after the batch-end hooks);
-    read here without the property's loop lookup, paid every step. Without that counter: the optimizer
-    step count."""
+def lightning_writes_row(trainer: Any, row_step: int) -> bool:
+    """Whether Lightning writes its own logger row at the end of this training batch, whose row index
+    is `row_step` (`compat.logger_row_getter`): its `_LoggerConnector.should_update_logs` for the fit
+    loop (Lightning 2.0-2.6, both packages), read here without the property's loop lookup, paid every
+    step."""
     every = trainer.log_every_n_steps
     if not every:
         return False
-    return (lightning_step(trainer) + 1) % every == 0 or bool(trainer.should_stop)
+    return (row_step + 1) % every == 0 or bool(trainer.should_stop)
 
 
 # --- summary -----------------------------------------------------------------------------------
