@@ -56,6 +56,16 @@ def _read_int(path: Path) -> int | None:
 
 def _cgroup_memory(cgroup_root: Path, proc_cgroup: Path) -> tuple[int | None, int | None]:
     """(limit, usage) of this process's memory cgroup, v2 or v1; (None, None) when unlimited."""
+    limit, usage_file = cgroup_memory_files(cgroup_root=cgroup_root, proc_cgroup=proc_cgroup)
+    if limit is None:
+        return None, None
+    return limit, _read_int(usage_file)
+
+
+def cgroup_memory_files(*, cgroup_root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+                        ) -> tuple[int | None, Path | None]:
+    """(limit, the file that holds its usage) of this process's memory cgroup, v2 or v1; (None, None)
+    when unlimited or unknown. The usage file is read at every reading (memplan.hardware.readings)."""
     try:
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
@@ -76,7 +86,7 @@ def _cgroup_memory(cgroup_root: Path, proc_cgroup: Path) -> tuple[int | None, in
     for base, limit_file, usage_file in candidates:
         limit = _read_int(base / limit_file)
         if limit is not None:
-            return limit, _read_int(base / usage_file)
+            return limit, base / usage_file
     return None, None
 
 
@@ -112,4 +122,4 @@ def process_rss_bytes(pid: int | None = None) -> int | None:
         return None
 
 
-__all__ = ["HostInfo", "host_info", "process_rss_bytes"]
+__all__ = ["HostInfo", "cgroup_memory_files", "host_info", "process_rss_bytes"]
