@@ -48,6 +48,12 @@ class SimulatedStep:
     cc: tuple[int, int] = (8, 0)
     optimizer_scratch_bytes: int = 0
     report_activations: bool = True
+    """Whether the estimate reports forward activations and each phase's peak (what the line's slope reads)."""
+    forward_scratch_bytes: int = 0
+    """A forward temporary that holds the forward's peak whatever the micro-batch."""
+    backward_bytes_per_sample: int = 0
+    """What the backward holds beyond the saved activations, per sample (a language model's logits'
+    gradient): the backward's peak grows faster than the forward's."""
     segment_bytes: int = 2 * MiB
     calls: list[tuple[int, str, bool, int]] = field(default_factory=list)
 
@@ -64,7 +70,11 @@ class SimulatedStep:
         act = self.activations(micro_batch_size, precision, checkpointing)
         buckets = self.params_bytes if world_size > 1 else 0
         fixed = 4 * self.params_bytes + buckets
-        allocated = fixed + max(act, self.optimizer_scratch_bytes)
+        phases = {"forward": fixed + act + self.forward_scratch_bytes,
+                  "backward": fixed + act + self.activations(micro_batch_size, precision, False)
+                  * self.backward_bytes_per_sample // self.activation_bytes_per_sample,
+                  "optimizer": fixed + self.optimizer_scratch_bytes}
+        allocated = max(phases.values())
         reserved = -(-allocated // self.segment_bytes) * self.segment_bytes
         comm = nccl_buffer_bytes(world_size, compute_capability=self.cc) if world_size > 1 else 0
         return MemoryEstimate(
@@ -73,7 +83,8 @@ class SimulatedStep:
             peak_allocated=allocated, peak_reserved=reserved, device_total=reserved + CONTEXT_BYTES + comm,
             cuda_context=CONTEXT_BYTES, communication=comm, device="A100-80GB", precision=precision,
             checkpointing=checkpointing, strategy="ddp" if world_size > 1 else None, world_size=world_size,
-            forward_activations=act if self.report_activations else 0, batch_size=micro_batch_size)
+            forward_activations=act if self.report_activations else 0, batch_size=micro_batch_size,
+            peak_allocated_by_phase=tuple(phases.items()) if self.report_activations else ())
 
 
 def gpus(name: str, count: int, **free_by_index: int) -> tuple[DeviceBudget, ...]:
@@ -266,7 +277,7 @@ def test_a_typical_search_takes_few_traces():
 
 def test_an_optimistic_line_is_caught_by_the_verification_trace():
     # The optimizer step's scratch (12 GiB) holds the peak up to micro-batch 8, so micro 1 and 4 trace
-    # the same: the line is flat. This estimator does not report forward activations either.
+    # the same: the line is flat. This estimator reports neither forward activations nor phase peaks.
     sim = SimulatedStep(activation_bytes_per_sample=3 * GiB, optimizer_scratch_bytes=12 * GiB,
                         report_activations=False)
     request = PlanRequest(global_batch_size=512, devices=gpus("A100-80GB", 8))
@@ -281,7 +292,26 @@ def test_saved_activations_keep_a_flat_start_from_misleading_the_line():
     # As above, but the estimator reports forward activations: their growth sets the slope.
     sim = SimulatedStep(activation_bytes_per_sample=3 * GiB, optimizer_scratch_bytes=12 * GiB)
     plan = make_plan(PlanRequest(global_batch_size=512, devices=gpus("A100-80GB", 8)), sim)
-    assert plan.micro_batch_size == 32 and len(sim.calls) == 3
+    assert plan.micro_batch_size == 32
+    assert not any(micro == 64 for micro, *_ in sim.calls) and len(sim.calls) <= 4
+
+
+def test_the_steepest_phase_sets_the_line_when_another_holds_the_peak_at_small_batches():
+    # bf16-mixed on 8 GPUs: 5 GiB fixed, 0.5 GiB activations and 1 GiB more in the backward per sample.
+    # A forward scratch of 20 GiB holds the peak at micro-batch 1 and 4 (25.5, 27 GiB); the backward
+    # holds it from micro-batch 16 on (micro 32: 53 GiB, 64: 101 GiB). The line through the
+    # forward-held traces alone (0.5 GiB a sample) would admit 64: a wasted verification trace.
+    sim = SimulatedStep(activation_bytes_per_sample=1 * GiB, forward_scratch_bytes=20 * GiB,
+                        backward_bytes_per_sample=2 * GiB)
+    plan = make_plan(PlanRequest(global_batch_size=512, devices=gpus("A100-80GB", 8)), sim)
+    assert plan.micro_batch_size == 32
+    assert not any(micro == 64 for micro, *_ in sim.calls) and len(sim.calls) <= 4
+    assert plan.predicted_peak_bytes == exact_peak(sim, plan) <= plan.device_budget_bytes
+    for a in plan.alternatives:  # no prediction falls under the truth
+        truth = exact_peak(sim, dataclasses.replace(plan, world_size=a.world_size, micro_batch_size=a.micro_batch_size,
+                                                    accumulate_grad_batches=a.accumulate_grad_batches,
+                                                    precision=a.precision, gradient_checkpointing=a.gradient_checkpointing))
+        assert a.predicted_peak_bytes >= truth, a
 
 
 @pytest.mark.parametrize("act_mib", [100, 333, 1000])

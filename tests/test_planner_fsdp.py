@@ -15,7 +15,7 @@ from memplan.estimator.result import MemoryEstimate
 from memplan.hardware import lookup_gpu
 from memplan.hardware.catalog import gpu_links
 from memplan.planner import DeviceBudget, NoFit, PlanRequest, make_plan
-from memplan.planner.costs import communication_seconds, strategy_factor
+from memplan.planner.costs import FSDP_ENGINE_FACTOR, communication_seconds, strategy_factor
 from memplan.units import GiB, MiB
 
 CONTEXT = 640 * MiB
@@ -110,10 +110,10 @@ def test_fsdp_pays_for_its_communication_only_when_compute_cannot_hide_it():
     args = dict(offload=False, gpus_per_node=8, micro_batch_size=1, accumulate_grad_batches=4,
                 precision="bf16-mixed", checkpointing=True, parameter_count=7 * 10**9, tokens_per_sample=4096,
                 gpu_name="H100-80GB")
-    assert strategy_factor(sharding="FULL_SHARD", world_size=8, nodes=1, **args) == pytest.approx(1.0)
+    assert strategy_factor(sharding="FULL_SHARD", world_size=8, nodes=1, **args) == pytest.approx(FSDP_ENGINE_FACTOR)
     across = strategy_factor(sharding="FULL_SHARD", world_size=64, nodes=8, **args)
     hybrid = strategy_factor(sharding="HYBRID_SHARD", world_size=64, nodes=8, **args)
-    assert across < hybrid <= 1.0
+    assert across < hybrid <= FSDP_ENGINE_FACTOR
 
 
 def test_planned_config_names_lightnings_fsdp_strategy(tmp_path):

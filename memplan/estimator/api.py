@@ -326,6 +326,8 @@ class _Trace:
             num_parameters=sum(p.numel() for p in self.model.parameters()),
             forward_activations=self.tracker.forward_activations,
             peak_phase=peak.phase.value,
+            peak_allocated_by_phase=tuple((phase.value, value) for phase, value in self.tracker.phase_peaks.items()
+                                          if phase is not Phase.SETUP),
             trace_seconds=seconds,
             notes=tuple(notes),
         )

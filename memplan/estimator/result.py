@@ -58,6 +58,10 @@ class MemoryEstimate:
     peak falls in the optimizer step, `activations` is near 0 while this is not."""
     peak_phase: str = "optimizer"
     """Where in the step the peak falls: 'forward', 'backward' or 'optimizer'."""
+    peak_allocated_by_phase: tuple[tuple[str, int], ...] = ()
+    """The steady-state step's peak allocated bytes in each phase reached, e.g. (('forward', ...),
+    ('backward', ...), ('optimizer', ...)): the planner extrapolates each phase's own line, as the
+    phase holding the peak can change with the micro-batch."""
     num_parameters: int = 0
     """Number of parameter elements (for the rule-of-thumb comparison)."""
     trace_seconds: float = 0.0

@@ -89,6 +89,8 @@ class StorageTracker(TorchDispatchMode):
         self._by_category = {c: 0 for c in Category}
         self._active = True
         self.peak = Snapshot(total=0, by_category=dict(self._by_category), phase=Phase.SETUP)
+        self.phase_peaks: dict[Phase, int] = {}
+        """The peak window's largest allocated bytes in each phase (the planner extrapolates each)."""
         self.ops_seen = 0
         self.forward_activations = 0
         self._accumulation: tuple | None = None
@@ -210,6 +212,8 @@ class StorageTracker(TorchDispatchMode):
             by_category[Category.TEMPORARIES] -= out_bytes
         if total > self.peak.total:
             self.peak = Snapshot(total=total, by_category=by_category, phase=phase)
+        if total > self.phase_peaks.get(phase, 0):
+            self.phase_peaks[phase] = total
 
     def _update_peak(self) -> None:
         if self._defer_peak:
@@ -217,12 +221,15 @@ class StorageTracker(TorchDispatchMode):
         total = self.memory.allocated_bytes
         if total > self.peak.total:
             self.peak = Snapshot(total=total, by_category=dict(self._by_category), phase=self.phase)
+        if total > self.phase_peaks.get(self.phase, 0):
+            self.phase_peaks[self.phase] = total
 
     def reset_peak(self) -> None:
         """Start a new peak window (the steady-state step)."""
         self._settle_accumulation()
         self.memory.reset_peaks()
         self.peak = Snapshot(total=self.memory.allocated_bytes, by_category=dict(self._by_category), phase=self.phase)
+        self.phase_peaks = {self.phase: self.memory.allocated_bytes}
 
     def stop(self) -> None:
         """Stop counting: finalizers that run later (garbage collected fakes) are ignored."""

@@ -47,6 +47,10 @@ the compute time of one optimizer step and E the communication time that compute
     C_offload      = C_full_shard + per micro-step PCIe copies of the shard (params in, gradients out)
                      + the optimizer step on the host over the shard, which nothing hides
     params and grads in fp32 (4 bytes each: the planner does not set FSDP's param_dtype).
+On top, FSDP_ENGINE_FACTOR (x 0.95) for what FSDP costs beyond the bytes it moves: copying each block's
+parameters into and out of the all-gather buffers, its per-block hooks and stream waits. It is a
+chosen figure (a GPU measure is owed), and it also makes DDP, the simpler engine, win unless FSDP
+is predicted clearly faster; the search then does not trace FSDP for a model that DDP fits well.
 
 bw is the catalog's per-GPU link (memplan.hardware.catalog.gpu_links: NVLink or PCIe inside a node,
 INTER_NODE_BYTES_PER_S between nodes, a ring over several nodes runs at the slower of the two)
@@ -100,6 +104,8 @@ COMM_EFFICIENCY = 0.7
 MFU = 0.4
 """Model FLOPs utilisation of a well-tuned transformer step (the compute-time estimate's efficiency)."""
 OVERLAP = 0.8
+FSDP_ENGINE_FACTOR = 0.95
+"""FSDP's throughput beyond its communication: all-gather copy-in/copy-out, per-block hooks (module docstring)."""
 """Fraction of the compute time that collectives can hide behind (prefetch and bucketing are not perfect)."""
 PCIE_BYTES_PER_S = 25e9
 """Host<->GPU copies of CPU offload (PCIe 4.0/5.0 x16 in practice, pinned memory)."""
@@ -163,7 +169,7 @@ def strategy_factor(*, sharding: str | None, offload: bool = False, world_size: 
     if offload:  # the host optimizer step over this rank's shard: nothing hides it
         shard = world_size if sharding != "HYBRID_SHARD" else gpus_per_node
         fsdp += 3 * OFFLOAD_BYTES_PER_PARAM * parameter_count / shard / HOST_OPTIMIZER_BYTES_PER_S
-    return (compute + ddp) / (compute + fsdp)
+    return FSDP_ENGINE_FACTOR * (compute + ddp) / (compute + fsdp)
 
 
 def relative_throughput(*, world_size: int, micro_batch_size: int, accumulate_grad_batches: int = 1,

@@ -13,9 +13,12 @@ every candidate. It relies on four facts about a training step's memory:
    world_size=1 (no buckets, no NCCL).
 3. Memory is linear in the micro-batch (activations and batch grow with it; weights, gradients and
    optimizer state do not), up to the caching allocator's rounding. Each group (see candidates.py)
-   is traced at micro-batch 1 and PROBE_MICRO; the line through them (slope at least the growth of
-   saved activations, so a peak that sits in the optimizer step at small micro-batches does not
-   hide the slope) predicts larger micro-batches, plus SAFETY_BYTES for the allocator's segments.
+   is traced at micro-batch 1 and PROBE_MICRO; the line through them predicts larger micro-batches,
+   plus SAFETY_BYTES for the allocator's segments. Its slope is at least the growth of saved
+   activations and of each phase's own peak (forward, backward, optimizer step): the peak is the
+   largest of the phases' peaks, and the phase holding it at small micro-batches (the optimizer
+   step, or the forward) is often not the one that grows fastest (the backward, with a language
+   model's logits and their gradient), so the steepest phase's slope predicts the larger ones.
    A group whose sibling (same precision and checkpointing, other world kind or data-parallel
    layout: DDP, one GPU, the FSDP layouts) has a slope reuses
    it and is traced at micro-batch 1 only.
@@ -78,6 +81,10 @@ class _Curve:
     """micro-batch -> device_total - communication, the largest seen."""
     activation_growth: dict[int, int] = field(default_factory=dict)
     """micro-batch -> forward_activations + batch (grows with the micro-batch whatever the peak)."""
+    phase_peaks: dict[int, dict[str, int]] = field(default_factory=dict)
+    """micro-batch -> the trace's peak allocated bytes in each phase of the step."""
+    reserved: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """micro-batch -> the trace's peak (allocated, reserved) bytes."""
     has_communication: bool = False
     """Whether the estimator reports NCCL buffers (a CUDA target with DDP)."""
     siblings: tuple[_Curve, ...] = ()
@@ -86,6 +93,8 @@ class _Curve:
     def add(self, micro: int, est: MemoryEstimate) -> None:
         self.points[micro] = max(self.points.get(micro, 0), est.device_total - est.communication)
         self.activation_growth[micro] = est.forward_activations + est.batch
+        self.phase_peaks[micro] = dict(est.peak_allocated_by_phase)
+        self.reserved[micro] = (est.peak_allocated, est.peak_reserved)
         self.has_communication |= est.communication > 0
 
     def own_slope(self) -> float | None:
@@ -95,7 +104,15 @@ class _Curve:
         lo, hi = sorted(self.points)[-2:]
         chord = (self.points[hi] - self.points[lo]) / (hi - lo)
         growth = (self.activation_growth[hi] - self.activation_growth[lo]) / (hi - lo)
-        return max(chord, growth, 0.0)
+        # the peak is the largest of the phases' peaks, each about linear in the micro-batch: the
+        # steepest phase holds it at larger micro-batches, even where another holds it here. Its
+        # allocated bytes are scaled to reserved ones: the allocator's segments grew by this much per
+        # allocated byte between the two traces (never less than one)
+        (alloc_lo, reserved_lo), (alloc_hi, reserved_hi) = self.reserved[lo], self.reserved[hi]
+        scale = max(1.0, (reserved_hi - reserved_lo) / (alloc_hi - alloc_lo)) if alloc_hi > alloc_lo else 1.0
+        phases = [scale * (self.phase_peaks[hi][name] - self.phase_peaks[lo][name]) / (hi - lo)
+                  for name in self.phase_peaks[hi].keys() & self.phase_peaks[lo].keys()]
+        return max(chord, growth, *phases, 0.0)
 
     def sibling_slope(self) -> float | None:
         """The first sibling's own slope, None when no sibling has two traces."""
