@@ -22,6 +22,7 @@ from memplan.estimator.step import iter_tensors
 from memplan.hardware import GpuModel, host_info, visible_gpus
 from memplan.plan import Plan, model_class_name, model_fingerprint
 from memplan.planner import DeviceBudget, HostLoad, NoFit, PlanRequest, estimator_for, largest_block_bytes, make_plan
+from memplan.planner.background import BackgroundEstimator, can_fork
 from memplan.planner.tracing import block_classes, tokens_per_sample
 from memplan.planner.request import SEARCHED_PRECISIONS
 from memplan.units import GiB, TiB, format_bytes
@@ -187,6 +188,8 @@ def plan_config(
         block_classes=block_classes(skeleton),
     )
     estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device)
+    if isinstance(hardware.estimate_device, GpuModel) and can_fork():  # fake tensors only: safe to fork
+        estimator = BackgroundEstimator(estimator)
     why_no_checkpointing = _why_no_checkpointing(wanted, has_blocks)
     try:
         with loaded.config_errors():
@@ -204,7 +207,8 @@ def plan_config(
 
 
 def _announced(estimator: Callable[..., Any], model_name: str, progress: Progress) -> Callable[..., Any]:
-    """The estimator, saying on the progress line what each trace is."""
+    """The estimator, saying on the progress line what each trace is (its `prefetch` and `cancel`,
+    where it has them, passed through: planner/background.py)."""
     count = 0
 
     def estimate_at(*, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int, fsdp=None):
@@ -217,6 +221,9 @@ def _announced(estimator: Callable[..., Any], model_name: str, progress: Progres
         return estimator(micro_batch_size=micro_batch_size, precision=precision, checkpointing=checkpointing,
                          world_size=world_size, fsdp=fsdp)
 
+    for name in ("prefetch", "cancel"):
+        if hasattr(estimator, name):
+            setattr(estimate_at, name, getattr(estimator, name))
     return estimate_at
 
 

@@ -66,7 +66,9 @@ EXTRAPOLATION_SLACK = 0.02
 class Estimator(Protocol):
     """Per-GPU memory of one training step at a setting (memplan.estimate with the model bound).
     `fsdp` (an estimator.fsdp.FsdpSettings) is passed only for FSDP candidates: an estimator for a
-    search without FSDP (PlanRequest.searches_fsdp False) need not accept it."""
+    search without FSDP (PlanRequest.searches_fsdp False) need not accept it. An estimator may also
+    have `prefetch(**setting)` (a trace that will be asked for next: it may start it now, see
+    planner/background.py) and `cancel()` (drop those no longer needed)."""
 
     def __call__(self, *, micro_batch_size: int, precision: str, checkpointing: bool,
                  world_size: int, **fsdp) -> MemoryEstimate: ...
@@ -162,20 +164,36 @@ class _Search:
         self.calls = 0
 
     # --- estimator calls ------------------------------------------------------------------------
+    def setting(self, micro: int, precision: str, checkpointing: bool, world_size: int,
+                sharding: str | None = None, offload: bool = False) -> dict:
+        """The estimator's keyword arguments for a trace key."""
+        extra = {}
+        if sharding is not None:
+            from memplan.estimator.fsdp import FsdpSettings
+
+            shard_size = world_size // self.request.nodes if sharding == "HYBRID_SHARD" else None
+            extra["fsdp"] = FsdpSettings(sharding_strategy=sharding, shard_size=shard_size, cpu_offload=offload)
+        return dict(micro_batch_size=micro, precision=precision, checkpointing=checkpointing,
+                    world_size=world_size, **extra)
+
     def trace(self, micro: int, precision: str, checkpointing: bool, world_size: int,
               sharding: str | None = None, offload: bool = False) -> MemoryEstimate:
         key = (micro, precision, checkpointing, world_size, sharding, offload)
         if key not in self.traces:
             self.calls += 1
-            extra = {}
-            if sharding is not None:
-                from memplan.estimator.fsdp import FsdpSettings
-
-                shard_size = world_size // self.request.nodes if sharding == "HYBRID_SHARD" else None
-                extra["fsdp"] = FsdpSettings(sharding_strategy=sharding, shard_size=shard_size, cpu_offload=offload)
-            self.traces[key] = self.estimator(micro_batch_size=micro, precision=precision,
-                                              checkpointing=checkpointing, world_size=world_size, **extra)
+            self.traces[key] = self.estimator(**self.setting(*key))
         return self.traces[key]
+
+    def prefetch(self, *key) -> None:
+        """Tell an estimator that can trace in the background (background.py) what comes next."""
+        prefetch = getattr(self.estimator, "prefetch", None)
+        if prefetch is not None and tuple(key) not in self.traces:
+            prefetch(**self.setting(*key))
+
+    def cancel_prefetch(self) -> None:
+        cancel = getattr(self.estimator, "cancel", None)
+        if cancel is not None:
+            cancel()
 
     def trace_precision(self, group: Group) -> str:
         if not group.amp:
@@ -217,13 +235,16 @@ class _Search:
         self.explored.add(group)
         curve, precision = self.curves[group], self.trace_precision(group)
         layout = (group.sharding, group.offload)
+        largest = max(c.micro_batch_size for c in self.groups[group])
+        probe = min(PROBE_MICRO, largest) if largest > 1 and curve.sibling_slope() is None else None
+        if probe is not None:  # needed unless micro-batch 1 does not fit: start it beside the first
+            self.prefetch(probe, precision, group.checkpointing, group.probe_world_size, *layout)
         curve.add(1, self.trace(1, precision, group.checkpointing, group.probe_world_size, *layout))
         if not any(self.fits_device(c) for c in self.groups[group] if c.micro_batch_size == 1):
             self.unfit.add(group)
+            self.cancel_prefetch()
             return
-        largest = max(c.micro_batch_size for c in self.groups[group])
-        if largest > 1 and curve.sibling_slope() is None:
-            probe = min(PROBE_MICRO, largest)
+        if probe is not None:
             curve.add(probe, self.trace(probe, precision, group.checkpointing, group.probe_world_size, *layout))
 
     def best_fit(self) -> Candidate | None:
@@ -336,5 +357,8 @@ def make_plan(request: PlanRequest, estimator: Estimator) -> Plan:
     if not isinstance(request, PlanRequest):
         raise ValueError(f"make_plan: request must be a PlanRequest; got {type(request).__name__}")
     search = _Search(request, estimator)
-    winner, est = search.run()
+    try:
+        winner, est = search.run()
+    finally:
+        search.cancel_prefetch()
     return describe_plan(request, winner, est, search)

@@ -1,0 +1,112 @@
+"""A trace the search will need next, run at the same time in a forked copy of this process.
+
+The search knows some traces in advance (a group's micro-batch 1 and PROBE_MICRO traces); each
+takes a second or more, almost all of it Python in FakeTensorMode, so a second CPU core halves the
+wait. `BackgroundEstimator.prefetch(**setting)` forks a child that runs the estimator on that
+setting and pipes the MemoryEstimate back; the call for the same setting then takes the child's
+result instead of tracing again. Whatever goes wrong in the child (an error, a crash, a result that
+does not unpickle), the parent traces the setting itself, so errors surface exactly as without it.
+
+Used only where forking is safe and useful: Linux, more than one usable CPU, and an estimate that
+runs no real kernel and touches no GPU (a named GPU model traced on fake tensors: `memplan suggest
+--gpu`). A CPU target runs real oneDNN kernels (OpenMP's threads do not survive a fork) and a local
+GPU's CUDA context cannot be used in a forked child.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+from typing import Any
+
+from memplan.estimator.result import MemoryEstimate
+from memplan.planner.search import Estimator
+
+
+def can_fork() -> bool:
+    """Whether a background trace can run beside this process: Linux with two usable CPUs or more."""
+    if sys.platform != "linux" or not hasattr(os, "fork"):
+        return False
+    return len(os.sched_getaffinity(0)) > 1
+
+
+class BackgroundEstimator:
+    """`estimator`, with `prefetch(**setting)`: start that setting's trace in a forked child now."""
+
+    def __init__(self, estimator: Estimator) -> None:
+        self._estimator = estimator
+        self._pending: dict[tuple, _Child] = {}
+
+    def prefetch(self, **setting: Any) -> None:
+        key = _key(setting)
+        if key not in self._pending:
+            self._pending[key] = _Child(self._estimator, setting)
+
+    def cancel(self) -> None:
+        """Stop every trace still running in the background (the search no longer needs them)."""
+        for child in self._pending.values():
+            child.cancel()
+        self._pending.clear()
+
+    def __call__(self, **setting: Any) -> MemoryEstimate:
+        child = self._pending.pop(_key(setting), None)
+        result = child.result() if child is not None else None
+        return result if result is not None else self._estimator(**setting)
+
+
+def _key(setting: dict[str, Any]) -> tuple:
+    """A setting's identity: its arguments, an argument given as None the same as one left out."""
+    return tuple(sorted((name, repr(value)) for name, value in setting.items() if value is not None))
+
+
+class _Child:
+    """One forked trace; its result read once."""
+
+    def __init__(self, estimator: Estimator, setting: dict[str, Any]) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()  # nothing buffered is written twice
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: trace, send, leave without running the parent's exit handlers
+            code = 1
+            try:
+                os.close(read_fd)
+                payload = pickle.dumps(estimator(**setting))
+                with os.fdopen(write_fd, "wb") as pipe:
+                    pipe.write(payload)
+                code = 0
+            except BaseException:  # the parent traces it again and meets the error itself
+                pass
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        self._pid: int | None = pid
+        self._fd = read_fd
+
+    def result(self) -> MemoryEstimate | None:
+        """The child's estimate, or None when it failed (the caller then traces in-process)."""
+        if self._pid is None:
+            return None
+        with os.fdopen(self._fd, "rb") as pipe:
+            data = pipe.read()
+        _, status = os.waitpid(self._pid, 0)
+        self._pid = None
+        if status != 0 or not data:
+            return None
+        try:
+            result = pickle.loads(data)
+        except Exception:  # a truncated or foreign payload: trace it here instead
+            return None
+        return result if isinstance(result, MemoryEstimate) else None
+
+    def cancel(self) -> None:
+        if self._pid is None:
+            return
+        try:
+            os.kill(self._pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self._pid, 0)
+        os.close(self._fd)
+        self._pid = None
