@@ -11,6 +11,7 @@ import contextlib
 import copy
 import difflib
 import functools
+import importlib
 import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -264,7 +265,11 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     nodes = _positive_int(trainer, "num_nodes")
     if trainer.get("precision") is not None:
         normalize_precision(trainer["precision"], name="trainer.precision")
-    others = {k: v for k, v in trainer.items() if k not in ("devices", "num_nodes", "accumulate_grad_batches", "precision")}
+    _check_seed(raw.get("seed_everything"))
+    _check_accelerator(trainer.get("accelerator"), model.cls)
+    _check_strategy(trainer.get("strategy"), model.cls)
+    others = {k: v for k, v in trainer.items()
+              if k not in ("devices", "num_nodes", "accumulate_grad_batches", "precision", "accelerator", "strategy")}
     check_arguments(_trainer_class(model.cls), others, "trainer")
     loaded = LoadedConfig(
         path=path, raw=raw, settings=settings, model=model, data=data, optimizer_section=optimizer,
@@ -390,6 +395,74 @@ def _trainer_class(model_cls: type) -> type:
     else:
         from pytorch_lightning import Trainer
     return Trainer
+
+
+SEED_RANGE = (0, 2**32 - 1)
+"""The seeds Lightning's seed_everything takes (numpy's uint32)."""
+PLANNED_ACCELERATORS = ("auto", "gpu", "cuda", "cpu")
+"""trainer.accelerator values memplan plans for: CUDA GPUs (and CPU, which it estimates)."""
+PLANNED_STRATEGY_CLASSES = ("DDPStrategy", "FSDPStrategy", "ModelParallelStrategy", "SingleDeviceStrategy")
+"""trainer.strategy class_path names memplan plans (DDP and FSDP, and one device)."""
+
+
+def _check_seed(seed: Any) -> None:
+    """seed_everything as LightningCLI takes it: true/false (a random seed or none) or an int seed."""
+    if seed is None or isinstance(seed, bool):
+        return
+    if not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ConfigError("seed_everything", f"seed_everything must be true, false or an int seed from "
+                          f"{SEED_RANGE[0]} to {SEED_RANGE[1]}; got {seed!r}")
+
+
+def _lightning_package(model_cls: type) -> str:
+    return "lightning.pytorch" if any(c.__module__.startswith("lightning.pytorch") for c in model_cls.__mro__) \
+        else "pytorch_lightning"
+
+
+def _check_accelerator(accelerator: Any, model_cls: type) -> None:
+    """trainer.accelerator: one Lightning knows, and one memplan plans (CUDA GPUs, or CPU)."""
+    if accelerator is None or (isinstance(accelerator, str) and accelerator.lower() in PLANNED_ACCELERATORS):
+        return
+    if isinstance(accelerator, Mapping):  # an Accelerator class_path: its own business, if a CUDA one
+        name = str(accelerator.get("class_path", "")).rsplit(".", 1)[-1]
+        if name in ("CUDAAccelerator", "CPUAccelerator"):
+            return
+        raise ConfigError("trainer.accelerator", f"trainer.accelerator.class_path {name or '(missing)'!r}: memplan "
+                          "plans CUDA GPUs (CUDAAccelerator) and CPU; set trainer.accelerator to gpu or auto")
+    known = sorted(importlib.import_module(_lightning_package(model_cls) + ".accelerators")
+                   .AcceleratorRegistry.available_accelerators())
+    if isinstance(accelerator, str) and accelerator.lower() in known:
+        raise ConfigError("trainer.accelerator", f"trainer.accelerator {accelerator!r}: memplan plans CUDA GPUs "
+                          "(and estimates CPU), not this device; set trainer.accelerator to gpu or auto")
+    raise ConfigError("trainer.accelerator", f"trainer.accelerator must be one of {', '.join(PLANNED_ACCELERATORS)} "
+                      f"(Lightning knows {', '.join(known)}); got {accelerator!r}")
+
+
+def _check_strategy(strategy: Any, model_cls: type) -> None:
+    """trainer.strategy: one Lightning knows, and one memplan plans (DDP and its variants, FSDP, one
+    device, auto). Another would be replaced by the plan's strategy, which memplan never does silently."""
+    if strategy is None or strategy == "auto":
+        return
+    if isinstance(strategy, Mapping):
+        name = str(strategy.get("class_path", "")).rsplit(".", 1)[-1]
+        if name in PLANNED_STRATEGY_CLASSES:
+            return
+        raise ConfigError("trainer.strategy", f"trainer.strategy.class_path {name or '(missing)'!r}: memplan plans "
+                          f"{', '.join(PLANNED_STRATEGY_CLASSES)}; use one of them, or leave trainer.strategy out")
+    if not isinstance(strategy, str):
+        raise ConfigError("trainer.strategy", f"trainer.strategy must be a strategy name (e.g. ddp, fsdp) or a "
+                          f"class_path mapping; got {strategy!r}")
+    known = importlib.import_module(_lightning_package(model_cls) + ".strategies").StrategyRegistry.available_strategies()
+    planned = [k for k in known if k.startswith(("ddp", "fsdp")) or k == "single_device"]
+    if strategy in planned:
+        return
+    if strategy in known:
+        raise ConfigError("trainer.strategy", f"trainer.strategy {strategy!r}: memplan plans DDP and FSDP (ddp, ddp_spawn, "
+                          "fsdp, ... or auto), not this engine; its memory is not what memplan estimates")
+    close = difflib.get_close_matches(strategy, planned, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError("trainer.strategy", f"trainer.strategy {strategy!r} is not a Lightning strategy{hint}; memplan "
+                      "plans ddp (and its variants: ddp_spawn, ddp_find_unused_parameters_true, ...), fsdp or auto")
 
 
 def _positive_int(trainer: Mapping[str, Any], name: str) -> int:
