@@ -15,6 +15,7 @@ from pytorch_lightning.utilities.parsing import lightning_hasattr
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from memplan import batching, compat
+from memplan.callback import sharded
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
     layout_from_plan, load_plan, plan_device_mismatch, plan_mismatches, plan_model_mismatch, planning_request,
@@ -244,6 +245,8 @@ class MemoryPlanner(*CALLBACKS):
             self._adjust = False  # this fit only applies and watches
         if self._adjust:
             check_can_adjust(trainer, pl_module)
+            if sharded.is_sharded(trainer.strategy):
+                rank_zero_warn(sharded.NO_RETRY.format(strategy=sharded.strategy_name(trainer.strategy)))
         if self._plan_arg is not None:
             self._given_plan = load_plan(self._plan_arg)
             wrong_model = plan_model_mismatch(self._given_plan, pl_module)
@@ -379,17 +382,23 @@ class MemoryPlanner(*CALLBACKS):
         if fix is not None:
             check_can_adjust(trainer, pl_module, fix)
         check_gradient_hooks(pl_module, fix or ADJUST_FIX)
-        blocker = check_guard(trainer, self._guard)
+        fsdp = sharded.is_sharded(trainer.strategy)
+        if fsdp and self._guard == "always":
+            raise MisconfigurationException(f"MemoryPlanner(guard='always') retries the OOM of every backward, which "
+                                            f"{sharded.strategy_name(trainer.strategy)} cannot (its collectives run "
+                                            "block by block on every rank): use guard='auto'")
+        blocker = check_guard(trainer, self._guard) if not fsdp else None
         if blocker is not None and self._adjust:
             rank_zero_warn(f"MemoryPlanner: backwards are not guarded under {blocker}; an OOM in a backward is not "
                            "retried (forwards still are), and a batch split into micro-batches holds that copy too")
         self._runner = MicroBatchRunner(
             trainer, pl_module, layout=layout, can_checkpoint=checkpointable and self._adjust,
-            retry=self._adjust, can_guard=blocker is None, enable_checkpointing=lambda: enable_checkpointing(pl_module),
+            retry=self._adjust and not fsdp, can_guard=blocker is None and not fsdp, enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
             out_of_memory=lambda message, size: self._out_of_memory(trainer, message, size),
             loss_reduction=self._loss_reduction, mean_over=self._mean_over, size_of=self.batch_size_of,
             split=self.split_batch, on_first_split=lambda size, chunk: self._warn_split(pl_module, size, chunk),
+            sharded_sync_off=sharded.gradient_sync_off(trainer.strategy, pl_module) if fsdp else None,
         )
         self._runner.install()
 
