@@ -33,9 +33,11 @@ CPU_CAPABILITY = (8, 0)
 
 def planning_request(budgets: Sequence[DeviceBudget], *, world_size: int, nodes: int, global_batch_size: int,
                      precision: str, allow_checkpointing: bool, margin: float,
-                     host_available_bytes: int | None, largest_block: int | None) -> PlanRequest:
+                     host_available_bytes: int | None, largest_block: int | None,
+                     fsdp: Mapping[str, Any] | None = None) -> PlanRequest:
     """The memplan.planner request for this Trainer: its precision only, the devices of one node
-    (each the tightest of its local index over the nodes), its global batch."""
+    (each the tightest of its local index over the nodes), its global batch. `fsdp`: the PlanRequest
+    fields of an FSDP strategy (strategies=('fsdp',), parameter_count, ...), None for DDP."""
     if precision not in SEARCHED_PRECISIONS:
         raise MisconfigurationException(
             f"MemoryPlanner plans for precision {', '.join(SEARCHED_PRECISIONS)}; the Trainer runs {precision!r}: "
@@ -48,7 +50,8 @@ def planning_request(budgets: Sequence[DeviceBudget], *, world_size: int, nodes:
     )
     return PlanRequest(global_batch_size=global_batch_size, devices=devices, nodes=nodes,
                        host_available_bytes=host_available_bytes, precisions=(precision,),
-                       allow_checkpointing=allow_checkpointing, margin=margin, largest_block_bytes=largest_block)
+                       allow_checkpointing=allow_checkpointing, margin=margin, largest_block_bytes=largest_block,
+                       **(fsdp or {}))
 
 
 def device_budget(device: torch.device, local_world_size: int) -> DeviceBudget:

@@ -98,8 +98,3 @@ class _RequiresGradientSyncOff:
         for module in self._modules:
             module.set_requires_gradient_sync(True, recurse=False)
 
-
-def parameter_count(module: nn.Module) -> int:
-    """Elements of the model's parameters, unsharded (a DTensor counts its global shape)."""
-    return sum(p.numel() for p in module.parameters())
-

@@ -9,6 +9,7 @@ Scenarios:
   split   MemoryPlanner with a plan of micro-batch 2: each loaded batch of 8 runs as 4 chunks, the first
           three with FSDP2's gradient sync off, the last reduce-scattering.
   plain   the same training without MemoryPlanner: every batch whole (Lightning's own path).
+  planned  MemoryPlanner without a plan: rank 0 plans FSDP (in a process of its own) at setup.
   adjust  MemoryPlanner planning no micro-batch below the loader's, with SIMULATED readings showing
           too little headroom at every check on rank 1: all ranks lower 8 -> 4 -> 2 -> 1 together,
           then turn checkpointing on (two steps run with it).
@@ -72,6 +73,9 @@ def main(scenario: str, out: Path, accumulate: int) -> None:
         plan = make_plan(2, 4 * accumulate, world_size=2)  # global 16 x accumulate: chunks of 2 from the loader's 8
         callbacks.append(MemoryPlanner(plan=plan, log_dir=out / "memplan", every_n_steps=2))
         trainer_accumulate = 1  # MemoryPlanner sets it from the plan
+    elif scenario == "planned":
+        callbacks.append(MemoryPlanner(log_dir=out / "memplan", global_batch_size=16 * accumulate))
+        trainer_accumulate = 1
     elif scenario == "adjust":
         plan = make_plan(8, accumulate, world_size=2)
         callbacks.append(MemoryPlanner(plan=plan, log_dir=out / "memplan", every_n_steps=1, grow=False))

@@ -57,3 +57,13 @@ def test_all_ranks_lower_together_and_turn_checkpointing_on(tmp_path):
                 for e in log if e["event"] == "change"] for log in logs]
     assert decided[0] == decided[1] == [(1, 4, False), (2, 2, False), (3, 1, False), (4, 1, True)]
     assert not any(e["event"] == "oom_retry" for log in logs for e in log)
+
+
+def test_without_a_plan_rank_0_plans_fsdp_before_configure_model_and_every_rank_applies_it(tmp_path):
+    logs = run_logs("planned", tmp_path / "planned")
+    plans = [next(e for e in log if e["event"] == "apply") for log in logs]
+    assert plans[0]["plan"] == plans[1]["plan"] and plans[0]["source"] == "planned from an estimate"
+    plan = plans[0]["plan"]
+    assert (plan["strategy"], plan["sharding_strategy"], plan["world_size"], plan["global_batch_size"]) == (
+        "fsdp", "FULL_SHARD", 2, 16)
+    assert plan["block_classes"] == ["callback_sim.Block"]
