@@ -20,6 +20,7 @@ from torch import nn
 from memplan import compat
 from memplan.callback.framework import COMBINED_LOADERS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
+from memplan.callback.rewrites import checkpointing_is_on
 from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
 from memplan.hardware import gpu_for_cuda_index, host_info, match_nvml_name
 from memplan.plan import Plan, model_class_name, model_fingerprint
@@ -197,7 +198,7 @@ def apply_layout(trainer: Any, module: Any, layout: Layout, batch_arg_name: str 
     if batch_arg_name is not None:
         lightning_setattr(module, batch_arg_name, layout.loader_batch_size)
     trainer.accumulate_grad_batches = layout.accumulate_grad_batches
-    if layout.gradient_checkpointing:
+    if layout.gradient_checkpointing and not checkpointing_is_on(module):
         enable_checkpointing(module)
 
 

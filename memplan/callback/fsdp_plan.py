@@ -95,7 +95,9 @@ def plan_in_subprocess(module: nn.Module, batch: Any, request: Any, settings: Fs
                        device: str | None) -> Plan:
     """`planner(request, estimator)` in a spawned process, the estimator tracing `module`'s class rebuilt
     from its hparams on meta, FSDP candidates under `settings` (module docstring)."""
-    cls, hparams = type(module), dict(getattr(module, "hparams", {}) or {})
+    cls = type(module)
+    # LightningCLI adds its own keys to hparams (_class_path, _instantiator): not __init__ arguments
+    hparams = {k: v for k, v in dict(getattr(module, "hparams", {}) or {}).items() if not k.startswith("_")}
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(_plan, cls, hparams, batch, request, settings, planner, device).result()
 
