@@ -58,7 +58,7 @@ def planning_settings(strategy: Any, module: nn.Module) -> tuple[FsdpSettings, l
                                         f"{', '.join(SHARDING_STRATEGIES)}, not {sharding}: plan with `memplan "
                                         "suggest` and pass plan=")
     offload = bool(getattr(strategy.cpu_offload, "offload_params", False))
-    precision = strategy.mixed_precision
+    precision = strategy.mixed_precision_config  # the one given, else the one Lightning's precision implies
     dtypes = {value: name for name, value in DTYPES.items()}
     assumed = []
     if strategy.kwargs.get("auto_wrap_policy") is not None:

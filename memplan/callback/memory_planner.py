@@ -248,6 +248,7 @@ class MemoryPlanner(*CALLBACKS):
         if self._adjust:
             check_can_adjust(trainer, pl_module)
             if sharded.is_sharded(trainer.strategy):
+                sharded.check_guard(trainer.strategy, self._guard)
                 rank_zero_warn(sharded.NO_RETRY.format(strategy=sharded.strategy_name(trainer.strategy)))
         if self._plan_arg is not None:
             self._given_plan = load_plan(self._plan_arg)
@@ -365,7 +366,7 @@ class MemoryPlanner(*CALLBACKS):
 
     def _plan_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader_batch: int) -> Plan:
         """Estimate and plan on rank 0 with every rank's budget; every rank gets the same plan. Under
-        an FSDP strategy: at setup, before configure_model shards the model (callback.sharded)."""
+        an FSDP strategy: at setup, before configure_model shards the model (callback.fsdp_plan)."""
         device = trainer.strategy.root_device
         fsdp, request_fields = None, None
         if sharded.is_sharded(trainer.strategy):
@@ -407,17 +408,14 @@ class MemoryPlanner(*CALLBACKS):
             check_can_adjust(trainer, pl_module, fix)
         check_gradient_hooks(pl_module, fix or ADJUST_FIX)
         fsdp = sharded.is_sharded(trainer.strategy)
-        if fsdp and self._guard == "always":
-            raise MisconfigurationException(f"MemoryPlanner(guard='always') retries the OOM of every backward, which "
-                                            f"{sharded.strategy_name(trainer.strategy)} cannot (its collectives run "
-                                            "block by block on every rank): use guard='auto'")
         blocker = check_guard(trainer, self._guard) if not fsdp else None
         if blocker is not None and self._adjust:
             rank_zero_warn(f"MemoryPlanner: backwards are not guarded under {blocker}; an OOM in a backward is not "
                            "retried (forwards still are), and a batch split into micro-batches holds that copy too")
         self._runner = MicroBatchRunner(
             trainer, pl_module, layout=layout, can_checkpoint=checkpointable and self._adjust,
-            retry=self._adjust and not fsdp, can_guard=blocker is None and not fsdp, enable_checkpointing=lambda: enable_checkpointing(pl_module),
+            retry=self._adjust and not fsdp, can_guard=blocker is None and not fsdp,
+            enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
             out_of_memory=lambda message, size: self._out_of_memory(trainer, message, size),
             loss_reduction=self._loss_reduction, mean_over=self._mean_over, size_of=self.batch_size_of,

@@ -80,8 +80,6 @@ def summary_lines(rewrites: list[Rewrite], mismatches: list[str]) -> list[str]:
 def checkpointing_is_on(module: Any) -> bool:
     """Whether the model has activation checkpointing on already (its own switch, memplan's wrapper, or
     torch's checkpoint_wrapper)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
     return any(getattr(m, "is_gradient_checkpointing", False) is True or getattr(m, "_memplan_checkpointed", False)
-               or isinstance(m, CheckpointWrapper)  # (FSDPStrategy's activation_checkpointing_policy)
+               or type(m).__name__ == "CheckpointWrapper"  # torch's, e.g. FSDPStrategy's activation_checkpointing_policy
                for m in module.modules())

@@ -52,6 +52,14 @@ def strategy_name(strategy: Any) -> str:
     return "FSDPStrategy (FSDP1)"
 
 
+def check_guard(strategy: Any, guard: str) -> None:
+    """MemoryPlanner(guard='always') asks for what FSDP cannot do: MisconfigurationException."""
+    if guard == "always":
+        raise MisconfigurationException(f"MemoryPlanner(guard='always') retries the OOM of every backward, which "
+                                        f"{strategy_name(strategy)} cannot (its collectives run block by block on "
+                                        "every rank): use guard='auto'")
+
+
 def fully_sharded_modules(module: nn.Module) -> list[nn.Module]:
     """The modules `fully_shard` was applied to (FSDP2), outermost first."""
     from torch.distributed.fsdp import FSDPModule

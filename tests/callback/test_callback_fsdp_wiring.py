@@ -96,6 +96,13 @@ def test_model_parallel_without_fully_shard_is_refused_by_name():
         sharded.gradient_sync_off(strategy, Regression())
 
 
+@pytest.mark.parametrize("strategy", [simulated_fsdp1_strategy(), ModelParallelStrategy()], ids=["FSDP1", "FSDP2"])
+def test_guard_always_is_refused_under_fsdp(strategy):
+    sharded.check_guard(strategy, "auto")
+    with pytest.raises(MisconfigurationException, match=r"guard='always'.*use guard='auto'"):
+        sharded.check_guard(strategy, "always")
+
+
 def test_simulated_fsdp1_settings_are_read_for_planning():
     from torch.distributed.fsdp import MixedPrecision
 
@@ -106,6 +113,25 @@ def test_simulated_fsdp1_settings_are_read_for_planning():
     assert (settings.sharding_strategy, settings.cpu_offload, settings.param_dtype, settings.reduce_dtype) == (
         "SHARD_GRAD_OP", True, "bfloat16", "float32")
     assert assumed == []
+
+
+def test_simulated_fsdp1_bf16_mixed_plans_bf16_all_gathers():
+    from pytorch_lightning.plugins.precision import FSDPPrecision
+
+    strategy = simulated_fsdp1_strategy(precision_plugin=FSDPPrecision("bf16-mixed"))
+    settings, _ = fsdp_plan.planning_settings(strategy, Regression())
+    assert (settings.sharding_strategy, settings.param_dtype, settings.cpu_offload) == ("FULL_SHARD", "bfloat16", False)
+
+
+def test_torch_s_checkpoint_wrapper_counts_as_checkpointing_on():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from memplan.callback.rewrites import checkpointing_is_on
+
+    module = Regression()
+    assert not checkpointing_is_on(module)
+    module.net["blocks"][0] = checkpoint_wrapper(module.net["blocks"][0])
+    assert checkpointing_is_on(module)  # so MemoryPlanner does not wrap FSDPStrategy's checkpointed blocks again
 
 
 def test_a_model_built_in_configure_model_cannot_be_planned_at_setup():
