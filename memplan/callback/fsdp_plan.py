@@ -2,17 +2,23 @@
 
 memplan estimates FSDP by tracing fully_shard in a fake process group of N ranks (memplan.estimator.fsdp),
 and torch allows one default process group per process: the training job's is up by the time any
-callback runs. So rank 0 plans in a process of its own (spawned, as Lightning's ddp_spawn starts its
-workers): the model is rebuilt there on the meta device from its class and `hparams`
-(`self.save_hyperparameters()`), traced on one train batch, and the plan comes back. The plan is made at
+callback runs. So rank 0 plans in a Python process of its own (`python -m memplan.callback.fsdp_plan`,
+which imports the model's module and never re-runs the training script): the model is rebuilt there on
+the meta device from its class and `hparams` (`self.save_hyperparameters()`), traced on one train
+batch, and the plan comes back. A model class defined in the script run as `__main__` cannot be
+imported there, and is refused with the fix. The plan is made at
 setup, before configure_model shards the model, so the model's parameters are its unsharded ones.
 """
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,13 +99,36 @@ def plan_as_run(plan: Any, settings: FsdpSettings) -> Any:
 
 def plan_in_subprocess(module: nn.Module, batch: Any, request: Any, settings: FsdpSettings, planner: Callable,
                        device: str | None) -> Plan:
-    """`planner(request, estimator)` in a spawned process, the estimator tracing `module`'s class rebuilt
-    from its hparams on meta, FSDP candidates under `settings` (module docstring)."""
+    """`planner(request, estimator)` in a Python process of its own (`python -m memplan.callback.fsdp_plan`:
+    it imports the model's module, and never re-runs the training script), the estimator tracing
+    `module`'s class rebuilt from its hparams on meta, FSDP candidates under `settings`."""
     cls = type(module)
+    if cls.__module__ == "__main__":
+        raise MisconfigurationException(
+            f"MemoryPlanner plans FSDP in a process of its own, which imports {cls.__qualname__} from its module; "
+            "it is defined in the script run as __main__: move it into a module the script imports, or plan with "
+            "`memplan suggest CONFIG --output plan.json` and pass MemoryPlanner(plan='plan.json')")
     # LightningCLI adds its own keys to hparams (_class_path, _instantiator): not __init__ arguments
     hparams = {k: v for k, v in dict(getattr(module, "hparams", {}) or {}).items() if not k.startswith("_")}
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_plan, cls, hparams, batch, request, settings, planner, device).result()
+    try:
+        job = pickle.dumps((cls, hparams, batch, request, settings, planner, device))
+    except (pickle.PicklingError, AttributeError, TypeError) as err:
+        raise MisconfigurationException(
+            f"MemoryPlanner plans FSDP in a process of its own and cannot send it the model's hparams, the train "
+            f"batch or MemoryPlanner(planner=...) ({err}): use a module-level planner function, or plan with "
+            "`memplan suggest` and pass plan=") from None
+    with tempfile.TemporaryDirectory(prefix="memplan-fsdp-plan-") as folder:
+        result = Path(folder) / "result.pickle"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # where this process imports
+        run = subprocess.run([sys.executable, "-m", "memplan.callback.fsdp_plan", str(result)], input=job, env=env,
+                             capture_output=True, check=False)
+        if run.returncode != 0 or not result.exists():
+            raise RuntimeError(f"MemoryPlanner: planning FSDP in a process of its own failed (exit status "
+                               f"{run.returncode}):\n{run.stderr.decode(errors='replace')[-3000:]}")
+        planned, value = pickle.loads(result.read_bytes())
+    if not planned:
+        raise value
+    return value
 
 
 def _plan(cls: type, hparams: dict[str, Any], batch: Any, request: Any, settings: FsdpSettings, planner: Callable,
@@ -116,3 +145,20 @@ def _plan(cls: type, hparams: dict[str, Any], batch: Any, request: Any, settings
             "plan with `memplan suggest CONFIG --output plan.json` and pass MemoryPlanner(plan='plan.json')") from None
     made = planner(request, with_settings(estimator_for(model, batch, device=device), settings))
     return plan_as_run(made, settings) if made.strategy == "fsdp" else made
+
+
+def _main(result_path: str) -> None:
+    """The planning process: the job pickled on stdin, (True, plan) or (False, the error) pickled to
+    `result_path`; an error of another kind ends it with its traceback on stderr."""
+    from memplan.estimator.errors import EstimateError
+
+    job = pickle.loads(sys.stdin.buffer.read())
+    try:
+        outcome = (True, _plan(*job))
+    except (MisconfigurationException, EstimateError, ValueError) as err:
+        outcome = (False, err)
+    Path(result_path).write_bytes(pickle.dumps(outcome))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

@@ -2,8 +2,8 @@
 
     python fsdp_driver.py <scenario> <out_dir> [accumulate]
 
-The model is callback_sim's float64 MLP; its configure_model applies fully_shard to each repeated
-block, then to the net (the root), as Lightning's ModelParallelStrategy examples do. Each rank's
+The model is callback_sim.ShardedRegression, the float64 MLP whose configure_model applies fully_shard
+to each repeated block, then to the module (the root), as Lightning's ModelParallelStrategy examples do. Each rank's
 loader yields 8 samples per batch (no batch-size attribute); a step takes `accumulate` batches per rank.
 Scenarios:
   split   MemoryPlanner with a plan of micro-batch 2: each loaded batch of 8 runs as 4 chunks, the first
@@ -25,9 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
-from callback_sim import Regression, make_plan, run_net, simulated_free  # noqa: E402
+from callback_sim import ShardedRegression, make_plan, simulated_free  # noqa: E402
 from pytorch_lightning.strategies import ModelParallelStrategy  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from memplan.callback import MemoryPlanner  # noqa: E402
@@ -35,28 +34,6 @@ from memplan.hardware import readings  # noqa: E402
 
 RANK = int(os.environ.get("LOCAL_RANK", "0"))
 STEPS = 6
-
-
-class ShardedRegression(Regression):
-    """callback_sim's regression MLP, fully_shard'ed in configure_model: each block, then the module
-    (the root, whose forward training_step calls)."""
-
-    def configure_model(self) -> None:
-        mesh = self.device_mesh["data_parallel"]
-        for block in self.net["blocks"]:
-            fully_shard(block, mesh=mesh)
-        fully_shard(self, mesh=mesh)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return run_net(self.net, x)
-
-    def training_step(self, batch, batch_idx):
-        x, y, index = batch
-        loss = torch.nn.functional.mse_loss(self(x), y)
-        self.seen.append(index.tolist())
-        self._pending.extend(index.tolist())
-        self.log("train_loss", loss)
-        return loss
 
 
 def full_weights(module: ShardedRegression) -> dict[str, torch.Tensor]:

@@ -151,3 +151,10 @@ def test_fsdp_candidates_are_traced_with_the_strategy_s_settings():
     estimate(micro_batch_size=1, fsdp=fsdp_plan.FsdpSettings(sharding_strategy="FULL_SHARD", cpu_offload=True))
     estimate(micro_batch_size=1)  # a one-rank candidate: no FSDP
     assert seen == [settings, None]
+
+
+def test_a_model_class_of_the_script_run_as_main_is_refused_with_the_fix():
+    Scripted = type("Scripted", (Regression,), {"__module__": "__main__"})
+    with pytest.raises(MisconfigurationException, match="defined in the script run as __main__: move it into a module"):
+        fsdp_plan.plan_in_subprocess(Scripted(), None, None, fsdp_plan.FsdpSettings(), print, "cpu")
+
