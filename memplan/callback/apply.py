@@ -124,9 +124,15 @@ def plan_device_mismatch(plan: Plan, device: torch.device) -> str | None:
             "re-plan on this machine with `memplan suggest CONFIG`")
 
 
-def plan_mismatches(plan: Plan, *, precision: str, world_size: int, nodes: int) -> list[str]:
-    """How the running Trainer differs from what the plan was made for, in words (empty: it matches)."""
+def plan_mismatches(plan: Plan, *, precision: str, world_size: int, nodes: int, fsdp: bool | None = None
+                    ) -> list[str]:
+    """How the running Trainer differs from what the plan was made for, in words (empty: it matches).
+    `fsdp`: whether the Trainer runs an FSDP strategy (None: not compared)."""
     found = []
+    if fsdp is not None and world_size > 1 and plan.world_size > 1 and (plan.strategy == "fsdp") != fsdp:
+        planned = f"FSDP {plan.sharding_strategy}" if plan.strategy == "fsdp" else "DDP"
+        found.append(f"the plan is for {planned}, the Trainer runs {'an FSDP strategy' if fsdp else 'DDP'}; its "
+                     "memory figures do not hold. Use the trainer.strategy of the config `memplan suggest` wrote")
     if plan.precision != precision:
         found.append(f"the plan is for precision={plan.precision!r}, the Trainer runs {precision!r}; its memory "
                      f"figures do not hold. Use Trainer(precision={plan.precision!r})")

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from memplan.callback.framework import MODEL_PARALLEL_STRATEGIES, MisconfigurationException
+from memplan.callback.sharded import check_data_parallel
 from memplan.estimator.fsdp import DTYPES, SHARDING_STRATEGIES, FsdpSettings
 from memplan.plan import Plan
 
@@ -46,13 +47,7 @@ def planning_settings(strategy: Any, module: nn.Module) -> tuple[FsdpSettings, l
             "none before configure_model (it builds its layers there): plan it with `memplan suggest CONFIG "
             "--output plan.json` and pass MemoryPlanner(plan='plan.json')")
     if isinstance(strategy, MODEL_PARALLEL_STRATEGIES):
-        tensor_parallel = strategy.device_mesh["tensor_parallel"].size()
-        if tensor_parallel > 1:
-            raise MisconfigurationException(
-                f"MemoryPlanner plans and splits batches for data parallelism (FSDP2 over all ranks); this "
-                f"ModelParallelStrategy has tensor_parallel_size={tensor_parallel}, which memplan does not estimate: "
-                f"use ModelParallelStrategy(data_parallel_size={strategy.world_size}, tensor_parallel_size=1) with "
-                "fully_shard in configure_model, or drop MemoryPlanner")
+        check_data_parallel(strategy)
         return FsdpSettings(), [
             "ModelParallelStrategy's fully_shard is applied by configure_model, after planning: the estimate "
             "assumes fully_shard on each repeated block and on the root, parameters kept in their dtype, "

@@ -249,6 +249,7 @@ class MemoryPlanner(*CALLBACKS):
             check_can_adjust(trainer, pl_module)
             if sharded.is_sharded(trainer.strategy):
                 sharded.check_guard(trainer.strategy, self._guard)
+                sharded.check_data_parallel(trainer.strategy)
                 rank_zero_warn(sharded.NO_RETRY.format(strategy=sharded.strategy_name(trainer.strategy)))
         if self._plan_arg is not None:
             self._given_plan = load_plan(self._plan_arg)
@@ -291,7 +292,7 @@ class MemoryPlanner(*CALLBACKS):
 
     def _check_plan(self, trainer: pl.Trainer, plan: Plan) -> None:
         mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
-                                     nodes=trainer.num_nodes)
+                                     nodes=trainer.num_nodes, fsdp=sharded.is_sharded(trainer.strategy))
         self._mismatches = mismatches
         other_device = plan_device_mismatch(plan, trainer.strategy.root_device)
         if other_device is not None:

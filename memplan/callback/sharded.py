@@ -60,6 +60,20 @@ def check_guard(strategy: Any, guard: str) -> None:
                                         "every rank): use guard='auto'")
 
 
+def check_data_parallel(strategy: Any) -> None:
+    """ModelParallelStrategy with tensor parallelism: MisconfigurationException (memplan counts every
+    rank as a data-parallel rank: the global batch, the chunks, the estimate)."""
+    if not isinstance(strategy, MODEL_PARALLEL_STRATEGIES):
+        return
+    tensor_parallel = strategy.device_mesh["tensor_parallel"].size()
+    if tensor_parallel > 1:
+        raise MisconfigurationException(
+            f"MemoryPlanner plans, splits batches and counts the global batch for data parallelism (FSDP2 over all "
+            f"ranks); this ModelParallelStrategy has tensor_parallel_size={tensor_parallel}, which memplan does not "
+            f"model: use ModelParallelStrategy(data_parallel_size={strategy.world_size}, tensor_parallel_size=1) "
+            "with fully_shard in configure_model, or drop MemoryPlanner")
+
+
 def fully_sharded_modules(module: nn.Module) -> list[nn.Module]:
     """The modules `fully_shard` was applied to (FSDP2), outermost first."""
     from torch.distributed.fsdp import FSDPModule

@@ -17,6 +17,7 @@ Rank 0 writes weights.pt (full, unsharded); MemoryPlanner writes memplan/rank<R>
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -36,6 +37,12 @@ RANK = int(os.environ.get("LOCAL_RANK", "0"))
 STEPS = 6
 
 
+def fsdp_plan(micro: int, accumulate: int):
+    """A 2-rank FSDP plan as `memplan suggest` would write it, for a CPU run."""
+    return dataclasses.replace(make_plan(micro, accumulate, world_size=2), strategy="fsdp",
+                               sharding_strategy="FULL_SHARD", block_classes=("callback_sim.Block",))
+
+
 def full_weights(module: ShardedRegression) -> dict[str, torch.Tensor]:
     """The unsharded weights (a collective: every rank calls it)."""
     return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
@@ -47,14 +54,14 @@ def main(scenario: str, out: Path, accumulate: int) -> None:
     model = ShardedRegression(with_attr=False)
     callbacks, trainer_accumulate = [], accumulate
     if scenario == "split":
-        plan = make_plan(2, 4 * accumulate, world_size=2)  # global 16 x accumulate: chunks of 2 from the loader's 8
+        plan = fsdp_plan(2, 4 * accumulate)  # global 16 x accumulate: chunks of 2 from the loader's 8
         callbacks.append(MemoryPlanner(plan=plan, log_dir=out / "memplan", every_n_steps=2))
         trainer_accumulate = 1  # MemoryPlanner sets it from the plan
     elif scenario == "planned":
         callbacks.append(MemoryPlanner(log_dir=out / "memplan", global_batch_size=16 * accumulate))
         trainer_accumulate = 1
     elif scenario == "adjust":
-        plan = make_plan(8, accumulate, world_size=2)
+        plan = fsdp_plan(8, accumulate)
         callbacks.append(MemoryPlanner(plan=plan, log_dir=out / "memplan", every_n_steps=1, grow=False))
         short = RANK == 1
         readings.read_memory = simulated_free(0.01 if short else 0.5)  # SIMULATED device memory

@@ -3,6 +3,7 @@ and the refusals. FSDPStrategy (FSDP1) needs a GPU in Lightning, so its tests ar
 strategy and its FullyShardedDataParallel are stand-ins (a real FSDP1 run on a GPU is owed)."""
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -158,3 +159,27 @@ def test_a_model_class_of_the_script_run_as_main_is_refused_with_the_fix():
     with pytest.raises(MisconfigurationException, match="defined in the script run as __main__: move it into a module"):
         fsdp_plan.plan_in_subprocess(Scripted(), None, None, fsdp_plan.FsdpSettings(), print, "cpu")
 
+
+
+def test_tensor_parallelism_is_refused_by_name():
+    strategy = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2)
+    strategy._device_mesh = {"tensor_parallel": types.SimpleNamespace(size=lambda: 2)}  # SIMULATED mesh
+    with pytest.raises(MisconfigurationException, match="tensor_parallel_size=2, which memplan does not model"):
+        sharded.check_data_parallel(strategy)
+    strategy._device_mesh = {"tensor_parallel": types.SimpleNamespace(size=lambda: 1)}
+    sharded.check_data_parallel(strategy)
+
+
+def test_a_ddp_plan_under_fsdp_and_an_fsdp_plan_under_ddp_are_named():
+    from callback_sim import make_plan
+
+    from memplan.callback.apply import plan_mismatches
+
+    ddp = make_plan(2, 4, world_size=2)
+    fsdp = dataclasses.replace(ddp, strategy="fsdp", sharding_strategy="FULL_SHARD")
+    assert plan_mismatches(ddp, precision="32-true", world_size=2, nodes=1, fsdp=False) == []
+    assert plan_mismatches(fsdp, precision="32-true", world_size=2, nodes=1, fsdp=True) == []
+    [found] = plan_mismatches(ddp, precision="32-true", world_size=2, nodes=1, fsdp=True)
+    assert "the plan is for DDP, the Trainer runs an FSDP strategy" in found
+    [found] = plan_mismatches(fsdp, precision="32-true", world_size=2, nodes=1, fsdp=False)
+    assert "the plan is for FSDP FULL_SHARD, the Trainer runs DDP" in found
