@@ -359,7 +359,8 @@ class MicroBatchRunner:
         `clear`: no parameter holds a gradient yet (so a failed backward touched exactly those that
         hold one after it). `order`: a list to record the parameters' indices in, as the backward
         makes their gradients. A chunk of weight 0 (no token to average over) is not backwarded.
-        `synced`: run with the strategy's gradient sync on (FSDP's last chunk)."""
+        `synced`: run with the strategy's gradient sync on (FSDP's last chunk; backwarded even at weight
+        0, since its backward is the one that reduce-scatters)."""
         phase, before = "forward", None
         try:
             with _NO_OP if synced else self._no_sync(), self._frozen(frozen), _HeldLogging(self._module) as logged:
