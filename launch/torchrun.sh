@@ -17,10 +17,15 @@
 #   is a GPU's free memory. Planning CPU processes with `--gpu-memory <RAM per process>` would print a plan
 #   for a device that does not exist, so this script does not plan ahead on CPU. It launches
 #   MEMPLAN_CPU_PROCS gloo processes on the unplanned config with
-#   --trainer.accelerator=cpu --trainer.devices=N --trainer.strategy=ddp and a MemoryPlanner callback
+#   --trainer.accelerator=cpu --trainer.devices=N, DDP or FSDP (below), and a MemoryPlanner callback
 #   without a plan: at fit start it estimates the model on one real batch with the CPU estimator, budgets
 #   from host RAM (within the cgroup limit, shared by the node's processes), plans on rank 0 for the
 #   config's memplan.global_batch_size, and applies the same plan on every rank. No planned.yaml is written.
+#   The strategy: --trainer.strategy=ddp, or, where the config's trainer.strategy names FSDP (FSDPStrategy,
+#   ModelParallelStrategy, "fsdp") or MEMPLAN_CPU_STRATEGY=fsdp, Lightning's ModelParallelStrategy (FSDP2:
+#   data_parallel_size=N, tensor_parallel_size=1; FSDPStrategy needs a GPU), which needs a model whose
+#   configure_model applies fully_shard (memplan.demos' GPTLM and LlamaLM do). FSDP plans on GPUs need
+#   nothing here: the planned config names the strategy and keeps the MemoryPlanner callback.
 #
 # Environment (all optional):
 #   MEMPLAN_PYTHON      Python with torch and Lightning installed. Default: the project's .venv/bin/python
@@ -32,6 +37,8 @@
 #                       writes lightning_logs/ to the current directory as usual).
 #   MEMPLAN_CPU         1: take the CPU path even where GPUs are visible.
 #   MEMPLAN_CPU_PROCS   gloo processes on the CPU path (default 2).
+#   MEMPLAN_CPU_STRATEGY  ddp or fsdp on the CPU path (default: fsdp where the config's trainer.strategy
+#                       names FSDP, else ddp).
 #   OMP_NUM_THREADS     passed through; torchrun sets 1 when unset.
 #
 # One node only: torchrun's standalone rendezvous. Planning separately on several nodes could give them
@@ -74,15 +81,28 @@ fi
 if [[ "$GPU_COUNT" -eq 0 ]]; then
     NPROC="${MEMPLAN_CPU_PROCS:-2}"
     [[ "$NPROC" =~ ^[1-9][0-9]*$ ]] || { echo "$0: MEMPLAN_CPU_PROCS must be a positive integer; got $NPROC" >&2; exit 2; }
-    GLOBAL_BATCH="$(run_step "reading memplan.global_batch_size from $CONFIG" "$PYTHON" -c 'import sys, yaml
-section = (yaml.safe_load(open(sys.argv[1])) or {}).get("memplan") or {}
-print(section.get("global_batch_size") or "")' "$CONFIG")"
+    read -r GLOBAL_BATCH CONFIG_STRATEGY <<< "$(run_step "reading $CONFIG" "$PYTHON" -c 'import sys, yaml
+config = yaml.safe_load(open(sys.argv[1])) or {}
+section = config.get("memplan") or {}
+strategy = (config.get("trainer") or {}).get("strategy") or ""
+name = str(strategy.get("class_path", "") if isinstance(strategy, dict) else strategy)
+fsdp = "fsdp" in name.lower() or name.endswith("ModelParallelStrategy")
+print(section.get("global_batch_size") or "-", "fsdp" if fsdp else "ddp")' "$CONFIG")"
+    [[ "$GLOBAL_BATCH" != "-" ]] || GLOBAL_BATCH=""
+    CPU_STRATEGY="${MEMPLAN_CPU_STRATEGY:-$CONFIG_STRATEGY}"
+    case "$CPU_STRATEGY" in
+        ddp) STRATEGY_ARGS=(--trainer.strategy=ddp) ;;
+        fsdp) STRATEGY_ARGS=(--trainer.strategy=ModelParallelStrategy
+                             --trainer.strategy.data_parallel_size="$NPROC" --trainer.strategy.tensor_parallel_size=1) ;;
+        *) echo "$0: MEMPLAN_CPU_STRATEGY must be ddp or fsdp; got $CPU_STRATEGY" >&2; exit 2 ;;
+    esac
     PLANNER_ARGS=(--trainer.callbacks+=memplan.MemoryPlanner)
     [[ -z "$GLOBAL_BATCH" ]] || PLANNER_ARGS+=(--trainer.callbacks.global_batch_size="$GLOBAL_BATCH")
-    echo "memplan: no GPU here; training on $NPROC CPU process(es), MemoryPlanner planning at fit start" >&2
+    echo "memplan: no GPU here; training on $NPROC CPU process(es) under $CPU_STRATEGY, MemoryPlanner planning" \
+        "at fit start" >&2
     export CUDA_VISIBLE_DEVICES=""
     run_torchrun "$NPROC" fit --config "$CONFIG" --trainer.accelerator=cpu --trainer.devices="$NPROC" \
-        --trainer.strategy=ddp "${PLANNER_ARGS[@]}" "$@"
+        "${STRATEGY_ARGS[@]}" "${PLANNER_ARGS[@]}" "$@"
 fi
 
 OUT_DIR="$(mkdir -p "${MEMPLAN_OUTPUT_DIR:-.}" && cd "${MEMPLAN_OUTPUT_DIR:-.}" && pwd)"

@@ -159,6 +159,22 @@ class _TokenLM(_Demo):
         logits = self(idx)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
+    def configure_model(self) -> None:
+        """Under Lightning's ModelParallelStrategy, shard as its FSDP2 examples do: fully_shard on each
+        repeated block (the decoder layers), then on the whole model (embeddings and head, the root).
+        Under any other strategy, nothing (FSDPStrategy wraps the model itself)."""
+        from pytorch_lightning.strategies import ModelParallelStrategy
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        from memplan.estimator.checkpointing import find_repeated_blocks
+
+        if not isinstance(getattr(self._trainer, "strategy", None), ModelParallelStrategy) or isinstance(self, FSDPModule):
+            return  # (Lightning may call configure_model again: a model is sharded once)
+        mesh = self.device_mesh["data_parallel"]
+        for _, block in find_repeated_blocks(self):
+            fully_shard(block, mesh=mesh)
+        fully_shard(self, mesh=mesh)
+
     def example_batch(self, batch_size: int):
         g = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, self.hparams.vocab_size, (batch_size, self.hparams.context + 1), generator=g)

@@ -68,6 +68,39 @@ def test_torchrun_sh_trains_on_cpu_with_the_planner_planning_at_fit_start(tmp_pa
     assert "rank" in report.stdout and "peak" in report.stdout
 
 
+TINY_FSDP_GPT = {
+    "seed_everything": 0,
+    "trainer": {"strategy": "fsdp", "max_steps": 3, "log_every_n_steps": 1, "logger": {
+        "class_path": "CSVLogger", "init_args": {"save_dir": "."}}, "enable_checkpointing": False},
+    "model": {"class_path": "memplan.demos.GPTLM", "init_args": {
+        "vocab_size": 64, "context": 16, "d_model": 32, "n_layers": 2, "n_heads": 2, "dropout": 0.0}},
+    "data": {"class_path": "memplan.demos.RandomTokens", "init_args": {
+        "batch_size": 4, "vocab_size": 64, "context": 16, "num_samples": 64}},
+    "memplan": {"global_batch_size": 16},
+}
+
+
+def test_torchrun_sh_trains_an_fsdp_config_on_cpu_under_model_parallel_strategy(tmp_path):
+    """A tiny GPT whose config names FSDP: 2 gloo processes under ModelParallelStrategy (FSDP2, the
+    model's configure_model applying fully_shard), MemoryPlanner planning FSDP at setup on rank 0."""
+    config = tmp_path / "tiny-fsdp.yaml"
+    config.write_text(yaml.safe_dump(TINY_FSDP_GPT, sort_keys=False))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MEMPLAN_PYTHON=sys.executable, MEMPLAN_CPU="1")
+    run = subprocess.run([str(TORCHRUN_SH), str(config)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "`Trainer.fit` stopped: `max_steps=3` reached." in run.stdout + run.stderr
+    logs = sorted(tmp_path.glob("lightning_logs/*/memplan/rank*.jsonl"))
+    assert [p.name for p in logs] == ["rank0.jsonl", "rank1.jsonl"]
+    for log in logs:
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        applied = next(e for e in events if e["event"] == "apply")
+        assert applied["plan"]["strategy"] == "fsdp" and applied["plan"]["sharding_strategy"] == "FULL_SHARD"
+        assert applied["layout"]["world_size"] == 2 and applied["layout"]["global_batch_size"] == 16
+        assert events[-1]["event"] == "end" and events[-1]["status"] == "finished"
+        assert [e["step"] for e in events if e["event"] == "sample"][-1] == 3
+
+
 def test_torchrun_sh_narrows_cuda_visible_devices_to_the_planned_gpus(tmp_path):
     """A simulated GPU node: the stub Python says 4 GPUs are visible, 'plans' GPUs 1 and 3, and records
     the torchrun call instead of running it; CUDA_VISIBLE_DEVICES=4,5,6,7 was already set."""

@@ -188,14 +188,13 @@ def test_planned_fsdp_config_is_a_lightning_cli_config(tmp_path, monkeypatch, ca
                 predicted_peak_bytes=40 * GiB, device_budget_bytes=71 * GiB, host_bytes_per_rank=4 * GiB,
                 sharding_strategy="HYBRID_SHARD", block_classes=(block,))
     out = tmp_path / "planned.yaml"
-    with pytest.warns(UserWarning, match="MemoryPlanner does not run under FSDPStrategy yet"):
-        write_planned_config(loaded, plan, out, callback=planner_callback("planned.plan.json"))
+    write_planned_config(loaded, plan, out, callback=planner_callback("planned.plan.json"))
     trainer = yaml.safe_load(out.read_text())["trainer"]
     assert trainer["strategy"] == {"class_path": "FSDPStrategy", "init_args": {
         "sharding_strategy": "HYBRID_SHARD", "auto_wrap_policy": [block], "cpu_offload": False,
         "activation_checkpointing_policy": [block], "device_mesh": [2, 8]}}
     assert (trainer["devices"], trainer["num_nodes"], trainer["accumulate_grad_batches"]) == (8, 2, 4)
-    assert "callbacks" not in trainer
+    assert [c["class_path"] for c in trainer["callbacks"]] == ["memplan.MemoryPlanner"]  # kept under FSDP
 
     class CLI(LightningCLI):
         def add_arguments_to_parser(self, parser):

@@ -20,6 +20,7 @@ from torch import nn
 from memplan import compat
 from memplan.callback.framework import COMBINED_LOADERS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
+from memplan.callback.rewrites import checkpointing_is_on
 from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
 from memplan.hardware import gpu_for_cuda_index, host_info, match_nvml_name
 from memplan.plan import Plan, model_class_name, model_fingerprint
@@ -33,9 +34,11 @@ CPU_CAPABILITY = (8, 0)
 
 def planning_request(budgets: Sequence[DeviceBudget], *, world_size: int, nodes: int, global_batch_size: int,
                      precision: str, allow_checkpointing: bool, margin: float,
-                     host_available_bytes: int | None, largest_block: int | None) -> PlanRequest:
+                     host_available_bytes: int | None, largest_block: int | None,
+                     fsdp: Mapping[str, Any] | None = None) -> PlanRequest:
     """The memplan.planner request for this Trainer: its precision only, the devices of one node
-    (each the tightest of its local index over the nodes), its global batch."""
+    (each the tightest of its local index over the nodes), its global batch. `fsdp`: the PlanRequest
+    fields of an FSDP strategy (strategies=('fsdp',), parameter_count, ...), None for DDP."""
     if precision not in SEARCHED_PRECISIONS:
         raise MisconfigurationException(
             f"MemoryPlanner plans for precision {', '.join(SEARCHED_PRECISIONS)}; the Trainer runs {precision!r}: "
@@ -48,7 +51,8 @@ def planning_request(budgets: Sequence[DeviceBudget], *, world_size: int, nodes:
     )
     return PlanRequest(global_batch_size=global_batch_size, devices=devices, nodes=nodes,
                        host_available_bytes=host_available_bytes, precisions=(precision,),
-                       allow_checkpointing=allow_checkpointing, margin=margin, largest_block_bytes=largest_block)
+                       allow_checkpointing=allow_checkpointing, margin=margin, largest_block_bytes=largest_block,
+                       **(fsdp or {}))
 
 
 def device_budget(device: torch.device, local_world_size: int) -> DeviceBudget:
@@ -120,9 +124,15 @@ def plan_device_mismatch(plan: Plan, device: torch.device) -> str | None:
             "re-plan on this machine with `memplan suggest CONFIG`")
 
 
-def plan_mismatches(plan: Plan, *, precision: str, world_size: int, nodes: int) -> list[str]:
-    """How the running Trainer differs from what the plan was made for, in words (empty: it matches)."""
+def plan_mismatches(plan: Plan, *, precision: str, world_size: int, nodes: int, fsdp: bool | None = None
+                    ) -> list[str]:
+    """How the running Trainer differs from what the plan was made for, in words (empty: it matches).
+    `fsdp`: whether the Trainer runs an FSDP strategy (None: not compared)."""
     found = []
+    if fsdp is not None and world_size > 1 and plan.world_size > 1 and (plan.strategy == "fsdp") != fsdp:
+        planned = f"FSDP {plan.sharding_strategy}" if plan.strategy == "fsdp" else "DDP"
+        found.append(f"the plan is for {planned}, the Trainer runs {'an FSDP strategy' if fsdp else 'DDP'}; its "
+                     "memory figures do not hold. Use the trainer.strategy of the config `memplan suggest` wrote")
     if plan.precision != precision:
         found.append(f"the plan is for precision={plan.precision!r}, the Trainer runs {precision!r}; its memory "
                      f"figures do not hold. Use Trainer(precision={plan.precision!r})")
@@ -194,7 +204,7 @@ def apply_layout(trainer: Any, module: Any, layout: Layout, batch_arg_name: str 
     if batch_arg_name is not None:
         lightning_setattr(module, batch_arg_name, layout.loader_batch_size)
     trainer.accumulate_grad_batches = layout.accumulate_grad_batches
-    if layout.gradient_checkpointing:
+    if layout.gradient_checkpointing and not checkpointing_is_on(module):
         enable_checkpointing(module)
 
 

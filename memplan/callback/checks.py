@@ -11,7 +11,9 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 
 from memplan import compat
-from memplan.callback.framework import DDP_STRATEGIES, SINGLE_DEVICE_STRATEGIES, MisconfigurationException
+from memplan.callback.framework import (
+    DDP_STRATEGIES, FSDP_STRATEGIES, MODEL_PARALLEL_STRATEGIES, SINGLE_DEVICE_STRATEGIES, MisconfigurationException,
+)
 from memplan.callback.layout import Layout
 from memplan.plan import Plan
 
@@ -45,9 +47,11 @@ def check_can_adjust(trainer: pl.Trainer, pl_module: pl.LightningModule, fix: st
     """Chunking and per-rank OOM retries need one synchronised backward per batch and no collective
     in the forward: single-device or DDP (without static_graph), automatic optimization, a batch to
     split, no SyncBatchNorm."""
-    if not isinstance(trainer.strategy, SINGLE_DEVICE_STRATEGIES + DDP_STRATEGIES):
-        raise MisconfigurationException(f"MemoryPlanner adjusts micro-batches under single-device and DDP "
-                                        f"strategies, not {type(trainer.strategy).__name__}: {fix}")
+    if not isinstance(trainer.strategy, SINGLE_DEVICE_STRATEGIES + DDP_STRATEGIES + FSDP_STRATEGIES
+                      + MODEL_PARALLEL_STRATEGIES):
+        raise MisconfigurationException(f"MemoryPlanner adjusts micro-batches under single-device, DDP and FSDP "
+                                        f"(FSDPStrategy, ModelParallelStrategy) strategies, not "
+                                        f"{type(trainer.strategy).__name__}: {fix}")
     if not pl_module.automatic_optimization:
         raise MisconfigurationException(f"MemoryPlanner adjusts micro-batches under automatic optimization; "
                                         f"this module optimizes manually: {fix}")

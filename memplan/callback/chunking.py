@@ -59,6 +59,10 @@ sample's gradient exactly once. At micro-batch 1 the rank turns checkpointing on
 memory) and retries; with checkpointing on and still no room, it raises one error naming the rank,
 the step and the memory figures.
 
+Under FSDP (memplan.callback.sharded) the chunks but the last run with FSDP's gradient sync off and
+the last chunk's backward reduce-scatters; the carrier hands the sharded gradients over. No OOM is
+retried there (a rank cannot re-run part of a step alone while the others all-gather).
+
 Values `self.log`-ged in training_step describe the whole batch: every chunk's calls are held, and
 once the last chunk's backward has succeeded they are merged (memplan.callback.logged: weighted as
 the losses are) and made, so every rank logs, and syncs, once per batch however many chunks it ran
@@ -166,7 +170,8 @@ class MicroBatchRunner:
                  out_of_memory: Callable[[str, int], NothingFitsError], loss_reduction: str = "mean",
                  mean_over: Callable[[Any], Any] | None = None, size_of: Callable[[Any], int] = batch_size_of,
                  split: Callable[[Any, int, int, int], Any] = split_batch,
-                 on_first_split: Callable[[int, int], None] | None = None) -> None:
+                 on_first_split: Callable[[int, int], None] | None = None,
+                 sharded_sync_off: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
         self.micro_batch_size = layout.micro_batch_size
         """This rank's micro-batch now (a shared decision, or lower after a local OOM)."""
         self.loader_batch_size = layout.loader_batch_size
@@ -201,6 +206,7 @@ class MicroBatchRunner:
         self._size_of = size_of
         self._split = split
         self._on_first_split = on_first_split
+        self._sharded_sync_off = sharded_sync_off  # FSDP: sync off but for a batch's last chunk (callback.sharded)
 
     @property
     def guarded(self) -> bool:
@@ -226,7 +232,7 @@ class MicroBatchRunner:
         # fixed for the fit: the device autocast would run on, the GradScaler (16-mixed), DDP's no_sync
         self._device_type = self._trainer.strategy.root_device.type
         self._scaler = getattr(self._trainer.precision_plugin, "scaler", None)
-        self._block_sync = getattr(self._trainer.strategy, "block_backward_sync", None)
+        self._block_sync = self._sharded_sync_off or getattr(self._trainer.strategy, "block_backward_sync", None)
         model = getattr(self._trainer.strategy, "model", None)
         self._ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
         self._skips_backward = compat.skip_backward_getter(self._trainer)
@@ -313,8 +319,10 @@ class MicroBatchRunner:
                 self._on_first_split(size, stop - start)
                 self._on_first_split = None
             output = loss = logged = None  # a chunk's output (logits, say) is not kept through the next
+            # FSDP reduce-scatters in the last chunk's own backward; DDP in Lightning's, of the carrier
+            synced = self._sharded_sync_off is not None and not pending
             output, loss, logged, weight, failure = self._chunk(args, kwargs, batch, size, start, stop, frozen,
-                                                                clear, order if not order else None, total)
+                                                                clear, order if not order else None, total, synced)
             if failure is not None:
                 clear = clear and failure.phase == "forward"
                 pending = self._after_failure(failure, pending)
@@ -344,15 +352,18 @@ class MicroBatchRunner:
         return float(self._mean_over(chunk)) / total
 
     def _chunk(self, args, kwargs, batch, size, start, stop, frozen, clear: bool, order: list[int] | None,
-               total: float | None) -> tuple[Any, torch.Tensor | None, list[tuple[tuple, dict]], float, _Failure | None]:
+               total: float | None, synced: bool = False
+               ) -> tuple[Any, torch.Tensor | None, list[tuple[tuple, dict]], float, _Failure | None]:
         """Forward and backward of samples [start, stop): (training_step's output, its loss, its
         held `self.log` calls, its weight (`_weight`), None), or (None, None, [], 0, what failed).
         `clear`: no parameter holds a gradient yet (so a failed backward touched exactly those that
         hold one after it). `order`: a list to record the parameters' indices in, as the backward
-        makes their gradients. A chunk of weight 0 (no token to average over) is not backwarded."""
+        makes their gradients. A chunk of weight 0 (no token to average over) is not backwarded.
+        `synced`: run with the strategy's gradient sync on (FSDP's last chunk; backwarded even at weight
+        0, since its backward is the one that reduce-scatters)."""
         phase, before = "forward", None
         try:
-            with self._no_sync(), self._frozen(frozen), _HeldLogging(self._module) as logged:
+            with _NO_OP if synced else self._no_sync(), self._frozen(frozen), _HeldLogging(self._module) as logged:
                 chunk = batch
                 if stop - start != size:
                     chunk = self._split(batch, start, stop, size)
@@ -363,7 +374,7 @@ class MicroBatchRunner:
                 weight = self._weight(chunk, size, start, stop, total)
                 output = self._original(*args, **kwargs)
                 loss = loss_from_output(output)
-                if loss is None or not weight:
+                if loss is None or not (weight or synced):  # (FSDP's last chunk reduce-scatters, weight or not)
                     return output, loss, logged, weight, None
                 phase = "backward"
                 if not clear:

@@ -39,6 +39,8 @@ def _each(name: Callable[[Any], type]) -> tuple[type, ...]:
 CALLBACKS = _each(lambda p: p.callbacks.Callback)
 SINGLE_DEVICE_STRATEGIES = _each(lambda p: p.strategies.SingleDeviceStrategy)
 DDP_STRATEGIES = _each(lambda p: p.strategies.DDPStrategy)
+FSDP_STRATEGIES = _each(lambda p: p.strategies.FSDPStrategy)
+MODEL_PARALLEL_STRATEGIES = _each(lambda p: p.strategies.ModelParallelStrategy)
 ACCUMULATION_SCHEDULERS = _each(lambda p: p.callbacks.GradientAccumulationScheduler)
 COMBINED_LOADERS = _each(lambda p: p.utilities.CombinedLoader)
 

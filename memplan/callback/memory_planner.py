@@ -15,6 +15,7 @@ from pytorch_lightning.utilities.parsing import lightning_hasattr
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from memplan import batching, compat
+from memplan.callback import fsdp_plan, sharded
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
     layout_from_plan, load_plan, plan_device_mismatch, plan_mismatches, plan_model_mismatch, planning_request,
@@ -38,6 +39,7 @@ from memplan.estimator.errors import EstimateError
 from memplan.hardware import host_info, readings
 from memplan.plan import Plan
 from memplan.planner import Estimator, PlanRequest, estimator_for, largest_block_bytes, make_plan
+from memplan.planner.tracing import block_classes
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +163,7 @@ class MemoryPlanner(*CALLBACKS):
         self._log_dir = log_dir
         self._planner = planner or make_plan
         self._given_plan: Plan | None = None
+        self._setup_plan: Plan | None = None  # FSDP: planned at setup, before configure_model
         self._restored: dict[str, Any] | None = None
         self._runner: MicroBatchRunner | None = None
         self._adjuster: Adjuster | None = None
@@ -244,6 +247,10 @@ class MemoryPlanner(*CALLBACKS):
             self._adjust = False  # this fit only applies and watches
         if self._adjust:
             check_can_adjust(trainer, pl_module)
+            if sharded.is_sharded(trainer.strategy):
+                sharded.check_guard(trainer.strategy, self._guard)
+                sharded.check_data_parallel(trainer.strategy)
+                rank_zero_warn(sharded.NO_RETRY.format(strategy=sharded.strategy_name(trainer.strategy)))
         if self._plan_arg is not None:
             self._given_plan = load_plan(self._plan_arg)
             wrong_model = plan_model_mismatch(self._given_plan, pl_module)
@@ -252,6 +259,12 @@ class MemoryPlanner(*CALLBACKS):
             self._check_plan(trainer, self._given_plan)
         directory = Path(self._log_dir) if self._log_dir is not None else Path(trainer.log_dir or ".") / "memplan"
         self._open_log(trainer, directory)  # trainer.log_dir above is a collective: every rank gets here
+        if self._given_plan is None and sharded.is_sharded(trainer.strategy):
+            # FSDP: traced now, on rank 0, before configure_model shards the model (its all-gathers
+            # would wait for the other ranks)
+            settable = self._settable(trainer, pl_module)
+            self._setup_plan = self._plan_now(trainer, pl_module, current_loader_batch_size(
+                trainer, pl_module, self._batch_arg_name if settable else None))
         self._every = self._every_n_steps or trainer.log_every_n_steps or DEFAULT_EVERY_N_STEPS
         if not (self._every_n_steps or trainer.log_every_n_steps):
             rank_zero_info(f"MemoryPlanner: Trainer(log_every_n_steps=0): memory is checked every "
@@ -279,7 +292,7 @@ class MemoryPlanner(*CALLBACKS):
 
     def _check_plan(self, trainer: pl.Trainer, plan: Plan) -> None:
         mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
-                                     nodes=trainer.num_nodes)
+                                     nodes=trainer.num_nodes, fsdp=sharded.is_sharded(trainer.strategy))
         self._mismatches = mismatches
         other_device = plan_device_mismatch(plan, trainer.strategy.root_device)
         if other_device is not None:
@@ -292,7 +305,7 @@ class MemoryPlanner(*CALLBACKS):
     # --- apply -------------------------------------------------------------------------------
     def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the batch size can be set where the model (hparams, datamodule) has it and builds the loader
-        settable = lightning_hasattr(pl_module, self._batch_arg_name) and compat.train_data_source(trainer).is_module()
+        settable = self._settable(trainer, pl_module)
         layout, source = self._resolve_layout(trainer, pl_module, settable)
         checkpointable = self._allow_checkpointing and not self._strict and can_checkpoint(pl_module)
         if layout.gradient_checkpointing and not self._allow_checkpointing:
@@ -318,6 +331,9 @@ class MemoryPlanner(*CALLBACKS):
                         rewrites=[r.to_dict() for r in self.rewrites])
         rank_zero_info(f"MemoryPlanner ({source}): {layout.describe()}")
 
+    def _settable(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        return lightning_hasattr(pl_module, self._batch_arg_name) and compat.train_data_source(trainer).is_module()
+
     def _resolve_layout(self, trainer: pl.Trainer, pl_module: pl.LightningModule, settable: bool
                         ) -> tuple[Layout, str]:
         restored = restored_layout(self._restored, trainer.world_size)
@@ -328,6 +344,8 @@ class MemoryPlanner(*CALLBACKS):
         loader_batch = current_loader_batch_size(trainer, pl_module, self._batch_arg_name if settable else None)
         if self._given_plan is not None:
             self.plan, source = self._given_plan, "plan"
+        elif self._setup_plan is not None:
+            self.plan, source = self._setup_plan, "planned from an estimate"
         else:
             self.plan, source = self._plan_now(trainer, pl_module, loader_batch), "planned from an estimate"
         self._planned_micro_batch_size = self.plan.micro_batch_size
@@ -348,8 +366,16 @@ class MemoryPlanner(*CALLBACKS):
         return layout, source
 
     def _plan_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader_batch: int) -> Plan:
-        """Estimate and plan on rank 0 with every rank's budget; every rank gets the same plan."""
+        """Estimate and plan on rank 0 with every rank's budget; every rank gets the same plan. Under
+        an FSDP strategy: at setup, before configure_model shards the model (callback.fsdp_plan)."""
         device = trainer.strategy.root_device
+        fsdp, request_fields = None, None
+        if sharded.is_sharded(trainer.strategy):
+            fsdp, assumed = fsdp_plan.planning_settings(trainer.strategy, pl_module)
+            for line in assumed:
+                rank_zero_warn(f"MemoryPlanner: {line}")
+            request_fields = dict(strategies=("fsdp",), parameter_count=fsdp_plan.parameter_count(pl_module),
+                                  block_classes=block_classes(pl_module), allow_cpu_offload=fsdp.cpu_offload)
         budgets = gather_objects(device_budget(device, trainer.num_devices))
         global_batch = self._global_batch_size or loader_batch * trainer.world_size * trainer.accumulate_grad_batches
 
@@ -359,11 +385,14 @@ class MemoryPlanner(*CALLBACKS):
                 precision=str(trainer.precision), margin=min(0.5, 2 * self._margin),
                 allow_checkpointing=self._allow_checkpointing and can_checkpoint(pl_module),
                 host_available_bytes=host_info().budget_bytes if device.type == "cuda" else None,
-                largest_block=largest_block_bytes(pl_module),
+                largest_block=largest_block_bytes(pl_module), fsdp=request_fields,
             )
-            estimator = estimator_for(pl_module, first_train_batch(trainer), device="cpu" if device.type == "cpu" else None)
+            batch, on = first_train_batch(trainer), "cpu" if device.type == "cpu" else None
             try:
-                made = self._planner(request, estimator)
+                if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings
+                    made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._planner, on)
+                else:
+                    made = self._planner(request, estimator_for(pl_module, batch, device=on))
             except EstimateError as err:  # the model or its batch cannot be traced: the message names why
                 raise MisconfigurationException(f"MemoryPlanner: {err}") from err
             if made.world_size != trainer.world_size:
@@ -379,17 +408,20 @@ class MemoryPlanner(*CALLBACKS):
         if fix is not None:
             check_can_adjust(trainer, pl_module, fix)
         check_gradient_hooks(pl_module, fix or ADJUST_FIX)
-        blocker = check_guard(trainer, self._guard)
+        fsdp = sharded.is_sharded(trainer.strategy)
+        blocker = check_guard(trainer, self._guard) if not fsdp else None
         if blocker is not None and self._adjust:
             rank_zero_warn(f"MemoryPlanner: backwards are not guarded under {blocker}; an OOM in a backward is not "
                            "retried (forwards still are), and a batch split into micro-batches holds that copy too")
         self._runner = MicroBatchRunner(
             trainer, pl_module, layout=layout, can_checkpoint=checkpointable and self._adjust,
-            retry=self._adjust, can_guard=blocker is None, enable_checkpointing=lambda: enable_checkpointing(pl_module),
+            retry=self._adjust and not fsdp, can_guard=blocker is None and not fsdp,
+            enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
             out_of_memory=lambda message, size: self._out_of_memory(trainer, message, size),
             loss_reduction=self._loss_reduction, mean_over=self._mean_over, size_of=self.batch_size_of,
             split=self.split_batch, on_first_split=lambda size, chunk: self._warn_split(pl_module, size, chunk),
+            sharded_sync_off=sharded.gradient_sync_off(trainer.strategy, pl_module) if fsdp else None,
         )
         self._runner.install()
 

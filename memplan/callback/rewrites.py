@@ -78,6 +78,8 @@ def summary_lines(rewrites: list[Rewrite], mismatches: list[str]) -> list[str]:
 
 
 def checkpointing_is_on(module: Any) -> bool:
-    """Whether the model has activation checkpointing on already (its own switch, or memplan's wrapper)."""
+    """Whether the model has activation checkpointing on already (its own switch, memplan's wrapper, or
+    torch's checkpoint_wrapper)."""
     return any(getattr(m, "is_gradient_checkpointing", False) is True or getattr(m, "_memplan_checkpointed", False)
+               or type(m).__name__ == "CheckpointWrapper"  # torch's, e.g. FSDPStrategy's activation_checkpointing_policy
                for m in module.modules())

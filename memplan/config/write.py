@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
 import os
 import tempfile
@@ -71,14 +72,10 @@ def write_planned_config(loaded: LoadedConfig, plan: Plan, path: str | Path, *,
                           "write the planned config to another file")
     raw = copy.deepcopy(loaded.raw)
     raw.pop("memplan", None)
-    if plan.strategy == "fsdp" and callback is not None:
-        warnings.warn("MemoryPlanner does not run under FSDPStrategy yet: the planned config applies the FSDP plan "
-                      "through the Trainer and FSDPStrategy's arguments (checkpointing included) and leaves the "
-                      "callback out", stacklevel=2)
-        callback = None
-    raw["trainer"] = _planned_trainer(dict(raw.get("trainer") or {}), plan, callback)
+    raw["trainer"] = _planned_trainer(dict(raw.get("trainer") or {}), plan, callback, loaded.model.cls)
     _set_batch_size(raw, loaded, plan.micro_batch_size)
-    if plan.gradient_checkpointing and callback is None and plan.strategy != "fsdp":
+    fsdp1 = plan.strategy == "fsdp" and raw["trainer"]["strategy"]["class_path"] == FSDP_CLASS_PATH
+    if plan.gradient_checkpointing and callback is None and not fsdp1:  # (FSDPStrategy checkpoints, by its policy)
         warnings.warn("the plan checkpoints activations, which the MemoryPlanner callback applies, and no callback "
                       f"was given: {path} will not fit as planned unless the model checkpoints itself", stacklevel=2)
     plan_path = plan_path_for(path)
@@ -127,14 +124,15 @@ def _folder_lock(folder: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str, Any] | None) -> dict[str, Any]:
+def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str, Any] | None,
+                     model_class: type | None = None) -> dict[str, Any]:
     local = plan.nodes == 1 and len(plan.gpus) == plan.gpus_per_node
     trainer["devices"] = list(plan.gpus) if local else plan.gpus_per_node
     trainer["num_nodes"] = plan.nodes
     trainer["precision"] = plan.precision
     trainer["accumulate_grad_batches"] = plan.accumulate_grad_batches
     if plan.strategy == "fsdp":
-        trainer["strategy"] = fsdp_strategy(plan)
+        trainer["strategy"] = fsdp_strategy(plan, model_class)
     elif not (plan.strategy == "ddp" and is_ddp_strategy(trainer.get("strategy"))):
         trainer["strategy"] = plan.strategy  # a DDP variant of the user's (find_unused_parameters ...) is kept
     if callback is not None:
@@ -147,16 +145,26 @@ def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str,
 
 
 FSDP_CLASS_PATH = "FSDPStrategy"
-"""By class name: LightningCLI resolves it in the Lightning package it runs (lightning.pytorch or
+MODEL_PARALLEL_CLASS_PATH = "ModelParallelStrategy"
+"""By class name: LightningCLI resolves them in the Lightning package it runs (lightning.pytorch or
 pytorch_lightning); a full import path would tie the config to one of the two."""
 
 
-def fsdp_strategy(plan: Plan) -> dict[str, Any]:
-    """The trainer.strategy entry of an FSDP plan: Lightning's FSDPStrategy (FSDP1: Lightning's FSDP2
-    engine, ModelParallelStrategy, needs fully_shard in the user's configure_model) with the planned sharding,
-    each repeated block wrapped (auto_wrap_policy, a list of class paths LightningCLI turns into a
-    set of classes), the same classes checkpointed when the plan checkpoints
-    (activation_checkpointing_policy), CPU offload, and (HYBRID_SHARD) the (replicate, shard) device mesh."""
+def fsdp_strategy(plan: Plan, model_class: type | None = None) -> dict[str, Any]:
+    """The trainer.strategy entry of an FSDP plan.
+
+    Lightning's ModelParallelStrategy (FSDP2, what memplan traces) where the model shards itself (its
+    configure_model applies fully_shard: `applies_fully_shard`) and the plan is FULL_SHARD without CPU
+    offload, the layout such a configure_model gives: data_parallel_size = the world size, no tensor
+    parallelism. Checkpointing is then MemoryPlanner's to turn on. Otherwise Lightning's FSDPStrategy
+    (FSDP1) with the planned sharding, each repeated block wrapped (auto_wrap_policy, a list of class
+    paths LightningCLI turns into a set of classes), the same classes checkpointed when the plan
+    checkpoints (activation_checkpointing_policy), CPU offload, and (HYBRID_SHARD) the (replicate,
+    shard) device mesh."""
+    if (model_class is not None and applies_fully_shard(model_class) and plan.sharding_strategy == "FULL_SHARD"
+            and not plan.cpu_offload):
+        return {"class_path": MODEL_PARALLEL_CLASS_PATH,
+                "init_args": {"data_parallel_size": plan.world_size, "tensor_parallel_size": 1}}
     if not plan.block_classes:
         raise ConfigError("model", (
             "the plan uses FSDP but names no block class to wrap (Plan.block_classes is empty): re-run memplan "
@@ -168,6 +176,19 @@ def fsdp_strategy(plan: Plan) -> dict[str, Any]:
     if plan.sharding_strategy == "HYBRID_SHARD":
         args["device_mesh"] = [plan.nodes, plan.gpus_per_node]
     return {"class_path": FSDP_CLASS_PATH, "init_args": args}
+
+
+def applies_fully_shard(model_class: type) -> bool:
+    """Whether the LightningModule class shards itself: it overrides configure_model, whose source
+    (its own or a base class's) calls torch's `fully_shard`."""
+    method = getattr(model_class, "configure_model", None)
+    if method is None or getattr(method, "__qualname__", "").startswith(("LightningModule.", "ModelHooks.")):
+        return False
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError):  # no source to read (a compiled or dynamically made class)
+        return False
+    return "fully_shard(" in source
 
 
 def is_ddp_strategy(strategy: Any) -> bool:

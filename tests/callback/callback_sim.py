@@ -273,3 +273,27 @@ class TightenAt(pl.Callback):
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+class ShardedRegression(Regression):
+    """Regression under ModelParallelStrategy: fully_shard in configure_model on each block, then the module
+    (the root, whose forward training_step calls)."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.net["blocks"]:
+            fully_shard(block, mesh=mesh)
+        fully_shard(self, mesh=mesh)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return run_net(self.net, x)
+
+    def training_step(self, batch, batch_idx):
+        x, y, index = batch
+        loss = F.mse_loss(self(x), y)
+        self.seen.append(index.tolist())
+        self._pending.extend(index.tolist())
+        self.log("train_loss", loss)
+        return loss

@@ -1,0 +1,83 @@
+"""One MemoryPlanner scenario under Lightning's ModelParallelStrategy (FSDP2) on CPU: gloo, 2 processes.
+
+    python fsdp_driver.py <scenario> <out_dir> [accumulate]
+
+The model is callback_sim.ShardedRegression, the float64 MLP whose configure_model applies fully_shard
+to each repeated block, then to the module (the root), as Lightning's ModelParallelStrategy examples do. Each rank's
+loader yields 8 samples per batch (no batch-size attribute); a step takes `accumulate` batches per rank.
+Scenarios:
+  split   MemoryPlanner with a plan of micro-batch 2: each loaded batch of 8 runs as 4 chunks, the first
+          three with FSDP2's gradient sync off, the last reduce-scattering.
+  plain   the same training without MemoryPlanner: every batch whole (Lightning's own path).
+  planned  MemoryPlanner without a plan: rank 0 plans FSDP (in a process of its own) at setup.
+  adjust  MemoryPlanner planning no micro-batch below the loader's, with SIMULATED readings showing
+          too little headroom at every check on rank 1: all ranks lower 8 -> 4 -> 2 -> 1 together,
+          then turn checkpointing on (two steps run with it).
+Rank 0 writes weights.pt (full, unsharded); MemoryPlanner writes memplan/rank<R>.jsonl.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytorch_lightning as pl  # noqa: E402
+import torch  # noqa: E402
+from callback_sim import ShardedRegression, make_plan, simulated_free  # noqa: E402
+from pytorch_lightning.strategies import ModelParallelStrategy  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+
+from memplan.callback import MemoryPlanner  # noqa: E402
+from memplan.hardware import readings  # noqa: E402
+
+RANK = int(os.environ.get("LOCAL_RANK", "0"))
+STEPS = 6
+
+
+def fsdp_plan(micro: int, accumulate: int):
+    """A 2-rank FSDP plan as `memplan suggest` would write it, for a CPU run."""
+    return dataclasses.replace(make_plan(micro, accumulate, world_size=2), strategy="fsdp",
+                               sharding_strategy="FULL_SHARD", block_classes=("callback_sim.Block",))
+
+
+def full_weights(module: ShardedRegression) -> dict[str, torch.Tensor]:
+    """The unsharded weights (a collective: every rank calls it)."""
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+            for k, v in module.net.state_dict().items()}
+
+
+def main(scenario: str, out: Path, accumulate: int) -> None:
+    torch.set_num_threads(1)
+    model = ShardedRegression(with_attr=False)
+    callbacks, trainer_accumulate = [], accumulate
+    if scenario == "split":
+        plan = fsdp_plan(2, 4 * accumulate)  # global 16 x accumulate: chunks of 2 from the loader's 8
+        callbacks.append(MemoryPlanner(plan=plan, log_dir=out / "memplan", every_n_steps=2))
+        trainer_accumulate = 1  # MemoryPlanner sets it from the plan
+    elif scenario == "planned":
+        callbacks.append(MemoryPlanner(log_dir=out / "memplan", global_batch_size=16 * accumulate))
+        trainer_accumulate = 1
+    elif scenario == "adjust":
+        plan = fsdp_plan(8, accumulate)
+        callbacks.append(MemoryPlanner(plan=plan, log_dir=out / "memplan", every_n_steps=1, grow=False))
+        short = RANK == 1
+        readings.read_memory = simulated_free(0.01 if short else 0.5)  # SIMULATED device memory
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accumulate_grad_batches=trainer_accumulate, callbacks=callbacks,
+        use_distributed_sampler=True,
+    )
+    trainer.fit(model)
+    weights = full_weights(model)
+    if trainer.global_rank == 0:
+        torch.save(weights, out / "weights.pt")
+
+
+if __name__ == "__main__":
+    directory = Path(sys.argv[2])
+    directory.mkdir(parents=True, exist_ok=True)
+    main(sys.argv[1], directory, int(sys.argv[3]) if len(sys.argv) > 3 else 1)
