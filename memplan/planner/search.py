@@ -44,6 +44,7 @@ from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Plan
 from memplan.planner.candidates import Candidate, Group, enumerate_candidates
 from memplan.planner.explain import describe_plan
+from memplan.planner.floors import Floors
 from memplan.planner.nofit import NoFit, fsdp_full_shard_bytes
 from memplan.planner.request import PlanRequest
 from memplan.units import MiB, format_bytes
@@ -140,6 +141,7 @@ class _Search:
             kin.sort(key=lambda h: (h.sharding is not None, h.multi == g.multi))
             curve.siblings = tuple(self.curves[h] for h in kin)
         self.traces: dict[tuple, MemoryEstimate] = {}
+        self.floors = Floors(request.parameter_bytes)
         self.explored: set[Group] = set()
         self.unfit: set[Group] = set()
         self.calls = 0
@@ -158,6 +160,8 @@ class _Search:
                 extra["fsdp"] = FsdpSettings(sharding_strategy=sharding, shard_size=shard_size, cpu_offload=offload)
             self.traces[key] = self.estimator(micro_batch_size=micro, precision=precision,
                                               checkpointing=checkpointing, world_size=world_size, **extra)
+            self.floors.add(micro_batch_size=micro, precision=precision, checkpointing=checkpointing,
+                            world_size=world_size, sharding=sharding, offload=offload, est=self.traces[key])
         return self.traces[key]
 
     def trace_precision(self, group: Group) -> str:
@@ -179,7 +183,12 @@ class _Search:
         return value
 
     def fits_device(self, c: Candidate) -> bool:
-        return c.group in self.explored and self.predicted_bytes(c) <= c.budget_bytes
+        return c.group in self.explored and self.possible(c) and self.predicted_bytes(c) <= c.budget_bytes
+
+    def possible(self, c: Candidate) -> bool:
+        """Whether the candidate's lower bound (floors.py) is within its budget: one that is not can be
+        ruled out without a trace."""
+        return self.floors.floor(c) <= c.budget_bytes
 
     def fits(self, c: Candidate) -> bool:
         return c.host_fits and self.fits_device(c)
@@ -187,8 +196,8 @@ class _Search:
     # --- the search -----------------------------------------------------------------------------
     def bound(self, group: Group) -> tuple | None:
         """The best rank_key a candidate of the group could have if memory allowed; None if none fits
-        the host."""
-        keys = [c.rank_key() for c in self.groups[group] if c.host_fits]
+        the host or has a lower bound within its budget."""
+        keys = [c.rank_key() for c in self.groups[group] if c.host_fits and self.possible(c)]
         return max(keys) if keys else None
 
     def ruled_out(self, group: Group) -> bool:
