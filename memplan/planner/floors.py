@@ -29,8 +29,9 @@ CPU offload has a second bound. It runs the same ops as the same sharding withou
 world size, so the same padded all-gather and reduce-scatter buffers), with the sharded parameters,
 gradients and optimizer state in host memory instead. So at the moment the non-offloaded trace peaked
 in forward or backward, an offloaded rank holds all that trace held but those three: its
-peak_allocated less parameters, gradients and optimizer_state, plus the CUDA context and
-communication buffers, bounds the offloaded layout at that micro-batch and above. (A peak in the
+peak_allocated less twice its parameters (the sharded gradients have the sharded parameters' shapes,
+wherever the trace counted them) and its optimizer_state, plus the CUDA context and communication
+buffers, bounds the offloaded layout at that micro-batch and above. (A peak in the
 optimizer step is left out: its temporaries are the size of the state, which offload steps on the
 host.)
 
@@ -59,8 +60,8 @@ class _Traced:
     """parameters + optimizer_state at the peak (all of both are alive through the traced step)."""
     forward_activations: int
     beside_state: int | None
-    """Device bytes at the peak besides parameters, gradients and optimizer state, context and
-    communication included; None when the peak is in the optimizer step."""
+    """Device bytes at the peak besides the sharded parameters, gradients and optimizer state, context
+    and communication included; None when the peak is in the optimizer step."""
 
 
 def _layout(sharding: str | None, offload: bool, world_size: int) -> tuple:
@@ -85,7 +86,7 @@ class Floors:
             amp=precision in AMP_PRECISIONS, checkpointing=checkpointing, sharding=sharding, offload=offload,
             world_size=world_size, micro_batch_size=micro_batch_size,
             resident=est.parameters + est.optimizer_state, forward_activations=est.forward_activations,
-            beside_state=(est.peak_allocated - est.parameters - est.gradients - est.optimizer_state
+            beside_state=(est.peak_allocated - 2 * est.parameters - est.optimizer_state
                           + est.cuda_context + est.communication) if est.peak_phase in ("forward", "backward") else None))
 
     def resident(self, c: Candidate) -> int:
