@@ -1,7 +1,7 @@
 """make_plan: the fastest setting that fits, found with few traces.
 
 Each estimator call is a trace of one training step (1-2 s for a GPT-2), so the search never traces
-every candidate. It relies on five facts about a training step's memory:
+every candidate. It relies on four facts about a training step's memory:
 
 1. AMP precisions share memory. bf16-mixed and 16-mixed keep fp32 weights and optimizer state and
    save half-precision activations; they differ by the GradScaler's two scalars. One AMP trace
@@ -15,17 +15,12 @@ every candidate. It relies on five facts about a training step's memory:
    optimizer state do not), up to the caching allocator's rounding. Each group (see candidates.py)
    is traced at micro-batch 1 and PROBE_MICRO; the line through them (slope at least the growth of
    saved activations, so a peak that sits in the optimizer step at small micro-batches does not
-   hide the slope) predicts larger micro-batches (the probe comes down to a smaller candidate when
-   the micro-batch-1 trace's activations say PROBE_MICRO cannot fit), plus SAFETY_BYTES for the allocator's segments.
+   hide the slope) predicts larger micro-batches, plus SAFETY_BYTES for the allocator's segments.
    A group whose sibling (same precision and checkpointing, other world kind or data-parallel
    layout: DDP, one GPU, the FSDP layouts) has a slope reuses
    it and is traced at micro-batch 1 only.
 4. Less memory: checkpointing <= none, AMP <= 32-true, one rank <= DDP. A group that does not fit at
    micro-batch 1 rules out every group needing no less (on budgets no larger) without a trace.
-5. Lower bounds (floors.py): the resident training state, the saved activations and (SHARD_GRAD_OP)
-   the gathered parameters are all alive at the end of the forward. A candidate whose bound, from
-   the parameter bytes or from traces of other groups, is over its budget is never traced, and a
-   group with no such candidate left is never explored: DDP for a model whose weights no GPU holds.
 
 Groups are explored best-first by the fastest candidate they could hold (costs.py); a group whose
 best cannot beat the best fit found so far is never traced. The best candidate is then traced
@@ -214,32 +209,14 @@ class _Search:
         self.explored.add(group)
         curve, precision = self.curves[group], self.trace_precision(group)
         layout = (group.sharding, group.offload)
-        first = self.trace(1, precision, group.checkpointing, group.probe_world_size, *layout)
-        curve.add(1, first)
+        curve.add(1, self.trace(1, precision, group.checkpointing, group.probe_world_size, *layout))
         if not any(self.fits_device(c) for c in self.groups[group] if c.micro_batch_size == 1):
             self.unfit.add(group)
             return
         largest = max(c.micro_batch_size for c in self.groups[group])
         if largest > 1 and curve.sibling_slope() is None:
-            probe = self.probe_micro(group, first)
+            probe = min(PROBE_MICRO, largest)
             curve.add(probe, self.trace(probe, precision, group.checkpointing, group.probe_world_size, *layout))
-
-    def probe_micro(self, group: Group, first: MemoryEstimate) -> int:
-        """PROBE_MICRO (at most the group's largest micro-batch), unless the micro-batch-1 trace says it
-        cannot fit: memory grows by about its saved activations and batch per sample. Then the largest
-        smaller candidate micro-batch that may, else the smallest above 1: the line is read where the
-        fit is decided, and a probe that fits is often the plan (no verification trace)."""
-        probe = min(PROBE_MICRO, max(c.micro_batch_size for c in self.groups[group]))
-        budget = max(c.budget_bytes for c in self.groups[group])
-        growth = first.forward_activations + first.batch
-
-        def may_fit(micro: int) -> bool:
-            return first.device_total + (micro - 1) * growth <= budget
-
-        if may_fit(probe):
-            return probe
-        smaller = [c.micro_batch_size for c in self.groups[group] if 1 < c.micro_batch_size < probe]
-        return max([m for m in smaller if may_fit(m)] or [min(smaller, default=probe)])
 
     def best_fit(self) -> Candidate | None:
         fitting = [c for c in self.candidates if self.fits(c)]
