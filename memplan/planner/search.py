@@ -1,7 +1,7 @@
 """make_plan: the fastest setting that fits, found with few traces.
 
 Each estimator call is a trace of one training step (1-2 s for a GPT-2), so the search never traces
-every candidate. It relies on four facts about a training step's memory:
+every candidate. It relies on five facts about a training step's memory:
 
 1. AMP precisions share memory. bf16-mixed and 16-mixed keep fp32 weights and optimizer state and
    save half-precision activations; they differ by the GradScaler's two scalars. One AMP trace
@@ -21,6 +21,10 @@ every candidate. It relies on four facts about a training step's memory:
    it and is traced at micro-batch 1 only.
 4. Less memory: checkpointing <= none, AMP <= 32-true, one rank <= DDP. A group that does not fit at
    micro-batch 1 rules out every group needing no less (on budgets no larger) without a trace.
+5. Lower bounds (floors.py): the resident training state, the saved activations and (SHARD_GRAD_OP)
+   the gathered parameters are all alive at the end of the forward. A candidate whose bound, from
+   the parameter bytes or from traces of other groups, is over its budget is never traced, and a
+   group with no such candidate left is never explored: DDP for a model whose weights no GPU holds.
 
 Groups are explored best-first by the fastest candidate they could hold (costs.py); a group whose
 best cannot beat the best fit found so far is never traced. The best candidate is then traced
