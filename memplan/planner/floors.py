@@ -46,16 +46,22 @@ from memplan.planner.candidates import Candidate, Group
 from memplan.planner.request import AMP_PRECISIONS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Traced:
     """What a floor needs from one trace."""
 
     amp: bool
+    """Traced in an AMP precision (bf16-mixed / 16-mixed); False: 32-true."""
     checkpointing: bool
+    """Activation checkpointing of the repeated blocks."""
     sharding: str | None
+    """FSDP sharding strategy; None: DDP or one GPU."""
     offload: bool
+    """FSDP with CPU offload."""
     world_size: int
+    """Ranks of the traced step."""
     micro_batch_size: int
+    """Samples per rank of the traced step."""
     resident: int
     """parameters + optimizer_state at the peak (all of both are alive through the traced step)."""
     forward_activations: int
@@ -70,7 +76,8 @@ def _layout(sharding: str | None, offload: bool, world_size: int) -> tuple:
 
 
 def _reshards(sharding: str | None) -> bool:
-    return sharding is not None and sharding != "SHARD_GRAD_OP"
+    """FSDP layouts that free each block's gathered parameters after its forward."""
+    return sharding in ("FULL_SHARD", "HYBRID_SHARD")
 
 
 class Floors:
@@ -92,7 +99,7 @@ class Floors:
     def resident(self, c: Candidate) -> int:
         """Resident training state per rank: the static bound or a traced figure, the larger."""
         group = c.group
-        if group.sharding is None:
+        if group.sharding in (None, "NO_SHARD"):
             static = self.parameter_bytes
         elif group.offload:
             static = 0
