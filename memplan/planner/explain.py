@@ -153,7 +153,7 @@ def _checkpointing_reason(request: PlanRequest, w: Candidate, search: _Search) -
         best = max(unckpt, key=Candidate.rank_key)
         without = (f"the best setting (micro-batch {best.micro_batch_size} on {_n(best.world_size, 'rank')}) "
                    f"runs at {best.speed / w.speed:.0%} of this speed")
-    elif plain is not None and plain.group in search.explored:
+    elif plain is not None and (plain.group in search.explored or not search.possible(plain)):
         without = f"this setting {_miss(search, plain, request)}, and nothing without checkpointing fits"
     else:
         without = "nothing fits without it, not even at micro-batch 1"
