@@ -54,6 +54,8 @@ def run(name: str, tmp: Path) -> dict:
         row["plan"] = {k: plan.get(k) for k in ("strategy", "sharding_strategy", "cpu_offload", "world_size",
                                                 "micro_batch_size", "accumulate_grad_batches", "precision",
                                                 "gradient_checkpointing", "predicted_peak_bytes")}
+        traces = re.search(r"(\d+) estimator traces? in the search", " ".join(plan.get("reasons", [])))
+        row["traces"] = int(traces.group(1)) if traces else None
     else:
         row["error"] = proc.stderr.strip().splitlines()[-3:]
     return row
@@ -68,14 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["# memplan suggest planning FSDP: wall time and peak RSS", "",
              f"Goal (70B on 8 x 8 H100-80GB): < {GOAL_S:.0f} s, < 2 GiB RSS. Timings on a shared machine must be "
              "re-measured on a quiet one.", "",
-             "| case | nodes x GPUs | wall s | CPU s (user + sys) | peak RSS MiB | plan |", "|---|---|---:|---:|---:|---|"]
+             "| case | nodes x GPUs | wall s | CPU s (user + sys) | peak RSS MiB | traces | plan |",
+             "|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
         plan = r.get("plan") or {}
         what = (f"{plan.get('strategy')} {plan.get('sharding_strategy') or ''} micro {plan.get('micro_batch_size')} x "
                 f"accum {plan.get('accumulate_grad_batches')}, ckpt {plan.get('gradient_checkpointing')}"
                 if plan else f"failed: {r.get('error')}")
         rss = f"{r['max_rss_bytes'] / (1 << 20):.0f}" if r["max_rss_bytes"] else "-"
-        lines.append(f"| {r['case']} | {r['nodes']} x 8 | {r['wall_seconds']} | {r['cpu_seconds']} | {rss} | {what} |")
+        lines.append(f"| {r['case']} | {r['nodes']} x 8 | {r['wall_seconds']} | {r['cpu_seconds']} | {rss} | "
+                     f"{r.get('traces') or '-'} | {what} |")
     markdown = "\n".join(lines) + "\n"
     print(markdown)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

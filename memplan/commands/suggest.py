@@ -169,13 +169,14 @@ def plan_config(
                                         else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))
     base = loaded.example_batch(loaded.data_batch_size or 1)
     hints = loaded.loader
+    parameter_bytes = sum(p.numel() * p.element_size() for p in skeleton.parameters())
     request = PlanRequest(
         global_batch_size=wanted.global_batch_size,
         devices=hardware.devices,
         nodes=nodes,
         host_available_bytes=hardware.host_available_bytes,
         host_load=HostLoad(
-            model_init_bytes=sum(p.numel() * p.element_size() for p in skeleton.parameters()),
+            model_init_bytes=parameter_bytes,
             sample_bytes=_sample_bytes(loaded),
             num_workers=hints.num_workers, prefetch_factor=hints.prefetch_factor, pin_memory=hints.pin_memory,
         ),
@@ -184,6 +185,7 @@ def plan_config(
         margin=wanted.margin,
         largest_block_bytes=largest_block_bytes(skeleton),
         parameter_count=sum(p.numel() for p in skeleton.parameters()) if has_blocks else None,
+        parameter_bytes=parameter_bytes,
         tokens_per_sample=tokens_per_sample(base),
         block_classes=block_classes(skeleton),
     )

@@ -31,6 +31,7 @@ from memplan.estimator.kernels import ctc_backward_scratch_bytes, promotion_scra
 # Factory ops with no tensor inputs whose output is at most this many elements are made real, so
 # that values like `torch.arange(seq_len)` can be inspected by model code. 64 Ki elements.
 REAL_FACTORY_MAX_NUMEL = 1 << 16
+_DEVICE_OF = torch.ops.prim.device.default
 
 
 class Category(enum.Enum):
@@ -238,6 +239,10 @@ class StorageTracker(TorchDispatchMode):
 
     # --- dispatch ----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE_OF and isinstance(args[0], FakeTensor):
+            # `tensor.device` of a fake (the autograd engine asks it of every input and output): more
+            # than half the ops a trace dispatches. It allocates nothing; answer as FakeTensorMode does.
+            return args[0].fake_device
         kwargs = kwargs or {}
         self.ops_seen += 1
         self._settle_accumulation()

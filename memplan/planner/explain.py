@@ -89,6 +89,10 @@ def _find(search: _Search, w: Candidate, **changes) -> Candidate | None:
 
 def _miss(search: _Search, c: Candidate, request: PlanRequest) -> str:
     """Why a candidate does not fit, in words."""
+    if not search.possible(c):
+        need = search.floors.floor(c)
+        return (f"needs at least {format_bytes(need)} per GPU (a lower bound from its resident training state and "
+                f"activations, floors.py: not traced), over the {format_bytes(c.budget_bytes)} budget")
     if not search.fits_device(c):
         need = search.predicted_bytes(c)
         how = "traced" if c.trace_key in search.traces else "predicted"
@@ -149,7 +153,7 @@ def _checkpointing_reason(request: PlanRequest, w: Candidate, search: _Search) -
         best = max(unckpt, key=Candidate.rank_key)
         without = (f"the best setting (micro-batch {best.micro_batch_size} on {_n(best.world_size, 'rank')}) "
                    f"runs at {best.speed / w.speed:.0%} of this speed")
-    elif plain is not None and plain.group in search.explored:
+    elif plain is not None and (plain.group in search.explored or not search.possible(plain)):
         without = f"this setting {_miss(search, plain, request)}, and nothing without checkpointing fits"
     else:
         without = "nothing fits without it, not even at micro-batch 1"
@@ -306,7 +310,12 @@ def _strategy_reasons(request: PlanRequest, w: Candidate, search: _Search) -> li
                          f"of this speed.")
             continue
         explored = [c for c in cands if c.group in search.explored and c.micro_batch_size == 1]
-        if explored:
+        ruled_out = [c for c in cands if c.micro_batch_size == 1]
+        if ruled_out and not any(search.possible(c) for c in ruled_out):  # floors grow with the micro-batch
+            least = min(ruled_out, key=search.floors.floor)
+            lines.append(f"{label} does not fit: {_miss(search, least, request)}, even at micro-batch 1"
+                         f"{' with checkpointing' if least.checkpointing else ''}.")
+        elif explored:
             least = min(explored, key=search.predicted_bytes)
             lines.append(f"{label} does not fit: {_miss(search, least, request)} even at micro-batch 1"
                          f"{' with checkpointing' if least.checkpointing else ''}.")

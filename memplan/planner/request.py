@@ -148,6 +148,10 @@ class PlanRequest:
     parameter_count: int | None = None
     """Parameters of the model (elements). FSDP's communication is weighed with it (costs.py); None
     leaves FSDP out of the search."""
+    parameter_bytes: int | None = None
+    """Bytes of the model's parameters as the searched precisions keep them (as built: fp32 master
+    weights under AMP). Every DDP rank holds all of them, an FSDP rank its shard: a lower bound that
+    rules out layouts without a trace (floors.py); None: no such bound before a trace."""
     tokens_per_sample: int = 1
     """Tokens (sequence positions) per sample, for the compute time FSDP's collectives hide behind;
     1 for models that are not sequence models."""
@@ -196,6 +200,9 @@ class PlanRequest:
         if not self.strategies or any(s not in STRATEGIES for s in self.strategies):
             raise ValueError(f"PlanRequest.strategies must be a non-empty tuple drawn from {STRATEGIES}; "
                              f"got {self.strategies!r}")
+        if self.parameter_bytes is not None:
+            _check_int("PlanRequest", "parameter_bytes", self.parameter_bytes, minimum=0,
+                       fix="the bytes of the model's parameters, or None")
         if self.parameter_count is not None:
             _check_int("PlanRequest", "parameter_count", self.parameter_count, minimum=1,
                        fix="the model's number of parameters, or None to leave FSDP out")

@@ -1,7 +1,7 @@
 """make_plan: the fastest setting that fits, found with few traces.
 
 Each estimator call is a trace of one training step (1-2 s for a GPT-2), so the search never traces
-every candidate. It relies on four facts about a training step's memory:
+every candidate. It relies on five facts about a training step's memory:
 
 1. AMP precisions share memory. bf16-mixed and 16-mixed keep fp32 weights and optimizer state and
    save half-precision activations; they differ by the GradScaler's two scalars. One AMP trace
@@ -24,6 +24,10 @@ every candidate. It relies on four facts about a training step's memory:
    it and is traced at micro-batch 1 only.
 4. Less memory: checkpointing <= none, AMP <= 32-true, one rank <= DDP. A group that does not fit at
    micro-batch 1 rules out every group needing no less (on budgets no larger) without a trace.
+5. Lower bounds (floors.py): the resident training state, the saved activations and (SHARD_GRAD_OP)
+   the gathered parameters are all alive at the end of the forward. A candidate whose bound, from
+   the parameter bytes or from traces of other groups, is over its budget is never traced, and a
+   group with no such candidate left is never explored: DDP for a model whose weights no GPU holds.
 
 Groups are explored best-first by the fastest candidate they could hold (costs.py); a group whose
 best cannot beat the best fit found so far is never traced. The best candidate is then traced
@@ -47,6 +51,7 @@ from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Plan
 from memplan.planner.candidates import Candidate, Group, enumerate_candidates
 from memplan.planner.explain import describe_plan
+from memplan.planner.floors import Floors
 from memplan.planner.nofit import NoFit, fsdp_full_shard_bytes
 from memplan.planner.request import PlanRequest
 from memplan.units import MiB, format_bytes
@@ -159,6 +164,7 @@ class _Search:
             kin.sort(key=lambda h: (h.sharding is not None, h.multi == g.multi))
             curve.siblings = tuple(self.curves[h] for h in kin)
         self.traces: dict[tuple, MemoryEstimate] = {}
+        self.floors = Floors(request.parameter_bytes)
         self.explored: set[Group] = set()
         self.unfit: set[Group] = set()
         self.calls = 0
@@ -182,6 +188,8 @@ class _Search:
         if key not in self.traces:
             self.calls += 1
             self.traces[key] = self.estimator(**self.setting(*key))
+            self.floors.add(micro_batch_size=micro, precision=precision, checkpointing=checkpointing,
+                            world_size=world_size, sharding=sharding, offload=offload, est=self.traces[key])
         return self.traces[key]
 
     def prefetch(self, *key) -> None:
@@ -214,7 +222,12 @@ class _Search:
         return value
 
     def fits_device(self, c: Candidate) -> bool:
-        return c.group in self.explored and self.predicted_bytes(c) <= c.budget_bytes
+        return c.group in self.explored and self.possible(c) and self.predicted_bytes(c) <= c.budget_bytes
+
+    def possible(self, c: Candidate) -> bool:
+        """Whether the candidate's lower bound (floors.py) is within its budget: one that is not can be
+        ruled out without a trace."""
+        return self.floors.floor(c) <= c.budget_bytes
 
     def fits(self, c: Candidate) -> bool:
         return c.host_fits and self.fits_device(c)
@@ -222,8 +235,8 @@ class _Search:
     # --- the search -----------------------------------------------------------------------------
     def bound(self, group: Group) -> tuple | None:
         """The best rank_key a candidate of the group could have if memory allowed; None if none fits
-        the host."""
-        keys = [c.rank_key() for c in self.groups[group] if c.host_fits]
+        the host or has a lower bound within its budget."""
+        keys = [c.rank_key() for c in self.groups[group] if c.host_fits and self.possible(c)]
         return max(keys) if keys else None
 
     def ruled_out(self, group: Group) -> bool:
