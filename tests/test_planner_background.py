@@ -3,11 +3,14 @@ and its estimate used; a child that fails leaves the parent to trace (and raise)
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
+import torch
 
 from memplan.planner import PlanRequest, make_plan
-from memplan.planner.background import BackgroundEstimator, can_fork
+from memplan.planner import background as background_module
+from memplan.planner.background import STALL_SECONDS, BackgroundEstimator, can_fork
 from memplan.estimator.errors import EstimateError
 from tests.test_planner import SimulatedStep, gpus
 
@@ -60,3 +63,58 @@ def test_the_search_plans_the_same_with_background_traces():
     assert make_plan(request, BackgroundEstimator(beside)) == plan
     # the probe trace of the first group ran in the child: the parent traced one fewer
     assert len(beside.calls) == len(alone.calls) - 1 and (4, "16-mixed", False, 2) not in beside.calls
+
+
+class CopiesRealTensors(SimulatedStep):
+    """A simulated estimator that, like a real fake-tensor trace, copies a real CPU tensor (the batch)
+    large enough for ATen to copy it with OpenMP threads."""
+
+    def __call__(self, **setting):
+        torch.ones(1 << 22).clone()
+        return super().__call__(**setting)
+
+
+def test_a_child_copies_tensors_after_the_parent_used_openmp_threads():
+    # Seen: `memplan suggest` on the resnet config hung for ever; its child's parallel copy waited on
+    # the parent's OpenMP team, which a fork does not copy.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.ones(1 << 22).clone()  # the parent's OpenMP team now exists
+        sim = CopiesRealTensors()
+        background = BackgroundEstimator(sim)
+        setting = dict(micro_batch_size=4, precision="16-mixed", checkpointing=False, world_size=2)
+        background.prefetch(**setting)
+        started = time.monotonic()
+        assert background(**setting) == SimulatedStep()(**setting)
+        assert sim.calls == [] and time.monotonic() - started < STALL_SECONDS  # the child's estimate
+    finally:
+        torch.set_num_threads(threads)
+
+
+class HangsInTheChild(SimulatedStep):
+    """A simulated estimator that never returns in a forked child, using no CPU (a deadlock)."""
+
+    def __init__(self):
+        super().__init__()
+        self.parent = os.getpid()
+
+    def __call__(self, **setting):
+        if os.getpid() != self.parent:
+            time.sleep(3600)
+        return super().__call__(**setting)
+
+
+def test_a_child_that_stalls_is_killed_and_the_parent_traces(monkeypatch):
+    monkeypatch.setattr(background_module, "STALL_SECONDS", 2.0)
+    sim = HangsInTheChild()
+    background = BackgroundEstimator(sim)
+    setting = dict(micro_batch_size=4, precision="16-mixed", checkpointing=False, world_size=2)
+    background.prefetch(**setting)
+    pid = next(iter(background._pending.values()))._pid
+    started = time.monotonic()
+    assert background(**setting) == SimulatedStep()(**setting)
+    assert time.monotonic() - started < 10
+    assert sim.calls == [(4, "16-mixed", False, 2)]  # traced by the parent
+    with pytest.raises(ChildProcessError):  # the child was killed and reaped
+        os.waitpid(pid, os.WNOHANG)

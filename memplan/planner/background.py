@@ -8,20 +8,29 @@ result instead of tracing again. Whatever goes wrong in the child (an error, a c
 does not unpickle), the parent traces the setting itself, so errors surface exactly as without it.
 
 Used only where forking is safe and useful: Linux, more than one usable CPU, and an estimate that
-runs no real kernel and touches no GPU (a named GPU model traced on fake tensors: `memplan suggest
---gpu`). A CPU target runs real oneDNN kernels (OpenMP's threads do not survive a fork) and a local
-GPU's CUDA context cannot be used in a forked child.
+touches no GPU and runs none of the model's kernels for real (a named GPU model traced on fake
+tensors: `memplan suggest --gpu`; a local GPU's CUDA context cannot be used in a forked child, and a
+CPU target probes real oneDNN kernels). Such a trace still copies a few real CPU tensors (the batch,
+a module's buffers), and OpenMP's thread team does not survive a fork (a parallel copy in the child
+waits forever for threads it does not have): the child runs with one intra-op thread. Whatever else
+could hang a forked child, the parent does not wait on one that makes no progress: a child that uses
+no CPU for STALL_SECONDS while the parent waits for it is killed, and the setting traced in-process.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import sys
 from typing import Any
 
 from memplan.estimator.result import MemoryEstimate
 from memplan.planner.search import Estimator
+
+#: How long a child may use no CPU while the parent waits for it before it is taken for hung (a trace
+#: is busy Python throughout; a child blocked writing its result is not idle: the parent reads).
+STALL_SECONDS = 10.0
 
 
 def can_fork() -> bool:
@@ -72,6 +81,9 @@ class _Child:
             code = 1
             try:
                 os.close(read_fd)
+                import torch
+
+                torch.set_num_threads(1)  # the parent's OpenMP threads are not in this process
                 payload = pickle.dumps(estimator(**setting))
                 with os.fdopen(write_fd, "wb") as pipe:
                     pipe.write(payload)
@@ -82,14 +94,16 @@ class _Child:
                 os._exit(code)
         os.close(write_fd)
         self._pid: int | None = pid
-        self._fd = read_fd
+        self._fd: int | None = read_fd
 
     def result(self) -> MemoryEstimate | None:
-        """The child's estimate, or None when it failed (the caller then traces in-process)."""
+        """The child's estimate, or None when it failed or stalled (the caller then traces in-process)."""
         if self._pid is None:
             return None
-        with os.fdopen(self._fd, "rb") as pipe:
-            data = pipe.read()
+        data = self._read(STALL_SECONDS)
+        if data is None:
+            self.cancel()
+            return None
         _, status = os.waitpid(self._pid, 0)
         self._pid = None
         if status != 0 or not data:
@@ -100,6 +114,28 @@ class _Child:
             return None
         return result if isinstance(result, MemoryEstimate) else None
 
+    def _read(self, stall_seconds: float) -> bytes | None:
+        """All the child writes until it closes the pipe; None if it used no CPU for stall_seconds."""
+        fd, self._fd = self._fd, None
+        chunks: list[bytes] = []
+        last, idle = _cpu_ticks(self._pid), 0.0
+        try:
+            while True:
+                if select.select([fd], [], [], 1.0)[0]:
+                    chunk = os.read(fd, 1 << 20)
+                    if not chunk:
+                        return b"".join(chunks)
+                    chunks.append(chunk)
+                    idle = 0.0
+                    continue
+                now = _cpu_ticks(self._pid)
+                idle = idle + 1.0 if now is not None and now == last else 0.0
+                last = now
+                if idle >= stall_seconds:
+                    return None
+        finally:
+            os.close(fd)
+
     def cancel(self) -> None:
         if self._pid is None:
             return
@@ -108,5 +144,17 @@ class _Child:
         except ProcessLookupError:
             pass
         os.waitpid(self._pid, 0)
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         self._pid = None
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """The user + system CPU clock ticks a process has used (/proc/<pid>/stat), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])  # utime and stime, the line's 14th and 15th fields
