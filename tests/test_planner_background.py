@@ -118,3 +118,15 @@ def test_a_child_that_stalls_is_killed_and_the_parent_traces(monkeypatch):
     assert sim.calls == [(4, "16-mixed", False, 2)]  # traced by the parent
     with pytest.raises(ChildProcessError):  # the child was killed and reaped
         os.waitpid(pid, os.WNOHANG)
+
+
+def test_cancel_of_one_setting_keeps_the_others():
+    sim = Recording()
+    background = BackgroundEstimator(sim)
+    probe = dict(micro_batch_size=8, precision="32-true", checkpointing=False, world_size=2)
+    verification = dict(micro_batch_size=4, precision="16-mixed", checkpointing=False, world_size=2)
+    background.prefetch(**probe)
+    background.prefetch(**verification)
+    background.cancel(**probe)
+    assert background(**verification) == SimulatedStep()(**verification)
+    assert sim.calls == []  # the verification's child was left running, and used

@@ -8,11 +8,13 @@ the offload floor comes close to the traced figure.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
 
 from memplan.demos import GPTLM, LlamaLM
+from memplan.estimator.optimizer_state import elementwise_state_bytes
 from memplan.estimator.result import MemoryEstimate
 from memplan.hardware import lookup_gpu
 from memplan.planner import DeviceBudget, PlanRequest, estimator_for, make_plan
@@ -47,6 +49,7 @@ def every_trace(model: str, device: str, gpus: int, nodes: int):
         global_batch_size=2 * gpus * nodes, devices=(budget,) * gpus, nodes=nodes, precisions=("bf16-mixed",),
         parameter_count=sum(p.numel() for p in skeleton.parameters()),
         parameter_bytes=sum(p.numel() * p.element_size() for p in skeleton.parameters()),
+        optimizer_state_bytes=elementwise_state_bytes(skeleton, "adamw"),
         block_classes=("block",))
     estimator = estimator_for(build, skeleton.example_batch(1), optimizer="adamw", device=device)
     search = _Search(request, estimator)
@@ -73,10 +76,11 @@ def test_no_floor_exceeds_the_traced_peak(model, device, gpus, nodes):
 def test_floors_are_close_enough_to_rule_out(model, device, gpus, nodes):
     search, candidates = every_trace(model, device, gpus, nodes)
     parameter_bytes = search.request.parameter_bytes
+    assert search.request.optimizer_state_bytes == 2 * parameter_bytes  # AdamW's two moments, fp32
     for c in candidates:
         floor, traced = search.floors.floor(c), search.traces[c.trace_key].device_total
         if c.group.sharding is None:
-            assert floor >= parameter_bytes  # every DDP rank holds every parameter
+            assert floor >= 3 * parameter_bytes  # every DDP rank holds every parameter and its state
         elif c.group.sharding == "SHARD_GRAD_OP":
             assert floor >= parameter_bytes  # every block stays gathered from forward to backward
         if c.group.offload:  # what the non-offloaded layout held besides its training state
@@ -140,6 +144,28 @@ def test_a_70b_shaped_search_needs_no_ddp_trace():
     assert len(sim.calls) < len(without.calls)
 
 
+def test_optimizer_state_rules_out_sharding_layouts_without_a_trace():
+    """With the optimizer's state known (AdamW: 2 fp32 moments), 8-way HYBRID_SHARD's 70B training
+    state (parameters and moments: 105 GB a GPU) is over an H100's budget before any trace."""
+    def search(**bounds):
+        sim = ShardedStep(params=70_000_000_000, activation_bytes_per_sample=1 << 30)
+        plan = make_plan(request(nodes=8, global_batch_size=512, parameter_count=70_000_000_000,
+                                 parameter_bytes=4 * 70_000_000_000, **bounds), sim)
+        return plan, [call[3].sharding_strategy for call in sim.calls]
+
+    plan, shardings = search(optimizer_state_bytes=8 * 70_000_000_000)
+    alone, shardings_without = search()
+    assert "HYBRID_SHARD" in shardings_without and "HYBRID_SHARD" not in shardings
+    assert dataclasses.replace(plan, reasons=()) == dataclasses.replace(alone, reasons=())
+    assert len(shardings) < len(shardings_without)
+    assert any(r.startswith("FSDP HYBRID_SHARD does not fit: needs at least 97.79 GiB") for r in plan.reasons)
+
+
 def test_parameter_bytes_is_checked():
     with pytest.raises(ValueError, match="PlanRequest.parameter_bytes must be an int >= 0"):
         request(parameter_bytes=-1)
+
+
+def test_optimizer_state_bytes_is_checked():
+    with pytest.raises(ValueError, match="PlanRequest.optimizer_state_bytes must be an int >= 0"):
+        request(optimizer_state_bytes=-1)

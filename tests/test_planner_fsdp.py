@@ -207,3 +207,33 @@ def test_planned_fsdp_config_is_a_lightning_cli_config(tmp_path, monkeypatch, ca
     printed = capsys.readouterr()
     assert exited.value.code == 0, printed.err
     assert "FSDPStrategy" in printed.out and "HYBRID_SHARD" in printed.out
+
+
+@dataclass
+class Prefetching(ShardedStep):
+    """A ShardedStep that records what the search asks it to prefetch: (setting, traces made by then)."""
+
+    prefetched: list = field(default_factory=list)
+
+    def prefetch(self, *, micro_batch_size, precision, checkpointing, world_size, fsdp=None):
+        self.prefetched.append(((micro_batch_size, checkpointing, world_size, fsdp), len(self.calls)))
+
+    def cancel(self, **setting):
+        pass
+
+
+def test_the_best_fit_is_verified_beside_the_next_groups_exploration():
+    """A 70B-shaped search (as configs/llama-7b-fsdp.yaml's model at 70B): checkpointing finds a fit,
+    then CPU offload is explored; the fit's verification is prefetched before that exploration's
+    trace (a second core runs it meanwhile: planner/background.py), and the plan is the same."""
+    def plan_with(sim):
+        return make_plan(request(nodes=8, global_batch_size=512, parameter_count=70_000_000_000,
+                                 parameter_bytes=4 * 70_000_000_000, optimizer_state_bytes=8 * 70_000_000_000), sim)
+
+    sim = Prefetching(params=70_000_000_000, activation_bytes_per_sample=60 * GiB)
+    plan = plan_with(sim)
+    assert plan == plan_with(ShardedStep(params=70_000_000_000, activation_bytes_per_sample=60 * GiB))
+    offload = next(i for i, call in enumerate(sim.calls) if call[3].cpu_offload and call[1])
+    verification = sim.calls.index((plan.micro_batch_size, True, 64, sim.calls[-1][3]))
+    assert offload < verification  # explored first, then verified
+    assert (sim.calls[verification], offload) in sim.prefetched  # started before the offload trace

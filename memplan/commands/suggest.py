@@ -18,6 +18,7 @@ from memplan.commands.progress import Progress
 from memplan.config import LoadedConfig
 from memplan.estimator.checkpointing import find_repeated_blocks
 from memplan.estimator.fake import fake_model, new_fake_mode
+from memplan.estimator.optimizer_state import elementwise_state_bytes
 from memplan.estimator.step import iter_tensors
 from memplan.hardware import GpuModel, host_info, visible_gpus
 from memplan.plan import Plan, model_class_name, model_fingerprint
@@ -186,6 +187,7 @@ def plan_config(
         largest_block_bytes=largest_block_bytes(skeleton),
         parameter_count=sum(p.numel() for p in skeleton.parameters()) if has_blocks else None,
         parameter_bytes=parameter_bytes,
+        optimizer_state_bytes=elementwise_state_bytes(skeleton, loaded.optimizer),
         tokens_per_sample=tokens_per_sample(base),
         block_classes=block_classes(skeleton),
     )

@@ -52,8 +52,14 @@ class BackgroundEstimator:
         if key not in self._pending:
             self._pending[key] = _Child(self._estimator, setting)
 
-    def cancel(self) -> None:
-        """Stop every trace still running in the background (the search no longer needs them)."""
+    def cancel(self, **setting: Any) -> None:
+        """Stop the background trace of `setting`, or with no setting every one still running (the
+        search no longer needs them)."""
+        if setting:
+            child = self._pending.pop(_key(setting), None)
+            if child is not None:
+                child.cancel()
+            return
         for child in self._pending.values():
             child.cancel()
         self._pending.clear()

@@ -9,9 +9,10 @@ At the end of the forward of the traced (steady-state) step a rank holds at leas
 and the step's peak is no lower than that moment, so neither is the estimate's device total. Each
 term is taken only from what is certain:
 
-- Resident state. Before any trace: PlanRequest.parameter_bytes, all of it on a DDP or one-GPU rank,
-  at least 1/d of it on an FSDP rank sharding over d ranks (FSDP2 chunks dim 0 and rank 0 holds the
-  first, largest chunk), none with CPU offload. Once a group of the same layout (DDP and one GPU are
+- Resident state. Before any trace: PlanRequest.parameter_bytes + optimizer_state_bytes (the state
+  the optimizer keeps per element of a parameter, elementwise like the sharding), all of it on a DDP
+  or one-GPU rank, at least 1/d of it on an FSDP rank sharding over d ranks (FSDP2 chunks dim 0 and
+  rank 0 holds the first, largest chunk, and its state), none with CPU offload. Once a group of the same layout (DDP and one GPU are
   one layout; an FSDP sharding, offload and world size another) is traced, its traced parameters +
   optimizer state, which do not depend on precision (the searched ones keep the model's parameter
   dtype), checkpointing or micro-batch.
@@ -83,8 +84,9 @@ def _reshards(sharding: str | None) -> bool:
 class Floors:
     """Lower bounds on the device bytes of candidates, refined by every trace the search makes."""
 
-    def __init__(self, parameter_bytes: int | None) -> None:
+    def __init__(self, parameter_bytes: int | None, optimizer_state_bytes: int | None = None) -> None:
         self.parameter_bytes = parameter_bytes or 0
+        self.state_bytes = self.parameter_bytes + (optimizer_state_bytes or 0)
         self.traced: list[_Traced] = []
 
     def add(self, *, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int,
@@ -100,11 +102,11 @@ class Floors:
         """Resident training state per rank: the static bound or a traced figure, the larger."""
         group = c.group
         if group.sharding in (None, "NO_SHARD"):
-            static = self.parameter_bytes
+            static = self.state_bytes
         elif group.offload:
             static = 0
         else:
-            static = self.parameter_bytes // (c.gpus_per_node if group.sharding == "HYBRID_SHARD" else c.world_size)
+            static = self.state_bytes // (c.gpus_per_node if group.sharding == "HYBRID_SHARD" else c.world_size)
         layout = _layout(group.sharding, group.offload, c.world_size)
         traced = [t.resident for t in self.traced if _layout(t.sharding, t.offload, t.world_size) == layout]
         return max([static, *traced])

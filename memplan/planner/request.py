@@ -152,6 +152,10 @@ class PlanRequest:
     """Bytes of the model's parameters as the searched precisions keep them (as built: fp32 master
     weights under AMP). Every DDP rank holds all of them, an FSDP rank its shard: a lower bound that
     rules out layouts without a trace (floors.py); None: no such bound before a trace."""
+    optimizer_state_bytes: int | None = None
+    """Optimizer state the step keeps at the least, over all parameters, unsharded (elementwise state:
+    estimator/optimizer_state.py); sharded like the parameters. With parameter_bytes, a lower bound
+    on the resident training state (floors.py); None: 0."""
     tokens_per_sample: int = 1
     """Tokens (sequence positions) per sample, for the compute time FSDP's collectives hide behind;
     1 for models that are not sequence models."""
@@ -203,6 +207,9 @@ class PlanRequest:
         if self.parameter_bytes is not None:
             _check_int("PlanRequest", "parameter_bytes", self.parameter_bytes, minimum=0,
                        fix="the bytes of the model's parameters, or None")
+        if self.optimizer_state_bytes is not None:
+            _check_int("PlanRequest", "optimizer_state_bytes", self.optimizer_state_bytes, minimum=0,
+                       fix="a lower bound on the bytes of the optimizer's state, or None")
         if self.parameter_count is not None:
             _check_int("PlanRequest", "parameter_count", self.parameter_count, minimum=1,
                        fix="the model's number of parameters, or None to leave FSDP out")

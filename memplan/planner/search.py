@@ -72,8 +72,8 @@ class Estimator(Protocol):
     """Per-GPU memory of one training step at a setting (memplan.estimate with the model bound).
     `fsdp` (an estimator.fsdp.FsdpSettings) is passed only for FSDP candidates: an estimator for a
     search without FSDP (PlanRequest.searches_fsdp False) need not accept it. An estimator may also
-    have `prefetch(**setting)` (a trace that will be asked for next: it may start it now, see
-    planner/background.py) and `cancel()` (drop those no longer needed)."""
+    have `prefetch(**setting)` (a trace that may be asked for next: it may start it now, see
+    planner/background.py) and `cancel(**setting)` (drop that one, or with no setting all of them)."""
 
     def __call__(self, *, micro_batch_size: int, precision: str, checkpointing: bool,
                  world_size: int, **fsdp) -> MemoryEstimate: ...
@@ -164,7 +164,7 @@ class _Search:
             kin.sort(key=lambda h: (h.sharding is not None, h.multi == g.multi))
             curve.siblings = tuple(self.curves[h] for h in kin)
         self.traces: dict[tuple, MemoryEstimate] = {}
-        self.floors = Floors(request.parameter_bytes)
+        self.floors = Floors(request.parameter_bytes, request.optimizer_state_bytes)
         self.explored: set[Group] = set()
         self.unfit: set[Group] = set()
         self.calls = 0
@@ -198,10 +198,11 @@ class _Search:
         if prefetch is not None and tuple(key) not in self.traces:
             prefetch(**self.setting(*key))
 
-    def cancel_prefetch(self) -> None:
+    def cancel_prefetch(self, *key) -> None:
+        """Drop the prefetched trace of `key`, or with no key every one."""
         cancel = getattr(self.estimator, "cancel", None)
         if cancel is not None:
-            cancel()
+            cancel(**(self.setting(*key) if key else {}))
 
     def trace_precision(self, group: Group) -> str:
         if not group.amp:
@@ -255,7 +256,8 @@ class _Search:
         curve.add(1, self.trace(1, precision, group.checkpointing, group.probe_world_size, *layout))
         if not any(self.fits_device(c) for c in self.groups[group] if c.micro_batch_size == 1):
             self.unfit.add(group)
-            self.cancel_prefetch()
+            if probe is not None:
+                self.cancel_prefetch(probe, precision, group.checkpointing, group.probe_world_size, *layout)
             return
         if probe is not None:
             curve.add(probe, self.trace(probe, precision, group.checkpointing, group.probe_world_size, *layout))
@@ -279,6 +281,8 @@ class _Search:
             best = self.best_fit()
             group = self.next_group(best)
             if group is not None:
+                if best is not None:  # its verification, beside the exploration (wasted if the group wins)
+                    self.prefetch(*best.trace_key)
                 self.explore(group)
                 continue
             if best is None:
