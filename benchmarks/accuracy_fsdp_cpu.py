@@ -29,7 +29,7 @@ GOAL_MEDIAN, GOAL_WORST = 0.01, 0.03
 CASES = (
     "gpt2-b8:2", "gpt2-b8-bf16mixed:2", "gpt2-b8-ckpt:2", "gpt2-b8-bf16mixed-ckpt:2",
     "llama-gqa-b2:2", "llama-gqa-b4-bf16mixed:2", "llama-gqa-b4-ckpt:2",
-    "bert-b8:2", "vit-b16:2", "t5-b4:2", "bart-b4-bf16mixed:2",
+    "bert-b8:2", "vit-b16:2", "t5-b4:2", "bart-b4-bf16mixed:2", "mixtral-moe-b4:2",
     "gpt2-b8:4", "llama-gqa-b4-bf16mixed:4", "vit-b32-bf16mixed-ckpt:4",
 )
 

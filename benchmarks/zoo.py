@@ -250,6 +250,13 @@ LLAMA = dict(
 llama = functools.partial(_hf, "LlamaForCausalLM", "LlamaConfig", **LLAMA)
 llama_batch = functools.partial(causal_lm_batch, seq_len=256, vocab=LLAMA["vocab_size"])
 
+MIXTRAL = dict(  # mixture of experts: 4 experts, 2 per token, transformers' default grouped_mm experts path
+    vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+    num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=512, use_cache=False,
+)
+mixtral = functools.partial(_hf, "MixtralForCausalLM", "MixtralConfig", **MIXTRAL)
+mixtral_batch = functools.partial(causal_lm_batch, seq_len=256, vocab=MIXTRAL["vocab_size"])
+
 VIT = dict(
     image_size=64, patch_size=8, num_channels=3, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
     intermediate_size=1024, num_labels=100,
@@ -350,6 +357,9 @@ def _cases() -> list[Case]:
             ("b4-bf16mixed", dict(batch_size=4, precision="bf16-mixed")),
             ("b4-ckpt", dict(batch_size=4, checkpointing=True)),
             ("b2-bf16true", dict(batch_size=2, precision="bf16-true")),
+        ]),
+        *family("mixtral-moe", mixtral, mixtral_batch, hf_loss, [
+            ("b4", dict(batch_size=4)),
         ]),
         *family("vit", vit, vit_batch, hf_loss, [
             ("b16", dict(batch_size=16)),
