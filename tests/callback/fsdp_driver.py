@@ -81,3 +81,8 @@ if __name__ == "__main__":
     directory = Path(sys.argv[2])
     directory.mkdir(parents=True, exist_ok=True)
     main(sys.argv[1], directory, int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    # As launch/train.py and ddp_driver.py do: destroy the group before interpreter shutdown, which can
+    # otherwise abort a finished run from gloo's threads (seen in CI: "terminate called without an
+    # active exception", exit -6, after the fit had ended; pytorch/pytorch#190489).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
