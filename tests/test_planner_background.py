@@ -3,6 +3,7 @@ and its estimate used; a child that fails leaves the parent to trace (and raise)
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -130,3 +131,74 @@ def test_cancel_of_one_setting_keeps_the_others():
     background.cancel(**probe)
     assert background(**verification) == SimulatedStep()(**verification)
     assert sim.calls == []  # the verification's child was left running, and used
+
+
+SETTING = dict(micro_batch_size=4, precision="16-mixed", checkpointing=False, world_size=2)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_no_fork_leaves_the_parent_to_trace(monkeypatch):
+    # Found in review: a fork refused (EAGAIN under a process limit) escaped prefetch and leaked the pipe.
+    def refused():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    before = open_fds()
+    monkeypatch.setattr(os, "fork", refused)
+    sim = Recording()
+    background = BackgroundEstimator(sim)
+    background.prefetch(**SETTING)
+    assert background(**SETTING) == SimulatedStep()(**SETTING) and sim.pids == [os.getpid()]
+    assert open_fds() == before
+
+
+def test_a_parent_with_many_open_files_reads_its_child():
+    # Found in review: select.select refuses descriptors >= 1024, and the child was left unreaped.
+    files = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        sim = Recording()
+        background = BackgroundEstimator(sim)
+        background.prefetch(**SETTING)
+        assert background(**SETTING) == SimulatedStep()(**SETTING)
+        assert sim.calls == []  # the child's estimate
+    finally:
+        for fd in files:
+            os.close(fd)
+
+
+def test_an_interrupt_while_waiting_ends_the_child(monkeypatch):
+    monkeypatch.setattr(background_module, "STALL_SECONDS", 60.0)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    background = BackgroundEstimator(HangsInTheChild())
+    background.prefetch(**SETTING)
+    pid = next(iter(background._pending.values()))._pid
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(1)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            background(**SETTING)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    with pytest.raises(ChildProcessError):  # killed and reaped: no child left running, no zombie
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_children_are_used_when_sigchld_is_ignored():
+    # Found in review: an inherited SIGCHLD=SIG_IGN makes waitpid raise ChildProcessError.
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        sim = Recording()
+        background = BackgroundEstimator(sim)
+        background.prefetch(**SETTING)
+        assert background(**SETTING) == SimulatedStep()(**SETTING)
+        assert sim.calls == []
+        background.prefetch(**dict(SETTING, micro_batch_size=8))
+        background.cancel()  # reaped by the kernel: nothing to wait for, no error
+    finally:
+        signal.signal(signal.SIGCHLD, previous)

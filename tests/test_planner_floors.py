@@ -169,3 +169,35 @@ def test_parameter_bytes_is_checked():
 def test_optimizer_state_bytes_is_checked():
     with pytest.raises(ValueError, match="PlanRequest.optimizer_state_bytes must be an int >= 0"):
         request(optimizer_state_bytes=-1)
+
+
+def test_an_optimizer_claim_the_first_trace_contradicts_is_withdrawn():
+    floors = Floors(parameter_bytes=400, optimizer_state_bytes=800)
+    assert floors.state_bytes == 1200 and not floors.claim_checked
+    floors.add(micro_batch_size=1, precision="bf16-mixed", checkpointing=False, world_size=16, sharding="FULL_SHARD",
+               offload=True, est=estimate_of(optimizer_state=0), shard_degree=16)
+    assert floors.state_bytes == 1200 and not floors.claim_checked  # offloaded: its state is on the host
+    floors.add(micro_batch_size=1, precision="bf16-mixed", checkpointing=False, world_size=16, sharding="FULL_SHARD",
+               offload=False, est=estimate_of(parameters=25, optimizer_state=50), shard_degree=16)
+    assert floors.state_bytes == 1200 and floors.claim_checked  # 800 / 16 held: confirmed
+    wrong = Floors(parameter_bytes=400, optimizer_state_bytes=800)
+    wrong.add(micro_batch_size=1, precision="bf16-mixed", checkpointing=False, world_size=2, sharding=None,
+              offload=False, est=estimate_of(parameters=400, optimizer_state=100))  # e.g. an unused head
+    assert wrong.state_bytes == 400 and wrong.claim_checked
+
+
+@pytest.mark.parametrize("claim_factor", [5, 1000])
+def test_a_wrong_optimizer_claim_never_changes_the_plan(claim_factor):
+    """The claim is a probe's (estimator/optimizer_state.py), which cannot see parameters that get no
+    gradient. Too high (x5: the first trace withdraws it; x1000: it alone rules out every setting, so
+    the search withdraws it before tracing), the plan is the one made without it."""
+    def plan_with(**bounds):
+        sim = ShardedStep(params=70_000_000_000, activation_bytes_per_sample=1 << 30)
+        return make_plan(request(nodes=8, global_batch_size=512, parameter_count=70_000_000_000,
+                                 parameter_bytes=4 * 70_000_000_000, **bounds), sim)
+
+    real = 8 * 70_000_000_000  # ShardedStep's optimizer state: two fp32 moments
+    wrong, alone = plan_with(optimizer_state_bytes=claim_factor * real), plan_with()
+    # the same plan; the runners-up may differ by what the longer search traced on the way
+    assert dataclasses.replace(wrong, reasons=(), alternatives=()) == dataclasses.replace(alone, reasons=(),
+                                                                                          alternatives=())

@@ -10,14 +10,21 @@ that part is counted, and only the smallest ratio seen over the probe's shapes, 
 lower bound for every parameter: a factored optimizer (Adafactor keeps row and column statistics
 for a matrix) counts 0 for its matrices, and per-parameter scalars (Adam's step) count nothing.
 
-Counted on the parameters the optimizer trains: those that require grad, or for a LightningModule's
-own configure_optimizers, those in its optimizer's param groups (built on the fake skeleton, which
-allocates nothing). An optimizer that cannot be built or stepped here counts 0: no bound, never an
-error (the trace meets the same optimizer and reports what is wrong with it).
+The optimizer is built as the trace builds it (memplan.estimate's optimizer=, or a LightningModule's
+own configure_optimizers) on the model's fake parameters, which allocates nothing, and a copy of that
+very instance is stepped, each param group with its own options (a group without momentum keeps no
+momentum). Counted on the parameters in its groups that require grad. An optimizer that cannot be
+built or stepped here counts 0: no bound, never an error (the trace meets the same optimizer and
+reports what is wrong with it).
+
+What no probe can know is which parameters will get a gradient (an unused head, a teacher run under
+no_grad keep no state) or an optimizer that factors only large matrices: the figure is a claim the
+planner checks against its first trace (planner/floors.py), and withdraws if that trace holds less.
 """
 from __future__ import annotations
 
-import inspect
+import copy
+from collections import defaultdict
 from typing import Any, Callable
 
 import torch
@@ -31,48 +38,34 @@ PROBE_SHAPES = ((8, 4), (16,), (2, 3, 4))
 
 def elementwise_state_bytes(model: nn.Module, optimizer: str | Callable[..., Any] | None) -> int:
     """Bytes of optimizer state, over all the parameters `optimizer` trains in `model` (unsharded),
-    that every step keeps at the least; 0 where that cannot be told."""
+    that a step keeps if every trained parameter gets a gradient; 0 where that cannot be told."""
     try:
-        trained, factory = _trained_and_factory(model, optimizer)
-        ratio = _elementwise_ratio(factory)
+        built = resolve_optimizer(model, optimizer)  # on the model's (fake) parameters: no state yet
+        total = 0.0
+        for group, ratio in zip(built.param_groups, _elementwise_ratios(built)):
+            trained = {id(p): p for p in group["params"] if p.requires_grad}.values()  # tied weights once
+            total += ratio * sum(p.numel() * p.element_size() for p in trained)
     except Exception:  # any optimizer the probe cannot build or step: no bound
         return 0
-    return int(ratio * sum(p.numel() * p.element_size() for p in trained))
+    return int(total)
 
 
-def _trained_and_factory(model: nn.Module, optimizer: str | Callable[..., Any] | None
-                         ) -> tuple[list[nn.Parameter], Callable[[list[nn.Parameter]], torch.optim.Optimizer]]:
-    """The parameters the optimizer steps, and how to build the same optimizer on other parameters."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    if optimizer is not None or not hasattr(model, "configure_optimizers"):
-        return trainable, lambda params: resolve_optimizer(_Holder(params), optimizer)
-    built = resolve_optimizer(model, None)  # the model's configure_optimizers, on its fake parameters
-    stepped = {id(p) for group in built.param_groups for p in group["params"] if p.requires_grad}
-    cls = type(built)  # rebuilt from its defaults, less those its constructor does not take (AdamW's
-    accepted = inspect.signature(cls.__init__).parameters
-    takes_any = any(a.kind is inspect.Parameter.VAR_KEYWORD for a in accepted.values())
-    defaults = {k: v for k, v in built.defaults.items() if takes_any or k in accepted}  # name one of Adam's)
-    return [p for p in trainable if id(p) in stepped], lambda params: cls(params, **defaults)
-
-
-def _elementwise_ratio(factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer]) -> float:
-    """The least, over the probe's parameters, of (state bytes of the parameter's shape) / (its bytes)."""
-    params = [nn.Parameter(torch.full(shape, 0.5)) for shape in PROBE_SHAPES]
-    opt = factory(params)
-    for p in params:
-        p.grad = torch.full_like(p, 0.1)
-    opt.step()
+def _elementwise_ratios(built: torch.optim.Optimizer) -> list[float]:
+    """Per param group of `built`: the least, over the probe's parameters, of (state bytes of the
+    parameter's shape) / (its bytes), from one step of a copy of `built` (its class, and each group's
+    own options) on small real parameters."""
+    probe = copy.copy(built)
+    probe.state = defaultdict(dict)
+    groups = [[nn.Parameter(torch.full(shape, 0.5)) for shape in PROBE_SHAPES] for _ in built.param_groups]
+    probe.param_groups = [{**group, "params": params} for group, params in zip(built.param_groups, groups)]
+    for params in groups:
+        for p in params:
+            p.grad = torch.full_like(p, 0.1)
+    probe.step()
     ratios = []
-    for p in params:
-        own = sum(t.numel() * t.element_size() for t in opt.state.get(p, {}).values()
-                  if isinstance(t, torch.Tensor) and t.shape == p.shape)
-        ratios.append(own / (p.numel() * p.element_size()))
-    return min(ratios)
-
-
-class _Holder(nn.Module):
-    """A module owning the probe's parameters, for resolve_optimizer."""
-
-    def __init__(self, params: list[nn.Parameter]) -> None:
-        super().__init__()
-        self.params = nn.ParameterList(params)
+    for params in groups:
+        ratios.append(min(
+            sum(t.numel() * t.element_size() for t in probe.state.get(p, {}).values()
+                if isinstance(t, torch.Tensor) and t.shape == p.shape) / (p.numel() * p.element_size())
+            for p in params))
+    return ratios

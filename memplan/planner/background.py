@@ -50,7 +50,10 @@ class BackgroundEstimator:
     def prefetch(self, **setting: Any) -> None:
         key = _key(setting)
         if key not in self._pending:
-            self._pending[key] = _Child(self._estimator, setting)
+            try:
+                self._pending[key] = _Child(self._estimator, setting)
+            except OSError:  # no fork now (a process or memory limit): the trace is made when asked
+                pass
 
     def cancel(self, **setting: Any) -> None:
         """Stop the background trace of `setting`, or with no setting every one still running (the
@@ -82,7 +85,12 @@ class _Child:
         sys.stdout.flush()
         sys.stderr.flush()  # nothing buffered is written twice
         read_fd, write_fd = os.pipe()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
         if pid == 0:  # the child: trace, send, leave without running the parent's exit handlers
             code = 1
             try:
@@ -106,11 +114,18 @@ class _Child:
         """The child's estimate, or None when it failed or stalled (the caller then traces in-process)."""
         if self._pid is None:
             return None
-        data = self._read(STALL_SECONDS)
+        try:
+            data = self._read(STALL_SECONDS)
+        except BaseException:  # Ctrl-C, or anything else, while waiting: leave no child behind
+            self.cancel()
+            raise
         if data is None:
             self.cancel()
             return None
-        _, status = os.waitpid(self._pid, 0)
+        try:
+            _, status = os.waitpid(self._pid, 0)
+        except ChildProcessError:  # SIGCHLD ignored (inherited): reaped already; judge by what it sent
+            status = 0
         self._pid = None
         if status != 0 or not data:
             return None
@@ -126,8 +141,10 @@ class _Child:
         chunks: list[bytes] = []
         last, idle = _cpu_ticks(self._pid), 0.0
         try:
+            poller = select.poll()  # not select.select: it refuses descriptors >= 1024
+            poller.register(fd, select.POLLIN | select.POLLHUP)
             while True:
-                if select.select([fd], [], [], 1.0)[0]:
+                if poller.poll(1000):
                     chunk = os.read(fd, 1 << 20)
                     if not chunk:
                         return b"".join(chunks)
@@ -149,7 +166,10 @@ class _Child:
             os.kill(self._pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        os.waitpid(self._pid, 0)
+        try:
+            os.waitpid(self._pid, 0)
+        except ChildProcessError:  # SIGCHLD ignored: the kernel reaped it
+            pass
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

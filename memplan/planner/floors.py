@@ -12,7 +12,11 @@ term is taken only from what is certain:
 - Resident state. Before any trace: PlanRequest.parameter_bytes + optimizer_state_bytes (the state
   the optimizer keeps per element of a parameter, elementwise like the sharding), all of it on a DDP
   or one-GPU rank, at least 1/d of it on an FSDP rank sharding over d ranks (FSDP2 chunks dim 0 and
-  rank 0 holds the first, largest chunk, and its state), none with CPU offload. Once a group of the same layout (DDP and one GPU are
+  rank 0 holds the first, largest chunk, and its state), none with CPU offload. The optimizer figure
+  is a claim (estimator/optimizer_state.py cannot see which parameters get no gradient): the first
+  trace that is not offloaded checks it at its own layout, and a trace holding less optimizer state
+  than it implies withdraws it for the rest of the search. Unchecked, it only orders the search: it is
+  withdrawn before the search settles on a plan or on none (_Search.run). Once a group of the same layout (DDP and one GPU are
   one layout; an FSDP sharding, offload and world size another) is traced, its traced parameters +
   optimizer state, which do not depend on precision (the searched ones keep the model's parameter
   dtype), checkpointing or micro-batch.
@@ -86,11 +90,28 @@ class Floors:
 
     def __init__(self, parameter_bytes: int | None, optimizer_state_bytes: int | None = None) -> None:
         self.parameter_bytes = parameter_bytes or 0
-        self.state_bytes = self.parameter_bytes + (optimizer_state_bytes or 0)
+        self.optimizer_claim = optimizer_state_bytes or 0
+        """PlanRequest.optimizer_state_bytes until a trace withdraws it (then 0)."""
+        self.claim_checked = self.optimizer_claim == 0
         self.traced: list[_Traced] = []
 
+    @property
+    def state_bytes(self) -> int:
+        """Parameters and (claimed) optimizer state of the whole model, unsharded."""
+        return self.parameter_bytes + self.optimizer_claim
+
+    def withdraw_claim(self) -> None:
+        """Stop counting the optimizer state that no trace has confirmed."""
+        self.optimizer_claim, self.claim_checked = 0, True
+
     def add(self, *, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int,
-            sharding: str | None, offload: bool, est: MemoryEstimate) -> None:
+            sharding: str | None, offload: bool, est: MemoryEstimate, shard_degree: int = 1) -> None:
+        """Learn from one trace; `shard_degree`: the ranks its parameters are sharded over (1: DDP)."""
+        if not self.claim_checked and not offload:
+            degree = 1 if sharding in (None, "NO_SHARD") else shard_degree
+            if est.optimizer_state < self.optimizer_claim // degree:
+                self.withdraw_claim()
+            self.claim_checked = True
         self.traced.append(_Traced(
             amp=precision in AMP_PRECISIONS, checkpointing=checkpointing, sharding=sharding, offload=offload,
             world_size=world_size, micro_batch_size=micro_batch_size,

@@ -188,8 +188,10 @@ class _Search:
         if key not in self.traces:
             self.calls += 1
             self.traces[key] = self.estimator(**self.setting(*key))
+            degree = world_size // self.request.nodes if sharding == "HYBRID_SHARD" else world_size
             self.floors.add(micro_batch_size=micro, precision=precision, checkpointing=checkpointing,
-                            world_size=world_size, sharding=sharding, offload=offload, est=self.traces[key])
+                            world_size=world_size, sharding=sharding, offload=offload, est=self.traces[key],
+                            shard_degree=degree)
         return self.traces[key]
 
     def prefetch(self, *key) -> None:
@@ -284,6 +286,9 @@ class _Search:
                 if best is not None:  # its verification, beside the exploration (wasted if the group wins)
                     self.prefetch(*best.trace_key)
                 self.explore(group)
+                continue
+            if not self.floors.claim_checked:  # no trace has checked the optimizer claim (floors.py):
+                self.floors.withdraw_claim()   # it decides nothing unconfirmed; search on without it
                 continue
             if best is None:
                 raise self.no_fit()

@@ -80,3 +80,39 @@ def test_an_optimizer_the_probe_cannot_build_is_no_bound_not_an_error():
     assert elementwise_state_bytes(tiny_gpt(), broken) == 0
     model = NeedsATrainer(vocab_size=131, context=16, d_model=32, n_layers=2, n_heads=2)
     assert elementwise_state_bytes(model, None) == 0
+
+
+class GroupOptions(GPTLM):
+    """Momentum on the vectors only: the matrices' group keeps no momentum buffer."""
+
+    def configure_optimizers(self):
+        matrices = [p for p in self.parameters() if p.ndim >= 2]
+        vectors = [p for p in self.parameters() if p.ndim < 2]
+        return torch.optim.SGD([{"params": matrices, "momentum": 0.0}, {"params": vectors}], lr=0.1, momentum=0.9)
+
+
+class ArgumentsNotInDefaults(torch.optim.SGD):
+    """A user's optimizer whose constructor takes what its defaults do not name."""
+
+    def __init__(self, params, lr=0.1, use_momentum=True):
+        super().__init__(params, lr=lr, momentum=0.9 if use_momentum else 0.0)
+
+
+class OwnOptimizer(GPTLM):
+    def configure_optimizers(self):
+        return ArgumentsNotInDefaults(self.parameters(), use_momentum=False)
+
+
+@pytest.mark.parametrize("model_class", [GroupOptions, OwnOptimizer], ids=lambda c: c.__name__)
+def test_each_groups_own_options_are_probed_on_the_optimizer_as_built(model_class):
+    """Found in review: rebuilding the optimizer from its class and defaults counted momentum for a
+    group (or a constructor) without it, above the traced step."""
+    def build():
+        return model_class(vocab_size=131, context=16, d_model=32, n_layers=2, n_heads=2, dropout=0.0)
+
+    fake = fake_model(build, new_fake_mode(), device=torch.device("cpu"), param_dtype=torch.float32)
+    bound = elementwise_state_bytes(fake, None)
+    est = memplan.estimate(build, build().example_batch(2), device="cpu")
+    assert bound <= est.optimizer_state
+    vectors = sum(p.numel() * 4 for p in build().parameters() if p.ndim < 2)
+    assert bound == (vectors if model_class is GroupOptions else 0)
