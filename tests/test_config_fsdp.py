@@ -61,27 +61,12 @@ def test_planned_gpt_config_keeps_memory_planner_and_names_model_parallel_strate
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Lightning's use of jsonargparse's old API
 def test_planned_model_parallel_config_is_a_lightning_cli_config(tmp_path, monkeypatch, capsys):
-    import sys
-
-    import pytorch_lightning as pl
-    from pytorch_lightning.cli import LightningCLI
-
-    from memplan.config import add_memplan_argument
+    from test_configs_shipped import lightning_cli_print_config
 
     out = tmp_path / "planned.yaml"
     write_planned_config(load_config(ROOT / "configs" / "gpt2-small.yaml"), fsdp_plan(), out,
                          callback=planner_callback(tmp_path / "planned.plan.json"))
 
-    class CLI(LightningCLI):
-        def add_arguments_to_parser(self, parser):
-            add_memplan_argument(parser)
-
-    monkeypatch.setattr(sys, "argv", sys.argv[:1])
-    with pytest.raises(SystemExit) as exited:
-        CLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-            args=["fit", "--config", str(out), "--print_config"])
-    printed = capsys.readouterr()
-    assert exited.value.code == 0, printed.err
-    strategy = yaml.safe_load(printed.out)["trainer"]["strategy"]
+    strategy = yaml.safe_load(lightning_cli_print_config(out, monkeypatch, capsys))["trainer"]["strategy"]
     assert strategy["class_path"].endswith("ModelParallelStrategy")
     assert (strategy["init_args"]["data_parallel_size"], strategy["init_args"]["tensor_parallel_size"]) == (8, 1)

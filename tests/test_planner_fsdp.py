@@ -170,14 +170,12 @@ def test_plan_with_the_real_estimator_shards_what_ddp_cannot_hold():
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Lightning's use of jsonargparse's old API
 def test_planned_fsdp_config_is_a_lightning_cli_config(tmp_path, monkeypatch, capsys):
-    import sys
     from pathlib import Path
 
-    import pytorch_lightning as pl
     import yaml
-    from pytorch_lightning.cli import LightningCLI
+    from test_configs_shipped import lightning_cli_print_config
 
-    from memplan.config import add_memplan_argument, load_config
+    from memplan.config import load_config
     from memplan.config.write import planner_callback, write_planned_config
     from memplan.plan import Plan
 
@@ -196,17 +194,8 @@ def test_planned_fsdp_config_is_a_lightning_cli_config(tmp_path, monkeypatch, ca
     assert (trainer["devices"], trainer["num_nodes"], trainer["accumulate_grad_batches"]) == (8, 2, 4)
     assert [c["class_path"] for c in trainer["callbacks"]] == ["memplan.MemoryPlanner"]  # kept under FSDP
 
-    class CLI(LightningCLI):
-        def add_arguments_to_parser(self, parser):
-            add_memplan_argument(parser)
-
-    monkeypatch.setattr(sys, "argv", sys.argv[:1])
-    with pytest.raises(SystemExit) as exited:
-        CLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-            args=["fit", "--config", str(out), "--print_config"])
-    printed = capsys.readouterr()
-    assert exited.value.code == 0, printed.err
-    assert "FSDPStrategy" in printed.out and "HYBRID_SHARD" in printed.out
+    printed = lightning_cli_print_config(out, monkeypatch, capsys)
+    assert "FSDPStrategy" in printed and "HYBRID_SHARD" in printed
 
 
 @dataclass
