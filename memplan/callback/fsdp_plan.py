@@ -35,8 +35,6 @@ def parameter_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-
-
 def planning_settings(strategy: Any, module: nn.Module) -> tuple[FsdpSettings, list[str]]:
     """What MemoryPlanner estimates a fit-start plan with under an FSDP strategy (called at setup,
     before configure_model): the settings it can read, and in words what it assumes instead of

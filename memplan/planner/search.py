@@ -187,11 +187,12 @@ class _Search:
         key = (micro, precision, checkpointing, world_size, sharding, offload)
         if key not in self.traces:
             self.calls += 1
-            self.traces[key] = self.estimator(**self.setting(*key))
-            degree = world_size // self.request.nodes if sharding == "HYBRID_SHARD" else world_size
+            setting = self.setting(*key)
+            self.traces[key] = self.estimator(**setting)
+            shard_size = getattr(setting.get("fsdp"), "shard_size", None)  # HYBRID_SHARD's, else None
             self.floors.add(micro_batch_size=micro, precision=precision, checkpointing=checkpointing,
                             world_size=world_size, sharding=sharding, offload=offload, est=self.traces[key],
-                            shard_degree=degree)
+                            shard_degree=shard_size or world_size)
         return self.traces[key]
 
     def prefetch(self, *key) -> None:
