@@ -45,12 +45,12 @@ import contextlib
 import math
 import zlib
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from memplan.estimator.errors import EstimateError
@@ -155,8 +155,8 @@ class ValueResolver:
 
     def _resolve(self, func, args, kwargs):
         flat, spec = tree_flatten((args, kwargs))
-        fakes = [t for t in flat if isinstance(t, FakeTensor)]
-        reals = [t for t in flat if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)]
+        fakes = [t for t in flat if _holds_fakes(t)]
+        reals = [t for t in flat if isinstance(t, torch.Tensor) and not _holds_fakes(t)]
         if func in _BOOL_INDEX_OPS and _has_real_bool_index(args):
             return func(args[0], _integer_indices(args[1]), *args[2:], **kwargs)
         if reals and all(t.is_floating_point() for t in fakes):
@@ -170,7 +170,8 @@ class ValueResolver:
             )
         if func is aten._local_scalar_dense.default:
             value = _assumed_scalar(args[0])
-            self._assume(f"a value read from an activation with .item() was taken as {value!r}")
+            self._assume(f"a value read with .item() from a tensor the trace has no values of (an activation, or "
+                         f"a norm in the optimizer step) was taken as {value!r}")
             return value
         self._assume(f"{func} on an activation ran on random values of the same shape")
         return self._run_real(func, flat, spec, fill="sample")
@@ -286,6 +287,17 @@ def _integer_indices(indices):
             else:
                 out.append(index)
     return out
+
+
+def _holds_fakes(t: Any) -> bool:
+    """A fake tensor, or a tensor subclass wrapping fakes (FSDP2's DTensor parameters: an optimizer's
+    `param.norm().item()` reaches here as a DTensor), whose values the trace does not have."""
+    if isinstance(t, FakeTensor):
+        return True
+    if not is_traceable_wrapper_subclass(t):
+        return False
+    inner, _ = t.__tensor_flatten__()
+    return any(_holds_fakes(getattr(t, name)) for name in inner)
 
 
 def _assumed_scalar(t: torch.Tensor):

@@ -196,3 +196,31 @@ def test_chunks_made_on_demand_change_nothing(monkeypatch, ranks, settings):
     lazy = fsdp_estimate(ranks, settings, precision="bf16-mixed", checkpointing=True)
     monkeypatch.setattr(fsdp_module, "LAZY_CHUNKS", False)
     assert figures(lazy) == figures(fsdp_estimate(ranks, settings, precision="bf16-mixed", checkpointing=True))
+
+
+class NormScaledSGD(torch.optim.SGD):
+    """An optimizer reading each parameter's norm with .item(): under FSDP2 the parameter is a DTensor
+    whose local shard is a fake tensor."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / max(1.0, p.norm().item()))
+        return super().step(closure)
+
+
+def test_item_on_a_sharded_parameter_is_an_assumption_named_in_the_notes():
+    # Found trying Adafactor under FSDP: a DTensor's .item() was taken for a real tensor and failed
+    # as "the training step has an op whose output depends on tensor values", blaming the model.
+    est = estimate(tiny_gpt, gpt_batch(), optimizer=lambda params: NormScaledSGD(params, lr=0.1, momentum=0.9),
+                   device="cpu", strategy="fsdp", world_size=2)
+    assert any(".item()" in note and "taken as 1.0" in note for note in est.notes)
+    assert est.optimizer_state == shard_bytes(tiny_gpt(), 2)  # the momentum buffers, sharded
+
+
+def test_an_optimizer_dtensor_cannot_run_is_named_as_the_optimizers():
+    with pytest.raises(EstimateError, match="failed in the optimizer"):
+        estimate(tiny_gpt, gpt_batch(), optimizer=lambda params: torch.optim.Adafactor(params, lr=1e-2),
+                 device="cpu", strategy="fsdp", world_size=2)
