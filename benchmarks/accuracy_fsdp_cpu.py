@@ -7,8 +7,9 @@ A case is a benchmarks.zoo case (model, per-rank batch, optimizer, precision, ch
 world size. The truth is `python -m benchmarks.fsdp_truth CASE WORLD_SIZE DIR`: Lightning's
 ModelParallelStrategy (fully_shard on each repeated block and the root) with gloo on CPU, every rank
 profiled over build + 2 steps (the profiler's peak "Total Allocated", as benchmarks/cpu_truth.py
-reads it). The estimate is `memplan.estimate(..., strategy="fsdp", world_size=N, device="cpu")` in a
-fresh process. Error = (estimate - truth) / truth, for every rank: the estimate is one figure per rank.
+reads it, with the allocator counting frees on gloo's threads too). The estimate is
+`memplan.estimate(..., strategy="fsdp", world_size=N, device="cpu")` in a fresh process.
+Error = (estimate - truth) / truth, for every rank: the estimate is one figure per rank.
 """
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ def render_markdown(report: dict) -> str:
         f" · {report['machine']['cpu']} ({report['machine']['cpu_count']} cores)",
         "",
         "Truth: each rank's profiler peak of allocated bytes over a real run (build + 2 steps; "
-        "benchmarks/fsdp_truth.py). memplan: `estimate(strategy='fsdp', world_size=N, device='cpu')`, one "
+        "benchmarks/fsdp_truth.py), with c10's allocator counting every thread's frees (gloo's workers free "
+        "collective buffers; memplan.estimator.measure.allocator_counts_every_thread). memplan: `estimate(strategy='fsdp', world_size=N, device='cpu')`, one "
         "figure per rank. Error = (estimate - truth) / truth, per rank. MiB = 2^20 bytes.",
         "",
         "| case (zoo case : ranks) | memplan MiB | truth MiB per rank | error per rank | truth peak in | estimate s |",

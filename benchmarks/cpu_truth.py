@@ -12,8 +12,14 @@ free to the profiler together with its running total of bytes allocated (`Profil
 which counts the requested sizes, as `torch.cuda.memory_allocated` does). The chrome trace holds these
 as "[memory]" instant events with args "Bytes" (+ on allocation, - on free) and "Total Allocated". The
 truth is the largest "Total Allocated" (less the total before the first event, 0 in a fresh process).
-The running sum of "Bytes" is checked against "Total Allocated" at every event, so an event missing
-from the trace would show. Only CPU events count (Device Type 0).
+Each event's "Bytes" is checked against the move of "Total Allocated" since the event before, so an
+event missing from the trace would show (as a counter mismatch). Only CPU events count (Device Type 0).
+
+The profiler records events only on its own threads, and c10 keeps the total only on those threads
+unless told otherwise: a tensor freed on another thread (gloo's workers free collective buffers) would
+stay in "Total Allocated" for good. Measuring therefore sets c10's flag that makes every thread count
+(memplan.estimator.measure.allocator_counts_every_thread); an allocation or free on an unrecorded
+thread then moves the total with no event of its own, and shows as a counter mismatch.
 
 Besides the peak this reports the peak of each phase (build, step 1, step 2: the steps are marked with
 `record_function`), the op running at the peak, and "scratch": bytes allocated and freed inside one
@@ -37,6 +43,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks.zoo import CASES, SEED, Case, make_optimizer
 from memplan.estimator.checkpointing import apply_checkpointing
+from memplan.estimator.measure import allocator_counts_every_thread
 from memplan.estimator.step import PrecisionPolicy, run_training_step
 
 STEPS = 2
@@ -55,7 +62,9 @@ def measure(case: Case) -> dict:
     torch.manual_seed(SEED)
     torch.set_num_threads(2)
     wall: dict[str, float] = {}
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with allocator_counts_every_thread() as every_thread, profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
         start = time.perf_counter()
         with record_function(_MARK + "build"):
             run = prepare(case)
@@ -78,6 +87,7 @@ def measure(case: Case) -> dict:
         "case": case.name,
         "num_parameters": num_parameters,
         **result,
+        "allocator_counts_every_thread": every_thread,
         "wall_seconds": {k: round(v, 3) for k, v in wall.items()},
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "torch": torch.__version__,
@@ -147,14 +157,14 @@ def analyze_trace(trace: dict) -> dict:
 
     first = memory[0]["args"]
     baseline = first["Total Allocated"] - first["Bytes"]
-    running = baseline
+    previous = baseline
     mismatches = 0
     totals = []
     for e in memory:
-        running += e["args"]["Bytes"]
-        if running != e["args"]["Total Allocated"]:
+        if previous + e["args"]["Bytes"] != e["args"]["Total Allocated"]:
             mismatches += 1
-        totals.append(e["args"]["Total Allocated"] - baseline)
+        previous = e["args"]["Total Allocated"]
+        totals.append(previous - baseline)
     peak_index = max(range(len(totals)), key=totals.__getitem__)
     peak_event = memory[peak_index]
 

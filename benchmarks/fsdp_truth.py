@@ -8,7 +8,9 @@ checkpointing to each repeated block, then `fully_shard` on each repeated block 
 the strategy's data-parallel mesh; `Trainer(strategy=ModelParallelStrategy(...), devices=WORLD_SIZE,
 accelerator="cpu", precision=...)` trains 2 steps. Lightning starts the other ranks by re-running this
 command. Each rank profiles its whole run (build + 2 steps) and reads its peak "Total Allocated" as
-benchmarks.cpu_truth does (build and steps are marked with the same `record_function` names).
+benchmarks.cpu_truth does (build and steps are marked with the same `record_function` names), with
+the allocator counting every thread's frees (memplan.estimator.measure.allocator_counts_every_thread):
+gloo's worker threads free collective buffers the profiler would otherwise count forever.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from benchmarks.cpu_truth import _MARK, STEPS, analyze_trace
 from benchmarks.zoo import CASES, SEED, Case, make_optimizer
 from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
+from memplan.estimator.measure import allocator_counts_every_thread
 
 
 def lightning_module(case: Case):
@@ -73,7 +76,10 @@ def run(case: Case, world_size: int) -> dict:
 
     torch.manual_seed(SEED)
     torch.set_num_threads(1)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    # gloo's worker threads free collective buffers: counted only with the allocator counting them.
+    with allocator_counts_every_thread() as every_thread, profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
         # The batch is made inside the profile, as the estimate counts it. One batch per step per
         # rank; Lightning's DistributedSampler hands each rank its own (the same tensors, no copy).
         batch = case.make_batch(case.batch_size)
@@ -97,6 +103,7 @@ def run(case: Case, world_size: int) -> dict:
         "rank": trainer.global_rank,
         "num_parameters_per_rank": sum(p.to_local().numel() for p in module.model.parameters()),
         **analyze_trace(trace),
+        "allocator_counts_every_thread": every_thread,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "torch": torch.__version__,
     }

@@ -1,0 +1,41 @@
+"""The CPU truth counts what is really allocated, whichever thread frees it."""
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from memplan.estimator.measure import _c10_count_flag, allocator_counts_every_thread, peak_total_allocated
+
+MIB4 = 1 << 20  # float32 elements in 4 MiB
+
+
+def _alloc_free_elsewhere_alloc_again() -> profile:
+    """One 4 MiB tensor, freed by another thread (as gloo's workers free collective buffers), then a
+    second 4 MiB tensor: never more than 4 MiB live at once."""
+    holder: list[torch.Tensor] = []
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        holder.append(torch.empty(MIB4))
+        thread = threading.Thread(target=holder.clear)
+        thread.start()
+        thread.join()
+        second = torch.empty(MIB4)
+        del second
+    return prof
+
+
+def test_a_tensor_freed_on_another_thread_leaves_the_measured_total():
+    with allocator_counts_every_thread() as counting:
+        prof = _alloc_free_elsewhere_alloc_again()
+    assert counting
+    assert peak_total_allocated(prof) == 4 * MIB4
+
+
+def test_the_allocator_flag_is_set_back_after_measuring():
+    flag = _c10_count_flag()
+    assert flag is not None, "torch's libc10 no longer exports the flag the CPU truth relies on"
+    before = flag.value
+    with allocator_counts_every_thread():
+        assert flag.value
+    assert flag.value == before
