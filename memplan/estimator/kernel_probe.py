@@ -1,10 +1,13 @@
-"""oneDNN's CPU convolution and LSTM scratch, measured by running the one op for real on this host.
+"""oneDNN's CPU convolution, LSTM and half-precision matmul scratch, measured by running the one op
+for real on this host.
 
 A CPU convolution (forward or backward) takes buffers through c10's allocator while it runs: oneDNN's
 scratchpad, weights and activations reordered into its blocked layouts, im2col columns of the slow
 path, depthwise kernels' padded copies; an LSTM layer (`mkldnn_rnn_layer` and its backward) takes
-oneDNN's RNN scratchpad (gates of one step, per-thread GEMM buffers) besides the workspace it returns.
-Their size depends on the algorithm oneDNN picks for the shape, the ISA and the thread count, so no
+oneDNN's RNN scratchpad (gates of one step, per-thread GEMM buffers) besides the workspace it returns;
+a float16 or bfloat16 matmul (mm, addmm, bmm, baddbmm) takes its operands converted or packed for the
+GEMM (0.87 MiB for a 256 x 512 x 512 float16 addmm on a 2-core Xeon, 32 % of a small MLP's 16-true
+peak; float32 matmuls take none). Their size depends on the algorithm oneDNN picks for the shape, the ISA and the thread count, so no
 rule predicts it; a fake tensor, which never runs a kernel, sees none of it (it was 64 % of a tiny
 ConvNeXt's peak, 12 % of a ResNet's, 11 % of a 2-layer LSTM's).
 
@@ -12,8 +15,8 @@ So for a CPU target each distinct such op of the trace (op, shapes, strides, dty
 thread count) is run once on real zero tensors under the profiler, whose memory events give the most
 the op had allocated at once; less its outputs (which the trace already counts) that is the op's
 scratch, added to the trace as a transient. Results are cached per process. An op whose real
-tensors would exceed PROBE_MAX_BYTES is not run (the estimate's notes say so), nor is any while a
-profiler is already recording (profilers do not nest).
+tensors would exceed PROBE_MAX_BYTES, or a matmul of more than PROBE_MAX_FLOPS, is not run (the
+estimate's notes say so), nor is any while a profiler is already recording (profilers do not nest).
 """
 from __future__ import annotations
 
@@ -23,19 +26,27 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 PROBE_MAX_BYTES = 512 << 20
-"""Largest sum of a probed convolution's real inputs and outputs: above it the op is not run."""
+"""Largest sum of a probed op's real inputs and outputs: above it the op is not run."""
+PROBE_MAX_FLOPS = 4 * 10**9
+"""Largest matmul probed (2 x M x N x K x batch), about a tenth of a second on one core."""
 
 _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
 })
+_MATMULS = frozenset({
+    torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default,
+})
+_HALF = frozenset({torch.float16, torch.bfloat16})
 _CACHE: dict[tuple, int] = {}
 """Scratch bytes by convolution signature, for the life of the process."""
 
 
 @dataclass(kw_only=True)
 class KernelScratchProbe:
-    """Measures and counts the scratch of the convolutions and LSTM layers one trace meets."""
+    """Measures and counts the scratch of the convolutions, LSTM layers and half-precision matmuls one
+    trace meets."""
 
     probed: set = field(default_factory=set)
     """Signatures whose scratch was measured (or found in the cache) in this trace."""
@@ -45,16 +56,18 @@ class KernelScratchProbe:
     """The largest scratch measured in this trace, bytes."""
 
     def scratch_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
-        """The real kernel's scratch for `func(*args, **kwargs)`, 0 for any op but a convolution or an LSTM layer."""
-        if func not in _PROBED_OPS or kwargs:
+        """The real kernel's scratch for `func(*args, **kwargs)`; 0 for an op that is not probed (all but
+        convolutions, LSTM layers and float16/bfloat16 matmuls)."""
+        if kwargs or not (func in _PROBED_OPS or _is_half_matmul(func, out)):
             return 0
-        key = (func, torch.get_num_threads(), *(_signature(a) for a in args))
+        key = (func, torch.get_num_threads(), torch.backends.mkldnn.enabled, *(_signature(a) for a in args))
         if key in _CACHE:
             self.probed.add(key)
             self.largest = max(self.largest, _CACHE[key])
             return _CACHE[key]
         tensors = [a for a in args if isinstance(a, torch.Tensor)] + _outputs(out)
-        if sum(_nbytes(t) for t in tensors) > PROBE_MAX_BYTES or torch.autograd.profiler._is_profiler_enabled:
+        if (sum(_nbytes(t) for t in tensors) > PROBE_MAX_BYTES or _matmul_flops(func, args) > PROBE_MAX_FLOPS
+                or torch.autograd.profiler._is_profiler_enabled):
             self.skipped.add(key)
             return 0
         nbytes = _measure(func, args)
@@ -67,13 +80,26 @@ class KernelScratchProbe:
         """What the estimate's notes say about kernel scratch (nothing when no probed op ran)."""
         out = []
         if self.probed:
-            out.append(f"CPU convolutions/LSTMs: oneDNN's in-kernel scratch measured by running each of "
+            out.append(f"CPU convolutions/LSTMs/half matmuls: in-kernel scratch measured by running each of "
                        f"{len(self.probed)} op shapes once on this host, {torch.get_num_threads()} threads "
                        f"(largest {self.largest / 2**20:.2f} MiB)")
         if self.skipped:
-            out.append(f"CPU convolutions/LSTMs: the scratch of {len(self.skipped)} op shapes is not counted "
-                       f"(over {PROBE_MAX_BYTES >> 20} MiB to probe, or a profiler was recording)")
+            out.append(f"CPU convolutions/LSTMs/half matmuls: the scratch of {len(self.skipped)} op shapes is "
+                       f"not counted (over {PROBE_MAX_BYTES >> 20} MiB or {PROBE_MAX_FLOPS / 1e9:.0f} GFLOP to "
+                       f"probe, or a profiler was recording)")
         return out
+
+
+def _is_half_matmul(func, out) -> bool:
+    return func in _MATMULS and isinstance(out, torch.Tensor) and out.dtype in _HALF
+
+
+def _matmul_flops(func, args: tuple) -> int:
+    """2 x the multiply-adds of a matmul (batch x M x N x K); 0 for any other op."""
+    if func not in _MATMULS:
+        return 0
+    a, b = (args[1], args[2]) if func in (torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default) else args[:2]
+    return 2 * a.numel() * b.shape[-1]
 
 
 def _signature(value) -> object:
