@@ -58,9 +58,13 @@ class KernelScratchProbe:
     def scratch_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
         """The real kernel's scratch for `func(*args, **kwargs)`; 0 for an op that is not probed (all but
         convolutions, LSTM layers and float16/bfloat16 matmuls)."""
-        if kwargs or not (func in _PROBED_OPS or _is_half_matmul(func, out)):
+        half_matmul = _is_half_matmul(func, out)
+        if not (func in _PROBED_OPS or half_matmul) or (kwargs and not half_matmul):
             return 0
-        key = (func, torch.get_num_threads(), torch.backends.mkldnn.enabled, *(_signature(a) for a in args))
+        if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            return 0  # a matmul's keywords are scalars (beta, alpha); an out= tensor is not probed
+        key = (func, torch.get_num_threads(), torch.backends.mkldnn.enabled, *(_signature(a) for a in args),
+               *sorted(kwargs.items()))
         if key in _CACHE:
             self.probed.add(key)
             self.largest = max(self.largest, _CACHE[key])
@@ -70,7 +74,7 @@ class KernelScratchProbe:
                 or torch.autograd.profiler._is_profiler_enabled):
             self.skipped.add(key)
             return 0
-        nbytes = _measure(func, args)
+        nbytes = _measure(func, args, kwargs)
         _CACHE[key] = nbytes
         self.probed.add(key)
         self.largest = max(self.largest, nbytes)
@@ -127,11 +131,11 @@ def _real(value):
     return value
 
 
-def _measure(func, args: tuple) -> int:
+def _measure(func, args: tuple, kwargs: dict) -> int:
     """Run `func` on real zeros shaped like `args`; the most it had allocated at once, less its outputs."""
     real_args = tuple(_real(a) for a in args)
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = func(*real_args)
+        out = func(*real_args, **kwargs)
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
     live = peak = 0

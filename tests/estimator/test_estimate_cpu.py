@@ -436,3 +436,24 @@ def test_half_precision_matmul_scratch_is_measured_and_matches_a_real_cpu_step(p
     truth = measure_cpu_peak(wide_mlp, wide_batch, loss=ce_loss, precision=precision)
     assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
     assert any(n.startswith("CPU convolutions/LSTMs/half matmuls: in-kernel scratch measured") for n in est.notes)
+
+
+def test_half_precision_matmul_with_scalar_keywords_is_probed():
+    """Attention code calls baddbmm with beta and alpha keywords: probed like the positional form, and
+    a float32 matmul is not run at all."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memplan.estimator.kernel_probe import KernelScratchProbe
+
+    baddbmm = torch.ops.aten.baddbmm.default
+    with FakeTensorMode():
+        half = [torch.empty(16, 128, 128, dtype=torch.float16), torch.empty(16, 128, 256, dtype=torch.float16),
+                torch.empty(16, 256, 128, dtype=torch.float16)]
+        fp32 = [t.float() for t in half]
+        out_half, out_fp32 = torch.empty_like(half[0]), torch.empty_like(fp32[0])
+    probe = KernelScratchProbe()
+    keywords = probe.scratch_bytes(baddbmm, tuple(half), {"beta": 0.5, "alpha": 0.0625}, out_half)
+    positional = probe.scratch_bytes(baddbmm, tuple(half), {}, out_half)
+    assert keywords > 0 and positional > 0 and len(probe.probed) == 2
+    assert probe.scratch_bytes(baddbmm, tuple(fp32), {"beta": 0.5, "alpha": 0.0625}, out_fp32) == 0
+    assert len(probe.probed) == 2
