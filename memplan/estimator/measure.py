@@ -70,7 +70,9 @@ def allocator_counts_every_thread() -> Iterator[bool]:
     thread the profiler records. A tensor freed on another thread stays counted for the rest of the
     process: gloo's worker threads drop collective buffers (an FSDP reduce-scatter's input copy, 3 MiB
     on a small ViT) after the op that made them, and the profiled peak then carried that phantom, by
-    up to 15 % on a 4-rank run. c10's `caffe2_report_cpu_memory_usage` flag makes every thread count
+    up to 15 % on a 4-rank run. And a tensor allocated on another thread is never counted: OpenMP
+    workers pack a half-precision matmul's operands (an fp16 MLP's peak read 18 % low). c10's
+    `caffe2_report_cpu_memory_usage` flag makes every thread count
     (c10/core/CPUAllocator.cpp: New and Delete update the total when the flag is set *or* the thread
     is profiled); the profiler still records events only for its own threads. The flag's own log lines
     are INFO, below c10's default log level. It is set back afterwards.
