@@ -6,20 +6,23 @@ scratchpad, weights and activations reordered into its blocked layouts, im2col c
 path, depthwise kernels' padded copies; an LSTM layer (`mkldnn_rnn_layer` and its backward) takes
 oneDNN's RNN scratchpad (gates of one step, per-thread GEMM buffers) besides the workspace it returns;
 a float16 or bfloat16 matmul (mm, addmm, bmm, baddbmm) takes its operands converted or packed for the
-GEMM (0.87 MiB for a 256 x 512 x 512 float16 addmm on a 2-core Xeon, 32 % of a small MLP's 16-true
-peak; float32 matmuls take none). Their size depends on the algorithm oneDNN picks for the shape, the ISA and the thread count, so no
-rule predicts it; a fake tensor, which never runs a kernel, sees none of it (it was 64 % of a tiny
+GEMM (0.87 MiB for a 256 x 512 x 512 float16 addmm on a 2-core AMX Xeon, 32 % of a small MLP's
+16-true peak; float32 matmuls take none). Their size depends on the algorithm the library picks for
+the shape, the ISA and the thread count, so no rule predicts it; a fake tensor, which never runs a kernel, sees none of it (it was 64 % of a tiny
 ConvNeXt's peak, 12 % of a ResNet's, 11 % of a 2-layer LSTM's).
 
 So for a CPU target each distinct such op of the trace (op, shapes, strides, dtypes, arguments,
 thread count) is run once on real zero tensors under the profiler, whose memory events give the most
 the op had allocated at once; less its outputs (which the trace already counts) that is the op's
 scratch, added to the trace as a transient. Results are cached per process. An op whose real
-tensors would exceed PROBE_MAX_BYTES, or a matmul of more than PROBE_MAX_FLOPS, is not run (the
-estimate's notes say so), nor is any while a profiler is already recording (profilers do not nest).
+tensors would exceed PROBE_MAX_BYTES, or a matmul of more than PROBE_MAX_FLOPS, is not run, nor is
+any new shape once the trace has spent PROBE_BUDGET_S probing (on a CPU without fast half-precision
+kernels a 4 GFLOP matmul takes over a second), nor any while a profiler is already recording
+(profilers do not nest); the estimate's notes say how many shapes went uncounted.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +31,10 @@ from torch.profiler import ProfilerActivity, profile
 PROBE_MAX_BYTES = 512 << 20
 """Largest sum of a probed op's real inputs and outputs: above it the op is not run."""
 PROBE_MAX_FLOPS = 4 * 10**9
-"""Largest matmul probed (2 x M x N x K x batch), about a tenth of a second on one core."""
+"""Largest matmul probed, in floating-point operations (2 per multiply-add: 2 x batch x M x N x K).
+How long one takes depends on the CPU: 0.003-0.02 s with AMX or native fp16, over 1 s on AVX2."""
+PROBE_BUDGET_S = 2.0
+"""Seconds of probing one trace may spend on shapes not measured before; later ones are skipped."""
 
 _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
@@ -51,7 +57,10 @@ class KernelScratchProbe:
     probed: set = field(default_factory=set)
     """Signatures whose scratch was measured (or found in the cache) in this trace."""
     skipped: set = field(default_factory=set)
-    """Signatures not run: over PROBE_MAX_BYTES, or a profiler was already recording."""
+    """Signatures not run: over PROBE_MAX_BYTES or PROBE_MAX_FLOPS, past PROBE_BUDGET_S, or a profiler
+    was already recording."""
+    seconds: float = 0.0
+    """Time this trace spent running probes."""
     largest: int = 0
     """The largest scratch measured in this trace, bytes."""
 
@@ -71,10 +80,12 @@ class KernelScratchProbe:
             return _CACHE[key]
         tensors = [a for a in args if isinstance(a, torch.Tensor)] + _outputs(out)
         if (sum(_nbytes(t) for t in tensors) > PROBE_MAX_BYTES or _matmul_flops(func, args) > PROBE_MAX_FLOPS
-                or torch.autograd.profiler._is_profiler_enabled):
+                or self.seconds > PROBE_BUDGET_S or torch.autograd.profiler._is_profiler_enabled):
             self.skipped.add(key)
             return 0
+        started = time.perf_counter()
         nbytes = _measure(func, args, kwargs)
+        self.seconds += time.perf_counter() - started
         _CACHE[key] = nbytes
         self.probed.add(key)
         self.largest = max(self.largest, nbytes)
@@ -90,7 +101,7 @@ class KernelScratchProbe:
         if self.skipped:
             out.append(f"CPU convolutions/LSTMs/half matmuls: the scratch of {len(self.skipped)} op shapes is "
                        f"not counted (over {PROBE_MAX_BYTES >> 20} MiB or {PROBE_MAX_FLOPS / 1e9:.0f} GFLOP to "
-                       f"probe, or a profiler was recording)")
+                       f"probe, past the trace's {PROBE_BUDGET_S:.0f} s of probing, or a profiler was recording)")
         return out
 
 

@@ -70,23 +70,35 @@ def allocator_counts_every_thread() -> Iterator[bool]:
     thread the profiler records. A tensor freed on another thread stays counted for the rest of the
     process: gloo's worker threads drop collective buffers (an FSDP reduce-scatter's input copy, 3 MiB
     on a small ViT) after the op that made them, and the profiled peak then carried that phantom, by
-    up to 15 % on a 4-rank run. And a tensor allocated on another thread is never counted: OpenMP
-    workers pack a half-precision matmul's operands (an fp16 MLP's peak read 18 % low). c10's
+    up to 15 % on a 4-rank run (and a tensor allocated on such a thread would never be counted). c10's
     `caffe2_report_cpu_memory_usage` flag makes every thread count
     (c10/core/CPUAllocator.cpp: New and Delete update the total when the flag is set *or* the thread
     is profiled); the profiler still records events only for its own threads. The flag's own log lines
-    are INFO, below c10's default log level. It is set back afterwards.
+    are INFO, below c10's default log level. It is set back when the last open measurement ends.
     """
     flag = _c10_count_flag()
     if flag is None:
         yield False
         return
-    before = flag.value
-    flag.value = True
+    global _counting_depth, _flag_before
+    with _counting_lock:
+        if _counting_depth == 0:
+            _flag_before = flag.value
+            flag.value = True
+        _counting_depth += 1
     try:
         yield True
     finally:
-        flag.value = before
+        with _counting_lock:
+            _counting_depth -= 1
+            if _counting_depth == 0:
+                flag.value = _flag_before
+
+
+_counting_lock = threading.Lock()
+_counting_depth = 0
+"""Measurements open now (threads may overlap them): the flag is set back only when the last one ends."""
+_flag_before = False
 
 
 def _run_steps(build, make_batch, device: torch.device, *, loss, optimizer, precision, checkpointing, steps,

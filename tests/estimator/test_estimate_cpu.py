@@ -457,3 +457,16 @@ def test_half_precision_matmul_with_scalar_keywords_is_probed():
     assert keywords > 0 and positional > 0 and len(probe.probed) == 2
     assert probe.scratch_bytes(baddbmm, tuple(fp32), {"beta": 0.5, "alpha": 0.0625}, out_fp32) == 0
     assert len(probe.probed) == 2
+
+
+def test_the_probe_stops_running_new_shapes_once_its_time_budget_is_spent(monkeypatch):
+    """On a CPU without fast half-precision kernels a probed matmul can take a second: past the trace's
+    budget new shapes are skipped, and the notes say so."""
+    from memplan.estimator import kernel_probe
+
+    monkeypatch.setattr(kernel_probe, "_CACHE", {})
+    monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_S", 0.0)
+    est = estimate(wide_mlp, wide_batch(), loss=ce_loss, precision="16-true", device="cpu")
+    assert any("half matmuls: the scratch of" in n and "not counted" in n and "probing" in n for n in est.notes), est.notes
+    probed = [n for n in est.notes if "in-kernel scratch measured by running each of 1 op shapes" in n]
+    assert probed, est.notes  # the first shape runs (nothing spent yet), every later new one is skipped

@@ -39,3 +39,17 @@ def test_the_allocator_flag_is_set_back_after_measuring():
     with allocator_counts_every_thread():
         assert flag.value
     assert flag.value == before
+
+
+def test_overlapping_measurements_keep_counting_until_the_last_ends():
+    """Two threads' measurements may end in either order: the flag stays set while either runs and is
+    set back once, to what it was before the first."""
+    flag = _c10_count_flag()
+    before = flag.value
+    first, second = allocator_counts_every_thread(), allocator_counts_every_thread()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert flag.value  # the second measurement is still running
+    second.__exit__(None, None, None)
+    assert flag.value == before
