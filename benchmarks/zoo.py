@@ -86,6 +86,42 @@ def mlp() -> nn.Module:
     return nn.Sequential(*layers).train()
 
 
+class MixerBlock(nn.Module):
+    """MLP-Mixer's block: token mixing runs Linear layers over the tokens of a transposed activation
+    (a non-contiguous input: ATen's linear adds the bias in place, CPU's gelu_backward copies the
+    transposed gradient, CUDA's layer_norm and softmax copy non-contiguous inputs), then channel mixing."""
+
+    def __init__(self, tokens: int, channels: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(channels)
+        self.token_mix = nn.Sequential(nn.Linear(tokens, 2 * tokens), nn.GELU(), nn.Linear(2 * tokens, tokens))
+        self.norm2 = nn.LayerNorm(channels)
+        self.channel_mix = nn.Sequential(nn.Linear(channels, 4 * channels), nn.GELU(), nn.Linear(4 * channels, channels))
+
+    def forward(self, x):  # (batch, tokens, channels)
+        x = x + self.token_mix(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channel_mix(self.norm2(x))
+
+
+class Mixer(nn.Module):
+    """MLP-Mixer on 3x64x64 images: 8x8 patches (64 tokens), 256 channels, 4 blocks, 100 classes."""
+
+    def __init__(self, depth: int = 4, channels: int = 256, patch: int = 8, classes: int = 100) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, patch, stride=patch)
+        self.blocks = nn.Sequential(*(MixerBlock((64 // patch) ** 2, channels) for _ in range(depth)))
+        self.norm = nn.LayerNorm(channels)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, images):
+        x = self.stem(images).flatten(2).transpose(1, 2)
+        return self.head(self.norm(self.blocks(x)).mean(1))
+
+
+def mixer() -> nn.Module:
+    return Mixer().train()
+
+
 def vectors_and_labels(batch_size: int, *, features: int = 1000, classes: int = 10):
     g = _generator()
     return torch.randn(batch_size, features, generator=g), torch.randint(0, classes, (batch_size,), generator=g)
@@ -360,6 +396,11 @@ def _cases() -> list[Case]:
         ]),
         *family("mixtral-moe", mixtral, mixtral_batch, hf_loss, [
             ("b4", dict(batch_size=4)),
+        ]),
+        *family("mixer", mixer, resnet_batch, classification_loss, [
+            ("b16", dict(batch_size=16)),
+            ("b16-bf16mixed", dict(batch_size=16, precision="bf16-mixed")),
+            ("b16-bf16mixed-ckpt", dict(batch_size=16, precision="bf16-mixed", checkpointing=True)),
         ]),
         *family("vit", vit, vit_batch, hf_loss, [
             ("b16", dict(batch_size=16)),

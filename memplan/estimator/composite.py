@@ -8,17 +8,29 @@ the first, so a trace would count one output more than a real run holds.
 `F.linear` is the one that matters (aten/src/ATen/native/Linear.cpp, torch 2.4 to 2.13): with a
 bias and an input that is neither 2-D (addmm) nor contiguous (flattened into addmm), it runs
 `matmul(input, weight.t())` and then adds the bias in place; on fake tensors it adds out of place.
-That input is an RNN's batch-first output, or any transposed activation, fed to a Linear.
-`RealCompositePaths` runs that case as the real kernel does, op for op.
+That input is an RNN's batch-first output, or any transposed activation, fed to a Linear (MLP-Mixer's
+token mixing). `RealCompositePaths` runs that case as the real kernel does, op for op. Under autocast
+the arguments are cast (and the weight's cast cached) inside the call, so the call is left to run and
+`linear_bias_add_in_place()` tells the storage tracker that its bias `add` is the real kernel's
+`add_`: the matmul's output dies with it, and the trace counts the moment without the second output.
 """
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 _LINEAR = (torch._C._nn.linear, torch.nn.functional.linear)
+
+
+_STATE = threading.local()
+
+
+def linear_bias_add_in_place() -> bool:
+    """True inside an autocast `F.linear` whose real kernel adds its bias in place (see the module doc)."""
+    return getattr(_STATE, "bias_add_in_place", False)
 
 
 class RealCompositePaths(TorchFunctionMode):
@@ -30,6 +42,12 @@ class RealCompositePaths(TorchFunctionMode):
             input, weight, bias = _linear_arguments(*args, **kwargs)
             if _adds_bias_in_place(input, bias):
                 return torch.matmul(input, weight.t()).add_(bias)
+            if _autocast_adds_bias_in_place(input, bias):
+                _STATE.bias_add_in_place = True
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    _STATE.bias_add_in_place = False
         return func(*args, **kwargs)
 
 
@@ -45,3 +63,30 @@ def _adds_bias_in_place(input, bias) -> bool:
     if input.dim() == 3 and os.environ.get("TORCH_LINEAR_FLATTEN_3D", "0") == "1":
         return False  # the env var flattens a non-contiguous 3-D input into addmm instead
     return not torch.is_autocast_enabled(input.device.type)
+
+
+def _autocast_adds_bias_in_place(input, bias) -> bool:
+    """Under autocast: whether the argument ATen's `linear` sees after autocast's cast takes the
+    in-place branch. A float32 input is cast with its strides kept when it is non-overlapping and dense
+    (else the copy is contiguous and goes to addmm); one already in the autocast dtype is not cast."""
+    if bias is None or not isinstance(input, torch.Tensor) or input.dim() in (0, 2) or input.is_contiguous():
+        return False
+    device = input.device.type
+    if not torch.is_autocast_enabled(device):
+        return False
+    if input.dim() == 3 and os.environ.get("TORCH_LINEAR_FLATTEN_3D", "0") == "1":
+        return False
+    if input.dtype == torch.get_autocast_dtype(device):
+        return True
+    return input.dtype == torch.float32 and _non_overlapping_and_dense(input)
+
+
+def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """Whether some permutation of `t`'s dims is contiguous: `empty_like` (and so a cast) keeps its
+    strides (c10 TensorImpl's is_non_overlapping_and_dense)."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

@@ -81,3 +81,30 @@ def ctc_backward_scratch_bytes(func, args) -> int:
         return 0
     log_alpha = args[6]
     return log_alpha.numel() * log_alpha.element_size()
+
+
+_aten = torch.ops.aten
+_CUDA_CONTIGUOUS_COPIES = {
+    # op: the positions of the tensor arguments the CUDA kernel makes contiguous
+    _aten._softmax.default: (0,),  # cuda/SoftMax.cu host_softmax: input_.contiguous()
+    _aten._log_softmax.default: (0,),
+    _aten._softmax_backward_data.default: (0, 1),  # host_softmax_backward: grad_, output_ .contiguous()
+    _aten._log_softmax_backward_data.default: (0, 1),
+    _aten.native_layer_norm.default: (0,),  # cuda/layer_norm_kernel.cu layer_norm_cuda: input.expect_contiguous()
+    _aten.native_layer_norm_backward.default: (0, 1),  # dY.contiguous(), input.expect_contiguous()
+}
+
+
+def cuda_contiguous_copy_bytes(func, args) -> int:
+    """CUDA softmax, log_softmax (and their backwards) and layer_norm copy a non-contiguous input into a
+    contiguous temporary before launching (source lines above; torch 2.x). A transposed activation
+    fed to them holds that copy while the kernel runs. CUDA targets only: on a CPU target the kernel
+    probe measures what CPU's kernels do. Sourced from ATen, not yet measured on a GPU."""
+    positions = _CUDA_CONTIGUOUS_COPIES.get(func)
+    if positions is None:
+        return 0
+    return sum(
+        t.numel() * t.element_size()
+        for t in (args[i] for i in positions if i < len(args))
+        if isinstance(t, torch.Tensor) and not t.is_contiguous()
+    )

@@ -25,8 +25,11 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from memplan.estimator.composite import linear_bias_add_in_place
 from memplan.estimator.kernel_probe import KernelScratchProbe
-from memplan.estimator.kernels import ctc_backward_scratch_bytes, promotion_scratch_bytes, rnn_workspace_bytes
+from memplan.estimator.kernels import (
+    ctc_backward_scratch_bytes, cuda_contiguous_copy_bytes, promotion_scratch_bytes, rnn_workspace_bytes,
+)
 
 # Factory ops with no tensor inputs whose output is at most this many elements are made real, so
 # that values like `torch.arange(seq_len)` can be inspected by model code. 64 Ki elements.
@@ -187,9 +190,19 @@ class StorageTracker(TorchDispatchMode):
         reference to one of them (InputBuffer::accumulate), but out of place under any dispatch mode or
         for a tensor subclass, so the trace allocates a sum the real run never does. An `add` of two
         same-shape dense gradients in backward, with grad mode off, one made by the node now running and
-        one by another node, is such an accumulation: returns the records of its inputs, else []."""
-        if (func is not torch.ops.aten.add.Tensor or self.phase is not Phase.BACKWARD or kwargs
-                or torch.is_grad_enabled() or len(args) != 2 or not isinstance(out, torch.Tensor)):
+        one by another node, is such an accumulation: returns the records of its inputs, else [].
+        So is an autocast `F.linear`'s bias add, which the real kernel does in place on the matmul's
+        output (memplan.estimator.composite): returns that output's record."""
+        if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2 or not isinstance(out, torch.Tensor):
+            return []
+        if linear_bias_add_in_place():
+            # an autocast F.linear's bias add, `output.add_(bias)` on real tensors (estimator.composite)
+            first = args[0]
+            if not isinstance(first, torch.Tensor) or first.shape != out.shape or first.dtype != out.dtype:
+                return []
+            record = self._records.get(_local(first).untyped_storage())
+            return [record] if record is not None and record.live else []
+        if self.phase is not Phase.BACKWARD or torch.is_grad_enabled():
             return []
         node = torch._C._current_autograd_node()
         if node is None or not all(isinstance(a, torch.Tensor) and a.shape == out.shape and a.dtype == out.dtype
@@ -263,11 +276,13 @@ class StorageTracker(TorchDispatchMode):
         if accumulation:
             self._defer_peak = False
             self._accumulation = (self.memory.allocated_bytes, dict(self._by_category), self.phase,
-                                  out.untyped_storage().nbytes(), accumulation)
+                                  self._records[_local(out).untyped_storage()].nbytes, accumulation)
         if self.cpu_kernels:
             self._transient(promotion_scratch_bytes(func, tensors))
             with _disable_current_modes():  # the probe runs the real op on real tensors
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
+        else:
+            self._transient(cuda_contiguous_copy_bytes(func, args))
         self._transient(ctc_backward_scratch_bytes(func, args))
         return out
 

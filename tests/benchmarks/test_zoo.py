@@ -98,7 +98,8 @@ def test_analyze_trace_counts_events_the_running_total_disagrees_with():
 
 def test_zoo_covers_the_families_and_settings_the_benchmark_promises():
     families = {case.family for case in CASES.values()}
-    assert {"mlp", "cnn", "resnet18", "lstm", "gru", "gpt2", "bert", "llama-gqa", "vit", "t5", "bart"} <= families
+    assert {"mlp", "cnn", "resnet18", "lstm", "gru", "gpt2", "bert", "llama-gqa", "vit", "t5", "bart", "mixer",
+            "mixtral-moe"} <= families
     assert {case.precision for case in CASES.values()} == set(PRECISIONS)
     assert {case.optimizer for case in CASES.values()} == set(OPTIMIZERS)
     assert all(case.name == name for name, case in CASES.items())

@@ -12,6 +12,10 @@ from memplan.estimator.measure import measure_cpu_peak
 from memplan.units import MiB
 
 
+PROBED_NOTE = "CPU kernel scratch (convolutions, LSTMs, half matmuls, ops copying a non-contiguous input): measured"
+"""How an estimate's notes begin to say the kernel probe ran (memplan.estimator.kernel_probe)."""
+
+
 def mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(1000, 100), nn.ReLU(), nn.Linear(100, 100), nn.ReLU(), nn.Linear(100, 10))
@@ -169,7 +173,7 @@ def test_lstm_counts_onednn_workspace_that_the_meta_kernel_leaves_empty(batch_fi
     # memplan.estimator.kernel_probe).
     truth = measure_cpu_peak(LM, lambda: tokens, loss=lm_loss, optimizer="adamw")
     assert relative_error(est.peak_allocated, truth) < 0.005, (est.peak_allocated, truth)
-    assert any(n.startswith("CPU convolutions/LSTMs/half matmuls: in-kernel scratch measured") for n in est.notes)
+    assert any(n.startswith(PROBED_NOTE) for n in est.notes)
 
 
 def real_live_peak(model, batch, loss_fn, steps=2):
@@ -352,8 +356,8 @@ def test_cpu_convolution_scratch_is_measured_and_matches_a_real_cpu_step(build):
     est = estimate(build, image_batch(), loss=ce_loss, device="cpu")
     truth = measure_cpu_peak(build, image_batch, loss=ce_loss)
     assert relative_error(est.peak_allocated, truth) < 0.03, (est.peak_allocated, truth)
-    assert any(n.startswith("CPU convolutions/LSTMs/half matmuls: in-kernel scratch measured") for n in est.notes)
-    assert not any("CPU convolutions/LSTMs/half matmuls" in n for n in estimate(mlp, mlp_batch(), loss=ce_loss, device="cpu").notes)
+    assert any(n.startswith(PROBED_NOTE) for n in est.notes)
+    assert not any("CPU kernel scratch" in n for n in estimate(mlp, mlp_batch(), loss=ce_loss, device="cpu").notes)
 
 
 def test_convolution_scratch_is_not_probed_under_a_running_profiler():
@@ -435,7 +439,7 @@ def test_half_precision_matmul_scratch_is_measured_and_matches_a_real_cpu_step(p
     est = estimate(wide_mlp, wide_batch(), loss=ce_loss, precision=precision, device="cpu")
     truth = measure_cpu_peak(wide_mlp, wide_batch, loss=ce_loss, precision=precision)
     assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
-    assert any(n.startswith("CPU convolutions/LSTMs/half matmuls: in-kernel scratch measured") for n in est.notes)
+    assert any(n.startswith(PROBED_NOTE) for n in est.notes)
 
 
 def test_half_precision_matmul_with_scalar_keywords_is_probed():
@@ -467,6 +471,61 @@ def test_the_probe_stops_running_new_shapes_once_its_time_budget_is_spent(monkey
     monkeypatch.setattr(kernel_probe, "_CACHE", {})
     monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_S", 0.0)
     est = estimate(wide_mlp, wide_batch(), loss=ce_loss, precision="16-true", device="cpu")
-    assert any("half matmuls: the scratch of" in n and "not counted" in n and "probing" in n for n in est.notes), est.notes
-    probed = [n for n in est.notes if "in-kernel scratch measured by running each of 1 op shapes" in n]
+    assert any("CPU kernel scratch: the scratch of" in n and "not counted" in n and "probing" in n for n in est.notes), est.notes
+    probed = [n for n in est.notes if "measured by running each of 1 op shapes" in n]
     assert probed, est.notes  # the first shape runs (nothing spent yet), every later new one is skipped
+
+
+class TokenMixer(nn.Module):
+    """MLP-Mixer's token mixing: a Linear over the tokens of a transposed (non-contiguous) activation;
+    `sliced` feeds it every other channel instead (non-contiguous and not dense)."""
+
+    def __init__(self, sliced: bool = False) -> None:
+        super().__init__()
+        self.sliced = sliced
+        self.mix = nn.Linear(128, 128)
+        self.head = nn.Linear(384 // 2 if sliced else 384, 10)
+
+    def forward(self, x):  # x: (batch, tokens, channels)
+        x = x[:, :, ::2] if self.sliced else x
+        mixed = F.gelu(self.mix(x.transpose(1, 2))).transpose(1, 2)
+        return self.head(mixed).mean(1)
+
+
+def mixer_batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(8, 128, 384, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+
+@pytest.mark.parametrize("sliced", [False, True])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "32-true"])
+def test_linear_and_gelu_on_a_transposed_activation_match_a_real_cpu_step(precision, sliced):
+    """Two differences a transposed activation makes, both invisible to fake tensors. ATen's linear adds
+    the bias in place on a non-contiguous input, but out of place on fakes: under autocast the trace
+    marks that add (estimator.composite) instead of counting a second output (it was 5.9 % over at
+    bf16-mixed). And CPU's gelu_backward copies a transposed gradient (2 x its size) inside the kernel,
+    softmax and layer_norm their non-contiguous inputs: the kernel probe measures them (it was 22-27 %
+    under in every precision)."""
+    est = estimate(lambda: TokenMixer(sliced), mixer_batch(), loss=ce_loss, precision=precision, device="cpu",
+                   optimizer="adamw")
+    truth = measure_cpu_peak(lambda: TokenMixer(sliced), mixer_batch, loss=ce_loss, precision=precision,
+                             optimizer="adamw")
+    assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
+
+
+@pytest.mark.parametrize("op, args", [
+    ("_softmax", lambda t: (t, -1, False)),
+    ("_log_softmax", lambda t: (t, -1, False)),
+    ("native_layer_norm", lambda t: (t, [128], torch.ones(128), torch.zeros(128), 1e-5)),
+])
+def test_kernels_that_copy_a_non_contiguous_input_are_probed_only_for_one(op, args):
+    from memplan.estimator.kernel_probe import KernelScratchProbe
+
+    func = getattr(torch.ops.aten, op).default
+    contiguous = torch.zeros(8, 384, 128)
+    transposed = contiguous.transpose(1, 2).contiguous().transpose(1, 2)
+    probe = KernelScratchProbe()
+    assert probe.scratch_bytes(func, args(contiguous), {}, func(*args(contiguous))) == 0
+    assert not probe.probed  # a contiguous input is not run at all
+    copied = probe.scratch_bytes(func, args(transposed), {}, func(*args(transposed)))
+    assert copied >= transposed.numel() * transposed.element_size()

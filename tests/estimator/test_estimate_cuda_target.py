@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from memplan.demos import GPTLM
 from memplan.estimator.api import estimate
@@ -76,3 +77,42 @@ def test_a_gpu_outside_the_catalog_is_named_by_its_memory():
     est = estimate(tiny_gpt, BATCH, precision="bf16-mixed", device=custom_gpu("24GiB", compute_capability=(8, 9)))
     assert est.device.startswith("custom-24")
     assert est.cuda_context > 0 and est.peak_reserved >= est.peak_allocated
+
+
+class SoftmaxOverTokens(nn.Module):
+    """A softmax over the token axis of a (batch, tokens, channels) activation: a transposed input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(256, 256)
+        self.head = nn.Linear(256, 4)
+
+    def forward(self, x):
+        return self.head(self.lin(x).transpose(1, 2).softmax(-1).transpose(1, 2)).mean()
+
+
+def test_cuda_softmax_of_a_transposed_activation_holds_a_contiguous_copy(monkeypatch):
+    """CUDA's softmax copies a non-contiguous input before launching (cuda/SoftMax.cu host_softmax:
+    `input_.contiguous()`); a fake tensor never runs it, so memplan adds the copy while the op runs.
+    Sourced, not yet measured on a GPU (the GPU campaign's zoo has the `mixer` case for it)."""
+    import memplan.estimator.tracker as tracker
+
+    batch = torch.randn(16, 512, 256)
+    copy = batch.numel() * 4  # the (16, 256, 512) fp32 transposed activation
+    with_copy = estimate(SoftmaxOverTokens, batch, loss=lambda m, b: m(b), device="H100-80GB")
+    monkeypatch.setattr(tracker, "cuda_contiguous_copy_bytes", lambda func, args: 0)
+    without = estimate(SoftmaxOverTokens, batch, loss=lambda m, b: m(b), device="H100-80GB")
+    assert 0.9 * copy < with_copy.peak_allocated - without.peak_allocated <= copy
+
+
+def test_cuda_contiguous_copies_count_only_non_contiguous_arguments():
+    from memplan.estimator.kernels import cuda_contiguous_copy_bytes
+
+    aten = torch.ops.aten
+    x = torch.empty(4, 8, 16)
+    t = x.transpose(1, 2)
+    assert cuda_contiguous_copy_bytes(aten._softmax.default, (x, -1, False)) == 0
+    assert cuda_contiguous_copy_bytes(aten._softmax.default, (t, -1, False)) == x.numel() * 4
+    assert cuda_contiguous_copy_bytes(aten._softmax_backward_data.default, (t, x, -1, torch.float32)) == x.numel() * 4
+    assert cuda_contiguous_copy_bytes(aten.native_layer_norm.default, (t, [8], None, None, 1e-5)) == x.numel() * 4
+    assert cuda_contiguous_copy_bytes(aten.gelu.default, (t,)) == 0
