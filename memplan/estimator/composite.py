@@ -43,11 +43,12 @@ class RealCompositePaths(TorchFunctionMode):
             if _adds_bias_in_place(input, bias):
                 return torch.matmul(input, weight.t()).add_(bias)
             if _autocast_adds_bias_in_place(input, bias):
+                before = linear_bias_add_in_place()
                 _STATE.bias_add_in_place = True
                 try:
                     return func(*args, **kwargs)
                 finally:
-                    _STATE.bias_add_in_place = False
+                    _STATE.bias_add_in_place = before
         return func(*args, **kwargs)
 
 
@@ -67,7 +68,7 @@ def _adds_bias_in_place(input, bias) -> bool:
 
 def _autocast_adds_bias_in_place(input, bias) -> bool:
     """Under autocast: whether the argument ATen's `linear` sees after autocast's cast takes the
-    in-place branch. A float32 input is cast with its strides kept when it is non-overlapping and dense
+    in-place branch. A floating input is cast with its strides kept when it is non-overlapping and dense
     (else the copy is contiguous and goes to addmm); one already in the autocast dtype is not cast."""
     if bias is None or not isinstance(input, torch.Tensor) or input.dim() in (0, 2) or input.is_contiguous():
         return False
@@ -76,9 +77,12 @@ def _autocast_adds_bias_in_place(input, bias) -> bool:
         return False
     if input.dim() == 3 and os.environ.get("TORCH_LINEAR_FLATTEN_3D", "0") == "1":
         return False
+    if type(bias).__name__ == "DTensor":
+        return False  # a tensor-subclass bias takes the out-of-place add on real tensors too
     if input.dtype == torch.get_autocast_dtype(device):
         return True
-    return input.dtype == torch.float32 and _non_overlapping_and_dense(input)
+    # autocast casts any other floating input but float64, keeping the strides of a dense one
+    return input.is_floating_point() and input.dtype != torch.float64 and _non_overlapping_and_dense(input)
 
 
 def _non_overlapping_and_dense(t: torch.Tensor) -> bool:

@@ -7,7 +7,8 @@ path, depthwise kernels' padded copies; an LSTM layer (`mkldnn_rnn_layer` and it
 oneDNN's RNN scratchpad (gates of one step, per-thread GEMM buffers) besides the workspace it returns;
 softmax, log_softmax, their backwards, layer_norm and an erf gelu_backward copy a non-contiguous input
 to a contiguous one (a transposed activation: MLP-Mixer's token mixing read 27 % under without it),
-and mean of a half-precision tensor sums a float32 copy of it;
+and mean of a half-precision tensor sums a float32 copy of it; CPU flash attention (forward and
+backward) keeps per-thread blocks of scores and accumulators;
 a float16 or bfloat16 matmul (mm, addmm, bmm, baddbmm) takes its operands converted or packed for the
 GEMM (0.87 MiB for a 256 x 512 x 512 float16 addmm on a 2-core AMX Xeon, 32 % of a small MLP's
 16-true peak; float32 matmuls take none). Their size depends on the algorithm the library picks for
@@ -39,9 +40,16 @@ How long one takes depends on the CPU: 0.003-0.02 s with AMX or native fp16, ove
 PROBE_BUDGET_S = 2.0
 """Seconds of probing one trace may spend on shapes not measured before; later ones are skipped."""
 
+_ATTENTION = frozenset({
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+})
+"""CPU flash attention keeps per-thread blocks of scores, sums and outputs (and in backward, gradient
+accumulators) while it runs: 8.7 % of a small MultiheadAttention model's fp32 peak."""
 _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
+    *_ATTENTION,
 })
 _MATMULS = frozenset({
     torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
@@ -82,19 +90,20 @@ class KernelScratchProbe:
 
     def scratch_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
         """The real kernel's scratch for `func(*args, **kwargs)`; 0 for an op that is not probed (all but
-        convolutions, LSTM layers, float16/bfloat16 matmuls and _LAYOUT_OPS on a non-contiguous input)."""
+        convolutions, LSTM layers, CPU flash attention, float16/bfloat16 matmuls and means, and
+        _LAYOUT_OPS on a non-contiguous input)."""
         if not (func in _PROBED_OPS or _is_half_matmul(func, out) or _copies_for_layout(func, args)):
             return 0
-        if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-            return 0  # keywords are scalars (a matmul's beta, alpha); an out= tensor is not probed
+        if "out" in kwargs:
+            return 0  # an out= variant writes into a tensor the trace already counts
         key = (func, torch.get_num_threads(), torch.backends.mkldnn.enabled, *(_signature(a) for a in args),
-               *sorted(kwargs.items()))
+               *sorted((k, _signature(v)) for k, v in kwargs.items()))
         if key in _CACHE:
             self.probed.add(key)
             self.largest = max(self.largest, _CACHE[key])
             return _CACHE[key]
-        tensors = [a for a in args if isinstance(a, torch.Tensor)] + _outputs(out)
-        if (sum(_nbytes(t) for t in tensors) > PROBE_MAX_BYTES or _matmul_flops(func, args) > PROBE_MAX_FLOPS
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)] + _outputs(out)
+        if (sum(_nbytes(t) for t in tensors) > PROBE_MAX_BYTES or _flops(func, args) > PROBE_MAX_FLOPS
                 or self.seconds > PROBE_BUDGET_S or torch.autograd.profiler._is_profiler_enabled):
             self.skipped.add(key)
             return 0
@@ -117,8 +126,8 @@ class KernelScratchProbe:
         """What the estimate's notes say about kernel scratch (nothing when no probed op ran)."""
         out = []
         if self.probed:
-            out.append(f"CPU kernel scratch (convolutions, LSTMs, half matmuls, ops copying a non-contiguous "
-                       f"input): measured by running each of "
+            out.append(f"CPU kernel scratch (convolutions, LSTMs, attention, half matmuls, ops copying a "
+                       f"non-contiguous input): measured by running each of "
                        f"{len(self.probed)} op shapes once on this host, {torch.get_num_threads()} threads "
                        f"(largest {self.largest / 2**20:.2f} MiB)")
         if self.skipped:
@@ -141,8 +150,13 @@ def _is_half_matmul(func, out) -> bool:
     return func in _MATMULS and isinstance(out, torch.Tensor) and out.dtype in _HALF
 
 
-def _matmul_flops(func, args: tuple) -> int:
-    """2 x the multiply-adds of a matmul (batch x M x N x K); 0 for any other op."""
+def _flops(func, args: tuple) -> int:
+    """Floating-point operations of a probed matmul (2 x batch x M x N x K) or attention (4 x batch x
+    heads x Lq x Lk x head dim, forward); 0 for any other op."""
+    if func in _ATTENTION:
+        q, k = (args[0], args[1]) if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default \
+            else (args[1], args[2])
+        return 4 * q.numel() * k.shape[-2]
     if func not in _MATMULS:
         return 0
     a, b = (args[1], args[2]) if func in (torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default) else args[:2]
@@ -177,6 +191,7 @@ def _real(value):
 def _measure(func, args: tuple, kwargs: dict) -> int:
     """Run `func` on real zeros shaped like `args`; the most it had allocated at once, less its outputs."""
     real_args = tuple(_real(a) for a in args)
+    kwargs = {k: _real(v) for k, v in kwargs.items()}
     if func is torch.ops.aten.native_layer_norm_backward.default:
         # mean and rstd as the real forward makes them: CPU's mixed-dtype layer_norm keeps them in
         # float32 where the meta kernel says the input's dtype, and the real backward checks.
