@@ -40,9 +40,10 @@ class RealCompositePaths(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _LINEAR:
             input, weight, bias = _linear_arguments(*args, **kwargs)
-            if _adds_bias_in_place(input, bias):
+            path = _bias_add_path(input, bias)
+            if path == "run in place":
                 return torch.matmul(input, weight.t()).add_(bias)
-            if _autocast_adds_bias_in_place(input, bias):
+            if path == "mark in place":
                 before = linear_bias_add_in_place()
                 _STATE.bias_add_in_place = True
                 try:
@@ -56,33 +57,26 @@ def _linear_arguments(input, weight, bias=None):
     return input, weight, bias
 
 
-def _adds_bias_in_place(input, bias) -> bool:
-    """The branch of ATen's `linear` that ends in `output.add_(bias)` on real tensors (under autocast,
-    which casts the arguments first, the op is left as it is)."""
+def _bias_add_path(input, bias) -> str | None:
+    """Whether ATen's `linear` ends in `output.add_(bias)` on real tensors, and how the trace follows it:
+    "run in place" (no autocast: run the op's own ops), "mark in place" (autocast casts the arguments
+    inside the call, so the call runs and its bias add is marked), or None (addmm, or out of place)."""
     if bias is None or not isinstance(input, torch.Tensor) or input.dim() in (0, 2) or input.is_contiguous():
-        return False
+        return None
     if input.dim() == 3 and os.environ.get("TORCH_LINEAR_FLATTEN_3D", "0") == "1":
-        return False  # the env var flattens a non-contiguous 3-D input into addmm instead
-    return not torch.is_autocast_enabled(input.device.type)
-
-
-def _autocast_adds_bias_in_place(input, bias) -> bool:
-    """Under autocast: whether the argument ATen's `linear` sees after autocast's cast takes the
-    in-place branch. A floating input is cast with its strides kept when it is non-overlapping and dense
-    (else the copy is contiguous and goes to addmm); one already in the autocast dtype is not cast."""
-    if bias is None or not isinstance(input, torch.Tensor) or input.dim() in (0, 2) or input.is_contiguous():
-        return False
+        return None  # the env var flattens a non-contiguous 3-D input into addmm instead
     device = input.device.type
     if not torch.is_autocast_enabled(device):
-        return False
-    if input.dim() == 3 and os.environ.get("TORCH_LINEAR_FLATTEN_3D", "0") == "1":
-        return False
+        return "run in place"
     if type(bias).__name__ == "DTensor":
-        return False  # a tensor-subclass bias takes the out-of-place add on real tensors too
+        return None  # a tensor-subclass bias takes the out-of-place add on real tensors too
+    # autocast casts a floating input (not float64) to its dtype keeping the strides of a dense one
+    # (else the copy is contiguous and goes to addmm); one already in that dtype is not cast
     if input.dtype == torch.get_autocast_dtype(device):
-        return True
-    # autocast casts any other floating input but float64, keeping the strides of a dense one
-    return input.is_floating_point() and input.dtype != torch.float64 and _non_overlapping_and_dense(input)
+        return "mark in place"
+    if input.is_floating_point() and input.dtype != torch.float64 and _non_overlapping_and_dense(input):
+        return "mark in place"
+    return None
 
 
 def _non_overlapping_and_dense(t: torch.Tensor) -> bool:

@@ -1,19 +1,20 @@
-"""oneDNN's CPU convolution, LSTM and half-precision matmul scratch, measured by running the one op
-for real on this host.
+"""CPU kernels' scratch, measured by running the one op for real on this host.
 
-A CPU convolution (forward or backward) takes buffers through c10's allocator while it runs: oneDNN's
-scratchpad, weights and activations reordered into its blocked layouts, im2col columns of the slow
-path, depthwise kernels' padded copies; an LSTM layer (`mkldnn_rnn_layer` and its backward) takes
-oneDNN's RNN scratchpad (gates of one step, per-thread GEMM buffers) besides the workspace it returns;
-softmax, log_softmax, their backwards, layer_norm and an erf gelu_backward copy a non-contiguous input
-to a contiguous one (a transposed activation: MLP-Mixer's token mixing read 27 % under without it),
-and mean of a half-precision tensor sums a float32 copy of it; CPU flash attention (forward and
-backward) keeps per-thread blocks of scores and accumulators;
-a float16 or bfloat16 matmul (mm, addmm, bmm, baddbmm) takes its operands converted or packed for the
-GEMM (0.87 MiB for a 256 x 512 x 512 float16 addmm on a 2-core AMX Xeon, 32 % of a small MLP's
-16-true peak; float32 matmuls take none). Their size depends on the algorithm the library picks for
-the shape, the ISA and the thread count, so no rule predicts it; a fake tensor, which never runs a kernel, sees none of it (it was 64 % of a tiny
-ConvNeXt's peak, 12 % of a ResNet's, 11 % of a 2-layer LSTM's).
+A fake tensor never runs a kernel, so it sees none of the buffers a CPU kernel takes through c10's
+allocator while it runs:
+- a convolution (forward or backward): oneDNN's scratchpad, weights and activations reordered into
+  its blocked layouts, im2col columns of the slow path, depthwise kernels' padded copies (64 % of a
+  tiny ConvNeXt's peak, 12 % of a ResNet's);
+- an LSTM layer (`mkldnn_rnn_layer` and its backward): oneDNN's RNN scratchpad (gates of one step,
+  per-thread GEMM buffers) besides the workspace it returns (11 % of a 2-layer LSTM's);
+- flash attention (forward and backward): per-thread blocks of scores and accumulators;
+- a float16 or bfloat16 matmul (mm, addmm, bmm, baddbmm): its operands converted or packed for the
+  GEMM (0.87 MiB for a 256 x 512 x 512 float16 addmm on a 2-core AMX Xeon, 32 % of a small MLP's
+  16-true peak; float32 matmuls take none), and the mean of a half-precision tensor, a float32 copy;
+- softmax, log_softmax, their backwards, layer_norm and an erf gelu_backward given a non-contiguous
+  input: a contiguous copy of it (MLP-Mixer's token mixing read 27 % under without it).
+Their size depends on the algorithm the library picks for the shape, the ISA and the thread count,
+so no rule predicts it.
 
 So for a CPU target each distinct such op of the trace (op, shapes, strides, dtypes, arguments,
 thread count) is run once on real zero tensors under the profiler, whose memory events give the most
@@ -68,13 +69,12 @@ _LAYOUT_OPS = frozenset({
 buffer and copy out): 2 x the tensor for an erf gelu_backward whose gradient is transposed, 1 x for
 softmax, log_softmax, their backwards and layer_norm. Probed only when an input is non-contiguous."""
 _CACHE: dict[tuple, int] = {}
-"""Scratch bytes by convolution signature, for the life of the process."""
+"""Scratch bytes by op signature, for the life of the process."""
 
 
 @dataclass(kw_only=True)
 class KernelScratchProbe:
-    """Measures and counts the scratch of the convolutions, LSTM layers and half-precision matmuls one
-    trace meets."""
+    """Measures and counts the scratch of the probed CPU kernels one trace meets (see the module doc)."""
 
     probed: set = field(default_factory=set)
     """Signatures whose scratch was measured (or found in the cache) in this trace."""

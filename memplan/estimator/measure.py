@@ -9,6 +9,7 @@ frees (see `allocator_counts_every_thread`), not only those of the threads the p
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import json
 import os
@@ -50,6 +51,7 @@ def measure_cpu_peak(
 _C10_COUNT_FLAG = "FLAGS_caffe2_report_cpu_memory_usage"
 
 
+@functools.cache
 def _c10_count_flag() -> ctypes.c_bool | None:
     """c10's `caffe2_report_cpu_memory_usage` flag in the loaded libc10, or None where it is not exported."""
     lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
