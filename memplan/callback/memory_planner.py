@@ -56,6 +56,10 @@ UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a 
              "the optimizer step, validation or another hook)")
 
 
+def _no_logger_row() -> int:
+    return 0
+
+
 class MemoryPlanner(*CALLBACKS):
     r"""Apply a memory plan, watch every rank's memory, and lower the micro-batch before it runs out.
 
@@ -170,7 +174,7 @@ class MemoryPlanner(*CALLBACKS):
         self._log: RankLog | None = None
         self._rows = LoggerRows()
         self._has_loggers = False
-        self._row_step: Callable[[], int] = lambda: 0
+        self._row_step: Callable[[], int] = _no_logger_row  # (module-level: ddp_spawn pickles the callback)
         self._every = 1
         self._last_step = 0
         self._record_next = True  # the first step, and the step after a change, are always recorded

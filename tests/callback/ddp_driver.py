@@ -26,6 +26,8 @@ user's training script. Scenarios (SIMULATED devices: see callback_sim):
           loader batch of 8 runs as chunks of 2 with mean_over = the rank's weighted real tokens.
           Rank 0 writes weights.pt.
   tokens_plain  the same without MemoryPlanner: each rank's batch whole, DDP averaging the ranks' token means.
+  spawn   `oom` under strategy="ddp_spawn" with a plain MemoryPlanner() (Lightning pickles the Trainer, its
+          callbacks included, into each worker); the workers write the files below (SaveFromWorker).
   mixed   SIMULATED readings with plenty of room on both ranks (unguarded from the check at step 2);
           from step 3 rank 1's SIMULATED memory fails forwards of more than 5 samples, so in step 3
           rank 1 retries its batch guarded (4 + 4, through the carrier) while rank 0 leaves its whole
@@ -87,6 +89,20 @@ class RecordBuckets(Callback):
             data = trainer.strategy.model._get_ddp_logging_data()
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "buckets.json").write_text(json.dumps(data["rebuilt_per_bucket_param_indices"]))
+
+
+class SaveFromWorker(Callback):
+    """Under ddp_spawn the fit runs in worker processes: each writes its samples (and rank 0 the weights)
+    there, at the end of training."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"samples_rank{trainer.global_rank}.json").write_text(json.dumps(pl_module.step_samples))
+        if trainer.is_global_zero:
+            torch.save(weights_of(pl_module), self.out / "weights.pt")
 
 
 def simulated_readings(tight_checks: int):
@@ -154,7 +170,7 @@ def main(scenario: str, out: Path) -> None:
         steps = 8
         if RANK == 1:
             readings.read_memory = simulated_readings(tight_checks=2)
-    elif scenario == "oom":
+    elif scenario in ("oom", "spawn"):
         options = dict(every_n_steps=2, grow=False)
         steps = 4
         budget = SimulatedBudget(forward_limit=5, backward_limit=3, ranks=(1,))
@@ -176,13 +192,16 @@ def main(scenario: str, out: Path) -> None:
     elif scenario in ("buckets", "buckets_plain"):
         strategy, steps, options = DDPStrategy(bucket_cap_mb=0.001), 3, dict(every_n_steps=10, grow=False)
         extra = [RecordBuckets(out)]
+    elif scenario == "spawn":
+        strategy, extra, options = "ddp_spawn", [SaveFromWorker(out)], {}
     elif scenario == "mixed":
         readings.read_memory = simulated_free(0.60)
         budget = SimulatedBudget(ranks=(1,))
         extra = [TightenAt(budget, step=3, limit=5, phase="forward")]
         options = dict(every_n_steps=2, grow=False)
     module = module_class(batch_size=8, budget=budget, with_attr=with_attr)
-    planner = [] if scenario == "buckets_plain" else [MemoryPlanner(None if scenario == "oom" else plan, **options)]
+    planner = [] if scenario == "buckets_plain" else [
+        MemoryPlanner(None if scenario in ("oom", "spawn") else plan, **options)]
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=RecordingLogger(out),
         log_every_n_steps=1 if scenario == "adjust" else 50,
@@ -190,6 +209,8 @@ def main(scenario: str, out: Path) -> None:
         enable_model_summary=False, default_root_dir=out,
     )
     trainer.fit(module)
+    if scenario == "spawn":
+        return  # (the workers wrote their files)
     (out / f"samples_rank{trainer.global_rank}.json").write_text(json.dumps(module.step_samples))
     (out / f"log_calls_rank{trainer.global_rank}.json").write_text(json.dumps(getattr(module, "log_calls", None)))
     if trainer.is_global_zero:

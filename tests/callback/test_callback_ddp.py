@@ -91,6 +91,19 @@ def test_an_oom_on_one_rank_is_retried_there_without_a_hang_and_then_shared(tmp_
     check_trained_like_one_process(out, steps=4)
 
 
+def test_a_plain_memory_planner_runs_under_ddp_spawn_and_retries_an_oom_there(tmp_path):
+    # ddp_spawn pickles the Trainer, callbacks included, into its workers: everything MemoryPlanner holds
+    # must pickle (a lambda in __init__ once stopped it at setup)
+    out = tmp_path / "spawn"
+    logs = run_logs("spawn", out)
+    applied = [log[0] for log in logs]
+    assert all(a["source"] == "planned from an estimate" for a in applied)
+    assert applied[0]["layout"] == applied[1]["layout"] and applied[0]["layout"]["global_batch_size"] == 16
+    assert retries(logs[1]) == [(0, "forward", 8, 4), (0, "backward", 4, 2)] and not retries(logs[0])
+    assert all(log[-1]["event"] == "end" and log[-1]["status"] == "finished" for log in logs)
+    check_trained_like_one_process(out, steps=4)
+
+
 def test_when_nothing_fits_the_job_ends_with_one_error_naming_the_rank(tmp_path):
     out = tmp_path / "fatal"
     result = run_scenario("fatal", out)
