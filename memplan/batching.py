@@ -4,7 +4,10 @@ A batch is a tensor, or tensors nested in tuples, lists, dicts (any Mapping), na
 dataclasses; anything else (strings, numbers, None) is a leaf that travels as it is. The batch size is
 the leading dimension most of its tensors share; a tensor whose first dimension is the batch size is
 per-sample (split along dim 0, resized), any other tensor is per-batch (class weights, a shared mask, a
-scalar) and travels whole. Where that rule guesses wrong, MemoryPlanner's `batch_size_of` and
+scalar) and travels whole. A list or tuple holding no tensor (ids, file names, raw texts: what a
+collate function puts beside the tensors) whose length is the batch size is per-sample too, split and
+resized with the tensors; one of another length travels whole. Where these rules guess wrong (a
+per-batch tuple that happens to be as long as the batch), MemoryPlanner's `batch_size_of` and
 `split_batch` are the hooks to override.
 """
 from __future__ import annotations
@@ -23,24 +26,13 @@ def _is_dataclass_instance(obj: Any) -> bool:
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """`obj` with fn applied to every tensor in it; containers are rebuilt as their own type."""
+    """`obj` with fn applied to every tensor in it; containers are rebuilt as their own type (dict,
+    OrderedDict, transformers' BatchEncoding, namedtuples; dataclasses copied with the fields replaced,
+    which keeps fields outside __init__ and frozen ones, as Lightning's apply_to_collection)."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
-    if isinstance(obj, Mapping):
-        mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
-        try:
-            return type(obj)(mapped)  # dict, OrderedDict, transformers' BatchEncoding
-        except TypeError:
-            return mapped
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(map_tensors(v, fn) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(map_tensors(v, fn) for v in obj)
-    if _is_dataclass_instance(obj):
-        out = copy.copy(obj)  # keeps fields outside __init__ and frozen ones, as Lightning's apply_to_collection
-        for field in dataclasses.fields(obj):
-            object.__setattr__(out, field.name, map_tensors(getattr(obj, field.name), fn))
-        return out
+    if isinstance(obj, (Mapping, list, tuple)) or _is_dataclass_instance(obj):
+        return _map_children(obj, lambda child: map_tensors(child, fn))
     return obj
 
 
@@ -93,15 +85,53 @@ def batch_size_of(batch: Any) -> int:
     return size
 
 
+def _is_per_sample_list(obj: Any, size: int) -> bool:
+    """A list or tuple (not a namedtuple) of `size` values with no tensor in them: one value a sample."""
+    return (isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields") and len(obj) == size
+            and next(iter_tensors(obj), None) is None)
+
+
+def map_samples(obj: Any, size: int, on_tensor: Callable[[torch.Tensor], Any],
+                on_list: Callable[[list | tuple], Any]) -> Any:
+    """`obj` with `on_tensor` applied to every tensor and `on_list` to every per-sample list or tuple
+    (one holding no tensor, of length `size`); containers rebuilt as in map_tensors."""
+    if _is_per_sample_list(obj, size):
+        return on_list(obj)
+    if isinstance(obj, torch.Tensor):
+        return on_tensor(obj)
+    if isinstance(obj, (Mapping, list, tuple)) or _is_dataclass_instance(obj):
+        return _map_children(obj, lambda child: map_samples(child, size, on_tensor, on_list))
+    return obj
+
+
+def _map_children(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(obj, Mapping):
+        mapped = {k: fn(v) for k, v in obj.items()}
+        try:
+            return type(obj)(mapped)
+        except TypeError:
+            return mapped
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(fn(v) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(fn(v) for v in obj)
+    out = copy.copy(obj)
+    for field in dataclasses.fields(obj):
+        object.__setattr__(out, field.name, fn(getattr(obj, field.name)))
+    return out
+
+
 def split_batch(batch: Any, start: int, stop: int, size: int) -> Any:
     """Samples [start, stop) of a batch of `size`: every tensor whose first dimension is `size` sliced
-    along it (a view, no copy), every other value as it is."""
-    return map_tensors(batch, lambda t: t[start:stop] if t.dim() > 0 and t.shape[0] == size else t)
+    along it (a view, no copy), every per-sample list or tuple sliced, every other value as it is."""
+    return map_samples(batch, size, lambda t: t[start:stop] if t.dim() > 0 and t.shape[0] == size else t,
+                       lambda values: values[start:stop])
 
 
 def resize_batch(batch: Any, size: int) -> Any:
     """The batch with `size` samples: the first `size` rows, or the rows repeated cyclically when it
-    has fewer. Tensors without the batch dimension (scalars, shared masks) are kept as they are."""
+    has fewer (per-sample lists alike). Tensors without the batch dimension (scalars, shared masks) are
+    kept as they are."""
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"batch size must be a positive int; got {size!r}")
     current = batch_size_of(batch)
@@ -116,4 +146,4 @@ def resize_batch(batch: Any, size: int) -> Any:
         reps = -(-size // current)
         return t.repeat(reps, *([1] * (t.dim() - 1)))[:size].clone()
 
-    return map_tensors(batch, resize)
+    return map_samples(batch, current, resize, lambda values: type(values)(values[i % current] for i in range(size)))

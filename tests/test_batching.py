@@ -45,9 +45,22 @@ def test_dataclasses_and_namedtuples_are_walked_and_rebuilt_with_their_other_fie
     assert [p for p, _ in named_tensors(batch)] == ["batch.pair.a", "batch.pair.b"]
     half = split_batch(batch, 0, 2, 4)
     assert isinstance(half, Batch) and isinstance(half.pair, Pair) and half.pair.a.shape == (2, 2)
-    assert half.text == batch.text and batch.pair.a.shape == (4, 2)
+    assert half.text == ["a", "b"] and batch.text == ["a", "b", "c", "d"] and batch.pair.a.shape == (4, 2)
 
 
 def test_a_batch_without_a_batch_dimension_names_its_fields():
     with pytest.raises(ValueError, match=r"no tensor in it has a batch dimension \(tensors: batch\['scale'\] \(\)"):
         batch_size_of({"scale": torch.tensor(1.0), "names": ["a"]})
+
+
+def test_per_sample_lists_are_split_and_resized_with_the_tensors():
+    """ids, file names, raw texts beside the tensors: a tensor-free list or tuple as long as the batch is
+    one value a sample; one of another length, or one holding tensors, is not."""
+    batch = {"x": torch.arange(4.0)[:, None], "ids": ["a", "b", "c", "d"], "paths": ("p0", "p1", "p2", "p3"),
+             "size": (224, 224), "pair": [torch.zeros(4), torch.ones(4)], "meta": [{"n": i} for i in range(4)]}
+    part = split_batch(batch, 1, 3, 4)
+    assert part["ids"] == ["b", "c"] and part["paths"] == ("p1", "p2") and part["meta"] == [{"n": 1}, {"n": 2}]
+    assert part["size"] == (224, 224) and [t.shape for t in part["pair"]] == [(2,), (2,)]
+    one, six = resize_batch(batch, 1), resize_batch(batch, 6)
+    assert one["ids"] == ["a"] and one["x"].shape == (1, 1) and one["size"] == (224, 224)
+    assert six["ids"] == ["a", "b", "c", "d", "a", "b"] and six["paths"][4:] == ("p0", "p1") and six["x"].shape == (6, 1)

@@ -208,6 +208,16 @@ class MemoryPlanner(*CALLBACKS):
         by default every tensor whose first dimension is `batch_size` sliced (a view), the rest whole."""
         return batching.split_batch(batch, start, stop, batch_size)
 
+    def _planning_batch(self, batch: Any, size: int) -> Any:
+        """The loaded batch at `size` samples for a planning trace: cut by `split_batch` (a subclass's
+        own split included) and copied, so the trace holds only those samples; grown by repeating its
+        samples (memplan.batching.resize_batch) where the plan looks beyond it."""
+        loaded = self.batch_size_of(batch)
+        if size > loaded:
+            return batching.resize_batch(batch, size)
+        part = batch if size == loaded else self.split_batch(batch, 0, size, loaded)
+        return batching.map_tensors(part, lambda t: t.clone())
+
     # --- hooks: one line each ----------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
@@ -396,7 +406,7 @@ class MemoryPlanner(*CALLBACKS):
                 if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings
                     made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._planner, on)
                 else:
-                    made = self._planner(request, estimator_for(pl_module, batch, device=on))
+                    made = self._planner(request, estimator_for(pl_module, batch, device=on, resize=self._planning_batch))
             except EstimateError as err:  # the model or its batch cannot be traced: the message names why
                 raise MisconfigurationException(f"MemoryPlanner: {err}") from err
             if made.world_size != trainer.world_size:

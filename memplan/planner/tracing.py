@@ -12,8 +12,9 @@ from memplan.planner.search import Estimator
 
 
 def estimator_for(model: Any, batch: Any, *, loss: Callable | None = None, optimizer: Any = None,
-                  device: Any = None) -> Estimator:
-    """An Estimator tracing `model` on `batch` resized to each micro-batch (memplan.batching), with
+                  device: Any = None, resize: Callable[[Any, int], Any] | None = None) -> Estimator:
+    """An Estimator tracing `model` on `batch` resized to each micro-batch (`resize(batch, size)`, by
+    default memplan.batching.resize_batch; MemoryPlanner passes one built on its `split_batch` hook), with
     strategy='ddp' for world_size > 1
     (strategy='fsdp' when the planner passes FSDP settings). `model`, `loss`, `optimizer` and `device` are as in
     memplan.estimate; build the model on meta or pass a callable so that no weights are allocated.
@@ -24,7 +25,7 @@ def estimator_for(model: Any, batch: Any, *, loss: Callable | None = None, optim
         from memplan.estimator import estimate
 
         strategy = "fsdp" if fsdp is not None else ("ddp" if world_size > 1 else None)
-        return estimate(model, resize_batch(batch, micro_batch_size), loss=loss, optimizer=optimizer,
+        return estimate(model, (resize or resize_batch)(batch, micro_batch_size), loss=loss, optimizer=optimizer,
                         precision=precision, checkpointing=checkpointing, device=device,
                         strategy=strategy, world_size=world_size, fsdp=fsdp)
 

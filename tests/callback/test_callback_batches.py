@@ -42,6 +42,9 @@ SHAPES = {
     "namedtuple": Pair,
     "dataclass": lambda x, y: Sample(x, y),
     "nested": lambda x, y: {"inputs": [x], "target": Pair(y, y)},
+    # per-sample Python lists beside the tensors (ids, raw texts), and a per-batch tuple of another length
+    "lists": lambda x, y: {"x": x, "y": y, "ids": [f"s{int(v * 1e6)}" for v in x[:, 0]],
+                           "texts": tuple("t" * (i + 1) for i in range(len(x))), "image_size": (224, 224, 3)},
 }
 
 
@@ -50,6 +53,11 @@ def unpack(batch):
         return batch[0], batch[1]
     if isinstance(batch, dict) and "inputs" in batch:
         return batch["inputs"][0], batch["target"].y
+    if isinstance(batch, dict) and "ids" in batch:  # each chunk (and each planning trace) gets its own samples' ids
+        x = batch["x"]
+        assert batch["ids"] == [f"s{int(v * 1e6)}" for v in x[:, 0]] and len(batch["texts"]) == len(x), batch
+        assert batch["image_size"] == (224, 224, 3)
+        return x, batch["y"]
     if isinstance(batch, dict):
         assert batch["weights"].shape == (3,)  # the per-batch tensor reached the chunk whole
         return batch["x"], batch["y"]
@@ -159,7 +167,14 @@ def test_a_plan_above_the_loaders_batch_is_clamped_with_a_warning(make_trainer):
     assert planner.layout.global_batch_size == 96
 
 
-@pytest.mark.parametrize("shape", ["dataclass", "dict", "nested"])
+def test_planning_uses_the_split_batch_a_subclass_overrides(make_trainer):
+    # no tensor of this batch has the batch size first: only the user's own split can cut it for a trace
+    planner = TransposedPlanner(grow=False)
+    fit(make_trainer, TransposedModel("dict"), planner, steps=2)
+    assert planner.plan is not None and planner.plan.global_batch_size == 8
+
+
+@pytest.mark.parametrize("shape", ["dataclass", "dict", "nested", "lists"])
 def test_planning_from_an_estimate_takes_every_batch_shape(make_trainer, shape):
     planner = MemoryPlanner(grow=False)
     module = Shaped(shape)
