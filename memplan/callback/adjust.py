@@ -6,7 +6,7 @@ rank the same answer.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -73,20 +73,29 @@ class Change:
 class Adjuster:
     """Decides, from every rank's status, whether all ranks lower or grow the micro-batch.
 
-    Lower (halve; at 1, turn checkpointing on) when a rank retried an OOM since the last check or its
-    headroom is under `margin` x its device memory; grow (double, up to the planned size) after
-    `grow_patience` checks in a row where every rank has `grow_margin` x its memory free. A size that
-    ran out of memory is never grown back to. Checkpointing, once on, stays on.
+    Lower (about half, in even chunks of the loaded batch; at 1, turn checkpointing on) when its
+    headroom is under `margin` x its device memory; after an OOM on some rank, every rank takes the
+    size that rank went back to (the largest that ran there). Grow after `grow_patience` checks in a
+    row where every rank has `grow_margin` x its memory free, by bisection between the size that runs
+    and the smallest that ran out of memory (or the planned size), only to a size that cuts the loaded
+    batch into fewer even chunks: 8 x 2 for a batch of 16, never 15 + 1 or 7 + 7 + 2. A size that ran
+    out of memory is never grown back to. Checkpointing, once on, stays on.
     """
 
     def __init__(self, *, margin: float, grow: bool, grow_margin: float, grow_patience: int,
-                 planned_micro_batch_size: int, can_checkpoint: bool) -> None:
+                 planned_micro_batch_size: int, can_checkpoint: bool,
+                 can_split: Callable[[], bool] | None = None, loader_batch_size: int | None = None) -> None:
         self.margin = margin
         self.grow = grow
         self.grow_margin = grow_margin
         self.grow_patience = grow_patience
         self.planned_micro_batch_size = planned_micro_batch_size
+        self.loader_batch_size = loader_batch_size or planned_micro_batch_size
+        """Samples per loaded batch: the micro-batches chosen cut it into even chunks."""
         self.can_checkpoint = can_checkpoint
+        self._can_split = can_split or _yes
+        """Whether the micro-batch may go below the loaded batch (memplan.callback.exactness, decided when
+        first asked); else only checkpointing lowers memory."""
         self.calm_checks = 0
         """Checks in a row with room to grow."""
         self.ceiling: int | None = None
@@ -134,7 +143,8 @@ class Adjuster:
         worst = min((s for s in statuses if s.rank in ranks), key=lambda s: _fraction_free(s.reading))
         left = f"rank {worst.rank} has {format_bytes(worst.reading.headroom_bytes)} free at its peak, " \
                f"under the margin of {self.margin:.0%} of {format_bytes(worst.reading.device_total_bytes)}"
-        smaller = smaller_micro_batch(micro_batch_size)
+        smaller = smaller_micro_batch(micro_batch_size, self.loader_batch_size)
+        smaller = smaller if smaller is not None and self._can_split() else None
         if smaller is not None:
             return Change(micro_batch_size=smaller, gradient_checkpointing=checkpointing, cause="headroom",
                           ranks=ranks, reason=f"{left}: micro-batch {micro_batch_size} -> {smaller}")
@@ -146,7 +156,7 @@ class Adjuster:
     def _grow(self, micro_batch_size, checkpointing, ranks) -> Change | None:
         cap = self.planned_micro_batch_size if self.ceiling is None else min(self.planned_micro_batch_size,
                                                                              self.ceiling - 1)
-        larger = larger_micro_batch(micro_batch_size, max(cap, 1))
+        larger = larger_micro_batch(micro_batch_size, max(cap, 1), self.loader_batch_size)
         if larger is None:
             return None
         self.calm_checks = 0
@@ -162,14 +172,39 @@ class Adjuster:
         self.ceiling = int(state.get("ceiling", 0)) or None
 
 
-def smaller_micro_batch(size: int) -> int | None:
-    """The next micro-batch to try below `size` (half of it), or None at 1."""
-    return size // 2 if size > 1 else None
+def _yes() -> bool:
+    return True
 
 
-def larger_micro_batch(size: int, cap: int) -> int | None:
-    """The next micro-batch to grow to from `size` (double, at most `cap`), or None at the cap."""
-    return min(2 * size, cap) if size < cap else None
+def even_chunk(batch: int, chunks: int) -> int:
+    """The micro-batch that cuts `batch` samples into `chunks` chunks as evenly as it can."""
+    return -(-batch // chunks)
+
+
+def smaller_micro_batch(size: int, batch: int | None = None) -> int | None:
+    """The next micro-batch to try below `size`, or None at 1: the largest even chunk of the loaded
+    `batch` (when given) of at most half of `size`, e.g. 16 -> 8 -> 4, and 9 -> 3 (3 + 3 + 3, not 4 + 4 + 1)."""
+    if size <= 1:
+        return None
+    half = size // 2
+    return half if batch is None else even_chunk(batch, -(-batch // half))
+
+
+def larger_micro_batch(size: int, cap: int, batch: int | None = None) -> int | None:
+    """The next micro-batch to grow to from `size`, at most `cap` (the smallest size that ran out of
+    memory, less one, or the planned size), or None: among the sizes that cut the loaded `batch` into
+    fewer even chunks than `size` does, the one nearest halfway to `cap` (bisection). Without `batch`:
+    double, at most `cap`."""
+    if size >= cap:
+        return None
+    if batch is None:
+        return min(2 * size, cap)
+    chunks = -(-batch // size)
+    larger = sorted({even_chunk(batch, k) for k in range(1, chunks)} & set(range(size + 1, cap + 1)))
+    if not larger:
+        return None
+    middle = (size + cap) / 2
+    return min(larger, key=lambda m: (abs(m - middle), m))
 
 
 def _fraction_free(reading: MemoryReading) -> float | None:

@@ -180,6 +180,21 @@ def current_loader_batch_size(trainer: Any, module: Any, batch_arg_name: str | N
     return int(size) if size else loaded_batch_size(next(iter(loader))) or 1
 
 
+def train_loader(trainer: Any) -> Any:
+    """The fit's one train DataLoader, as the model or datamodule builds it now."""
+    return _first_loader(compat.train_data_source(trainer).dataloader())
+
+
+def samples_per_rank(loader: Any, world_size: int) -> int | None:
+    """Samples each rank's loader goes through in an epoch (a DistributedSampler's share of the dataset,
+    padded); None where the dataset has no length."""
+    try:
+        samples = len(loader.dataset)
+    except TypeError:
+        return None
+    return -(-samples // world_size)
+
+
 def first_train_batch(trainer: Any) -> Any:
     """One batch of the train loader, exactly as training_step will receive it (before device transfer)."""
     return next(iter(_first_loader(compat.train_data_source(trainer).dataloader())))

@@ -113,31 +113,38 @@ def restored_layout(state: dict[str, Any] | None, world_size: int) -> Layout | N
     return Layout.from_dict(state)
 
 
-def check_loss_arguments(loss_reduction: Any, mean_over: Any) -> None:
+def check_loss_arguments(loss_reduction: Any, mean_over: Any, exact: Any) -> None:
     """ValueError naming the argument and what it accepts."""
-    if loss_reduction not in ("mean", "sum"):
-        raise ValueError(f"MemoryPlanner(loss_reduction=...) must be 'mean' or 'sum' (how training_step's loss "
-                         f"reduces over the batch); got {loss_reduction!r}")
+    if loss_reduction not in ("auto", "mean", "sum"):
+        raise ValueError(f"MemoryPlanner(loss_reduction=...) must be 'auto' (recognise it from the training step), "
+                         f"'mean' or 'sum' (how training_step's loss reduces over the batch's samples); got "
+                         f"{loss_reduction!r}")
     if mean_over is not None and not callable(mean_over):
         raise ValueError(f"MemoryPlanner(mean_over=...) must be callable(batch) -> number, e.g. "
-                         f"lambda b: (b['labels'] != -100).sum(); got {mean_over!r}")
-    if mean_over is not None and loss_reduction != "mean":
-        raise ValueError("MemoryPlanner(mean_over=...) says what a 'mean' loss averages over; with "
-                         f"loss_reduction={loss_reduction!r} leave it None")
+                         f"lambda b: (b['labels'][:, 1:] != -100).sum(); got {mean_over!r}")
+    if mean_over is not None and loss_reduction == "sum":
+        raise ValueError("MemoryPlanner(mean_over=...) says what a mean loss averages over; with "
+                         "loss_reduction='sum' leave it None")
+    if not isinstance(exact, bool):
+        raise ValueError(f"MemoryPlanner(exact=...) must be True or False; got {exact!r}")
 
 
-def split_caveats(pl_module: pl.LightningModule, loss_reduction: str, mean_over: Any) -> str:
+def split_caveats(pl_module: pl.LightningModule, exactness: Any) -> str:
     """What a batch split into chunks keeps exact, and what it cannot, in words."""
-    over = "summed" if loss_reduction == "sum" else (
-        "weighted by each chunk's share of `mean_over`" if mean_over is not None else "weighted by each chunk's "
-        "share of the samples")
-    kind = "a sum over samples" if loss_reduction == "sum" else (
-        "a mean over what `mean_over` counts" if mean_over is not None else "a mean over samples")
-    norms = sorted({type(m).__name__ for m in pl_module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)})
+    reduction = exactness.reduction
+    weighted = {"sum": "summed", "mean_count": "weighted by each chunk's share of what the mean is over",
+                "mean_samples": "weighted by each chunk's share of the samples"}.get(reduction.kind,
+                                                                                  "weighted by each chunk's share of the samples")
+    if exactness.no_split is None and reduction.known and not _batch_norms(pl_module):
+        return (f"The loss is {reduction.describe}: chunk losses are {weighted}, so the chunks train as the whole "
+                "batch does (a loss comparing samples within the batch, such as in-batch negatives, would not).")
+    norms = _batch_norms(pl_module)
     batch_norm = (f" The model's {', '.join(norms)} layers normalise over each chunk, not the batch (their "
                   "statistics differ)." if norms else "")
-    return (f"Chunk losses are {over} (MemoryPlanner(loss_reduction={loss_reduction!r})), which trains as the whole "
-            f"batch does for a loss that is {kind}.{batch_norm} A loss that "
-            "compares samples within the batch (contrastive, in-batch negatives, ranking) sees only its chunk and "
-            "is not the same; such a model needs the loader's batch to run whole (a larger device, or "
-            "MemoryPlanner(adjust=False) with a plan at the loader's batch).")
+    return (f"MemoryPlanner(exact=False): chunk losses are {weighted} (the loss: {reduction.describe}), which trains as "
+            f"the whole batch does only for such a loss.{batch_norm} A loss that compares samples within the batch "
+            "(contrastive, in-batch negatives, ranking) sees only its chunk and is not the same.")
+
+
+def _batch_norms(pl_module: Any) -> list[str]:
+    return sorted({type(m).__name__ for m in pl_module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)})

@@ -76,7 +76,7 @@ import contextlib
 import functools
 import gc
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,8 +167,8 @@ class MicroBatchRunner:
 
     def __init__(self, trainer: Any, module: Any, *, layout: Layout, can_checkpoint: bool, retry: bool,
                  can_guard: bool, enable_checkpointing: Callable[[], None], on_retry: Callable[[OomRetry], None],
-                 out_of_memory: Callable[[str, int], NothingFitsError], loss_reduction: str = "mean",
-                 mean_over: Callable[[Any], Any] | None = None, size_of: Callable[[Any], int] = batch_size_of,
+                 out_of_memory: Callable[[str, int], NothingFitsError],
+                 exactness: Callable[[Any], Any] | None = None, size_of: Callable[[Any], int] = batch_size_of,
                  split: Callable[[Any, int, int, int], Any] = split_batch,
                  on_first_split: Callable[[int, int], None] | None = None,
                  sharded_sync_off: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
@@ -182,6 +182,8 @@ class MicroBatchRunner:
         """OOMs recovered from."""
         self.oom_micro_batch_size: int | None = None
         """The smallest chunk that ran out of memory."""
+        self.largest_ok_micro_batch_size: int | None = None
+        """The largest chunk whose forward and backward ran here since the last OOM (None before any)."""
         self.lightning_backward = False
         """Whether the current batch's backward is Lightning's own (unguarded or unsplittable): an
         OOM in it is not retried."""
@@ -201,8 +203,10 @@ class MicroBatchRunner:
         self._scaler: Any = None
         self._block_sync: Callable[[], contextlib.AbstractContextManager] | None = None
         self._ddp: Any = None
-        self._sum = loss_reduction == "sum"
-        self._mean_over = mean_over
+        self._exactness = exactness  # batch -> Exactness, asked once, before the first split
+        self._sum = False
+        self._can_split: bool | None = None if exactness is not None else True
+        self._mean_over: Callable[[Any], Any] | None = None
         self._size_of = size_of
         self._split = split
         self._on_first_split = on_first_split
@@ -247,6 +251,23 @@ class MicroBatchRunner:
             self._module.training_step = self._previous
         self._original = None
 
+    @contextlib.contextmanager
+    def unwrapped(self) -> Iterator[None]:
+        """The module's training_step as it was before `install`, for a trace of it (a fake copy of the
+        module would otherwise call this runner, bound to the real module)."""
+        wrapper = self._module.__dict__.get("training_step")
+        if self._original is None or wrapper is None:
+            yield
+            return
+        if self._previous is None:
+            self._module.__dict__.pop("training_step", None)
+        else:
+            self._module.training_step = self._previous
+        try:
+            yield
+        finally:
+            self._module.training_step = wrapper
+
     def set_layout(self, micro_batch_size: int, gradient_checkpointing: bool) -> None:
         """Apply a shared decision from the next batch on."""
         if gradient_checkpointing and not self.gradient_checkpointing:
@@ -278,7 +299,7 @@ class MicroBatchRunner:
             return self._original(*args, **kwargs)
         self.lightning_backward = False
         if error is not None:  # the unguarded forward ran out of memory: retry it guarded, smaller
-            pending = self._after_failure(_Failure(0, size, "forward", _NONE, error), deque())
+            pending = self._after_failure(_Failure(0, size, "forward", _NONE, error), deque(), batch)
         else:
             pending = deque((lo, hi, _NONE) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
         return self._run_guarded(args, kwargs, batch, size, pending)
@@ -311,6 +332,9 @@ class MicroBatchRunner:
         order: list[int] | None = [] if self._rebuilds_buckets() else None
         value: torch.Tensor | None = None
         held: list[tuple[float, list[tuple[tuple, dict]]]] = []  # each chunk's weight and `self.log` calls
+        if pending and pending[0][1] - pending[0][0] != size and not self._splits(batch):
+            raise RuntimeError("MemoryPlanner: a loaded batch was to run as chunks where that is not exact; this is "
+                               "memplan's to fix: report it")  # (the layout is refused at fit start first)
         total = None if self._mean_over is None or not pending or pending[0][1] - pending[0][0] == size \
             else float(self._mean_over(batch))
         while pending:
@@ -325,11 +349,13 @@ class MicroBatchRunner:
                                                                 clear, order if not order else None, total, synced)
             if failure is not None:
                 clear = clear and failure.phase == "forward"
-                pending = self._after_failure(failure, pending)
+                pending = self._after_failure(failure, pending, batch)
                 if total is None and self._mean_over is not None:
                     total = float(self._mean_over(batch))
                 continue
             clear = False
+            if self.largest_ok_micro_batch_size is None or stop - start > self.largest_ok_micro_batch_size:
+                self.largest_ok_micro_batch_size = stop - start
             held.append((weight, logged))
             if loss is not None and weight:
                 share = loss.detach() if weight == 1.0 else loss.detach() * weight
@@ -442,7 +468,15 @@ class MicroBatchRunner:
         raise TypeError(f"training_step returned {type(output).__name__}; MemoryPlanner chunks batches whose "
                         "training_step returns a loss tensor or a dict with 'loss'")
 
-    def _after_failure(self, failure: _Failure, pending: deque) -> deque:
+    def _splits(self, batch: Any) -> bool:
+        """Whether this batch may run as chunks, and with what weights: memplan.callback.exactness, asked
+        the first time a batch would be split (a planned split, or an OOM retry)."""
+        if self._can_split is None:
+            exactness = self._exactness(batch)
+            self._can_split, self._sum, self._mean_over = exactness.can_split, exactness.loss_sum, exactness.mean_over
+        return self._can_split
+
+    def _after_failure(self, failure: _Failure, pending: deque, batch: Any) -> deque:
         """Lower this rank's micro-batch (or turn checkpointing on) and re-cut what is left."""
         if not self._retry:
             raise torch.OutOfMemoryError(failure.message)
@@ -451,7 +485,14 @@ class MicroBatchRunner:
         failed = failure.stop - failure.start
         self.oom_retries += 1
         self.oom_micro_batch_size = failed if self.oom_micro_batch_size is None else min(failed, self.oom_micro_batch_size)
-        smaller = smaller_micro_batch(min(self.micro_batch_size, failed))
+        # back to the largest size that ran here, where it is below the one that failed; else about half,
+        # in even chunks of the loaded batch
+        ran = self.largest_ok_micro_batch_size
+        if ran is not None and ran >= failed:  # (that size ran before; it does not now)
+            self.largest_ok_micro_batch_size = ran = None
+        smaller = ran if ran is not None and ran < failed else smaller_micro_batch(
+            min(self.micro_batch_size, failed), self.loader_batch_size)
+        smaller = smaller if smaller is not None and self._splits(batch) else None
         if smaller is not None:
             self.micro_batch_size = smaller
         elif self._can_checkpoint and not self.gradient_checkpointing:

@@ -1,6 +1,7 @@
 """MemoryPlanner: apply a memory plan to a Lightning Trainer, watch every rank, keep the run fitting."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -19,12 +20,15 @@ from memplan.callback import fsdp_plan, sharded
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
     layout_from_plan, load_plan, plan_device_mismatch, plan_mismatches, plan_model_mismatch, planning_request,
+    samples_per_rank, train_loader,
 )
 from memplan.callback.checks import (
     ADJUST_FIX, CHUNKS_FIX, check_arguments, check_can_adjust, check_gradient_hooks, check_guard, check_loss_arguments,
     restored_layout, split_caveats,
 )
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
+from memplan.callback.exactness import Exactness, declared_reduction, decide, drop_last_blocks
+from memplan.callback.loss_reduction import LossReduction, LossWatcher, first_call_watched
 from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuses
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
@@ -38,7 +42,7 @@ from memplan.callback.runlog import (
 from memplan.estimator.errors import EstimateError
 from memplan.hardware import host_info, readings
 from memplan.plan import Plan
-from memplan.planner import Estimator, PlanRequest, estimator_for, largest_block_bytes, make_plan
+from memplan.planner import Estimator, NoFit, PlanRequest, estimator_for, largest_block_bytes, make_plan
 from memplan.planner.tracing import block_classes
 
 log = logging.getLogger(__name__)
@@ -112,10 +116,17 @@ class MemoryPlanner(*CALLBACKS):
             :func:`memplan.planner.make_plan` (plans keep twice ``margin`` free, so a plan that
             fits is not lowered at once).
         loss_reduction: how training_step's loss reduces over the batch, so a batch split into
-            chunks trains as the whole batch would: ``"mean"`` weights each chunk's loss by its share
-            of what the mean is over, ``"sum"`` adds the chunks' losses.
-        mean_over: ``callable(batch) -> number``: what a ``"mean"`` loss averages over, when not
-            samples, e.g. the tokens that count: ``lambda b: (b["labels"] != -100).sum()``.
+            chunks trains as the whole batch would. ``"auto"``: recognised from the first planning
+            trace (:mod:`memplan.callback.loss_reduction`: transformers models called with ``labels``,
+            ``cross_entropy``/``nll_loss`` with ``ignore_index``, ``mse_loss`` and the like on targets
+            from the batch); where it is not recognised the batch is neither split nor rewritten.
+            ``"mean"`` declares a mean over samples, ``"sum"`` a sum.
+        mean_over: ``callable(batch) -> number``: declares a mean over something other than samples,
+            e.g. a causal LM's labels that count: ``lambda b: (b["labels"][:, 1:] != -100).sum()``.
+        exact: only make changes that train exactly as the user's settings would (the default). With
+            ``False`` MemoryPlanner may also split or rewrite batches where that changes the training
+            (BatchNorm statistics, an unknown loss weighted by samples, manual optimization's batch,
+            ``drop_last``), each named in a warning and in the end-of-fit summary.
 
     Batches: any Lightning accepts (tensors in tuples, lists, dicts, namedtuples, dataclasses); a
     tensor whose first dimension is the batch size is split along it, any other value travels whole
@@ -144,14 +155,18 @@ class MemoryPlanner(*CALLBACKS):
         batch_arg_name: str = "batch_size",
         log_dir: str | os.PathLike | None = None,
         planner: Callable[[PlanRequest, Estimator], Plan] | None = None,
-        loss_reduction: Literal["mean", "sum"] = "mean",
+        loss_reduction: Literal["auto", "mean", "sum"] = "auto",
         mean_over: Callable[[Any], Any] | None = None,
+        exact: bool = True,
     ) -> None:
         check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_margin, grow_patience, guard,
                         planner)
-        check_loss_arguments(loss_reduction, mean_over)
-        self._loss_reduction = loss_reduction
-        self._mean_over = mean_over
+        check_loss_arguments(loss_reduction, mean_over, exact)
+        self._declared = declared_reduction(loss_reduction, mean_over)  # None: 'auto'
+        self._exact = exact
+        self._watcher: LossWatcher | None = None  # while the first planning trace runs
+        self._reduction: LossReduction | None = None  # recognised (or declared) for this fit
+        self._batch_now: Any = None  # the batch of the check in progress
         self._plan_arg = plan
         self._global_batch_size = global_batch_size
         self._every_n_steps = every_n_steps
@@ -196,6 +211,8 @@ class MemoryPlanner(*CALLBACKS):
         self.rewrites: list[Rewrite] = []
         """The user's settings MemoryPlanner changed (batch size, accumulation, checkpointing)."""
         self._mismatches: list[str] = []
+        self.exactness: Exactness | None = None
+        """What this fit may change without changing what training computes (memplan.callback.exactness)."""
 
     # --- batch hooks: override for batches that need their own split -------------------------
     def batch_size_of(self, batch: Any) -> int:
@@ -214,9 +231,13 @@ class MemoryPlanner(*CALLBACKS):
         samples (memplan.batching.resize_batch) where the plan looks beyond it."""
         loaded = self.batch_size_of(batch)
         if size > loaded:
-            return batching.resize_batch(batch, size)
-        part = batch if size == loaded else self.split_batch(batch, 0, size, loaded)
-        return batching.map_tensors(part, lambda t: t.clone())
+            resized = batching.resize_batch(batch, size)
+        else:
+            part = batch if size == loaded else self.split_batch(batch, 0, size, loaded)
+            resized = batching.map_tensors(part, lambda t: t.clone())
+        if self._watcher is not None:  # the first planning trace: the loss is recognised on this batch
+            self._watcher.watch(resized, size)
+        return resized
 
     # --- hooks: one line each ----------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -238,7 +259,7 @@ class MemoryPlanner(*CALLBACKS):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self._maybe_check(trainer)
+        self._maybe_check(trainer, batch)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish(trainer)
@@ -335,6 +356,8 @@ class MemoryPlanner(*CALLBACKS):
         self._last_step = trainer.global_step  # a resumed fit counts from its checkpoint's step
         self._adjuster = Adjuster(margin=self._margin, grow=self._grow, grow_margin=self._grow_margin,
                                   grow_patience=self._grow_patience, can_checkpoint=checkpointable,
+                                  can_split=lambda: self._exactness(pl_module, self._batch_now).can_split,
+                                  loader_batch_size=layout.loader_batch_size,
                                   planned_micro_batch_size=self._planned_micro_batch_size or layout.micro_batch_size)
         if source == RESTORED:
             self._adjuster.load_state_dict(self._restored)
@@ -354,6 +377,11 @@ class MemoryPlanner(*CALLBACKS):
         if restored is not None:
             self.plan = self._given_plan
             self._planned_micro_batch_size = int(self._restored.get("planned_micro_batch_size", 0))
+            if restored.chunks > 1 and not self._exactness(pl_module, first_train_batch(trainer)).can_split:
+                raise MisconfigurationException(
+                    f"MemoryPlanner: the checkpoint's layout runs each loaded batch of {restored.loader_batch_size} as "
+                    f"chunks of {restored.micro_batch_size}, which changes what training computes: "
+                    f"{self.exactness.no_split}")
             return restored, RESTORED
         loader_batch = current_loader_batch_size(trainer, pl_module, self._batch_arg_name if settable else None)
         if self._given_plan is not None:
@@ -363,10 +391,7 @@ class MemoryPlanner(*CALLBACKS):
         else:
             self.plan, source = self._plan_now(trainer, pl_module, loader_batch), "planned from an estimate"
         self._planned_micro_batch_size = self.plan.micro_batch_size
-        layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
-                                  settable=settable, keep_accumulation=trainer.accumulate_grad_batches if (
-                                      pl_module.automatic_optimization
-                                      and (self._loss_reduction == "sum" or self._mean_over is not None)) else None)
+        layout = self._layout(trainer, pl_module, loader_batch, settable)
         if not pl_module.automatic_optimization and layout.accumulate_grad_batches > 1:
             rank_zero_warn(f"MemoryPlanner: the plan's global batch of {layout.global_batch_size} needs "
                            f"{layout.accumulate_grad_batches} batches per optimizer step, which Lightning does not "
@@ -378,6 +403,51 @@ class MemoryPlanner(*CALLBACKS):
             rank_zero_warn(f"MemoryPlanner: the plan's micro-batch of {self.plan.micro_batch_size} is above the "
                            f"{loader_batch} samples the train loader yields per batch; clamped to {loader_batch}")
         return layout, source
+
+    def _exactness(self, pl_module: pl.LightningModule, batch: Any) -> Exactness:
+        """What this fit may change (memplan.callback.exactness), decided once, when first needed: from the
+        reduction planning recognised, else from a trace of its own on `batch` (this rank's; no collective,
+        so an OOM retry on one rank may ask). A fit that never splits nor rewrites never traces for it."""
+        if self.exactness is None:
+            if self._reduction is None:
+                self._reduction = self._recognise(pl_module, batch)
+            self.exactness = decide(self._reduction, pl_module, exact=self._exact,
+                                    manual=not pl_module.automatic_optimization)
+        return self.exactness
+
+    def _layout(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader_batch: int, settable: bool) -> Layout:
+        """The plan on this Trainer, making only the changes `self.exactness` allows: the loader's batch and
+        accumulation kept where a rewrite is not exact (drop_last included), and a plan that would then
+        split the batch refused where a split is not exact. A plan that changes nothing asks nothing."""
+        layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
+                                  settable=settable)
+        if (layout.loader_batch_size, layout.accumulate_grad_batches, layout.chunks) == (
+                loader_batch, trainer.accumulate_grad_batches, 1):
+            return layout
+        exactness = self._exactness(pl_module, first_train_batch(trainer))
+        if not exactness.can_rewrite:
+            layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
+                                      settable=settable, keep_accumulation=trainer.accumulate_grad_batches)
+        if self._exact and layout.loader_batch_size != loader_batch:
+            loader = train_loader(trainer)
+            why = drop_last_blocks(loader, samples_per_rank(loader, trainer.world_size), loader_batch,
+                                   layout.loader_batch_size)
+            if why is not None:
+                self.exactness = exactness = dataclasses.replace(
+                    exactness, can_rewrite=False, no_rewrite=f"{why}. Pass MemoryPlanner(exact=False) to allow it")
+                layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
+                                          settable=settable, keep_accumulation=trainer.accumulate_grad_batches)
+        if not pl_module.automatic_optimization and not exactness.can_rewrite and layout.loader_batch_size < loader_batch:
+            raise MisconfigurationException(
+                f"MemoryPlanner: the plan's global batch of {self.plan.global_batch_size} would set the loader's batch "
+                f"from {loader_batch} to {layout.loader_batch_size}: {exactness.no_rewrite}")
+        if layout.chunks > 1 and not exactness.can_split:
+            why = "; ".join(dict.fromkeys(w for w in (exactness.no_split, exactness.no_rewrite) if w))
+            raise MisconfigurationException(
+                f"MemoryPlanner: the plan's micro-batch of {layout.micro_batch_size} would run each loaded batch of "
+                f"{layout.loader_batch_size} as {layout.chunks} chunks, which changes what training computes: {why}. "
+                "Or plan at the loader's batch (e.g. with activation checkpointing)")
+        return layout
 
     def _plan_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader_batch: int) -> Plan:
         """Estimate and plan on rank 0 with every rank's budget; every rank gets the same plan. Under
@@ -405,17 +475,71 @@ class MemoryPlanner(*CALLBACKS):
             try:
                 if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings
                     made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._planner, on)
+                    reduction = self._recognise(pl_module, batch)
                 else:
-                    made = self._planner(request, estimator_for(pl_module, batch, device=on, resize=self._planning_batch))
+                    estimator = estimator_for(pl_module, batch, device=on, resize=self._planning_batch)
+                    made, reduction = self._plan_exactly(pl_module, request, estimator, loader_batch,
+                                                         self._settable(trainer, pl_module))
             except EstimateError as err:  # the model or its batch cannot be traced: the message names why
                 raise MisconfigurationException(f"MemoryPlanner: {err}") from err
             if made.world_size != trainer.world_size:
                 rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "
                                f"{trainer.world_size}, so its micro-batch runs on {trainer.world_size} with the "
                                "accumulation recomputed")
-            return made
+            return made, reduction
 
-        return decide_on_rank_zero(trainer, plan)
+        made, self._reduction = decide_on_rank_zero(trainer, plan)
+        return made
+
+    def _plan_exactly(self, pl_module: pl.LightningModule, request: PlanRequest, estimator: Estimator,
+                      loader_batch: int, settable: bool) -> tuple[Plan, LossReduction]:
+        """The planner's plan, the loss's reduction recognised from its first trace (no extra trace); and
+        where that plan would split the loader's batch and a split is not exact, the plan at the loader's
+        batch (checkpointing the only lever left), or an error naming why and the argument that allows it."""
+        if self._declared is None and pl_module.automatic_optimization:
+            self._watcher = LossWatcher()
+            estimator = first_call_watched(estimator, self._watcher)
+        try:
+            made = self._planner(request, estimator)
+            reduction = self._declared or (self._watcher.reduction() if self._watcher is not None
+                                           else LossReduction(kind="unknown", describe="manual optimization"))
+        finally:
+            self._watcher = None
+        exactness = decide(reduction, pl_module, exact=self._exact, manual=not pl_module.automatic_optimization)
+        keeps_loader = not exactness.can_rewrite or not settable
+        if made.micro_batch_size >= loader_batch or exactness.can_split or not keeps_loader \
+                or request.global_batch_size % loader_batch:
+            return made, reduction
+        try:
+            return self._planner(dataclasses.replace(request, min_micro_batch_size=loader_batch), estimator), reduction
+        except NoFit as err:
+            raise MisconfigurationException(
+                f"MemoryPlanner: nothing fits a loaded batch of {loader_batch} per rank whole (activation "
+                f"checkpointing included where allowed), and running it as smaller chunks would change what training "
+                f"computes: {exactness.no_split}. ({err})") from None
+
+    def _recognise(self, pl_module: pl.LightningModule, batch: Any) -> LossReduction:
+        """The loss's reduction from a trace of its own (a plan given, a resumed fit, FSDP's planning in a
+        process of its own): one estimate at up to 2 samples, under a LossWatcher."""
+        if self._declared is not None:
+            return self._declared
+        if not pl_module.automatic_optimization:
+            return LossReduction(kind="unknown", describe="manual optimization")
+        from memplan.estimator import estimate
+
+        try:
+            size = min(2, self.batch_size_of(batch))
+            small = self._planning_batch(batch, size)
+        except ValueError as err:  # (a batch MemoryPlanner cannot cut; the layout check names the fix)
+            return LossReduction(kind="unknown", describe=f"the batch cannot be cut to trace its step: {err}")
+        watcher = LossWatcher()
+        watcher.watch(small, size)
+        try:
+            with self._runner.unwrapped() if self._runner is not None else contextlib.nullcontext(), watcher:
+                estimate(pl_module, small, device="cpu")
+        except EstimateError as err:
+            return LossReduction(kind="unknown", describe=f"its training step could not be traced: {err}")
+        return watcher.reduction()
 
     def _install_runner(self, trainer, pl_module, layout: Layout, checkpointable: bool) -> None:
         fix = None if self._adjust else CHUNKS_FIX  # (with adjust, setup checked the Trainer already)
@@ -433,7 +557,7 @@ class MemoryPlanner(*CALLBACKS):
             enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
             out_of_memory=lambda message, size: self._out_of_memory(trainer, message, size),
-            loss_reduction=self._loss_reduction, mean_over=self._mean_over, size_of=self.batch_size_of,
+            exactness=lambda batch: self._exactness(pl_module, batch), size_of=self.batch_size_of,
             split=self.split_batch, on_first_split=lambda size, chunk: self._warn_split(pl_module, size, chunk),
             sharded_sync_off=sharded.gradient_sync_off(trainer.strategy, pl_module) if fsdp else None,
         )
@@ -466,6 +590,7 @@ class MemoryPlanner(*CALLBACKS):
             self._runner.micro_batch_size = min(self._runner.micro_batch_size, size)
         if self._adjuster is not None:  # growth stops at the batch the loader yields
             self._adjuster.planned_micro_batch_size = min(self._adjuster.planned_micro_batch_size, size)
+            self._adjuster.loader_batch_size = size
         self._log.write("loader", trainer.global_step, layout=self.layout.to_dict())
 
     def _unsplittable(self, err: ValueError) -> None:
@@ -484,11 +609,11 @@ class MemoryPlanner(*CALLBACKS):
     def _warn_split(self, pl_module: pl.LightningModule, size: int, chunk: int) -> None:
         """Once, on the rank that first splits a batch: what splitting does not keep exact."""
         warnings.warn(f"MemoryPlanner: a batch of {size} samples runs as chunks of {chunk} from now on (rank "
-                      f"{pl_module.global_rank}). {split_caveats(pl_module, self._loss_reduction, self._mean_over)}",
+                      f"{pl_module.global_rank}). {split_caveats(pl_module, self._exactness(pl_module, None))}",
                       stacklevel=2)
 
     # --- watch and adjust --------------------------------------------------------------------
-    def _maybe_check(self, trainer: pl.Trainer) -> None:
+    def _maybe_check(self, trainer: pl.Trainer, batch: Any = None) -> None:
         """A reading every `every` steps, then a shared decision; recorded only: the first step, the
         step after a change, and each step Lightning writes a logger row (so every row has fresh
         figures). Every rank takes the same branch: the gather is a collective."""
@@ -510,7 +635,11 @@ class MemoryPlanner(*CALLBACKS):
         if not due:  # a reading between decisions still tells whether this layout fits
             self._update_guard(statuses[trainer.global_rank])
             return
-        change = self._adjuster.decide(statuses, self.layout.micro_batch_size, self.layout.gradient_checkpointing)
+        self._batch_now = batch  # (for a first decision whether a split is exact; not kept past the check)
+        try:
+            change = self._adjuster.decide(statuses, self.layout.micro_batch_size, self.layout.gradient_checkpointing)
+        finally:
+            self._batch_now = None
         if change is not None:
             self._apply_change(trainer, change)  # guards every rank: the new layout is untried
         else:
@@ -591,7 +720,8 @@ class MemoryPlanner(*CALLBACKS):
         return NothingFitsError(
             f"MemoryPlanner: rank {trainer.global_rank} ran out of memory at step {trainer.global_step} (batch "
             f"{trainer.fit_loop.epoch_loop.batch_idx}) with micro-batch {size}"
-            f"{' and activation checkpointing on' if checkpointing else ''}, and nothing smaller fits. "
+            f"{' and activation checkpointing on' if checkpointing else ''}, and "
+            f"{'nothing smaller fits' if self.exactness is None or self.exactness.can_split else 'MemoryPlanner does not run it smaller: ' + self.exactness.no_split}. "
             f"{reading.describe()}. Use GPUs with more memory, more of them, a lower precision or shorter "
             f"samples. torch: {message}"
         )

@@ -195,6 +195,8 @@ def _micro_batches(request: PlanRequest, group: Group, precision: str,
     for micro in divisors(per_rank):
         if request.max_micro_batch_size is not None and micro > request.max_micro_batch_size:
             break
+        if request.min_micro_batch_size is not None and micro < request.min_micro_batch_size:
+            continue
         host = host_bytes_per_rank(load, micro) + offloaded
         accumulation = per_rank // micro
         speed = relative_throughput(

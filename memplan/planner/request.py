@@ -140,6 +140,9 @@ class PlanRequest:
     """Fraction of each GPU's free memory (and of the host's available RAM) left unused."""
     max_micro_batch_size: int | None = None
     """Upper bound on the per-GPU micro-batch (e.g. the dataset's sequence packing); None: no bound."""
+    min_micro_batch_size: int | None = None
+    """Lower bound on the per-GPU micro-batch: MemoryPlanner's loader batch where splitting it would change
+    what training computes (the plan may then only choose checkpointing, precision being fixed); None: 1."""
     largest_block_bytes: int | None = None
     """Parameter bytes of the model's largest repeated block, for NoFit's FSDP estimate (all-gather
     prefetch holds about two); None assumes the whole model is gathered at once (no wrap policy)."""
@@ -186,6 +189,9 @@ class PlanRequest:
                              f"free memory unused; got {self.margin!r}")
         if self.max_micro_batch_size is not None:
             _check_int("PlanRequest", "max_micro_batch_size", self.max_micro_batch_size, minimum=1,
+                       fix="a positive bound, or None for no bound")
+        if self.min_micro_batch_size is not None:
+            _check_int("PlanRequest", "min_micro_batch_size", self.min_micro_batch_size, minimum=1,
                        fix="a positive bound, or None for no bound")
         if self.largest_block_bytes is not None:
             _check_int("PlanRequest", "largest_block_bytes", self.largest_block_bytes, minimum=0,

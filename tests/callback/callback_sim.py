@@ -17,6 +17,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 import torch.nn.functional as F
 from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
@@ -43,6 +44,11 @@ def make_plan(micro: int, accumulate: int, *, checkpointing: bool = False, world
 
 def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+
+
+def tracing(module: nn.Module) -> bool:
+    """Whether `module` is memplan's fake copy, tracing a step (its parameters are fake tensors)."""
+    return isinstance(next(module.parameters()), FakeTensor)
 
 
 class _RaiseInBackward(torch.autograd.Function):
@@ -76,6 +82,8 @@ class SimulatedBudget(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ranks is not None and _rank() not in self.ranks:
+            return x
+        if isinstance(x, FakeTensor):  # memplan tracing the step: no device memory is used, none runs out
             return x
         self.calls += 1
         if self._failed_input is not None:
@@ -150,8 +158,9 @@ class RegressionSteps:
     def training_step(self, batch, batch_idx):
         x, y, index = batch
         loss = F.mse_loss(run_net(self.net, x), y)
-        self.seen.append(index.tolist())
-        self._pending.extend(index.tolist())
+        if not tracing(self):  # memplan's traces run training_step on a fake copy: they train nothing
+            self.seen.append(index.tolist())
+            self._pending.extend(index.tolist())
         self.log("train_loss", loss)
         return loss
 
@@ -293,7 +302,8 @@ class ShardedRegression(Regression):
     def training_step(self, batch, batch_idx):
         x, y, index = batch
         loss = F.mse_loss(self(x), y)
-        self.seen.append(index.tolist())
-        self._pending.extend(index.tolist())
+        if not tracing(self):
+            self.seen.append(index.tolist())
+            self._pending.extend(index.tolist())
         self.log("train_loss", loss)
         return loss

@@ -28,6 +28,10 @@ user's training script. Scenarios (SIMULATED devices: see callback_sim):
   tokens_plain  the same without MemoryPlanner: each rank's batch whole, DDP averaging the ranks' token means.
   spawn   `oom` under strategy="ddp_spawn" with a plain MemoryPlanner() (Lightning pickles the Trainer, its
           callbacks included, into each worker); the workers write the files below (SaveFromWorker).
+  converge  loader batch 16 per rank, no plan given (a plain MemoryPlanner() plans 16 whole), rank 1's
+          SIMULATED memory fails forwards of more than 8 samples; growth on. Both ranks must settle at
+          8 x 2 with at most 2 OOM retries in the whole run (before: 16 -> 8 -> grown to 15, OOM -> 7,
+          ending 7 + 7 + 2).
   mixed   SIMULATED readings with plenty of room on both ranks (unguarded from the check at step 2);
           from step 3 rank 1's SIMULATED memory fails forwards of more than 5 samples, so in step 3
           rank 1 retries its batch guarded (4 + 4, through the carrier) while rank 0 leaves its whole
@@ -49,7 +53,7 @@ import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.strategies import DDPStrategy  # noqa: E402
 import torch  # noqa: E402
 from callback_sim import (  # noqa: E402
-    RecordingLogger, Regression, SimulatedBudget, TightenAt, make_plan, run_net, simulated_free, weights_of,
+    RecordingLogger, Regression, SimulatedBudget, TightenAt, make_plan, run_net, simulated_free, tracing, weights_of,
 )
 from pytorch_lightning.callbacks import Callback  # noqa: E402
 
@@ -68,8 +72,9 @@ class SyncLogged(Regression):
     def training_step(self, batch, batch_idx):
         x, y, index = batch
         loss = torch.nn.functional.mse_loss(run_net(self.net, x), y)
-        self.seen.append(index.tolist())
-        self._pending.extend(index.tolist())
+        if not tracing(self):
+            self.seen.append(index.tolist())
+            self._pending.extend(index.tolist())
         self.log("train_loss", loss, sync_dist=True)
         return loss
 
@@ -192,6 +197,10 @@ def main(scenario: str, out: Path) -> None:
     elif scenario in ("buckets", "buckets_plain"):
         strategy, steps, options = DDPStrategy(bucket_cap_mb=0.001), 3, dict(every_n_steps=10, grow=False)
         extra = [RecordBuckets(out)]
+    elif scenario == "converge":
+        budget, steps = SimulatedBudget(forward_limit=8, ranks=(1,)), 12
+        options = dict(every_n_steps=1, grow=True, grow_patience=2)
+        readings.read_memory = simulated_free(0.60)  # SIMULATED: plenty of headroom, so growth is tried
     elif scenario == "spawn":
         strategy, extra, options = "ddp_spawn", [SaveFromWorker(out)], {}
     elif scenario == "mixed":
@@ -199,9 +208,9 @@ def main(scenario: str, out: Path) -> None:
         budget = SimulatedBudget(ranks=(1,))
         extra = [TightenAt(budget, step=3, limit=5, phase="forward")]
         options = dict(every_n_steps=2, grow=False)
-    module = module_class(batch_size=8, budget=budget, with_attr=with_attr)
+    module = module_class(batch_size=16 if scenario == "converge" else 8, budget=budget, with_attr=with_attr)
     planner = [] if scenario == "buckets_plain" else [
-        MemoryPlanner(None if scenario in ("oom", "spawn") else plan, **options)]
+        MemoryPlanner(None if scenario in ("oom", "spawn", "converge") else plan, **options)]
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=RecordingLogger(out),
         log_every_n_steps=1 if scenario == "adjust" else 50,

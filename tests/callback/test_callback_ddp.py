@@ -104,6 +104,18 @@ def test_a_plain_memory_planner_runs_under_ddp_spawn_and_retries_an_oom_there(tm
     check_trained_like_one_process(out, steps=4)
 
 
+def test_after_an_oom_both_ranks_settle_at_the_fewest_even_chunks_and_never_retry_a_failed_size(tmp_path):
+    # the held-out job of issue 20: loader 16 per rank, rank 1 out of memory above 8 samples
+    out = tmp_path / "converge"
+    logs = run_logs("converge", out)
+    assert sum(len(retries(log)) for log in logs) <= 2
+    assert retries(logs[1])[0][2:] == (16, 8)  # 16 failed, back to 8 (not 7, not 15)
+    finals = [[e for e in log if e["event"] == "sample"][-1] for log in logs]
+    assert [(f["micro_batch_size"], f["accumulate_grad_batches"]) for f in finals] == [(8, 2), (8, 2)]
+    assert not [c for c in changes(logs[0]) if c["cause"] == "grow"]  # nothing between 8 and 16 halves the chunks
+    check_trained_like_one_process(out, steps=12, per_rank_batch=16)
+
+
 def test_when_nothing_fits_the_job_ends_with_one_error_naming_the_rank(tmp_path):
     out = tmp_path / "fatal"
     result = run_scenario("fatal", out)

@@ -122,3 +122,28 @@ def test_a_plan_becomes_a_layout_on_the_trainers_world():
         loader_batch_size=8, micro_batch_size=4, accumulate_grad_batches=1, world_size=2)
     with pytest.raises(MisconfigurationException, match="not a multiple of the loader batch 6 x 2"):
         layout_from_plan(plan, world_size=2, loader_batch_size=6, settable=False)
+
+
+def test_sizes_cut_the_loaded_batch_into_the_fewest_even_chunks():
+    from memplan.callback.adjust import larger_micro_batch, smaller_micro_batch
+
+    assert [smaller_micro_batch(s, 16) for s in (16, 8, 4, 2, 1)] == [8, 4, 2, 1, None]
+    assert smaller_micro_batch(9, 9) == 3  # 3 + 3 + 3, not 4 + 4 + 1
+    assert smaller_micro_batch(15, 16) == 6  # at most half of 15, in even chunks of 16: 6 + 5 + 5
+    # growth only to a size with fewer chunks, below the smallest that failed: none between 8 and 16
+    assert larger_micro_batch(8, 15, 16) is None
+    assert larger_micro_batch(7, 15, 16) == 8  # 7 + 7 + 2 -> 8 + 8
+    assert larger_micro_batch(2, 16, 16) == 8  # bisection toward the planned 16, in even chunks
+    assert larger_micro_batch(8, 16, 16) == 16
+
+
+def test_after_an_oom_growth_stays_below_the_size_that_failed():
+    adjuster = Adjuster(margin=0.05, grow=True, grow_margin=0.25, grow_patience=1, planned_micro_batch_size=16,
+                        can_checkpoint=True, loader_batch_size=16)
+    roomy = MemoryReading(device_total_bytes=100, headroom_bytes=60)
+    oom = RankStatus(rank=1, reading=roomy, micro_batch_size=8, gradient_checkpointing=False, oom_retries=1,
+                     oom_micro_batch_size=16)
+    calm = RankStatus(rank=0, reading=roomy, micro_batch_size=8, gradient_checkpointing=False, oom_retries=0)
+    change = adjuster.decide([calm, oom], 16, False)
+    assert (change.cause, change.micro_batch_size) == ("oom", 8)
+    assert all(adjuster.decide([calm, oom], 8, False) is None for _ in range(5))  # never 15, never 16 again

@@ -11,6 +11,7 @@ from callback_sim import RecordingLogger, make_plan
 from loss_sim import TokenLM, real_tokens, weighted_tokens, weights_of
 
 from memplan.callback import MemoryPlanner
+from memplan.callback.framework import MisconfigurationException
 
 STEPS = 4
 
@@ -53,9 +54,23 @@ def test_a_split_batch_trains_and_logs_as_the_whole_batch(make_trainer, tmp_path
         assert got["samples"] == expected["samples"] == 8
 
 
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_the_loss_is_recognised_by_default_and_a_split_batch_trains_as_the_whole(make_trainer, tmp_path, reduction):
+    # cross_entropy(..., weight=batch['class_weights'], ignore_index=-100, reduction=...): recognised from a
+    # trace of the step, each chunk weighted by its class-weighted count of real tokens (or summed)
+    whole, _ = train(make_trainer, tmp_path, "whole", reduction)
+    planner = MemoryPlanner(make_plan(2, 4), grow=False, adjust=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        split, _ = train(make_trainer, tmp_path, "split", reduction, planner)
+    assert_same_weights(split, whole)
+    assert planner.exactness.reduction.kind == ("sum" if reduction == "sum" else "mean_count")
+    assert "batch['class_weights']" in planner.exactness.reduction.describe or reduction == "sum"
+
+
 @pytest.mark.parametrize(("reduction", "options"), [
-    ("sum", dict()),  # a sum loss weighted as a per-sample mean
-    ("mean", dict()),  # a token mean weighted by samples
+    ("sum", dict(loss_reduction="mean")),  # a sum loss declared a per-sample mean
+    ("mean", dict(loss_reduction="mean")),  # a token mean declared a mean over samples
     ("mean", dict(mean_over=real_tokens)),  # a class-weighted token mean weighted by token counts
 ])
 def test_the_wrong_reduction_trains_differently(make_trainer, tmp_path, reduction, options):
@@ -107,7 +122,11 @@ def test_the_first_split_warns_once_naming_batch_norm(make_trainer, tmp_path):
             super().__init__(**kwargs)
             self.norm = torch.nn.BatchNorm1d(7, dtype=torch.float64)
 
-    planner = MemoryPlanner(make_plan(2, 4), adjust=False)
+    # by default (exact=True) refused: BatchNorm's statistics over a chunk are not the batch's
+    with pytest.raises(MisconfigurationException, match=r"BatchNorm1d layers normalise over the batch they see.*"
+                                                        r"MemoryPlanner\(exact=False\)"):
+        make_trainer([MemoryPlanner(make_plan(2, 4), adjust=False)], max_steps=2).fit(WithNorm(batch_size=8))
+    planner = MemoryPlanner(make_plan(2, 4), adjust=False, exact=False)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         make_trainer([planner], max_steps=2).fit(WithNorm(batch_size=8))

@@ -49,9 +49,14 @@ def test_planning_applying_and_watching_work_and_adjusting_is_declined_with_a_wa
     assert samples  # watched
 
 
-def test_a_plan_that_accumulates_is_applied_without_accumulation_and_says_so(make_trainer):
+def test_a_plan_that_accumulates_is_refused_by_default_and_applied_without_accumulation_when_allowed(make_trainer):
+    # Lightning accumulates nothing under manual optimization: the plan's 8 x 4 would make each optimizer
+    # step see 8 samples instead of the 16 the user's loader gives
+    with pytest.raises(MisconfigurationException, match=r"from 16 to 8: under manual optimization Lightning "
+                                                        r"accumulates nothing.*MemoryPlanner\(exact=False\)"):
+        make_trainer([MemoryPlanner(make_plan(8, 4), adjust=False)], max_steps=2).fit(TinyGAN(batch_size=16))
     module = TinyGAN(batch_size=16)
-    planner = MemoryPlanner(make_plan(8, 4), adjust=False)  # global batch 32: 8 x 4 batches
+    planner = MemoryPlanner(make_plan(8, 4), adjust=False, exact=False)  # global batch 32: 8 x 4 batches
     with pytest.warns(UserWarning, match="which Lightning does not accumulate under manual optimization: each "
                                          "optimizer step sees one loaded batch per rank, 8 x 1 rank"):
         make_trainer([planner], max_steps=2).fit(module)
@@ -60,6 +65,12 @@ def test_a_plan_that_accumulates_is_applied_without_accumulation_and_says_so(mak
 
 
 def test_a_plan_that_splits_batches_is_refused_with_the_fix(make_trainer):
+    # a plan keeping the global batch of 64 as 16 x 4 would shrink each optimizer step's batch to 16: refused
     module = TinyGAN(batch_size=16, with_attr=False)  # the loader keeps 16: chunks of 8 would be needed
-    with pytest.raises(MisconfigurationException, match="optimizes manually: let the loader yield the plan's"):
+    with pytest.raises(MisconfigurationException, match="under manual optimization training_step runs its own "
+                                                        "backwards and optimizer steps, so a batch cannot be split"):
         make_trainer([MemoryPlanner(make_plan(8, 2), adjust=False)], max_steps=2).fit(module)
+    module = TinyGAN(batch_size=16)
+    with pytest.raises(MisconfigurationException, match=r"exact=False"):
+        make_trainer([MemoryPlanner(make_plan(8, 2), adjust=False)], max_steps=2).fit(module)
+    assert module.batch_size == 16  # the user's batch untouched
