@@ -629,7 +629,8 @@ class MemoryPlanner(*CALLBACKS):
         self._record_sample(trainer, statuses[trainer.global_rank])
         if row:  # into Lightning's own row for this step (its loggers write from rank 0, which has all ranks)
             predicted = None if self.plan is None else self.plan.predicted_peak_bytes
-            self._rows.add(logger_metrics(statuses, self.layout, predicted), self._row_step(), trainer.loggers)
+            on_gpu = trainer.strategy.root_device.type == "cuda"
+            self._rows.add(logger_metrics(statuses, self.layout, predicted, on_gpu), self._row_step(), trainer.loggers)
         if not self._adjust:
             return
         if not due:  # a reading between decisions still tells whether this layout fits

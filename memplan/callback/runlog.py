@@ -189,19 +189,23 @@ METRIC_FIELDS = ("process", "device_used", "peak", "headroom")
 """Per-rank readings sent to the Trainer's loggers, as memplan/rank<R>/<name>_gib."""
 
 
-def logger_metrics(statuses: Sequence[RankStatus], layout: Any, predicted_peak_bytes: int | None
-                   ) -> dict[str, float]:
+def logger_metrics(statuses: Sequence[RankStatus], layout: Any, predicted_peak_bytes: int | None,
+                   on_gpu: bool = True) -> dict[str, float]:
     """Every rank's readings for the Trainer's loggers, sizes in GiB with the unit in the key:
     memplan/rank<R>/process_gib (this process on its device), device_used_gib, peak_gib (the process's
-    peak in the interval, comparable with the plan's prediction), headroom_gib; and
-    memplan/predicted_peak_gib, the plan's per-device prediction at its micro-batch."""
+    peak in the interval), headroom_gib; and the plan's per-device prediction at its micro-batch. On a
+    GPU that is memplan/predicted_peak_gib, comparable with peak_gib. On CPU the readings are the
+    process's resident memory (Python, libraries, allocator caches: hundreds of MiB before any tensor)
+    while the prediction counts the step's tensors, so it is logged as
+    memplan/predicted_tensor_peak_gib, a name nobody reads against the process's figures."""
     metrics: dict[str, float] = {
         "memplan/micro_batch_size": float(layout.micro_batch_size),
         "memplan/micro_batches_per_step": float(layout.micro_batches_per_step),
         "memplan/gradient_checkpointing": float(layout.gradient_checkpointing),
     }
     if predicted_peak_bytes is not None:
-        metrics["memplan/predicted_peak_gib"] = predicted_peak_bytes / GiB
+        key = "memplan/predicted_peak_gib" if on_gpu else "memplan/predicted_tensor_peak_gib"
+        metrics[key] = predicted_peak_bytes / GiB
     for status in statuses:
         reading = status.reading
         values = (reading.process_bytes, reading.device_used_bytes, reading.process_peak_bytes, reading.headroom_bytes)

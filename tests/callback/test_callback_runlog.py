@@ -165,7 +165,7 @@ def test_a_csv_logger_gets_one_full_row_per_step(make_trainer, tmp_path):
         rows = list(csv.DictReader(f))
     assert [row["step"] for row in rows] == ["1", "3", "5"]  # Lightning's step index: one row each
     for row in rows:
-        assert row["train_loss"] and row["memplan/rank0/process_gib"] and row["memplan/predicted_peak_gib"]
+        assert row["train_loss"] and row["memplan/rank0/process_gib"] and row["memplan/predicted_tensor_peak_gib"]
         assert all(value != "" for value in row.values())  # no half-empty row
         assert 0 < float(row["memplan/rank0/process_gib"]) < 1024
 
@@ -222,3 +222,19 @@ def test_logger_rows_merge_once_into_the_rows_step_and_unwrap():
     assert plain.calls == [(4, {"loss": 0.5, "memplan/x_gib": 1.0}), (4, {"val_loss": 0.4}), (5, {"loss": 0.3})]
     rows.remove()
     assert "log_metrics" not in vars(plain)
+
+
+def test_the_prediction_is_named_for_what_it_can_be_read_against():
+    """On a GPU the prediction sits beside the process's peak (both device memory); on CPU the readings are
+    resident memory (libraries included), so the prediction is named as tensor bytes."""
+    from memplan.callback.adjust import RankStatus
+    from memplan.callback.layout import Layout
+    from memplan.hardware.readings import MemoryReading
+
+    status = RankStatus(rank=0, reading=MemoryReading(process_bytes=3 << 30, peak_bytes=3 << 30),
+                        micro_batch_size=4, gradient_checkpointing=False, oom_retries=0)
+    layout = Layout(loader_batch_size=4, micro_batch_size=4, accumulate_grad_batches=1, world_size=1)
+    gpu = runlog.logger_metrics([status], layout, 2 << 30, on_gpu=True)
+    cpu = runlog.logger_metrics([status], layout, 2 << 30, on_gpu=False)
+    assert gpu["memplan/predicted_peak_gib"] == 2.0 and gpu["memplan/rank0/peak_gib"] == 3.0
+    assert cpu["memplan/predicted_tensor_peak_gib"] == 2.0 and "memplan/predicted_peak_gib" not in cpu
