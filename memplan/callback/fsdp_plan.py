@@ -5,8 +5,9 @@ and torch allows one default process group per process: the training job's is up
 callback runs. So rank 0 plans in a Python process of its own (`python -m memplan.callback.fsdp_plan`,
 which imports the model's module and never re-runs the training script): the model is rebuilt there on
 the meta device from its class and `hparams` (`self.save_hyperparameters()`), traced on one train
-batch, and the plan comes back. A model class defined in the script run as `__main__` cannot be
-imported there, and is refused with the fix. The plan is made at
+batch, and the plan comes back. The job travels pickled with cloudpickle, so a model class defined in
+the script run as `__main__` (how most training scripts are written) travels by value: the script is
+not imported, nor run, there. The plan is made at
 setup, before configure_model shards the model, so the model's parameters are its unsharded ones.
 """
 from __future__ import annotations
@@ -46,6 +47,9 @@ def planning_settings(strategy: Any, module: nn.Module) -> tuple[FsdpSettings, l
             "--output plan.json` and pass MemoryPlanner(plan='plan.json')")
     if isinstance(strategy, MODEL_PARALLEL_STRATEGIES):
         check_data_parallel(strategy)
+        if callable(getattr(type(module), "configure_model", None)) and \
+                type(module).configure_model is not getattr(_lightning_base(module), "configure_model", None):
+            return FsdpSettings(configure_model=True), []  # traced as the model shards itself: nothing assumed
         return FsdpSettings(), [
             "ModelParallelStrategy's fully_shard is applied by configure_model, after planning: the estimate "
             "assumes fully_shard on each repeated block and on the root, parameters kept in their dtype, "
@@ -69,6 +73,12 @@ def planning_settings(strategy: Any, module: nn.Module) -> tuple[FsdpSettings, l
         param_dtype=dtypes.get(getattr(precision, "param_dtype", None)),
         reduce_dtype=dtypes.get(getattr(precision, "reduce_dtype", None)),
     ), assumed
+
+
+def _lightning_base(module: nn.Module) -> type | None:
+    """The Lightning base class `module` derives from (pytorch_lightning's or lightning.pytorch's)."""
+    return next((c for c in type(module).__mro__ if c.__name__ == "LightningModule"
+                 and c.__module__.split(".")[0] in ("pytorch_lightning", "lightning")), None)
 
 
 def with_settings(estimator: Callable[..., Any], settings: FsdpSettings) -> Callable[..., Any]:
@@ -95,16 +105,13 @@ def plan_in_subprocess(module: nn.Module, batch: Any, request: Any, settings: Fs
     """`planner(request, estimator)` in a Python process of its own (`python -m memplan.callback.fsdp_plan`:
     it imports the model's module, and never re-runs the training script), the estimator tracing
     `module`'s class rebuilt from its hparams on meta, FSDP candidates under `settings`."""
+    import cloudpickle
+
     cls = type(module)
-    if cls.__module__ == "__main__":
-        raise MisconfigurationException(
-            f"MemoryPlanner plans FSDP in a process of its own, which imports {cls.__qualname__} from its module; "
-            "it is defined in the script run as __main__: move it into a module the script imports, or plan with "
-            "`memplan suggest CONFIG --output plan.json` and pass MemoryPlanner(plan='plan.json')")
     # LightningCLI adds its own keys to hparams (_class_path, _instantiator): not __init__ arguments
     hparams = {k: v for k, v in dict(getattr(module, "hparams", {}) or {}).items() if not k.startswith("_")}
-    try:
-        job = pickle.dumps((cls, hparams, batch, request, settings, planner, device))
+    try:  # (cloudpickle: what __main__ defines goes by value, everything importable by reference)
+        job = cloudpickle.dumps((cls, hparams, batch, request, settings, planner, device))
     except (pickle.PicklingError, AttributeError, TypeError) as err:
         raise MisconfigurationException(
             f"MemoryPlanner plans FSDP in a process of its own and cannot send it the model's hparams, the train "

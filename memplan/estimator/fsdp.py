@@ -56,6 +56,11 @@ class FsdpSettings:
     """dtype of the all-gathered parameters (MixedPrecisionPolicy.param_dtype); None: as stored."""
     reduce_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """dtype gradients are reduce-scattered in (MixedPrecisionPolicy.reduce_dtype); None: param_dtype."""
+    configure_model: bool = False
+    """Shard as the model does itself: call its `configure_model()` (Lightning's ModelParallelStrategy,
+    where the user applies fully_shard) with `device_mesh` a fake mesh of ("data_parallel",
+    "tensor_parallel") = (world size, 1), instead of wrapping the repeated blocks and the root. Only the
+    sharding is read from this field: wrap, reshard and the dtypes are whatever the user's calls say."""
 
     def __post_init__(self) -> None:
         if self.sharding_strategy not in SHARDING_STRATEGIES:
@@ -159,6 +164,8 @@ def shard_model(model: nn.Module, settings: FsdpSettings, world_size: int, fake_
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+    if settings.configure_model and callable(getattr(model, "configure_model", None)):
+        return _shard_as_configured(model, world_size, fake_mode)
     blocks = blocks_to_wrap(model, settings.wrap)
     shard = settings.shard_degree(world_size)
     # The mesh is built outside the fake mode: DeviceMesh reads its rank map back with .tolist().
@@ -182,6 +189,37 @@ def shard_model(model: nn.Module, settings: FsdpSettings, world_size: int, fake_
             None if settings.resharded else False)
         fully_shard(model, reshard_after_forward=root_reshard, **kwargs)
     return blocks
+
+
+def _shard_as_configured(model: nn.Module, world_size: int, fake_mode) -> list[nn.Module]:
+    """The model's own configure_model() on a fake ("data_parallel", "tensor_parallel") mesh of
+    (world_size, 1), as Lightning's ModelParallelStrategy calls it: whatever fully_shard calls it makes
+    (on `self.model`'s blocks and `self.model`, say) are the sharding traced. Returns the sharded modules."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    mesh = init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    had = model.__dict__.get("_device_mesh", _MISSING)
+    model.__dict__["_device_mesh"] = mesh  # LightningModule.device_mesh reads it
+    try:
+        with fake_mode, lazy_chunks():
+            model.configure_model()
+    except Exception as err:  # user code: one error naming it
+        raise EstimateError(f"model: its configure_model() failed on memplan's fake mesh of {world_size} "
+                            f"data-parallel rank(s) ({type(err).__name__}: {err})") from err
+    finally:
+        if had is _MISSING:
+            model.__dict__.pop("_device_mesh", None)
+        else:
+            model.__dict__["_device_mesh"] = had
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not sharded:
+        raise EstimateError("model: its configure_model() applied no fully_shard, so memplan has no FSDP sharding "
+                            "to estimate; shard in configure_model, or plan it as DDP")
+    return sharded
+
+
+_MISSING = object()
 
 
 LAZY_CHUNKS = True

@@ -13,6 +13,10 @@ Scenarios:
   adjust  MemoryPlanner planning no micro-batch below the loader's, with SIMULATED readings showing
           too little headroom at every check on rank 1: all ranks lower 8 -> 4 -> 2 -> 1 together,
           then turn checkpointing on (two steps run with it).
+  hf_main  a transformers causal LM held as `self.model` by a LightningModule defined in this script (run as
+          __main__, as most training scripts are), configure_model applying fully_shard to `self.model`'s
+          decoder layers and to `self.model`; a plain MemoryPlanner() plans it at setup (in a process of its
+          own, the class sent by value) by running that configure_model on a fake mesh.
 Rank 0 writes weights.pt (full, unsharded); MemoryPlanner writes memplan/rank<R>.jsonl.
 """
 from __future__ import annotations
@@ -49,8 +53,48 @@ def full_weights(module: ShardedRegression) -> dict[str, torch.Tensor]:
             for k, v in module.net.state_dict().items()}
 
 
+class CausalLM(pl.LightningModule):
+    """A tiny Llama from its config class, held as self.model and sharded the usual FSDP2 way."""
+
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        import transformers
+
+        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+        torch.manual_seed(0)
+        self.model = transformers.LlamaForCausalLM(config)
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+    def training_step(self, batch, batch_idx):
+        return self.model(**batch).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, 64, (64, 16), generator=g)
+        return torch.utils.data.DataLoader([{"input_ids": i, "labels": i} for i in ids], batch_size=8)
+
+
 def main(scenario: str, out: Path, accumulate: int) -> None:
     torch.set_num_threads(1)
+    if scenario == "hf_main":
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+            max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, callbacks=[MemoryPlanner(log_dir=out / "memplan")])
+        trainer.fit(CausalLM())
+        return
     model = ShardedRegression(with_attr=False)
     callbacks, trainer_accumulate = [], accumulate
     if scenario == "split":

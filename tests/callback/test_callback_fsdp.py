@@ -68,3 +68,13 @@ def test_without_a_plan_rank_0_plans_fsdp_before_configure_model_and_every_rank_
     assert (plan["strategy"], plan["sharding_strategy"], plan["world_size"], plan["global_batch_size"]) == (
         "fsdp", "FULL_SHARD", 2, 16)
     assert plan["block_classes"] == ["callback_sim.Block"]
+
+
+def test_a_causal_lm_held_as_self_model_in_a_main_script_is_planned_as_its_configure_model_shards_it(tmp_path):
+    # the usual FSDP2 script: the LightningModule in __main__, fully_shard on self.model's layers and self.model
+    logs = run_logs("hf_main", tmp_path / "hf_main")
+    plans = [next(e for e in log if e["event"] == "apply") for log in logs]
+    assert plans[0]["plan"] == plans[1]["plan"] and plans[0]["source"] == "planned from an estimate"
+    assert (plans[0]["plan"]["strategy"], plans[0]["plan"]["world_size"]) == ("fsdp", 2)
+    assert plans[0]["plan"]["predicted_peak_bytes"] > 0
+    assert all(log[-1]["event"] == "end" and log[-1]["status"] == "finished" for log in logs)

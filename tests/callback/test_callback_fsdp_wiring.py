@@ -154,12 +154,6 @@ def test_fsdp_candidates_are_traced_with_the_strategy_s_settings():
     assert seen == [settings, None]
 
 
-def test_a_model_class_of_the_script_run_as_main_is_refused_with_the_fix():
-    Scripted = type("Scripted", (Regression,), {"__module__": "__main__"})
-    with pytest.raises(MisconfigurationException, match="defined in the script run as __main__: move it into a module"):
-        fsdp_plan.plan_in_subprocess(Scripted(), None, None, fsdp_plan.FsdpSettings(), print, "cpu")
-
-
 
 def test_tensor_parallelism_is_refused_by_name():
     strategy = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2)
@@ -168,6 +162,17 @@ def test_tensor_parallelism_is_refused_by_name():
         sharded.check_data_parallel(strategy)
     strategy._device_mesh = {"tensor_parallel": types.SimpleNamespace(size=lambda: 1)}
     sharded.check_data_parallel(strategy)
+
+
+def test_lightnings_default_mesh_on_one_node_is_named():
+    # ModelParallelStrategy() on one node: data_parallel_size=1, every device tensor-parallel (SIMULATED mesh)
+    strategy = ModelParallelStrategy()
+    strategy._device_mesh = {"tensor_parallel": types.SimpleNamespace(size=lambda: 4),
+                             "data_parallel": types.SimpleNamespace(size=lambda: 1)}
+    with pytest.raises(MisconfigurationException, match=r"data_parallel_size=1 and tensor_parallel_size=4 \(what "
+                                                        r"ModelParallelStrategy\(\) chooses on one node\).*shards "
+                                                        r"nothing.*same batches"):
+        sharded.check_data_parallel(strategy)
 
 
 def test_a_ddp_plan_under_fsdp_and_an_fsdp_plan_under_ddp_are_named():
