@@ -1,6 +1,13 @@
-"""Where MemoryPlanner's runtime adjustment lands after an OOM, on CPU with a SIMULATED device budget.
+"""Where MemoryPlanner's runtime adjustment lands, on CPU with a SIMULATED device budget: two jobs.
 
-The job (issue 20's held-out OOM job): Lightning DDP on CPU, gloo, 2 ranks, a loader batch of 16 per rank,
+The long-tail job: one process, a dataset whose batches have 8, 16, 12, 24, 16, 64, 20, 8 tokens per
+sample (the first short, the longest 8x), a SIMULATED device on which a forward of more than 256 tokens
+runs out of memory, and a SIMULATED planner that fits that budget to the batch memplan plans with
+(tests/callback/test_callback_shapes.py). Run with the default scan for the heaviest batch, and with
+scan_batches=0 (planning from the first batch, as before). Reported: OOM retries, the planned micro-batch,
+tokens trained.
+
+The OOM job (issue 20's held-out OOM job): Lightning DDP on CPU, gloo, 2 ranks, a loader batch of 16 per rank,
 a plain MemoryPlanner() planning at fit start (16 whole fits the host), growth on (every check, patience
 2, SIMULATED readings with 60 % free so growth is tried), and rank 1's SIMULATED memory failing forwards
 of more than 8 samples. 12 optimizer steps. The scenario is `converge` in tests/callback/ddp_driver.py
@@ -67,6 +74,33 @@ def run() -> dict:
             "samples_trained": sum(len(a) + len(b) for a, b in zip(*steps))}
 
 
+def long_tail() -> list[dict]:
+    import warnings
+
+    import pytorch_lightning as pl
+
+    sys.path.insert(0, str(DRIVER.parent))
+    from test_callback_shapes import BATCH, LENGTHS, TokenModel, simulated_planner
+
+    from memplan.callback import MemoryPlanner
+
+    rows = []
+    for scan_batches in (256, 0):
+        module = TokenModel()
+        planner = MemoryPlanner(planner=simulated_planner, grow=False, scan_batches=scan_batches)
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pl.Trainer(accelerator="cpu", devices=1, max_steps=len(LENGTHS), logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp,
+                       callbacks=[planner]).fit(module)
+            summary = [e for e in _jsonl(planner.log_path) if e["event"] == "summary"][-1]
+        rows.append({"scan_batches": scan_batches, "planned_micro_batch_size": planner.plan.micro_batch_size,
+                     "simulated_ooms": module.budget.ooms, "oom_retries": summary["oom_retries"],
+                     "heavier_batches_split_ahead": summary["heavier_batches"],
+                     "tokens_trained": module.tokens_seen, "tokens_in_the_epoch": BATCH * sum(LENGTHS)})
+    return rows
+
+
 def markdown(report: dict) -> str:
     lines = ["# Runtime convergence after an OOM (CPU, SIMULATED device budget)", "",
              "`python -m benchmarks.runtime_convergence`: Lightning DDP on CPU (gloo, 2 ranks), loader batch 16 per "
@@ -79,11 +113,18 @@ def markdown(report: dict) -> str:
     lines += ["", f"Shared changes: {'; '.join(report['changes']) or 'none'}.",
               f"OOM retries in the run: {report['total_oom_retries']} (goal: at most 2). Samples trained: "
               f"{report['samples_trained']}, every sample of every global batch exactly once: "
-              f"{report['every_sample_once']}.", ""]
+              f"{report['every_sample_once']}.", "",
+              "## Long-tail job (one process; SIMULATED: a forward above 256 tokens runs out of memory)", "",
+              "| scan_batches | planned micro-batch | OOM retries | batches split ahead | tokens trained / in the epoch |",
+              "|---|---|---|---|---|"]
+    for row in report["long_tail"]:
+        lines.append(f"| {row['scan_batches']} | {row['planned_micro_batch_size']} | {row['oom_retries']} | "
+                     f"{row['heavier_batches_split_ahead']} | {row['tokens_trained']} / {row['tokens_in_the_epoch']} |")
+    lines.append("")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    result = run()
+    result = {**run(), "long_tail": long_tail()}
     write_results("runtime_convergence", result, markdown(result))
     print(markdown(result))

@@ -83,7 +83,8 @@ from typing import Any
 import torch
 
 from memplan import compat
-from memplan.callback.adjust import smaller_micro_batch
+from memplan.callback.adjust import even_chunk, smaller_micro_batch
+from memplan.callback.shapes import chunk_for, load_of
 from memplan.batching import batch_size_of, split_batch
 from memplan.callback.layout import Layout, chunk_bounds
 from memplan.callback.logged import merge_logged
@@ -171,7 +172,8 @@ class MicroBatchRunner:
                  exactness: Callable[[Any], Any] | None = None, size_of: Callable[[Any], int] = batch_size_of,
                  split: Callable[[Any, int, int, int], Any] = split_batch,
                  on_first_split: Callable[[int, int], None] | None = None,
-                 sharded_sync_off: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
+                 sharded_sync_off: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 planned_load_per_sample: float | None = None) -> None:
         self.micro_batch_size = layout.micro_batch_size
         """This rank's micro-batch now (a shared decision, or lower after a local OOM)."""
         self.loader_batch_size = layout.loader_batch_size
@@ -211,6 +213,9 @@ class MicroBatchRunner:
         self._split = split
         self._on_first_split = on_first_split
         self._sharded_sync_off = sharded_sync_off  # FSDP: sync off but for a batch's last chunk (callback.sharded)
+        self._planned_load = planned_load_per_sample  # (memplan.callback.shapes)
+        self.heavier_batches = 0
+        """Batches heavier per sample than the one planned for, run as smaller chunks before they ran."""
 
     @property
     def guarded(self) -> bool:
@@ -282,6 +287,12 @@ class MicroBatchRunner:
         if self._skips_backward():
             return self._original(*args, **kwargs)  # e.g. SWA's batch-norm epoch: no backward to run
         error = None
+        heavier = self._heavier(args[0] if args else kwargs["batch"]) if self._planned_load else None
+        if heavier is not None:  # heavier per sample than planned for: smaller chunks before it runs
+            self.lightning_backward = False
+            batch, size, micro = heavier
+            return self._run_guarded(args, kwargs, batch, size,
+                                     deque((lo, hi, _NONE) for lo, hi in chunk_bounds(0, size, micro)))
         if not self.guarded and self.micro_batch_size >= self.loader_batch_size:
             # unguarded, a whole batch: its forward here, its backward Lightning's
             output, error = self._run_unguarded(args, kwargs)
@@ -303,6 +314,20 @@ class MicroBatchRunner:
         else:
             pending = deque((lo, hi, _NONE) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
         return self._run_guarded(args, kwargs, batch, size, pending)
+
+    def _heavier(self, batch: Any) -> tuple[Any, int, int] | None:
+        """(batch, its size, the micro-batch it runs at) for a batch heavier per sample than the one
+        planned for, where splitting it is exact; None for any other."""
+        try:
+            size = self._size_of(batch)
+        except ValueError:
+            return None
+        micro = chunk_for(load_of(batch, size) / size, self._planned_load, min(self.micro_batch_size, size))
+        micro = smaller_or_even(size, micro)
+        if micro >= min(self.micro_batch_size, size) or not self._splits(batch):
+            return None
+        self.heavier_batches += 1
+        return batch, size, micro
 
     def _run_unguarded(self, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
         """(training_step's output, None), or (None, the OOM's message). Only the message leaves the
@@ -516,6 +541,11 @@ class MicroBatchRunner:
 
 # The context managers below are classes, not @contextmanager generators: they run for every chunk
 # of every step, where a generator's set-up costs a few microseconds each.
+
+
+def smaller_or_even(batch: int, micro: int) -> int:
+    """`micro` lowered to the even chunk of `batch` with as many chunks: 8 for 16 at 10 (2 chunks)."""
+    return even_chunk(batch, -(-batch // micro))
 
 
 class _HeldLogging:

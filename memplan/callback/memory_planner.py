@@ -29,6 +29,7 @@ from memplan.callback.checks import (
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
 from memplan.callback.exactness import Exactness, declared_reduction, decide, drop_last_blocks
 from memplan.callback.loss_reduction import LossReduction, LossWatcher, first_call_watched
+from memplan.callback.shapes import Scan, scan
 from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuses
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
@@ -54,6 +55,8 @@ MANUAL_OPTIMIZATION = (
     "training_step runs its own backwards and optimizer steps, so a batch cannot be split into micro-batch chunks "
     "nor an OOM retried on part of it. It applies the plan (the batch size, checkpointing; no accumulation, which "
     "Lightning does not do under manual optimization) and watches memory. Pass adjust=False to say so")
+SCAN_SECONDS = 10.0
+"""Longest a fit-start scan of the train loader for its heaviest batch may read (collate only)."""
 DEFAULT_EVERY_N_STEPS = 50
 """Steps between checks when the Trainer's log_every_n_steps is 0 (Lightning's own default interval)."""
 UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a batch this rank ran unguarded, "
@@ -123,6 +126,10 @@ class MemoryPlanner(*CALLBACKS):
             ``"mean"`` declares a mean over samples, ``"sum"`` a sum.
         mean_over: ``callable(batch) -> number``: declares a mean over something other than samples,
             e.g. a causal LM's labels that count: ``lambda b: (b["labels"][:, 1:] != -100).sum()``.
+        scan_batches: when planning now, read up to this many batches of the train loader at fit start
+            (collate only, at most 10 s) and plan for the heaviest per sample
+            (:mod:`memplan.callback.shapes`); a heavier batch in training runs as smaller chunks before
+            it runs. 0: plan from the first batch.
         exact: only make changes that train exactly as the user's settings would (the default). With
             ``False`` MemoryPlanner may also split or rewrite batches where that changes the training
             (BatchNorm statistics, an unknown loss weighted by samples, manual optimization's batch,
@@ -158,12 +165,18 @@ class MemoryPlanner(*CALLBACKS):
         loss_reduction: Literal["auto", "mean", "sum"] = "auto",
         mean_over: Callable[[Any], Any] | None = None,
         exact: bool = True,
+        scan_batches: int = 256,
     ) -> None:
         check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_margin, grow_patience, guard,
                         planner)
         check_loss_arguments(loss_reduction, mean_over, exact)
         self._declared = declared_reduction(loss_reduction, mean_over)  # None: 'auto'
         self._exact = exact
+        if not isinstance(scan_batches, int) or isinstance(scan_batches, bool) or scan_batches < 0:
+            raise ValueError(f"MemoryPlanner(scan_batches=...) must be an int >= 0 (0: plan from the first batch); "
+                             f"got {scan_batches!r}")
+        self._scan_batches = scan_batches
+        self._scan: Scan | None = None  # the batch planned for, when planning now
         self._watcher: LossWatcher | None = None  # while the first planning trace runs
         self._reduction: LossReduction | None = None  # recognised (or declared) for this fit
         self._batch_now: Any = None  # the batch of the check in progress
@@ -365,7 +378,8 @@ class MemoryPlanner(*CALLBACKS):
             self._install_runner(trainer, pl_module, layout, checkpointable)
         self._log.write("apply", trainer.global_step, source=source, layout=layout.to_dict(),
                         plan=None if self.plan is None else self.plan.to_dict(),
-                        rewrites=[r.to_dict() for r in self.rewrites])
+                        rewrites=[r.to_dict() for r in self.rewrites],
+                        planned_for=self._scan.describe() if self._scan is not None else None)
         rank_zero_info(f"MemoryPlanner ({source}): {layout.describe()}")
 
     def _settable(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
@@ -471,7 +485,7 @@ class MemoryPlanner(*CALLBACKS):
                 host_available_bytes=host_info().budget_bytes if device.type == "cuda" else None,
                 largest_block=largest_block_bytes(pl_module), fsdp=request_fields,
             )
-            batch, on = first_train_batch(trainer), "cpu" if device.type == "cpu" else None
+            batch, on = self._batch_to_plan_for(trainer), "cpu" if device.type == "cpu" else None
             try:
                 if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings
                     made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._planner, on)
@@ -486,10 +500,23 @@ class MemoryPlanner(*CALLBACKS):
                 rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "
                                f"{trainer.world_size}, so its micro-batch runs on {trainer.world_size} with the "
                                "accumulation recomputed")
-            return made, reduction
+            return made, reduction, self._scan
 
-        made, self._reduction = decide_on_rank_zero(trainer, plan)
+        made, self._reduction, self._scan = decide_on_rank_zero(trainer, plan)
+        if self._scan is not None:
+            rank_zero_info(f"MemoryPlanner: {self._scan.describe()}")
         return made
+
+    def _batch_to_plan_for(self, trainer: pl.Trainer) -> Any:
+        """The heaviest batch of a bounded scan of the train loader (memplan.callback.shapes), or the first."""
+        if not self._scan_batches:
+            return first_train_batch(trainer)
+        try:
+            self._scan = scan(train_loader(trainer), self.batch_size_of, max_batches=self._scan_batches,
+                              seconds=SCAN_SECONDS)
+        except ValueError:  # a batch MemoryPlanner cannot size: the first one, as it comes
+            return first_train_batch(trainer)
+        return self._scan.batch
 
     def _plan_exactly(self, pl_module: pl.LightningModule, request: PlanRequest, estimator: Estimator,
                       loader_batch: int, settable: bool) -> tuple[Plan, LossReduction]:
@@ -560,6 +587,7 @@ class MemoryPlanner(*CALLBACKS):
             exactness=lambda batch: self._exactness(pl_module, batch), size_of=self.batch_size_of,
             split=self.split_batch, on_first_split=lambda size, chunk: self._warn_split(pl_module, size, chunk),
             sharded_sync_off=sharded.gradient_sync_off(trainer.strategy, pl_module) if fsdp else None,
+            planned_load_per_sample=self._scan.load_per_sample if self._scan is not None else None,
         )
         self._runner.install()
 
@@ -765,6 +793,7 @@ class MemoryPlanner(*CALLBACKS):
         rows = gather_rows(trainer.strategy, [float(v) for v in mine], trainer.world_size)
         self._log.write("summary", trainer.global_step, peak_process_bytes=self._peak_process_bytes,
                         min_headroom_bytes=self._min_headroom_bytes, oom_retries=status.oom_retries,
+                        heavier_batches=self._runner.heavier_batches if self._runner is not None else 0,
                         dropped_lines=self._log.dropped, layout=self.layout.to_dict())
         lines = []
         for rank, (peak, low, micro, checkpointing, ooms, dropped) in enumerate(rows):

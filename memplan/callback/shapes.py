@@ -1,0 +1,114 @@
+"""Plan for the heaviest batch, not the first: variable-size inputs (dynamic padding, image sizes, audio
+lengths) make the first batch a poor guide, and an OOM thousands of steps later the usual result.
+
+A batch's *load* is the elements of its per-sample tensors (those whose first dimension is the batch
+size): what grows with sequence length or image size. At fit start MemoryPlanner reads batches from a
+fresh train loader (collate only: the model does not run) until it has seen `max_batches` of them or
+`seconds` have passed, and plans with the one of the largest load per sample. The scan restores the
+random number generators it advanced (torch's, Python's, NumPy's), so the training sees the data it
+would have seen without MemoryPlanner.
+
+In training, a batch heavier per sample than the one planned for runs as smaller chunks before it runs
+(`chunk_for`): memory is taken as linear in the load, which holds for everything but attention
+computed without a fused kernel (quadratic in the length); an OOM there is still retried.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memplan.batching import iter_tensors
+
+
+def load_of(batch: Any, size: int) -> int:
+    """Elements of the batch's per-sample tensors (first dimension `size`)."""
+    return sum(t.numel() for t in iter_tensors(batch) if t.dim() > 0 and t.shape[0] == size)
+
+
+def shapes_of(batch: Any, size: int) -> str:
+    """The per-sample tensors' shapes, for people."""
+    return ", ".join(str(tuple(t.shape)) for t in iter_tensors(batch) if t.dim() > 0 and t.shape[0] == size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scan:
+    """What the fit-start scan found."""
+
+    batch: Any
+    """The heaviest batch per sample seen (the first one when nothing heavier came)."""
+    size: int
+    """Its samples."""
+    load_per_sample: float
+    """Its load per sample."""
+    first_load_per_sample: float
+    """The first batch's, to say how much heavier the heaviest was."""
+    scanned: int
+    """Batches read."""
+    seconds: float
+    """How long the scan took."""
+    complete: bool
+    """Whether the loader ran out before the limits (every batch of an epoch seen)."""
+
+    def describe(self) -> str:
+        how = "every batch of an epoch" if self.complete else f"{self.scanned} batches"
+        ratio = self.load_per_sample / self.first_load_per_sample if self.first_load_per_sample else 1.0
+        return (f"planned for the heaviest of {how} read at fit start ({self.seconds:.1f} s, collate only): per-sample "
+                f"tensors {shapes_of(self.batch, self.size)}, {ratio:.2f}x the first batch's elements per sample")
+
+
+def scan(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan:
+    """The heaviest batch per sample among the first `max_batches` of `loader` (at most `seconds`)."""
+    started = time.perf_counter()
+    states = (torch.random.get_rng_state(), random.getstate(), _numpy_state())
+    best = first = None
+    count, complete = 0, False
+    try:
+        iterator = iter(loader)
+        while count < max_batches and (count == 0 or time.perf_counter() - started < seconds):
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                complete = True
+                break
+            count += 1
+            size = size_of(batch)
+            per_sample = load_of(batch, size) / size
+            if first is None:
+                first = per_sample
+            if best is None or per_sample > best[2]:
+                best = (batch, size, per_sample)
+    finally:
+        torch.random.set_rng_state(states[0])
+        random.setstate(states[1])
+        _set_numpy_state(states[2])
+    if best is None:
+        raise ValueError("the train loader yielded no batch")
+    return Scan(batch=best[0], size=best[1], load_per_sample=best[2], first_load_per_sample=first or 0.0,
+                scanned=count, seconds=time.perf_counter() - started, complete=complete)
+
+
+def chunk_for(batch_load_per_sample: float, planned_load_per_sample: float, micro_batch_size: int) -> int:
+    """The micro-batch for a batch of `batch_load_per_sample`, where `micro_batch_size` was planned for
+    `planned_load_per_sample`: as many samples as hold the planned load, at least 1."""
+    if batch_load_per_sample <= planned_load_per_sample or planned_load_per_sample <= 0:
+        return micro_batch_size
+    return max(1, int(micro_batch_size * planned_load_per_sample / batch_load_per_sample))
+
+
+def _numpy_state() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy.random.get_state()
+
+
+def _set_numpy_state(state: Any) -> None:
+    if state is not None:
+        import numpy
+
+        numpy.random.set_state(state)

@@ -1,0 +1,117 @@
+"""Plan for the heaviest batch, not the first (memplan.callback.shapes): a long-tail dataset whose first
+batch is short and whose longest batch is 8x longer, on a SIMULATED device budget (a forward of more than
+TOKENS tokens runs out of memory) and a SIMULATED planner that fits the budget to the batch it is given."""
+from __future__ import annotations
+
+import warnings
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from callback_sim import make_plan, read_jsonl, tracing
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from memplan.callback import MemoryPlanner
+from memplan.callback.shapes import scan
+
+VOCAB, BATCH, TOKENS = 16, 8, 256
+LENGTHS = [8, 16, 12, 24, 16, 64, 20, 8]  # per batch: the first is short, the sixth 8x longer
+
+
+class LongTail(Dataset):
+    """Batch b's samples have LENGTHS[b] tokens (a bucketing sampler's output, in order)."""
+
+    def __len__(self) -> int:
+        return BATCH * len(LENGTHS)
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(0, VOCAB, (LENGTHS[i // BATCH],), generator=g)
+        return {"input_ids": ids, "labels": ids.roll(-1)}
+
+
+class Budget(nn.Module):
+    """SIMULATED device memory: a forward of more than TOKENS tokens runs out of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ooms = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch._subclasses.fake_tensor.FakeTensor) and x.shape[0] * x.shape[1] > TOKENS:
+            self.ooms += 1
+            raise torch.OutOfMemoryError(f"SIMULATED: {x.shape[0] * x.shape[1]} tokens > {TOKENS}")
+        return x
+
+
+class TokenModel(pl.LightningModule):
+    def __init__(self, budget: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(VOCAB, 8, dtype=torch.float64)
+        self.head = nn.Linear(8, VOCAB, dtype=torch.float64)
+        self.budget = Budget() if budget else nn.Identity()
+        self.tokens_seen = 0
+
+    def training_step(self, batch, batch_idx):
+        hidden = self.embed(self.budget(batch["input_ids"]))
+        if not tracing(self):
+            self.tokens_seen += batch["input_ids"].numel()
+        return F.cross_entropy(self.head(hidden).reshape(-1, VOCAB), batch["labels"].reshape(-1))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(LongTail(), batch_size=BATCH)
+
+
+def simulated_planner(request, estimate):
+    """SIMULATED: the micro-batch that keeps a forward within TOKENS for the batch memplan plans with (its
+    length read off the traced batch's bytes: input_ids and labels, int64)."""
+    length = estimate(micro_batch_size=1, precision="32-true", checkpointing=False, world_size=1).batch // 16
+    micro = max(m for m in (1, 2, 4, 8) if m * length <= TOKENS)
+    return make_plan(micro, BATCH // micro)
+
+
+def fit(make_trainer, module, planner=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_trainer([planner] if planner else [], max_steps=len(LENGTHS), log_every_n_steps=1).fit(module)
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def test_the_scan_finds_the_heaviest_batch_and_leaves_the_rngs_as_they_were():
+    loader = TokenModel().train_dataloader()
+    state = torch.random.get_rng_state()
+    found = scan(loader, lambda b: len(b["input_ids"]), max_batches=100, seconds=60)
+    assert found.batch["input_ids"].shape == (BATCH, 64) and found.complete and found.scanned == len(LENGTHS)
+    assert "8.00x the first batch's" in found.describe()
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_a_long_tail_dataset_trains_without_an_oom_when_planned_for_its_heaviest_batch(make_trainer):
+    whole = fit(make_trainer, TokenModel(budget=False))
+    module = TokenModel()
+    planner = MemoryPlanner(planner=simulated_planner, grow=False)
+    weights = fit(make_trainer, module, planner)
+    assert module.budget.ooms == 0 and planner.plan.micro_batch_size == 4  # 4 x 64 tokens fit
+    assert module.tokens_seen == BATCH * sum(LENGTHS)  # every sample once
+    for name, value in whole.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-10, atol=1e-12, msg=name)
+    # planned from the first (short) batch, as before: the long batch runs out of memory mid-run
+    first_only = TokenModel()
+    fit(make_trainer, first_only, MemoryPlanner(planner=simulated_planner, grow=False, scan_batches=0))
+    assert first_only.budget.ooms >= 1
+
+
+def test_a_batch_heavier_than_the_scan_saw_runs_as_smaller_chunks_before_it_runs(make_trainer):
+    # the scan reads 3 batches (longest 16 tokens): micro 8 planned; the 64-token batch is cut to chunks of 2
+    module = TokenModel()
+    planner = MemoryPlanner(planner=simulated_planner, grow=False, scan_batches=3)
+    fit(make_trainer, module, planner)
+    assert planner.plan.micro_batch_size == 8 and module.budget.ooms == 0
+    summary = [e for e in read_jsonl(planner.log_path) if e["event"] == "summary"][-1]
+    assert summary["heavier_batches"] == 3  # the batches of 24, 64 and 20 tokens ran as chunks of 4, 2, 4
+    assert module.tokens_seen == BATCH * sum(LENGTHS)
