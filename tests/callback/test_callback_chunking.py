@@ -10,6 +10,7 @@ from callback_sim import (
 )
 
 from memplan.callback import MemoryPlanner, NothingFitsError
+from memplan.callback.adjust import smaller_micro_batch
 
 
 def assert_trained_like_full_batches(module: Regression, global_batch: int, steps: int, *,
@@ -37,8 +38,8 @@ def test_a_plan_below_the_loader_batch_runs_as_chunks_and_trains_like_whole_batc
 
 @pytest.mark.parametrize(("loader", "accumulate"), [(8, 1), (9, 1), (4, 3)])
 def test_lowering_mid_run_keeps_the_global_batch_and_the_math(make_trainer, loader, accumulate):
-    # margin=0.99: every check finds too little headroom and lowers: loader -> half -> ... -> 1 ->
-    # checkpointing (9 -> 4 -> 2 -> 1 has uneven chunks: 4 + 4 + 1, each weighted by its share)
+    # margin=0.99: every check finds too little headroom and lowers: loader -> about half, in even chunks
+    # of the loaded batch -> ... -> 1 -> checkpointing (9 -> 3 -> 1: 3 + 3 + 3, not 4 + 4 + 1)
     module = Regression(batch_size=loader)
     planner = MemoryPlanner(make_plan(loader, accumulate), every_n_steps=1, margin=0.99, grow=False)
     trainer = make_trainer([planner], max_steps=6)
@@ -47,7 +48,7 @@ def test_lowering_mid_run_keeps_the_global_batch_and_the_math(make_trainer, load
     expected = []
     size = loader
     while size > 1:
-        size //= 2
+        size = smaller_micro_batch(size, loader)
         expected.append(size)
     assert sizes == [*expected, 1][: len(sizes)] and planner.changes[-1]["after"]["gradient_checkpointing"]
     assert all(c["after"]["global_batch_size"] == loader * accumulate for c in planner.changes)
