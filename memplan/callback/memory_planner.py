@@ -500,7 +500,7 @@ class MemoryPlanner(*CALLBACKS):
                 rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "
                                f"{trainer.world_size}, so its micro-batch runs on {trainer.world_size} with the "
                                "accumulation recomputed")
-            return made, reduction, self._scan
+            return made, reduction, None if self._scan is None else dataclasses.replace(self._scan, batch=None)
 
         made, self._reduction, self._scan = decide_on_rank_zero(trainer, plan)
         if self._scan is not None:

@@ -39,9 +39,12 @@ class Scan:
     """What the fit-start scan found."""
 
     batch: Any
-    """The heaviest batch per sample seen (the first one when nothing heavier came)."""
+    """The heaviest batch per sample seen (the first one when nothing heavier came); None once shared
+    with the other ranks (they need its figures only)."""
     size: int
     """Its samples."""
+    shapes: str
+    """Its per-sample tensors' shapes, for people."""
     load_per_sample: float
     """Its load per sample."""
     first_load_per_sample: float
@@ -57,7 +60,7 @@ class Scan:
         how = "every batch of an epoch" if self.complete else f"{self.scanned} batches"
         ratio = self.load_per_sample / self.first_load_per_sample if self.first_load_per_sample else 1.0
         return (f"planned for the heaviest of {how} read at fit start ({self.seconds:.1f} s, collate only): per-sample "
-                f"tensors {shapes_of(self.batch, self.size)}, {ratio:.2f}x the first batch's elements per sample")
+                f"tensors {self.shapes}, {ratio:.2f}x the first batch's elements per sample")
 
 
 def scan(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan:
@@ -87,7 +90,8 @@ def scan(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan
         _set_numpy_state(states[2])
     if best is None:
         raise ValueError("the train loader yielded no batch")
-    return Scan(batch=best[0], size=best[1], load_per_sample=best[2], first_load_per_sample=first or 0.0,
+    return Scan(batch=best[0], size=best[1], shapes=shapes_of(best[0], best[1]), load_per_sample=best[2],
+                first_load_per_sample=first or 0.0,
                 scanned=count, seconds=time.perf_counter() - started, complete=complete)
 
 
