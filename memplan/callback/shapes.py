@@ -14,8 +14,10 @@ computed without a fused kernel (quadratic in the length); an OOM there is still
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +68,9 @@ class Scan:
 def scan(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan:
     """The heaviest batch per sample among the first `max_batches` of `loader` (at most `seconds`)."""
     started = time.perf_counter()
-    states = (torch.random.get_rng_state(), random.getstate(), _numpy_state())
     best = first = None
     count, complete = 0, False
-    try:
+    with rng_preserved():
         iterator = iter(loader)
         while count < max_batches and (count == 0 or time.perf_counter() - started < seconds):
             try:
@@ -84,10 +85,6 @@ def scan(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan
                 first = per_sample
             if best is None or per_sample > best[2]:
                 best = (batch, size, per_sample)
-    finally:
-        torch.random.set_rng_state(states[0])
-        random.setstate(states[1])
-        _set_numpy_state(states[2])
     if best is None:
         raise ValueError("the train loader yielded no batch")
     return Scan(batch=best[0], size=best[1], shapes=shapes_of(best[0], best[1]), load_per_sample=best[2],
@@ -101,6 +98,20 @@ def chunk_for(batch_load_per_sample: float, planned_load_per_sample: float, micr
     if batch_load_per_sample <= planned_load_per_sample or planned_load_per_sample <= 0:
         return micro_batch_size
     return max(1, int(micro_batch_size * planned_load_per_sample / batch_load_per_sample))
+
+
+@contextlib.contextmanager
+def rng_preserved() -> Iterator[None]:
+    """Restore torch's CPU generator, Python's and NumPy's on the way out: a DataLoader iterator draws its
+    base seed from torch's, and datasets draw augmentations from any of them, so reading batches ahead of
+    training would otherwise change what the training sees."""
+    states = (torch.random.get_rng_state(), random.getstate(), _numpy_state())
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(states[0])
+        random.setstate(states[1])
+        _set_numpy_state(states[2])
 
 
 def _numpy_state() -> Any:

@@ -8,7 +8,7 @@ import warnings
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from callback_sim import make_plan, read_jsonl, tracing
+from callback_sim import IndexedData, Regression, make_plan, read_jsonl, tracing
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -115,3 +115,22 @@ def test_a_batch_heavier_than_the_scan_saw_runs_as_smaller_chunks_before_it_runs
     summary = [e for e in read_jsonl(planner.log_path) if e["event"] == "summary"][-1]
     assert summary["heavier_batches"] == 3  # the batches of 24, 64 and 20 tokens ran as chunks of 4, 2, 4
     assert module.tokens_seen == BATCH * sum(LENGTHS)
+
+
+class Shuffled(Regression):
+    def train_dataloader(self):
+        return DataLoader(IndexedData(), batch_size=8, shuffle=True)
+
+
+def test_planning_at_fit_start_leaves_the_data_order_as_it_was(make_trainer):
+    # the scan (and any batch read to plan) draws from torch's generator, as a DataLoader iterator does:
+    # restored, so the shuffled order the training sees is the one it sees without MemoryPlanner
+    orders = []
+    for callbacks in ([], [MemoryPlanner(grow=False)]):
+        pl.seed_everything(0)
+        module = Shuffled()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make_trainer(callbacks, max_steps=4).fit(module)
+        orders.append(module.seen)
+    assert orders[0] == orders[1] and len(orders[0]) == 4
