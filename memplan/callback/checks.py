@@ -2,7 +2,6 @@
 and a checkpoint's layout (at fit start). Each error names the fix."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytorch_lightning as pl
@@ -15,27 +14,6 @@ from memplan.callback.framework import (
     DDP_STRATEGIES, FSDP_STRATEGIES, MODEL_PARALLEL_STRATEGIES, SINGLE_DEVICE_STRATEGIES, MisconfigurationException,
 )
 from memplan.callback.layout import Layout
-from memplan.plan import Plan
-
-
-def check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_margin, grow_patience, guard,
-                    planner) -> None:
-    """ValueError naming the argument and what it accepts."""
-    if plan is not None and not isinstance(plan, (Plan, str, os.PathLike)):
-        raise ValueError(f"MemoryPlanner(plan=...) must be a memplan Plan or a plan file path; got {type(plan).__name__}")
-    for name, value in (("global_batch_size", global_batch_size), ("every_n_steps", every_n_steps)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"MemoryPlanner({name}=...) must be a positive int or None; got {value!r}")
-    if not 0.0 <= margin < 1.0:
-        raise ValueError(f"MemoryPlanner(margin=...) is a fraction of device memory in [0, 1); got {margin!r}")
-    if grow and not margin < grow_margin <= 1.0:
-        raise ValueError(f"MemoryPlanner(grow_margin=...) must be in (margin, 1] = ({margin}, 1]; got {grow_margin!r}")
-    if not isinstance(grow_patience, int) or grow_patience < 1:
-        raise ValueError(f"MemoryPlanner(grow_patience=...) must be a positive int; got {grow_patience!r}")
-    if guard not in ("auto", "always"):
-        raise ValueError(f"MemoryPlanner(guard=...) must be 'auto' or 'always'; got {guard!r}")
-    if planner is not None and not callable(planner):
-        raise ValueError(f"MemoryPlanner(planner=...) must be callable(PlanRequest, estimator) -> Plan; got {planner!r}")
 
 
 ADJUST_FIX = "pass MemoryPlanner(adjust=False) to apply the plan and watch memory only"
@@ -111,22 +89,6 @@ def restored_layout(state: dict[str, Any] | None, world_size: int) -> Layout | N
                        f"has {world_size}; planning afresh instead of resuming it")
         return None
     return Layout.from_dict(state)
-
-
-def check_loss_arguments(loss_reduction: Any, mean_over: Any, exact: Any) -> None:
-    """ValueError naming the argument and what it accepts."""
-    if loss_reduction not in ("auto", "mean", "sum"):
-        raise ValueError(f"MemoryPlanner(loss_reduction=...) must be 'auto' (recognise it from the training step), "
-                         f"'mean' or 'sum' (how training_step's loss reduces over the batch's samples); got "
-                         f"{loss_reduction!r}")
-    if mean_over is not None and not callable(mean_over):
-        raise ValueError(f"MemoryPlanner(mean_over=...) must be callable(batch) -> number, e.g. "
-                         f"lambda b: (b['labels'][:, 1:] != -100).sum(); got {mean_over!r}")
-    if mean_over is not None and loss_reduction == "sum":
-        raise ValueError("MemoryPlanner(mean_over=...) says what a mean loss averages over; with "
-                         "loss_reduction='sum' leave it None")
-    if not isinstance(exact, bool):
-        raise ValueError(f"MemoryPlanner(exact=...) must be True or False; got {exact!r}")
 
 
 def split_caveats(pl_module: pl.LightningModule, exactness: Any) -> str:

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from typing_extensions import override
+
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.parsing import lightning_hasattr
@@ -23,13 +25,12 @@ from memplan.callback.apply import (
     samples_per_rank, train_loader,
 )
 from memplan.callback.checks import (
-    ADJUST_FIX, CHUNKS_FIX, check_arguments, check_can_adjust, check_gradient_hooks, check_guard, check_loss_arguments,
-    restored_layout, split_caveats,
+    ADJUST_FIX, CHUNKS_FIX, check_can_adjust, check_gradient_hooks, check_guard, restored_layout, split_caveats,
 )
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
-from memplan.callback.exactness import Exactness, declared_reduction, decide, drop_last_blocks
+from memplan.callback.exactness import Exactness, decide, drop_last_blocks
 from memplan.callback.loss_reduction import LossReduction, LossWatcher, first_call_watched
-from memplan.callback.shapes import Scan, scan
+from memplan.callback.shapes import scan
 from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuses
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
@@ -37,8 +38,10 @@ from memplan.callback.layout import Layout
 from memplan.callback.rewrites import (
     Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
 )
+from memplan.callback.session import FitSession
+from memplan.callback.settings import PlannerSettings
 from memplan.callback.runlog import (
-    LoggerRows, RankLog, lightning_writes_row, logger_metrics, new_run_id, summary_line,
+    RankLog, lightning_writes_row, logger_metrics, new_run_id, summary_line,
 )
 from memplan.estimator.errors import EstimateError
 from memplan.hardware import host_info, readings
@@ -61,10 +64,6 @@ DEFAULT_EVERY_N_STEPS = 50
 """Steps between checks when the Trainer's log_every_n_steps is 0 (Lightning's own default interval)."""
 UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a batch this rank ran unguarded, "
              "the optimizer step, validation or another hook)")
-
-
-def _no_logger_row() -> int:
-    return 0
 
 
 class MemoryPlanner(*CALLBACKS):
@@ -167,52 +166,15 @@ class MemoryPlanner(*CALLBACKS):
         exact: bool = True,
         scan_batches: int = 256,
     ) -> None:
-        check_arguments(plan, global_batch_size, every_n_steps, margin, grow, grow_margin, grow_patience, guard,
-                        planner)
-        check_loss_arguments(loss_reduction, mean_over, exact)
-        self._declared = declared_reduction(loss_reduction, mean_over)  # None: 'auto'
-        self._exact = exact
-        if not isinstance(scan_batches, int) or isinstance(scan_batches, bool) or scan_batches < 0:
-            raise ValueError(f"MemoryPlanner(scan_batches=...) must be an int >= 0 (0: plan from the first batch); "
-                             f"got {scan_batches!r}")
-        self._scan_batches = scan_batches
-        self._scan: Scan | None = None  # the batch planned for, when planning now
-        self._watcher: LossWatcher | None = None  # while the first planning trace runs
-        self._reduction: LossReduction | None = None  # recognised (or declared) for this fit
-        self._batch_now: Any = None  # the batch of the check in progress
-        self._plan_arg = plan
-        self._global_batch_size = global_batch_size
-        self._every_n_steps = every_n_steps
-        self._margin = margin
-        self._adjust = adjust
-        self._grow = grow
-        self._grow_margin = grow_margin
-        self._grow_patience = grow_patience
-        self._guard = guard
-        self._allow_checkpointing = allow_checkpointing
-        self._strict = strict
-        self._batch_arg_name = batch_arg_name
-        self._log_dir = log_dir
-        self._planner = planner or make_plan
-        self._given_plan: Plan | None = None
-        self._setup_plan: Plan | None = None  # FSDP: planned at setup, before configure_model
-        self._restored: dict[str, Any] | None = None
-        self._runner: MicroBatchRunner | None = None
-        self._adjuster: Adjuster | None = None
-        self._log: RankLog | None = None
-        self._rows = LoggerRows()
-        self._has_loggers = False
-        self._row_step: Callable[[], int] = _no_logger_row  # (module-level: ddp_spawn pickles the callback)
-        self._every = 1
-        self._last_step = 0
-        self._record_next = True  # the first step, and the step after a change, are always recorded
-        self._sampled = False
-        self._planned_micro_batch_size = 0
-        self._first_batch_seen = False
-        self._oom_retries_seen = 0
-        self._peak_process_bytes: int | None = None
-        self._min_headroom_bytes: int | None = None
-
+        self.settings = PlannerSettings(
+            plan=plan, global_batch_size=global_batch_size, every_n_steps=every_n_steps, margin=margin, adjust=adjust,
+            grow=grow, grow_margin=grow_margin, grow_patience=grow_patience, guard=guard,
+            allow_checkpointing=allow_checkpointing, strict=strict, batch_arg_name=batch_arg_name, log_dir=log_dir,
+            planner=planner, loss_reduction=loss_reduction, mean_over=mean_over, exact=exact,
+            scan_batches=scan_batches)
+        """The arguments, checked (memplan.callback.settings); never changed by a fit."""
+        self._fit: FitSession | None = None  # one fit's state, from setup to teardown
+        self._restored: dict[str, Any] | None = None  # a checkpoint's state_dict, until fit start takes it
         self.plan: Plan | None = None
         """The plan applied: the one given, or the one made at fit start (None when resumed without one)."""
         self.layout: Layout | None = None
@@ -223,7 +185,6 @@ class MemoryPlanner(*CALLBACKS):
         """The shared changes made during fit, as logged."""
         self.rewrites: list[Rewrite] = []
         """The user's settings MemoryPlanner changed (batch size, accumulation, checkpointing)."""
-        self._mismatches: list[str] = []
         self.exactness: Exactness | None = None
         """What this fit may change without changing what training computes (memplan.callback.exactness)."""
 
@@ -248,73 +209,90 @@ class MemoryPlanner(*CALLBACKS):
         else:
             part = batch if size == loaded else self.split_batch(batch, 0, size, loaded)
             resized = batching.map_tensors(part, lambda t: t.clone())
-        if self._watcher is not None:  # the first planning trace: the loss is recognised on this batch
-            self._watcher.watch(resized, size)
+        if self._fit.watcher is not None:  # the first planning trace: the loss is recognised on this batch
+            self._fit.watcher.watch(resized, size)
         return resized
 
     # --- hooks: one line each ----------------------------------------------------------------
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._setup(trainer, pl_module)
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._restored = dict(state_dict)
+        self._restored = dict(state_dict)  # (Lightning restores callbacks after setup; kept for fit start)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return self._state_dict()
 
+    @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._apply(trainer, pl_module)
 
+    @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._check_first_batch(trainer, batch)
 
+    @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self._maybe_check(trainer, batch)
 
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish(trainer)
 
+    @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._record_exception(trainer, exception)
 
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._close("finished")
+        self._fit = None
+
+    @property
+    def _plan_with(self) -> Callable[[PlanRequest, Estimator], Plan]:
+        return self.settings.planner or make_plan
 
     # --- setup: environment checks -----------------------------------------------------------
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._fit = FitSession(adjusting=self.settings.adjust)
+        self.plan = self.layout = self.log_path = self.exactness = None
+        self.changes, self.rewrites = [], []
         for outside in compat.check_installed():
             rank_zero_warn(f"MemoryPlanner: {outside}")
         if any(isinstance(c, ACCUMULATION_SCHEDULERS) for c in trainer.callbacks):
             raise MisconfigurationException("MemoryPlanner sets `accumulate_grad_batches` itself; remove the "
                                             "GradientAccumulationScheduler callback, or MemoryPlanner")
-        if self._adjust and not pl_module.automatic_optimization:
+        if self._fit.adjusting and not pl_module.automatic_optimization:
             rank_zero_warn(MANUAL_OPTIMIZATION)
-            self._adjust = False  # this fit only applies and watches
-        if self._adjust:
+            self._fit.adjusting = False  # this fit only applies and watches
+        if self._fit.adjusting:
             check_can_adjust(trainer, pl_module)
             if sharded.is_sharded(trainer.strategy):
-                sharded.check_guard(trainer.strategy, self._guard)
+                sharded.check_guard(trainer.strategy, self.settings.guard)
                 sharded.check_data_parallel(trainer.strategy)
                 rank_zero_warn(sharded.NO_RETRY.format(strategy=sharded.strategy_name(trainer.strategy)))
-        if self._plan_arg is not None:
-            self._given_plan = load_plan(self._plan_arg)
-            wrong_model = plan_model_mismatch(self._given_plan, pl_module)
+        if self.settings.plan is not None:
+            self._fit.given_plan = load_plan(self.settings.plan)
+            wrong_model = plan_model_mismatch(self._fit.given_plan, pl_module)
             if wrong_model is not None:
-                raise MisconfigurationException(f"MemoryPlanner(plan={str(self._plan_arg)!r}): {wrong_model}")
-            self._check_plan(trainer, self._given_plan)
-        directory = Path(self._log_dir) if self._log_dir is not None else Path(trainer.log_dir or ".") / "memplan"
+                raise MisconfigurationException(f"MemoryPlanner(plan={str(self.settings.plan)!r}): {wrong_model}")
+            self._check_plan(trainer, self._fit.given_plan)
+        directory = Path(self.settings.log_dir) if self.settings.log_dir is not None else Path(trainer.log_dir or ".") / "memplan"
         self._open_log(trainer, directory)  # trainer.log_dir above is a collective: every rank gets here
-        if self._given_plan is None and sharded.is_sharded(trainer.strategy):
+        if self._fit.given_plan is None and sharded.is_sharded(trainer.strategy):
             # FSDP: traced now, on rank 0, before configure_model shards the model (its all-gathers
             # would wait for the other ranks)
             settable = self._settable(trainer, pl_module)
-            self._setup_plan = self._plan_now(trainer, pl_module, current_loader_batch_size(
-                trainer, pl_module, self._batch_arg_name if settable else None))
-        self._every = self._every_n_steps or trainer.log_every_n_steps or DEFAULT_EVERY_N_STEPS
-        if not (self._every_n_steps or trainer.log_every_n_steps):
+            self._fit.setup_plan = self._plan_now(trainer, pl_module, current_loader_batch_size(
+                trainer, pl_module, self.settings.batch_arg_name if settable else None))
+        self._fit.every = self.settings.every_n_steps or trainer.log_every_n_steps or DEFAULT_EVERY_N_STEPS
+        if not (self.settings.every_n_steps or trainer.log_every_n_steps):
             rank_zero_info(f"MemoryPlanner: Trainer(log_every_n_steps=0): memory is checked every "
                            f"{DEFAULT_EVERY_N_STEPS} steps (and at the first and last); pass every_n_steps= to choose")
 
@@ -324,14 +302,14 @@ class MemoryPlanner(*CALLBACKS):
         run_id = trainer.strategy.broadcast(new_run_id(), src=0)
         error = None
         try:
-            self._log = RankLog(directory, trainer.global_rank, run_id)
+            self._fit.log = RankLog(directory, trainer.global_rank, run_id)
         except OSError as err:
             error = err
         if trainer.strategy.reduce_boolean_decision(error is None, all=True):
-            self.log_path = self._log.path
-            self._rows.install(trainer.loggers)
-            self._has_loggers = bool(trainer.loggers)
-            self._row_step = compat.logger_row_getter(trainer)
+            self.log_path = self._fit.log.path
+            self._fit.rows.install(trainer.loggers)
+            self._fit.has_loggers = bool(trainer.loggers)
+            self._fit.row_step = compat.logger_row_getter(trainer)
             return
         self._close("failed: log folder not writable")
         where = f"{directory} ({error.strerror or error})" if error is not None else f"{directory} on another rank"
@@ -341,70 +319,71 @@ class MemoryPlanner(*CALLBACKS):
     def _check_plan(self, trainer: pl.Trainer, plan: Plan) -> None:
         mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
                                      nodes=trainer.num_nodes, fsdp=sharded.is_sharded(trainer.strategy))
-        self._mismatches = mismatches
+        self._fit.mismatches = mismatches
         other_device = plan_device_mismatch(plan, trainer.strategy.root_device)
         if other_device is not None:
             rank_zero_warn(f"MemoryPlanner: {other_device}")
         for message in mismatches:
-            if self._strict:
+            if self.settings.strict:
                 raise MisconfigurationException(f"MemoryPlanner(strict=True): {message}")
             rank_zero_warn(f"MemoryPlanner: {message}")
 
     # --- apply -------------------------------------------------------------------------------
     def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._fit.restored, self._restored = self._restored, None
         # the batch size can be set where the model (hparams, datamodule) has it and builds the loader
         settable = self._settable(trainer, pl_module)
         layout, source = self._resolve_layout(trainer, pl_module, settable)
-        checkpointable = self._allow_checkpointing and not self._strict and can_checkpoint(pl_module)
-        if layout.gradient_checkpointing and not self._allow_checkpointing:
+        checkpointable = self.settings.allow_checkpointing and not self.settings.strict and can_checkpoint(pl_module)
+        if layout.gradient_checkpointing and not self.settings.allow_checkpointing:
             raise MisconfigurationException("MemoryPlanner: the plan turns checkpointing on, which "
                                             "allow_checkpointing=False forbids; allow it, or plan without it")
         self.rewrites = layout_rewrites(
-            trainer, pl_module, layout, source=source, batch_arg_name=self._batch_arg_name if settable else None,
-            loader_batch_size=current_loader_batch_size(trainer, pl_module, self._batch_arg_name) if settable else 0,
+            trainer, pl_module, layout, source=source, batch_arg_name=self.settings.batch_arg_name if settable else None,
+            loader_batch_size=current_loader_batch_size(trainer, pl_module, self.settings.batch_arg_name) if settable else 0,
             checkpointing_on=checkpointing_is_on(pl_module))
-        announce(self.rewrites, strict=self._strict)
-        apply_layout(trainer, pl_module, layout, self._batch_arg_name if settable else None)
+        announce(self.rewrites, strict=self.settings.strict)
+        apply_layout(trainer, pl_module, layout, self.settings.batch_arg_name if settable else None)
         self.layout = layout
-        self._last_step = trainer.global_step  # a resumed fit counts from its checkpoint's step
-        self._adjuster = Adjuster(margin=self._margin, grow=self._grow, grow_margin=self._grow_margin,
-                                  grow_patience=self._grow_patience, can_checkpoint=checkpointable,
-                                  can_split=lambda: self._exactness(pl_module, self._batch_now).can_split,
+        self._fit.last_step = trainer.global_step  # a resumed fit counts from its checkpoint's step
+        self._fit.adjuster = Adjuster(margin=self.settings.margin, grow=self.settings.grow, grow_margin=self.settings.grow_margin,
+                                  grow_patience=self.settings.grow_patience, can_checkpoint=checkpointable,
+                                  can_split=lambda: self._exactness(pl_module, self._fit.batch_now).can_split,
                                   loader_batch_size=layout.loader_batch_size,
-                                  planned_micro_batch_size=self._planned_micro_batch_size or layout.micro_batch_size)
+                                  planned_micro_batch_size=self._fit.planned_micro_batch_size or layout.micro_batch_size)
         if source == RESTORED:
-            self._adjuster.load_state_dict(self._restored)
-        if self._adjust or layout.chunks > 1:
+            self._fit.adjuster.load_state_dict(self._fit.restored)
+        if self._fit.adjusting or layout.chunks > 1:
             self._install_runner(trainer, pl_module, layout, checkpointable)
-        self._log.write("apply", trainer.global_step, source=source, layout=layout.to_dict(),
+        self._fit.log.write("apply", trainer.global_step, source=source, layout=layout.to_dict(),
                         plan=None if self.plan is None else self.plan.to_dict(),
                         rewrites=[r.to_dict() for r in self.rewrites],
-                        planned_for=self._scan.describe() if self._scan is not None else None)
+                        planned_for=self._fit.scan.describe() if self._fit.scan is not None else None)
         rank_zero_info(f"MemoryPlanner ({source}): {layout.describe()}")
 
     def _settable(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
-        return lightning_hasattr(pl_module, self._batch_arg_name) and compat.train_data_source(trainer).is_module()
+        return lightning_hasattr(pl_module, self.settings.batch_arg_name) and compat.train_data_source(trainer).is_module()
 
     def _resolve_layout(self, trainer: pl.Trainer, pl_module: pl.LightningModule, settable: bool
                         ) -> tuple[Layout, str]:
-        restored = restored_layout(self._restored, trainer.world_size)
+        restored = restored_layout(self._fit.restored, trainer.world_size)
         if restored is not None:
-            self.plan = self._given_plan
-            self._planned_micro_batch_size = int(self._restored.get("planned_micro_batch_size", 0))
+            self.plan = self._fit.given_plan
+            self._fit.planned_micro_batch_size = int(self._fit.restored.get("planned_micro_batch_size", 0))
             if restored.chunks > 1 and not self._exactness(pl_module, first_train_batch(trainer)).can_split:
                 raise MisconfigurationException(
                     f"MemoryPlanner: the checkpoint's layout runs each loaded batch of {restored.loader_batch_size} as "
                     f"chunks of {restored.micro_batch_size}, which changes what training computes: "
                     f"{self.exactness.no_split}")
             return restored, RESTORED
-        loader_batch = current_loader_batch_size(trainer, pl_module, self._batch_arg_name if settable else None)
-        if self._given_plan is not None:
-            self.plan, source = self._given_plan, "plan"
-        elif self._setup_plan is not None:
-            self.plan, source = self._setup_plan, "planned from an estimate"
+        loader_batch = current_loader_batch_size(trainer, pl_module, self.settings.batch_arg_name if settable else None)
+        if self._fit.given_plan is not None:
+            self.plan, source = self._fit.given_plan, "plan"
+        elif self._fit.setup_plan is not None:
+            self.plan, source = self._fit.setup_plan, "planned from an estimate"
         else:
             self.plan, source = self._plan_now(trainer, pl_module, loader_batch), "planned from an estimate"
-        self._planned_micro_batch_size = self.plan.micro_batch_size
+        self._fit.planned_micro_batch_size = self.plan.micro_batch_size
         layout = self._layout(trainer, pl_module, loader_batch, settable)
         if not pl_module.automatic_optimization and layout.accumulate_grad_batches > 1:
             rank_zero_warn(f"MemoryPlanner: the plan's global batch of {layout.global_batch_size} needs "
@@ -423,9 +402,9 @@ class MemoryPlanner(*CALLBACKS):
         reduction planning recognised, else from a trace of its own on `batch` (this rank's; no collective,
         so an OOM retry on one rank may ask). A fit that never splits nor rewrites never traces for it."""
         if self.exactness is None:
-            if self._reduction is None:
-                self._reduction = self._recognise(pl_module, batch)
-            self.exactness = decide(self._reduction, pl_module, exact=self._exact,
+            if self._fit.reduction is None:
+                self._fit.reduction = self._recognise(pl_module, batch)
+            self.exactness = decide(self._fit.reduction, pl_module, exact=self.settings.exact,
                                     manual=not pl_module.automatic_optimization)
         return self.exactness
 
@@ -442,7 +421,7 @@ class MemoryPlanner(*CALLBACKS):
         if not exactness.can_rewrite:
             layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
                                       settable=settable, keep_accumulation=trainer.accumulate_grad_batches)
-        if self._exact and layout.loader_batch_size != loader_batch:
+        if self.settings.exact and layout.loader_batch_size != loader_batch:
             loader = train_loader(trainer)
             why = drop_last_blocks(loader, samples_per_rank(loader, trainer.world_size), loader_batch,
                                    layout.loader_batch_size)
@@ -475,20 +454,20 @@ class MemoryPlanner(*CALLBACKS):
             request_fields = dict(strategies=("fsdp",), parameter_count=fsdp_plan.parameter_count(pl_module),
                                   block_classes=block_classes(pl_module), allow_cpu_offload=fsdp.cpu_offload)
         budgets = gather_objects(device_budget(device, trainer.num_devices))
-        global_batch = self._global_batch_size or loader_batch * trainer.world_size * trainer.accumulate_grad_batches
+        global_batch = self.settings.global_batch_size or loader_batch * trainer.world_size * trainer.accumulate_grad_batches
 
         def plan() -> Plan:
             request = planning_request(
                 budgets, world_size=trainer.world_size, nodes=trainer.num_nodes, global_batch_size=global_batch,
-                precision=str(trainer.precision), margin=min(0.5, 2 * self._margin),
-                allow_checkpointing=self._allow_checkpointing and can_checkpoint(pl_module),
+                precision=str(trainer.precision), margin=min(0.5, 2 * self.settings.margin),
+                allow_checkpointing=self.settings.allow_checkpointing and can_checkpoint(pl_module),
                 host_available_bytes=host_info().budget_bytes if device.type == "cuda" else None,
                 largest_block=largest_block_bytes(pl_module), fsdp=request_fields,
             )
             batch, on = self._batch_to_plan_for(trainer), "cpu" if device.type == "cpu" else None
             try:
                 if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings
-                    made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._planner, on)
+                    made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._plan_with, on)
                     reduction = self._recognise(pl_module, batch)
                 else:
                     estimator = estimator_for(pl_module, batch, device=on, resize=self._planning_batch)
@@ -500,45 +479,45 @@ class MemoryPlanner(*CALLBACKS):
                 rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "
                                f"{trainer.world_size}, so its micro-batch runs on {trainer.world_size} with the "
                                "accumulation recomputed")
-            return made, reduction, None if self._scan is None else dataclasses.replace(self._scan, batch=None)
+            return made, reduction, None if self._fit.scan is None else dataclasses.replace(self._fit.scan, batch=None)
 
-        made, self._reduction, self._scan = decide_on_rank_zero(trainer, plan)
-        if self._scan is not None:
-            rank_zero_info(f"MemoryPlanner: {self._scan.describe()}")
+        made, self._fit.reduction, self._fit.scan = decide_on_rank_zero(trainer, plan)
+        if self._fit.scan is not None:
+            rank_zero_info(f"MemoryPlanner: {self._fit.scan.describe()}")
         return made
 
     def _batch_to_plan_for(self, trainer: pl.Trainer) -> Any:
         """The heaviest batch of a bounded scan of the train loader (memplan.callback.shapes), or the first."""
-        if not self._scan_batches:
+        if not self.settings.scan_batches:
             return first_train_batch(trainer)
         try:
-            self._scan = scan(train_loader(trainer), self.batch_size_of, max_batches=self._scan_batches,
+            self._fit.scan = scan(train_loader(trainer), self.batch_size_of, max_batches=self.settings.scan_batches,
                               seconds=SCAN_SECONDS)
         except ValueError:  # a batch MemoryPlanner cannot size: the first one, as it comes
             return first_train_batch(trainer)
-        return self._scan.batch
+        return self._fit.scan.batch
 
     def _plan_exactly(self, pl_module: pl.LightningModule, request: PlanRequest, estimator: Estimator,
                       loader_batch: int, settable: bool) -> tuple[Plan, LossReduction]:
         """The planner's plan, the loss's reduction recognised from its first trace (no extra trace); and
         where that plan would split the loader's batch and a split is not exact, the plan at the loader's
         batch (checkpointing the only lever left), or an error naming why and the argument that allows it."""
-        if self._declared is None and pl_module.automatic_optimization:
-            self._watcher = LossWatcher()
-            estimator = first_call_watched(estimator, self._watcher)
+        if self.settings.declared is None and pl_module.automatic_optimization:
+            self._fit.watcher = LossWatcher()
+            estimator = first_call_watched(estimator, self._fit.watcher)
         try:
-            made = self._planner(request, estimator)
-            reduction = self._declared or (self._watcher.reduction() if self._watcher is not None
+            made = self._plan_with(request, estimator)
+            reduction = self.settings.declared or (self._fit.watcher.reduction() if self._fit.watcher is not None
                                            else LossReduction(kind="unknown", describe="manual optimization"))
         finally:
-            self._watcher = None
-        exactness = decide(reduction, pl_module, exact=self._exact, manual=not pl_module.automatic_optimization)
+            self._fit.watcher = None
+        exactness = decide(reduction, pl_module, exact=self.settings.exact, manual=not pl_module.automatic_optimization)
         keeps_loader = not exactness.can_rewrite or not settable
         if made.micro_batch_size >= loader_batch or exactness.can_split or not keeps_loader \
                 or request.global_batch_size % loader_batch:
             return made, reduction
         try:
-            return self._planner(dataclasses.replace(request, min_micro_batch_size=loader_batch), estimator), reduction
+            return self._plan_with(dataclasses.replace(request, min_micro_batch_size=loader_batch), estimator), reduction
         except NoFit as err:
             raise MisconfigurationException(
                 f"MemoryPlanner: nothing fits a loaded batch of {loader_batch} per rank whole (activation "
@@ -548,8 +527,8 @@ class MemoryPlanner(*CALLBACKS):
     def _recognise(self, pl_module: pl.LightningModule, batch: Any) -> LossReduction:
         """The loss's reduction from a trace of its own (a plan given, a resumed fit, FSDP's planning in a
         process of its own): one estimate at up to 2 samples, under a LossWatcher."""
-        if self._declared is not None:
-            return self._declared
+        if self.settings.declared is not None:
+            return self.settings.declared
         if not pl_module.automatic_optimization:
             return LossReduction(kind="unknown", describe="manual optimization")
         from memplan.estimator import estimate
@@ -562,41 +541,41 @@ class MemoryPlanner(*CALLBACKS):
         watcher = LossWatcher()
         watcher.watch(small, size)
         try:
-            with self._runner.unwrapped() if self._runner is not None else contextlib.nullcontext(), watcher:
+            with self._fit.runner.unwrapped() if self._fit.runner is not None else contextlib.nullcontext(), watcher:
                 estimate(pl_module, small, device="cpu")
         except EstimateError as err:
             return LossReduction(kind="unknown", describe=f"its training step could not be traced: {err}")
         return watcher.reduction()
 
     def _install_runner(self, trainer, pl_module, layout: Layout, checkpointable: bool) -> None:
-        fix = None if self._adjust else CHUNKS_FIX  # (with adjust, setup checked the Trainer already)
+        fix = None if self._fit.adjusting else CHUNKS_FIX  # (with adjust, setup checked the Trainer already)
         if fix is not None:
             check_can_adjust(trainer, pl_module, fix)
         check_gradient_hooks(pl_module, fix or ADJUST_FIX)
         fsdp = sharded.is_sharded(trainer.strategy)
-        blocker = check_guard(trainer, self._guard) if not fsdp else None
-        if blocker is not None and self._adjust:
+        blocker = check_guard(trainer, self.settings.guard) if not fsdp else None
+        if blocker is not None and self._fit.adjusting:
             rank_zero_warn(f"MemoryPlanner: backwards are not guarded under {blocker}; an OOM in a backward is not "
                            "retried (forwards still are), and a batch split into micro-batches holds that copy too")
-        self._runner = MicroBatchRunner(
-            trainer, pl_module, layout=layout, can_checkpoint=checkpointable and self._adjust,
-            retry=self._adjust and not fsdp, can_guard=blocker is None and not fsdp,
+        self._fit.runner = MicroBatchRunner(
+            trainer, pl_module, layout=layout, can_checkpoint=checkpointable and self._fit.adjusting,
+            retry=self._fit.adjusting and not fsdp, can_guard=blocker is None and not fsdp,
             enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
             out_of_memory=lambda message, size: self._out_of_memory(trainer, message, size),
             exactness=lambda batch: self._exactness(pl_module, batch), size_of=self.batch_size_of,
             split=self.split_batch, on_first_split=lambda size, chunk: self._warn_split(pl_module, size, chunk),
             sharded_sync_off=sharded.gradient_sync_off(trainer.strategy, pl_module) if fsdp else None,
-            planned_load_per_sample=self._scan.load_per_sample if self._scan is not None else None,
+            planned_load_per_sample=self._fit.scan.load_per_sample if self._fit.scan is not None else None,
         )
-        self._runner.install()
+        self._fit.runner.install()
 
     def _check_first_batch(self, trainer: pl.Trainer, batch: Any) -> None:
         """The first batch tells whether the loader yields the batch size the layout has: a loader
         that does not read the batch-size attribute keeps its own, and the chunks follow it."""
-        if self._first_batch_seen or self.layout is None:
+        if self._fit.first_batch_seen or self.layout is None:
             return
-        self._first_batch_seen = True
+        self._fit.first_batch_seen = True
         try:
             size = self.batch_size_of(batch)
         except ValueError as err:
@@ -608,18 +587,18 @@ class MemoryPlanner(*CALLBACKS):
         self.layout = before.with_loader_batch(size)
         clamped = (f"; the planned micro-batch of {before.micro_batch_size} is clamped to it"
                    if before.micro_batch_size > size else "")
-        why = (f"a dataset of fewer samples than the batch, or a loader that does not read `{self._batch_arg_name}`"
-               if size < before.loader_batch_size else f"it does not read `{self._batch_arg_name}`")
+        why = (f"a dataset of fewer samples than the batch, or a loader that does not read `{self.settings.batch_arg_name}`"
+               if size < before.loader_batch_size else f"it does not read `{self.settings.batch_arg_name}`")
         rank_zero_warn(f"MemoryPlanner: the train loader yields {size} samples per batch, not the "
                        f"{before.loader_batch_size} of the layout ({why}){clamped}; micro-batches are cut from its "
                        f"{size}, and the global batch is {self.layout.global_batch_size}")
-        if self._runner is not None:
-            self._runner.loader_batch_size = size
-            self._runner.micro_batch_size = min(self._runner.micro_batch_size, size)
-        if self._adjuster is not None:  # growth stops at the batch the loader yields
-            self._adjuster.planned_micro_batch_size = min(self._adjuster.planned_micro_batch_size, size)
-            self._adjuster.loader_batch_size = size
-        self._log.write("loader", trainer.global_step, layout=self.layout.to_dict())
+        if self._fit.runner is not None:
+            self._fit.runner.loader_batch_size = size
+            self._fit.runner.micro_batch_size = min(self._fit.runner.micro_batch_size, size)
+        if self._fit.adjuster is not None:  # growth stops at the batch the loader yields
+            self._fit.adjuster.planned_micro_batch_size = min(self._fit.adjuster.planned_micro_batch_size, size)
+            self._fit.adjuster.loader_batch_size = size
+        self._fit.log.write("loader", trainer.global_step, layout=self.layout.to_dict())
 
     def _unsplittable(self, err: ValueError) -> None:
         """A batch MemoryPlanner cannot split: refused where the layout splits it, else a warning
@@ -629,8 +608,8 @@ class MemoryPlanner(*CALLBACKS):
             raise MisconfigurationException(
                 f"MemoryPlanner runs each loaded batch of {self.layout.loader_batch_size} as chunks of "
                 f"{self.layout.micro_batch_size}, and cannot split this one: {err}. Give the loader the batch-size "
-                f"attribute MemoryPlanner sets (batch_arg_name={self._batch_arg_name!r}), {fix}") from None
-        if self._runner is not None:
+                f"attribute MemoryPlanner sets (batch_arg_name={self.settings.batch_arg_name!r}), {fix}") from None
+        if self._fit.runner is not None:
             rank_zero_warn(f"MemoryPlanner cannot split this train batch, so an OOM in it is not retried smaller: "
                            f"{err}")
 
@@ -646,29 +625,29 @@ class MemoryPlanner(*CALLBACKS):
         step after a change, and each step Lightning writes a logger row (so every row has fresh
         figures). Every rank takes the same branch: the gather is a collective."""
         step = trainer.global_step
-        if step == self._last_step or self.layout is None:
+        if step == self._fit.last_step or self.layout is None:
             return
-        due = step % self._every == 0
-        row = self._has_loggers and lightning_writes_row(trainer, self._row_step())
-        if not (due or row or self._record_next):
+        due = step % self._fit.every == 0
+        row = self._fit.has_loggers and lightning_writes_row(trainer, self._fit.row_step())
+        if not (due or row or self._fit.record_next):
             return
-        self._last_step, self._record_next = step, False
+        self._fit.last_step, self._fit.record_next = step, False
         statuses = gather_statuses(trainer.strategy, self._status(trainer), trainer.world_size)
         self._record_sample(trainer, statuses[trainer.global_rank])
         if row:  # into Lightning's own row for this step (its loggers write from rank 0, which has all ranks)
             predicted = None if self.plan is None else self.plan.predicted_peak_bytes
             on_gpu = trainer.strategy.root_device.type == "cuda"
-            self._rows.add(logger_metrics(statuses, self.layout, predicted, on_gpu), self._row_step(), trainer.loggers)
-        if not self._adjust:
+            self._fit.rows.add(logger_metrics(statuses, self.layout, predicted, on_gpu), self._fit.row_step(), trainer.loggers)
+        if not self._fit.adjusting:
             return
         if not due:  # a reading between decisions still tells whether this layout fits
             self._update_guard(statuses[trainer.global_rank])
             return
-        self._batch_now = batch  # (for a first decision whether a split is exact; not kept past the check)
+        self._fit.batch_now = batch  # (for a first decision whether a split is exact; not kept past the check)
         try:
-            change = self._adjuster.decide(statuses, self.layout.micro_batch_size, self.layout.gradient_checkpointing)
+            change = self._fit.adjuster.decide(statuses, self.layout.micro_batch_size, self.layout.gradient_checkpointing)
         finally:
-            self._batch_now = None
+            self._fit.batch_now = None
         if change is not None:
             self._apply_change(trainer, change)  # guards every rank: the new layout is untried
         else:
@@ -678,16 +657,16 @@ class MemoryPlanner(*CALLBACKS):
         """Unguard this rank's backwards once a reading at the current layout shows the margin free
         and no OOM since the last check: those steps fit, and steps of the same shapes will. A change
         of layout guards it again (set_layout), as does an OOM (memplan.callback.chunking)."""
-        retried = status.oom_retries > self._oom_retries_seen
-        self._oom_retries_seen = status.oom_retries
-        self._runner.guarded = self._guard == "always" or retried or not self._adjuster.has_margin(status.reading)
+        retried = status.oom_retries > self._fit.oom_retries_seen
+        self._fit.oom_retries_seen = status.oom_retries
+        self._fit.runner.guarded = self.settings.guard == "always" or retried or not self._fit.adjuster.has_margin(status.reading)
 
     def _status(self, trainer: pl.Trainer) -> RankStatus:
         return dataclasses.replace(self._status_without_reading(trainer),
                                    reading=readings.read_memory(trainer.strategy.root_device))
 
     def _status_without_reading(self, trainer: pl.Trainer) -> RankStatus:
-        runner, layout = self._runner, self.layout
+        runner, layout = self._fit.runner, self.layout
         return RankStatus(
             rank=trainer.global_rank, reading=readings.MemoryReading(),
             micro_batch_size=runner.micro_batch_size if runner else layout.micro_batch_size,
@@ -698,14 +677,14 @@ class MemoryPlanner(*CALLBACKS):
 
     def _record_sample(self, trainer: pl.Trainer, status: RankStatus) -> None:
         reading = status.reading
-        self._sampled = True
+        self._fit.sampled = True
         peak = reading.process_bytes if reading.process_peak_bytes is None else reading.process_peak_bytes
         if peak is not None:
-            self._peak_process_bytes = max(peak, self._peak_process_bytes or 0)
+            self._fit.peak_process_bytes = max(peak, self._fit.peak_process_bytes or 0)
         if reading.headroom_bytes is not None:
-            low = self._min_headroom_bytes
-            self._min_headroom_bytes = reading.headroom_bytes if low is None else min(low, reading.headroom_bytes)
-        self._log.write("sample", trainer.global_step, **reading.to_dict(), **self._runs_as(status))
+            low = self._fit.min_headroom_bytes
+            self._fit.min_headroom_bytes = reading.headroom_bytes if low is None else min(low, reading.headroom_bytes)
+        self._fit.log.write("sample", trainer.global_step, **reading.to_dict(), **self._runs_as(status))
 
     def _runs_as(self, status: RankStatus) -> dict[str, Any]:
         layout = self.layout.with_micro_batch(status.micro_batch_size, status.gradient_checkpointing)
@@ -714,24 +693,24 @@ class MemoryPlanner(*CALLBACKS):
                 "trainer_accumulate_grad_batches": layout.accumulate_grad_batches,
                 "gradient_checkpointing": layout.gradient_checkpointing,
                 "global_batch_size": layout.global_batch_size, "oom_retries": status.oom_retries,
-                "guarded": self._runner.guarded if self._runner is not None else None}
+                "guarded": self._fit.runner.guarded if self._fit.runner is not None else None}
 
     def _apply_change(self, trainer: pl.Trainer, change: Change) -> None:
         before = self.layout
         self.layout = before.with_micro_batch(change.micro_batch_size, change.gradient_checkpointing)
-        self._runner.set_layout(change.micro_batch_size, change.gradient_checkpointing)
-        record = self._log.write("change", trainer.global_step, cause=change.cause, ranks=list(change.ranks),
+        self._fit.runner.set_layout(change.micro_batch_size, change.gradient_checkpointing)
+        record = self._fit.log.write("change", trainer.global_step, cause=change.cause, ranks=list(change.ranks),
                                  reason=change.reason, before=before.to_dict(), after=self.layout.to_dict())
         self.changes.append(record)
         if self.layout.gradient_checkpointing and not before.gradient_checkpointing:
             self.rewrites.append(checkpointing_rewrite(trainer.global_step, change.reason))
             rank_zero_warn(f"MemoryPlanner changes {self.rewrites[-1].describe()}")
-        self._record_next = True  # the new layout's first step is recorded
+        self._fit.record_next = True  # the new layout's first step is recorded
         rank_zero_info(f"MemoryPlanner at step {trainer.global_step}: {change.reason}; now {self.layout.describe()}")
 
     def _record_retry(self, trainer: pl.Trainer, retry: OomRetry) -> None:
         reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
-        self._log.write("oom_retry", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
+        self._fit.log.write("oom_retry", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
                         phase=retry.phase, failed_micro_batch_size=retry.failed_micro_batch_size,
                         micro_batch_size=retry.micro_batch_size, gradient_checkpointing=retry.gradient_checkpointing,
                         error=retry.message, **reading.to_dict())
@@ -742,8 +721,8 @@ class MemoryPlanner(*CALLBACKS):
 
     def _out_of_memory(self, trainer: pl.Trainer, message: str, size: int) -> NothingFitsError:
         reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
-        checkpointing = self._runner is not None and self._runner.gradient_checkpointing
-        self._log.write("fatal", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
+        checkpointing = self._fit.runner is not None and self._fit.runner.gradient_checkpointing
+        self._fit.log.write("fatal", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
                         micro_batch_size=size, gradient_checkpointing=checkpointing, error=message,
                         **reading.to_dict())
         return NothingFitsError(
@@ -759,12 +738,14 @@ class MemoryPlanner(*CALLBACKS):
         """An OOM MemoryPlanner did not raise itself happened outside the chunks it retries: log it,
         with the rank, the step and the memory figures. Then take the training_step wrapper off, as
         teardown would (Lightning skips it after an error)."""
-        if self._log is not None and isinstance(exception, torch.OutOfMemoryError) \
+        if self._fit is None:  # (before setup: nothing of this fit to record)
+            return
+        if self._fit.log is not None and isinstance(exception, torch.OutOfMemoryError) \
                 and not isinstance(exception, NothingFitsError):
             reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
-            unguarded = self._runner is not None and self._runner.lightning_backward
+            unguarded = self._fit.runner is not None and self._fit.runner.lightning_backward
             where = UNGUARDED if unguarded else OUTSIDE_CHUNKS
-            self._log.write("fatal", trainer.global_step, error=str(exception), where=where, **reading.to_dict())
+            self._fit.log.write("fatal", trainer.global_step, error=str(exception), where=where, **reading.to_dict())
             log.error("MemoryPlanner: rank %d ran out of memory at step %d, %s. %s.%s", trainer.global_rank,
                       trainer.global_step, where, reading.describe(),
                       " If its batches vary in size, MemoryPlanner(guard='always') retries every backward."
@@ -776,8 +757,8 @@ class MemoryPlanner(*CALLBACKS):
         """The last step's reading, when no check took it (every rank: a collective), then the summary."""
         if self.layout is None:
             return
-        if trainer.global_step != self._last_step or not self._sampled:
-            self._last_step = trainer.global_step
+        if trainer.global_step != self._fit.last_step or not self._fit.sampled:
+            self._fit.last_step = trainer.global_step
             statuses = gather_statuses(trainer.strategy, self._status(trainer), trainer.world_size)
             self._record_sample(trainer, statuses[trainer.global_rank])
         self._summarize(trainer)
@@ -787,39 +768,41 @@ class MemoryPlanner(*CALLBACKS):
         if self.layout is None:
             return
         status = self._status_without_reading(trainer)
-        mine = [-1 if self._peak_process_bytes is None else self._peak_process_bytes,
-                -1 if self._min_headroom_bytes is None else self._min_headroom_bytes,
-                status.micro_batch_size, status.gradient_checkpointing, status.oom_retries, self._log.dropped]
+        mine = [-1 if self._fit.peak_process_bytes is None else self._fit.peak_process_bytes,
+                -1 if self._fit.min_headroom_bytes is None else self._fit.min_headroom_bytes,
+                status.micro_batch_size, status.gradient_checkpointing, status.oom_retries, self._fit.log.dropped]
         rows = gather_rows(trainer.strategy, [float(v) for v in mine], trainer.world_size)
-        self._log.write("summary", trainer.global_step, peak_process_bytes=self._peak_process_bytes,
-                        min_headroom_bytes=self._min_headroom_bytes, oom_retries=status.oom_retries,
-                        heavier_batches=self._runner.heavier_batches if self._runner is not None else 0,
-                        dropped_lines=self._log.dropped, layout=self.layout.to_dict())
+        self._fit.log.write("summary", trainer.global_step, peak_process_bytes=self._fit.peak_process_bytes,
+                        min_headroom_bytes=self._fit.min_headroom_bytes, oom_retries=status.oom_retries,
+                        heavier_batches=self._fit.runner.heavier_batches if self._fit.runner is not None else 0,
+                        dropped_lines=self._fit.log.dropped, layout=self.layout.to_dict())
         lines = []
         for rank, (peak, low, micro, checkpointing, ooms, dropped) in enumerate(rows):
             runs = self.layout.with_micro_batch(int(micro), bool(checkpointing))
             lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low),
                                       runs.micro_batch_size, runs.micro_batches_per_step, runs.gradient_checkpointing,
                                       int(ooms), int(dropped)))
-        rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines + summary_lines(self.rewrites, self._mismatches)))
+        rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines + summary_lines(self.rewrites, self._fit.mismatches)))
 
     def _close(self, status: str) -> None:
-        self._rows.remove()
-        if self._runner is not None:
-            self._runner.remove()
-            self._runner = None
-        if self._log is not None:
-            rank_log, self._log = self._log, None
-            rank_log.write("end", self._last_step, status=status, dropped_lines=rank_log.dropped)
+        if self._fit is None:
+            return
+        self._fit.rows.remove()
+        if self._fit.runner is not None:
+            self._fit.runner.remove()
+            self._fit.runner = None
+        if self._fit.log is not None:
+            rank_log, self._fit.log = self._fit.log, None
+            rank_log.write("end", self._fit.last_step, status=status, dropped_lines=rank_log.dropped)
             rank_log.close()
             if rank_log.dropped:
                 warnings.warn(f"MemoryPlanner: rank {rank_log.rank} could not write {rank_log.dropped} of "
                               f"{rank_log.dropped + rank_log.written} lines of its log {rank_log.path}", stacklevel=2)
 
     def _state_dict(self) -> dict[str, Any]:
-        if self.layout is None:
+        if self.layout is None or self._fit is None:
             return {}
-        state = {**self.layout.to_dict(), "planned_micro_batch_size": self._planned_micro_batch_size}
-        if self._adjuster is not None:
-            state.update(self._adjuster.state_dict())
+        state = {**self.layout.to_dict(), "planned_micro_batch_size": self._fit.planned_micro_batch_size}
+        if self._fit.adjuster is not None:
+            state.update(self._fit.adjuster.state_dict())
         return state

@@ -1,6 +1,7 @@
 """Apply: a plan (object or file) or a plan made now from an estimate, set on the running Trainer."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from types import SimpleNamespace
@@ -263,3 +264,20 @@ def test_a_loader_that_ignores_the_batch_size_attribute_is_noticed_at_its_first_
     with pytest.warns(UserWarning, match="yields 16 samples per batch, not the 4 of the layout"):
         trainer.fit(module)
     assert planner.layout.loader_batch_size == 16 and {len(s) for s in module.seen} == {4}
+
+
+def test_a_callback_reused_for_another_fit_starts_afresh(make_trainer):
+    # a fit under manual optimization declines adjusting for itself only: the settings stay as given, and
+    # the next fit (another model, automatic optimization) adjusts and retries an OOM
+    from callback_sim import SimulatedBudget
+    from gan_sim import TinyGAN
+
+    planner = MemoryPlanner(make_plan(16, 1), exact=False)
+    with pytest.warns(UserWarning, match="does not adjust micro-batches under manual optimization"):
+        make_trainer([planner], max_steps=2).fit(TinyGAN(batch_size=16))
+    assert planner.settings.adjust is True and planner.layout.micro_batch_size == 16
+    budget = SimulatedBudget(forward_limit=3)  # SIMULATED: more than 3 samples in a forward run out of memory
+    make_trainer([planner], max_steps=2).fit(Regression(batch_size=8, budget=budget))
+    assert budget.raised >= 1 and planner.layout.global_batch_size == 16 and planner.exactness.can_split
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        planner.settings.adjust = False

@@ -5,7 +5,6 @@ callback_sim's SimulatedBudget; weights must equal plain full-batch SGD."""
 from __future__ import annotations
 
 import pytest
-import torch
 from callback_sim import RegressionSteps, SimulatedBudget, make_plan, read_jsonl
 from test_callback_chunking import assert_trained_like_full_batches
 from test_callback_ddp import check_trained_like_one_process, retries, run_logs

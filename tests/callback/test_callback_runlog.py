@@ -148,7 +148,10 @@ class _Strategy:
 
 
 def test_a_folder_another_rank_cannot_write_stops_this_rank_too(tmp_path):
+    from memplan.callback.session import FitSession
+
     planner = MemoryPlanner(make_plan(4, 1))
+    planner._fit = FitSession(adjusting=True)  # as setup makes it
     trainer = SimpleNamespace(strategy=_Strategy(), global_rank=1)
     with pytest.raises(MisconfigurationException, match="on another rank: pass log_dir="):
         planner._open_log(trainer, tmp_path / "memplan")

@@ -1,0 +1,61 @@
+"""One fit's state: made in MemoryPlanner.setup, dropped in teardown, so a callback reused for another fit
+(or another model) starts afresh and its settings (memplan.callback.settings) never change."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memplan.callback.adjust import Adjuster
+from memplan.callback.chunking import MicroBatchRunner
+from memplan.callback.loss_reduction import LossReduction, LossWatcher
+from memplan.callback.runlog import LoggerRows, RankLog
+from memplan.callback.shapes import Scan
+from memplan.plan import Plan
+
+
+def _no_logger_row() -> int:
+    return 0
+
+
+@dataclass(kw_only=True)
+class FitSession:
+    """What one fit holds besides the callback's public results (plan, layout, log_path, changes,
+    rewrites, exactness)."""
+
+    adjusting: bool
+    """Whether this fit adjusts (the setting, less what the fit rules out: manual optimization)."""
+    restored: dict[str, Any] | None = None
+    """MemoryPlanner.state_dict from the checkpoint this fit resumes, if any."""
+    given_plan: Plan | None = None
+    """The plan given as an argument, loaded."""
+    setup_plan: Plan | None = None
+    """FSDP: the plan made at setup, before configure_model."""
+    scan: Scan | None = None
+    """The batch planned for, when planning at fit start."""
+    watcher: LossWatcher | None = None
+    """While the first planning trace runs."""
+    reduction: LossReduction | None = None
+    """The loss's reduction, recognised or declared, once known."""
+    batch_now: Any = None
+    """The batch of the check in progress (for a first decision whether a split is exact)."""
+    runner: MicroBatchRunner | None = None
+    adjuster: Adjuster | None = None
+    log: RankLog | None = None
+    rows: LoggerRows = field(default_factory=LoggerRows)
+    has_loggers: bool = False
+    row_step: Callable[[], int] = _no_logger_row
+    """The step index of Lightning's logger row (compat.logger_row_getter); module-level default (ddp_spawn)."""
+    every: int = 1
+    """Steps between checks."""
+    last_step: int = 0
+    record_next: bool = True
+    """The first step, and the step after a change, are always recorded."""
+    sampled: bool = False
+    planned_micro_batch_size: int = 0
+    first_batch_seen: bool = False
+    oom_retries_seen: int = 0
+    peak_process_bytes: int | None = None
+    min_headroom_bytes: int | None = None
+    mismatches: list[str] = field(default_factory=list)
+    """How the Trainer differs from the given plan, in words."""
