@@ -39,6 +39,7 @@ from memplan.callback.rewrites import (
     Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
 )
 from memplan.callback.session import FitSession
+from memplan.callback.sigterm import end_rank_on_sigterm
 from memplan.callback.settings import PlannerSettings
 from memplan.callback.runlog import (
     RankLog, lightning_writes_row, logger_metrics, new_run_id, summary_line,
@@ -265,6 +266,8 @@ class MemoryPlanner(*CALLBACKS):
         self.changes, self.rewrites = [], []
         for outside in compat.check_installed():
             rank_zero_warn(f"MemoryPlanner: {outside}")
+        if trainer.world_size > 1:  # SIGTERM to one rank ends the job instead of hanging it (callback.sigterm)
+            end_rank_on_sigterm(trainer)
         if any(isinstance(c, ACCUMULATION_SCHEDULERS) for c in trainer.callbacks):
             raise MisconfigurationException("MemoryPlanner sets `accumulate_grad_batches` itself; remove the "
                                             "GradientAccumulationScheduler callback, or MemoryPlanner")

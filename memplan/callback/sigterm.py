@@ -17,7 +17,9 @@ other worker (SIGTERM, then SIGKILL 30 s later) as soon as one exits with an err
 - one rank: Lightning's own handler, which stops cleanly at the next step (no collective there).
 - a forked child (a DataLoader worker inherits the handler): the signal's default action.
 
-launch/train.py installs it. A training script of your own: call it after building the Trainer.
+MemoryPlanner installs it at setup in every multi-rank fit, so a training script of your own gets it
+with the callback alone, whatever launched it; launch/train.py installs it too (once is enough: a
+second call is a no-op). Without MemoryPlanner, call it after building the Trainer.
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ def end_rank_on_sigterm(trainer: Any, *, grace_s: int = GRACE_S) -> bool:
         raise ValueError(f"end_rank_on_sigterm: grace_s must be at least 1 second; got {grace_s}")
     connector = getattr(trainer, "_signal_connector", None)
     lightning_handler = getattr(connector, "_sigterm_notifier_fn", None)
+    if isinstance(lightning_handler, _SigtermHandler):  # installed already (launch/train.py, then MemoryPlanner)
+        return True
     if lightning_handler is None:
         rank_zero_warn("memplan: this Lightning has no `Trainer._signal_connector._sigterm_notifier_fn` "
                        "(known in 2.0-2.6); SIGTERM to one rank is left to Lightning, which may hang the job")

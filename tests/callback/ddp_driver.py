@@ -32,6 +32,8 @@ user's training script. Scenarios (SIMULATED devices: see callback_sim):
           SIMULATED memory fails forwards of more than 8 samples; growth on. Both ranks must settle at
           8 x 2 with at most 2 OOM retries in the whole run (before: 16 -> 8 -> grown to 15, OOM -> 7,
           ending 7 + 7 + 2).
+  sigterm  a run that does not end by itself (a sample logged every step); the test sends SIGTERM to rank 1:
+          MemoryPlanner alone (no launch script) must end the whole job, every rank's log whole.
   mixed   SIMULATED readings with plenty of room on both ranks (unguarded from the check at step 2);
           from step 3 rank 1's SIMULATED memory fails forwards of more than 5 samples, so in step 3
           rank 1 retries its batch guarded (4 + 4, through the carrier) while rank 0 leaves its whole
@@ -201,6 +203,8 @@ def main(scenario: str, out: Path) -> None:
         budget, steps = SimulatedBudget(forward_limit=8, ranks=(1,)), 12
         options = dict(every_n_steps=1, grow=True, grow_patience=2)
         readings.read_memory = simulated_free(0.60)  # SIMULATED: plenty of headroom, so growth is tried
+    elif scenario == "sigterm":
+        steps, options = 10**6, dict(every_n_steps=1, grow=False)
     elif scenario == "spawn":
         strategy, extra, options = "ddp_spawn", [SaveFromWorker(out)], {}
     elif scenario == "mixed":

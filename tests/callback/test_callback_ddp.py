@@ -178,3 +178,49 @@ def test_a_token_mean_loss_split_on_each_rank_trains_as_ddp_does_whole(tmp_path)
     assert read_jsonl(tmp_path / "tokens" / "memplan" / "rank1.jsonl")[0]["layout"]["micro_batch_size"] == 2
     for name, value in weights["tokens"].items():
         torch.testing.assert_close(value, weights["tokens_plain"][name], rtol=0, atol=1e-12, msg=name)
+
+
+def test_sigterm_to_one_rank_of_a_users_own_script_ends_the_job_with_every_ranks_log_whole(tmp_path):
+    # Lightning's "ddp" launcher, the user's own script, MemoryPlanner alone (no memplan launch script):
+    # Lightning's own SIGTERM handler would wait in a broadcast that the other rank never joins
+    import signal
+    import time
+
+    import psutil
+
+    out = tmp_path / "sigterm"
+    job = subprocess.Popen([sys.executable, str(DRIVER), "sigterm", str(out)], cwd=tmp_path,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    everything = [psutil.Process(job.pid)]
+    try:
+        rank1, log1 = None, out / "memplan" / "rank1.jsonl"
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline and job.poll() is None:
+            children = everything[0].children(recursive=True)
+            everything += [c for c in children if c not in everything]
+            rank1 = next((c for c in children if _local_rank(c) == "1"), None)
+            if rank1 is not None and log1.exists() and '"event": "sample"' in log1.read_text():
+                break
+            time.sleep(0.5)
+        assert rank1 is not None and job.poll() is None, "the run did not start"
+        rank1.send_signal(signal.SIGTERM)
+        job.wait(timeout=30)  # the whole job ends within 30 s
+    finally:
+        for process in everything:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+    assert job.returncode != 0
+    for rank in (0, 1):  # every rank's log whole: each line a record, the last one the end of the run
+        log = read_jsonl(out / "memplan" / f"rank{rank}.jsonl")
+        assert log[-1]["event"] == "end" and log[-1]["status"].startswith("failed"), log[-1]
+
+
+def _local_rank(process) -> str | None:
+    import psutil
+
+    try:
+        return process.environ().get("LOCAL_RANK")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
