@@ -38,6 +38,7 @@ from memplan.callback.layout import Layout
 from memplan.callback.rewrites import (
     Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
 )
+from memplan.callback.oom_site import oom_site
 from memplan.callback.session import FitSession
 from memplan.callback.sigterm import end_rank_on_sigterm
 from memplan.callback.settings import PlannerSettings
@@ -53,7 +54,6 @@ from memplan.planner.tracing import block_classes
 log = logging.getLogger(__name__)
 
 RESTORED = "restored from the checkpoint"
-OUTSIDE_CHUNKS = "where MemoryPlanner does not retry (the optimizer step, validation or another hook)"
 MANUAL_OPTIMIZATION = (
     "MemoryPlanner does not adjust micro-batches under manual optimization (automatic_optimization=False): "
     "training_step runs its own backwards and optimizer steps, so a batch cannot be split into micro-batch chunks "
@@ -63,9 +63,6 @@ SCAN_SECONDS = 10.0
 """Longest a fit-start scan of the train loader for its heaviest batch may read (collate only)."""
 DEFAULT_EVERY_N_STEPS = 50
 """Steps between checks when the Trainer's log_every_n_steps is 0 (Lightning's own default interval)."""
-UNGUARDED = ("where MemoryPlanner does not retry (Lightning's own backward of a batch this rank ran unguarded, "
-             "the optimizer step, validation or another hook)")
-
 
 class MemoryPlanner(*CALLBACKS):
     r"""Apply a memory plan, watch every rank's memory, and lower the micro-batch before it runs out.
@@ -746,13 +743,13 @@ class MemoryPlanner(*CALLBACKS):
         if self._fit.log is not None and isinstance(exception, torch.OutOfMemoryError) \
                 and not isinstance(exception, NothingFitsError):
             reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
-            unguarded = self._fit.runner is not None and self._fit.runner.lightning_backward
-            where = UNGUARDED if unguarded else OUTSIDE_CHUNKS
-            self._fit.log.write("fatal", trainer.global_step, error=str(exception), where=where, **reading.to_dict())
-            log.error("MemoryPlanner: rank %d ran out of memory at step %d, %s. %s.%s", trainer.global_rank,
-                      trainer.global_step, where, reading.describe(),
-                      " If its batches vary in size, MemoryPlanner(guard='always') retries every backward."
-                      if unguarded else "")
+            site = oom_site(trainer, exception, lightning_backward=self._fit.runner is not None
+                            and self._fit.runner.lightning_backward)
+            self._fit.log.write("fatal", trainer.global_step, error=str(exception), where=site.where, fix=site.fix,
+                                **reading.to_dict())
+            log.error("MemoryPlanner: rank %d ran out of memory at step %d, %s, where MemoryPlanner does not retry. "
+                      "%s. What can help: %s.", trainer.global_rank, trainer.global_step, site.where,
+                      reading.describe(), site.fix)
         self._close(f"failed: {type(exception).__name__}: {str(exception)[:200]}")
 
     # --- end of fit --------------------------------------------------------------------------

@@ -135,8 +135,26 @@ def test_an_oom_in_the_optimizer_step_ends_the_job_and_the_logs_say_where(make_t
     with pytest.raises(torch.OutOfMemoryError, match="SIMULATED out of memory in the optimizer step"):
         trainer.fit(module)
     fatal = [e for e in read_jsonl(planner.log_path) if e["event"] == "fatal"][-1]
-    assert fatal["step"] == 0 and "optimizer step" in fatal["where"]
-    assert "does not retry" in fatal["where"] and fatal["device_total_bytes"] > 0
-    assert "MemoryPlanner: rank 0 ran out of memory at step 0, where MemoryPlanner does not retry (the optimizer step" \
-        in caplog.text
+    assert fatal["step"] == 0 and fatal["where"].startswith("in the optimizer step") and "FSDP" in fatal["fix"]
+    assert fatal["device_total_bytes"] > 0
+    assert "MemoryPlanner: rank 0 ran out of memory at step 0, in the optimizer step" in caplog.text
+    assert "guard='always'" not in caplog.text  # it cannot help there, so it is not suggested
     assert "training_step" not in module.__dict__  # the wrapper is off after the error
+
+
+class OomInValidation(Regression):
+    def validation_step(self, batch, batch_idx):
+        raise torch.OutOfMemoryError("SIMULATED out of memory in validation")
+
+    def val_dataloader(self):
+        return self.train_dataloader()
+
+
+def test_an_oom_in_validation_is_named_with_what_can_help(make_trainer, caplog):
+    planner = MemoryPlanner(make_plan(8, 1), grow=False)
+    trainer = make_trainer([planner], max_steps=2, num_sanity_val_steps=0, val_check_interval=1)
+    with pytest.raises(torch.OutOfMemoryError, match="SIMULATED out of memory in validation"):
+        trainer.fit(OomInValidation(batch_size=8))
+    fatal = [e for e in read_jsonl(planner.log_path) if e["event"] == "fatal"][-1]
+    assert fatal["where"].startswith("in validation") and "validation loader's batch size" in fatal["fix"]
+    assert "guard='always'" not in caplog.text
