@@ -230,6 +230,10 @@ class MemoryPlanner(*CALLBACKS):
         self._apply(trainer, pl_module)
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._record_apply(trainer)
+
+    @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._check_first_batch(trainer, batch)
@@ -249,8 +253,7 @@ class MemoryPlanner(*CALLBACKS):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._close("finished")
-        self._fit = None
+        self._close("finished")  # (the session stays for state_dict after fit: trainer.save_checkpoint)
 
     @property
     def _plan_with(self) -> Callable[[PlanRequest, Estimator], Plan]:
@@ -345,7 +348,6 @@ class MemoryPlanner(*CALLBACKS):
         announce(self.rewrites, strict=self.settings.strict)
         apply_layout(trainer, pl_module, layout, self.settings.batch_arg_name if settable else None)
         self.layout = layout
-        self._fit.last_step = trainer.global_step  # a resumed fit counts from its checkpoint's step
         self._fit.adjuster = Adjuster(margin=self.settings.margin, grow=self.settings.grow, grow_margin=self.settings.grow_margin,
                                   grow_patience=self.settings.grow_patience, can_checkpoint=checkpointable,
                                   can_split=lambda: self._exactness(pl_module, self._fit.batch_now).can_split,
@@ -355,11 +357,19 @@ class MemoryPlanner(*CALLBACKS):
             self._fit.adjuster.load_state_dict(self._fit.restored)
         if self._fit.adjusting or layout.chunks > 1:
             self._install_runner(trainer, pl_module, layout, checkpointable)
-        self._fit.log.write("apply", trainer.global_step, source=source, layout=layout.to_dict(),
-                        plan=None if self.plan is None else self.plan.to_dict(),
-                        rewrites=[r.to_dict() for r in self.rewrites],
-                        planned_for=self._fit.scan.describe() if self._fit.scan is not None else None)
+        self._fit.apply_record = dict(source=source, layout=layout.to_dict(),
+                                      plan=None if self.plan is None else self.plan.to_dict(),
+                                      rewrites=[r.to_dict() for r in self.rewrites],
+                                      planned_for=self._fit.scan.describe() if self._fit.scan is not None else None)
         rank_zero_info(f"MemoryPlanner ({source}): {layout.describe()}")
+
+    def _record_apply(self, trainer: pl.Trainer) -> None:
+        """The apply record, at the step training starts from: Lightning restores a resumed fit's step
+        after on_fit_start (where the layout is applied, before the train loader is built)."""
+        self._fit.last_step = trainer.global_step  # a resumed fit counts from its checkpoint's step
+        if self._fit.apply_record is not None:
+            self._fit.log.write("apply", trainer.global_step, **self._fit.apply_record)
+            self._fit.apply_record = None
 
     def _settable(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         return lightning_hasattr(pl_module, self.settings.batch_arg_name) and compat.train_data_source(trainer).is_module()
@@ -787,6 +797,9 @@ class MemoryPlanner(*CALLBACKS):
     def _close(self, status: str) -> None:
         if self._fit is None:
             return
+        if self._fit.apply_record is not None and self._fit.log is not None:  # ended before training started
+            self._fit.log.write("apply", self._fit.last_step, **self._fit.apply_record)
+            self._fit.apply_record = None
         self._fit.rows.remove()
         if self._fit.runner is not None:
             self._fit.runner.remove()

@@ -1,5 +1,6 @@
-"""One fit's state: made in MemoryPlanner.setup, dropped in teardown, so a callback reused for another fit
-(or another model) starts afresh and its settings (memplan.callback.settings) never change."""
+"""One fit's state: made in MemoryPlanner.setup (replacing the last fit's), closed in teardown (kept for
+a state_dict after the fit: `trainer.save_checkpoint`), so a callback reused for another fit (or another
+model) starts afresh and its settings (memplan.callback.settings) never change."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -57,5 +58,7 @@ class FitSession:
     oom_retries_seen: int = 0
     peak_process_bytes: int | None = None
     min_headroom_bytes: int | None = None
+    apply_record: dict[str, Any] | None = None
+    """The apply record, made at fit start, written when training starts (at its real step)."""
     mismatches: list[str] = field(default_factory=list)
     """How the Trainer differs from the given plan, in words."""

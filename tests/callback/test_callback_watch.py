@@ -98,6 +98,7 @@ def test_a_resumed_run_continues_with_the_adjusted_layout(make_trainer, tmp_path
     assert second.layout.micro_batch_size == 2 and {len(s) for s in module.seen} == {2}
     apply = [e for e in read_jsonl(second.log_path) if e["event"] == "apply"][-1]
     assert apply["source"] == "restored from the checkpoint" and apply["layout"]["micro_batch_size"] == 2
+    assert apply["step"] == 2  # the step training resumed from, not 0
 
 
 def test_a_checkpoint_from_another_world_size_is_not_resumed(make_trainer, tmp_path):
