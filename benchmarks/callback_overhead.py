@@ -127,7 +127,7 @@ class OwnTime:
             self._wrap_training_step(trainer.lightning_module)
 
     def _wrap_training_step(self, module) -> None:
-        runner = self._target._runner
+        runner = self._target._fit.runner
         wrapper = module.training_step
 
         def inside_wrapper(*args, **kwargs):
