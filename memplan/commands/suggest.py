@@ -21,7 +21,7 @@ from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.optimizer_state import elementwise_state_bytes
 from memplan.estimator.step import iter_tensors
 from memplan.hardware import GpuModel, host_info, visible_gpus
-from memplan.plan import Plan, model_class_name, model_fingerprint
+from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, Plan, model_class_name, model_fingerprint
 from memplan.planner import DeviceBudget, HostLoad, NoFit, PlanRequest, estimator_for, largest_block_bytes, make_plan
 from memplan.planner.background import BackgroundEstimator, can_fork
 from memplan.planner.tracing import block_classes, tokens_per_sample
@@ -59,8 +59,8 @@ def resolve_hardware(*, gpus: int | None, gpu: GpuModel | str | None, gpu_memory
     from memplan.hardware import custom_gpu, lookup_gpu
     from memplan.units import parse_size
 
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-        raise ValueError(f"--gpus must be a positive number of GPUs per node; got {gpus!r}")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS_PER_NODE):
+        raise ValueError(f"--gpus must be a number of GPUs per node from 1 to {MAX_GPUS_PER_NODE}; got {gpus!r}")
     if gpu is not None and gpu_memory is not None:
         raise ValueError("--gpu and --gpu-memory name the same thing; pass one of them")
     if gpu is not None or gpu_memory is not None:
@@ -134,6 +134,10 @@ def check_request(loaded: LoadedConfig, hardware: Hardware, *, nodes: int = 1, g
         raise ValueError(f"{wanted.precisions_source}: bf16-mixed needs compute capability 8.0+, which "
                          f"{hardware.devices[0].name} lacks; allow 16-mixed too")
     gbs, per_node = wanted.global_batch_size, len(hardware.devices)
+    if gbs > MAX_BATCH_SIZE:
+        raise ValueError(f"{wanted.global_batch_source}: a global batch of {gbs:,} samples is more than the "
+                         f"{MAX_BATCH_SIZE:,} memplan plans for; check it")
+    loaded.loader  # noqa: B018  (its ranges, before any trace)
     if per_node * nodes > gbs:
         raise ValueError(f"--gpus {per_node} x --nodes {nodes} = {per_node * nodes} ranks, more than the global batch "
                          f"of {gbs} ({wanted.global_batch_source}): each rank needs at least one sample. Use at most "

@@ -40,7 +40,7 @@ def test_bad_inputs_a_new_user_tried_are_refused_by_name(capsys, tmp_path, argv,
 
 @pytest.mark.parametrize(("make", "fragment"), [
     (lambda d: d / "missing.plan.json", "no such file"),
-    (lambda d: d, "cannot read it"),
+    (lambda d: d, "is a folder, not a regular file"),
     (lambda d: (d / "p.plan.json").write_text("trainer: {}\n") and d / "p.plan.json", "is not JSON"),
     (lambda d: (d / "p.plan.json").write_text(json.dumps({"micro_batch_size": 4})) and d / "p.plan.json",
      "plan file lacks"),
