@@ -16,9 +16,11 @@ from memplan.commands import args as arg
 from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, MAX_NODES, MAX_WORLD_SIZE
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+NO_RUN = "(no run id)"
+"""memplan.commands.run_logs.NO_RUN_ID, without importing it at startup."""
 MAX_VALIDATE_STEPS = 1000
 """`validate --steps` at most: it compares an estimate with a few real steps, not a training run."""
-MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 3600.0
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.01, 3600.0
 """`watch --interval` range in seconds."""
 MAX_VERSION = 10**9
 """`--version N` at most."""
@@ -194,6 +196,12 @@ def _add_watch(sub) -> None:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
+    from memplan.commands.run_logs import NoRankLogs, RunWatcher
+
+    watcher = RunWatcher(args.log_dir, version=args.version, run=args.run_id)
+    waiting = not (args.once or args.version is not None or args.run_id is not None)
+    if not args.once and not sys.stdout.isatty():
+        return _watch_plain(args, watcher, waiting)
     import time
 
     from rich.console import Console
@@ -201,16 +209,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from memplan.commands.report import watch_view
-    from memplan.commands.run_logs import NoRankLogs, load_run
-
-    if not args.interval > 0:
-        return _usage_error(f"--interval must be a positive number of seconds; got {args.interval}")
 
     def view():
         try:
-            return watch_view(load_run(args.log_dir, version=args.version, run=args.run_id))
+            return watch_view(watcher.logs())
         except NoRankLogs as err:  # not yet: a run started with the watch has not written its logs
-            if args.once or args.version is not None or args.run_id is not None:
+            if not waiting:
                 raise
             return f"waiting for MemoryPlanner logs ({escape(str(err))}); Ctrl-C to stop"
 
@@ -222,7 +226,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         Console().print(first)
         return EXIT_OK
     try:
-        with Live(first, refresh_per_second=4) as live:
+        with _sigterm_ends_watch(), Live(first, refresh_per_second=4) as live:
             while True:
                 time.sleep(args.interval)
                 try:
@@ -231,6 +235,77 @@ def cmd_watch(args: argparse.Namespace) -> int:
                     live.update(f"memplan: {escape(str(err))}")
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+def _watch_plain(args: argparse.Namespace, watcher, waiting: bool) -> int:
+    """`watch` into a pipe or a file: one plain line per reading (at first, each rank's latest), flushed
+    as it comes; ends with the run ('run ended: ...'), on Ctrl-C or on SIGTERM."""
+    import time
+
+    from memplan.commands.report import plain_line
+    from memplan.commands.run_logs import NoRankLogs
+
+    new: list[tuple[int, dict]] = []
+    first, said_waiting = True, False
+
+    def collect(rank: int, record: dict) -> None:
+        if record.get("event") == "sample":
+            new.append((rank, record))
+
+    try:
+        with _sigterm_ends_watch():
+            while True:
+                try:
+                    logs = watcher.logs(on_record=None if first else collect)
+                except NoRankLogs as err:
+                    if not waiting:
+                        return _usage_error(str(err))
+                    if not said_waiting:
+                        print(f"memplan watch: waiting for MemoryPlanner logs ({err})", flush=True)
+                        said_waiting = True
+                    time.sleep(args.interval)
+                    continue
+                if first:
+                    new = [(h.rank, h.last_sample) for h in logs.histories if h.last_sample is not None]
+                    first = False
+                shown = {h.rank for h in logs.histories}
+                for rank, record in new:
+                    run = record.get("run") if isinstance(record.get("run"), str) else NO_RUN
+                    if rank in shown and run == logs.run.run:
+                        print(plain_line(rank, record), flush=True)
+                new.clear()
+                if logs.ended:
+                    print(f"memplan watch: run {logs.run.run} ended: {logs.ended}", flush=True)
+                    return EXIT_OK
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:  # `memplan watch DIR | head`: the reader left
+        sys.stderr.close()
+        return EXIT_OK
+
+
+def _sigterm_ends_watch():
+    """Within it, SIGTERM ends `watch` as Ctrl-C does (exit 0, the terminal restored)."""
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def handler():
+        def stop(signum, frame):
+            raise KeyboardInterrupt
+
+        try:
+            previous = signal.signal(signal.SIGTERM, stop)
+        except ValueError:  # not the main thread: leave signals alone
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return handler()
 
 
 def _add_validate(sub) -> None:
@@ -254,7 +329,7 @@ def _add_validate(sub) -> None:
 
 def _read_plan(path: str):
     """The plan file of `validate --plan`, every failure a ValueError naming the flag and the file."""
-    from memplan.config.files import PLAN_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
+    from memplan.files import PLAN_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
     from memplan.plan import Plan
 
     try:

@@ -26,7 +26,7 @@ from torch import nn
 from memplan.batching import resize_batch
 from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
 from memplan.config.errors import ConfigError
-from memplan.config.files import CONFIG_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
+from memplan.files import CONFIG_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
 from memplan.config.settings import MAX_PREFETCH_FACTOR, MAX_WORKERS, MemplanSettings, normalize_precision
 from memplan.estimator import EstimateError, MemoryEstimate, estimate
 from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, MAX_NODES, check_count

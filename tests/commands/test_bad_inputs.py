@@ -99,7 +99,7 @@ FLAG_CASES = [
      "argument --steps: must be from 1 to 1,000 (real training steps)"),
     ("validate-steps-0", ["validate", "CONFIG", "--steps", "0"], {}, 2, "argument --steps: must be a positive"),
     ("watch-interval-inf", ["watch", "CONFIG", "--interval", "inf"], {}, 2,
-     "argument --interval: must be a number of seconds from 0.1 to 3600"),
+     "argument --interval: must be a number of seconds from 0.01 to 3600"),
     ("watch-interval-nan", ["watch", "CONFIG", "--interval", "nan"], {}, 2, "argument --interval: must be a number"),
     ("watch-interval-negative", ["watch", "CONFIG", "--interval", "-1"], {}, 2, "argument --interval: must be a number"),
     ("watch-interval-word", ["watch", "CONFIG", "--interval", "soon"], {}, 2, "argument --interval: must be a number"),
@@ -462,7 +462,7 @@ def test_configs_that_are_not_small_regular_files_are_refused_by_name(capsys, tm
     """/dev/zero would be read until memory ran out, a FIFO would block for ever: each is refused, named."""
     import os
 
-    from memplan.config.files import CONFIG_MAX_BYTES
+    from memplan.files import CONFIG_MAX_BYTES
 
     if kind == "dev-zero":
         path, fragment = Path("/dev/zero"), "config file /dev/zero is a character device, not a regular file"
