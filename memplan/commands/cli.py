@@ -503,6 +503,9 @@ def cmd_suggest(args: argparse.Namespace) -> int:
             check_output(args.output, args.config, force=args.force)
         loaded = load_config(args.config)
         hardware = resolve_hardware(gpus=args.gpus, gpu=args.gpu, gpu_memory=args.gpu_memory)
+        for note in hardware.notes:
+            progress.clear()
+            print(f"memplan: note: {note}", file=sys.stderr)
         plan = plan_config(
             loaded, hardware, nodes=args.nodes, global_batch_size=args.global_batch_size,
             precisions=tuple(dict.fromkeys(args.precision)) if args.precision else None,
