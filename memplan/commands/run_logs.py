@@ -335,6 +335,11 @@ class FolderReader:
         lines = [line for line in lines if line.strip()]
         if not lines:
             return
+        if max(map(len, lines)) > MAX_LINE_BYTES:
+            name = state.path.name
+            for _ in range(sum(len(line) > MAX_LINE_BYTES for line in lines)):
+                self._skip(name, f"line longer than {format_bytes(MAX_LINE_BYTES)}")
+            lines = [line for line in lines if len(line) <= MAX_LINE_BYTES]
         records = _parse_many(lines)
         name = state.path.name
         for i, record in enumerate(records):
@@ -415,6 +420,9 @@ def _parse_one(line: bytes) -> Any:
         return "not JSON"
 
 
+_NAMED: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
 def _problem(record: Any) -> str | None:
     """Why a parsed line is not a record memplan can show, or None: runlog.record_problem's schema
     checks (the same reasons, in one pass, for speed on long logs), then values no run can log: a
@@ -429,13 +437,22 @@ def _problem(record: Any) -> str | None:
     when = record.get("time")
     if when is not None and type(when) is not float and type(when) is not int:
         return "time is not a number"
-    for name, value in record.items():
-        if value is not None and name[-6:] == "_bytes":
+    keys = tuple(record)
+    named = _NAMED.get(keys)
+    if named is None:  # the byte and object fields of records with these keys (one event's records share them)
+        if len(_NAMED) > 4096:
+            _NAMED.clear()
+        named = _NAMED[keys] = (tuple(k for k in keys if k[-6:] == "_bytes"), tuple(k for k in keys if k in DICT_FIELDS))
+    byte_fields, dict_fields = named
+    for name in byte_fields:
+        value = record[name]
+        if value is not None:
             if type(value) is not int:
                 return f"{name} is not a byte count"
             if not (-MAX_LOGGED_BYTES if name[-14:] == "headroom_bytes" else 0) <= value <= MAX_LOGGED_BYTES:
                 return f"impossible {name}"
-        elif name in DICT_FIELDS and value is not None and type(value) is not dict:
+    for name in dict_fields:
+        if record[name] is not None and type(record[name]) is not dict:
             return "a layout or plan field is not an object"
     if step > MAX_STEP:
         return "impossible step"

@@ -403,7 +403,9 @@ def test_output_never_replaces_files_without_force(capsys, tmp_path, existing):
     ("config.yaml", "is the source config"),
     (".", "is a folder"),
     ("afile/planned.yaml", "is a file, not a folder"),
-], ids=["source", "folder", "under-a-file"])
+    ("x.plan.json", "names a plan file; --output names the planned config (YAML), and the plan goes beside it: "
+                    "pass --output x.yaml"),
+], ids=["source", "folder", "under-a-file", "a-plan-file-name"])
 def test_bad_output_paths_are_refused_before_planning(capsys, tmp_path, monkeypatch, output, fragment):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")

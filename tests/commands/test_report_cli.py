@@ -386,11 +386,12 @@ def test_a_long_log_is_folded_in_bounded_memory_and_watch_reads_only_what_was_ap
     assert sum(read) < 1000  # one line, not the whole file
 
 
-def test_an_over_long_line_is_skipped_and_the_next_ones_read(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("chunk", [1 << 10, 1 << 20], ids=["across-chunks", "within-a-chunk"])
+def test_an_over_long_line_is_skipped_and_the_next_ones_read(tmp_path, capsys, monkeypatch, chunk):
     from memplan.commands import run_logs
 
     monkeypatch.setattr(run_logs, "MAX_LINE_BYTES", 1 << 12)
-    monkeypatch.setattr(run_logs, "CHUNK_BYTES", 1 << 10)
+    monkeypatch.setattr(run_logs, "CHUNK_BYTES", chunk)
     write_run(tmp_path / "memplan")
     with (tmp_path / "memplan" / "rank0.jsonl").open("ab") as f:
         f.write(b'{"event": "sample", "x": "' + b"y" * 20_000 + b'"}\n')
