@@ -139,8 +139,12 @@ class RankHistory:
         self._latest_extra = (self.sample_count - 1) % self.sample_stride != 0
         self.samples.append(record)
         if not self._latest_extra and len(self.samples) >= 2 * PLOT_POINTS:
-            self.samples = self.samples[::2]
+            latest = self.samples[-1]
+            self.samples = self.samples[::2]  # every (2 x stride)-th sample; the latest stays, as a stand-in
             self.sample_stride *= 2
+            if self.samples[-1] is not latest:
+                self.samples.append(latest)
+                self._latest_extra = True
 
     def _fold(self, peak: int | None, low: int | None) -> None:
         if peak is not None and (self._peak is None or peak > self._peak):

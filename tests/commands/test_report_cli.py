@@ -377,12 +377,17 @@ def test_a_long_log_is_folded_in_bounded_memory_and_watch_reads_only_what_was_ap
     assert history.last_sample["step"] == 1000 and history.samples[-1]["step"] == 1000
     steps = [s["step"] for s in history.samples]
     assert steps == sorted(steps) and steps[0] == 1
+    stride = history.sample_stride
+    assert all((step - 1) % stride == 0 for step in steps[:-1])  # every stride-th, evenly
+    for last in range(1001, 1001 + 2 * stride + 1):  # the latest is always last, across a thinning too
+        log.write("sample", last, **reading(MiB, GiB), **runs_as(LAYOUT_8, 0))
+        assert watcher.logs().histories[0].samples[-1]["step"] == last
     read = []
     real = os.pread
     monkeypatch.setattr(run_logs.os, "pread", lambda fd, n, off: read.append(n) or real(fd, n, off))
-    log.write("sample", 1001, **reading(MiB, GiB), **runs_as(LAYOUT_8, 0))
+    log.write("sample", 2001, **reading(MiB, GiB), **runs_as(LAYOUT_8, 0))
     history = watcher.logs().histories[0]
-    assert history.sample_count == 1001 and history.last_sample["step"] == 1001
+    assert history.last_sample["step"] == 2001
     assert sum(read) < 1000  # one line, not the whole file
 
 
@@ -420,3 +425,16 @@ def test_a_parallel_first_read_folds_the_same_as_one_process(tmp_path, monkeypat
             for h in many.histories] == [(h.rank, h.sample_count, h.peak_process_bytes, h.min_headroom_bytes,
                                           h.ended, len(h.samples)) for h in one.histories]
     assert many.run == one.run and many.ignored == one.ignored and many.ignored
+
+
+def test_thinned_samples_keep_every_kth_and_the_latest_last(monkeypatch):
+    from memplan.commands import run_logs
+
+    monkeypatch.setattr(run_logs, "PLOT_POINTS", 4)
+    history = run_logs.RankHistory(rank=0, path=Path("rank0.jsonl"))
+    for step in range(1, 300):
+        history.add({"event": "sample", "step": step, "process_bytes": step})
+        steps = [s["step"] for s in history.samples]
+        assert steps[-1] == step and len(steps) <= 2 * 4 + 1
+        assert all((s - 1) % history.sample_stride == 0 for s in steps[:-1]), (step, steps)
+    assert history.peak_process_bytes == 299 and history.sample_count == 299
