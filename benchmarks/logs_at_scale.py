@@ -113,7 +113,8 @@ def watch_refresh(folder: Path) -> dict:
         watcher = run_logs.RunWatcher(folder)
         t0 = time.perf_counter()
         watcher.logs()
-        first_s, first_bytes = time.perf_counter() - t0, sum(read)
+        first_s = time.perf_counter() - t0
+        first_bytes = sum(state.offset for state in watcher._reader.files.values())  # workers read it, where parallel
         read.clear()
         line = json.dumps({"event": "sample", "step": 10**6, "rank": 0, "run": RUN, "time": time.time(),
                            "process_bytes": GiB}) + "\n"
