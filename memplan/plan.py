@@ -15,6 +15,29 @@ STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "auto")
 SHARDING_STRATEGIES: tuple[str, ...] = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")
 """Lightning strategies a plan may name."""
 
+# --- plausible ranges: every count a user or a file gives is checked against these before any work ---
+MAX_BATCH_SIZE = 1 << 24
+"""Samples per optimizer step (and per micro-batch) at most: 16,777,216, far above any real job."""
+MAX_NODES = 1 << 15
+"""Nodes at most (32,768)."""
+MAX_GPUS_PER_NODE = 64
+"""GPUs per node at most (a node holds 16 at the most today)."""
+MAX_WORLD_SIZE = 1 << 18
+"""Ranks at most (262,144)."""
+MAX_PLAN_BYTES = 1 << 50
+"""A byte figure in a plan at most (1 PiB)."""
+
+
+def check_count(value: object, *, name: str, low: int, high: int, what: str = "") -> int:
+    """`value` as an int in [low, high], else a ValueError naming `name` (the flag, YAML key or plan field)
+    and the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        shown = repr(value) if not isinstance(value, int) or isinstance(value, bool) or len(str(value)) <= 30 \
+            else f"a {len(str(abs(value)))}-digit number"
+        raise ValueError(f"{name} must be a whole number from {low:,} to {high:,}{f' ({what})' if what else ''}; "
+                         f"got {shown}")
+    return value
+
 
 @dataclass(frozen=True, kw_only=True)
 class Alternative:
@@ -40,6 +63,25 @@ class Alternative:
     """Why it lost or does not fit, in words."""
     strategy: str = "ddp"
     """The data-parallel layout in words: 'ddp', 'single', or 'fsdp FULL_SHARD' (+ ' offload')."""
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "micro_batch_size", "accumulate_grad_batches"):
+            check_count(getattr(self, name), name=f"Alternative.{name}", low=1,
+                        high=MAX_WORLD_SIZE if name == "world_size" else MAX_BATCH_SIZE)
+        check_count(self.predicted_peak_bytes, name="Alternative.predicted_peak_bytes", low=0, high=MAX_PLAN_BYTES,
+                    what="bytes")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"Alternative.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        for name in ("gradient_checkpointing", "fits"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Alternative.{name} must be true or false; got {getattr(self, name)!r}")
+        speed = self.relative_speed
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 <= speed < float("inf"):
+            raise ValueError(f"Alternative.relative_speed must be a number >= 0; got {speed!r}")
+        if self.why_not is not None and not isinstance(self.why_not, str):
+            raise ValueError(f"Alternative.why_not must be a string or null; got {self.why_not!r}")
+        if not isinstance(self.strategy, str):
+            raise ValueError(f"Alternative.strategy must be a string; got {self.strategy!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,19 +141,29 @@ class Plan:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"Plan.{name} must be a positive int; got {value!r}")
+            check_count(value, name=f"Plan.{name}", low=1, high=_PLAN_RANGES[name])
         for name in ("predicted_peak_bytes", "device_budget_bytes", "host_bytes_per_rank"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise ValueError(f"Plan.{name} must be an int >= 0 (bytes); got {getattr(self, name)!r}")
+            check_count(getattr(self, name), name=f"Plan.{name}", low=0, high=MAX_PLAN_BYTES, what="bytes")
         if self.gpu_total_bytes is not None and (not _is_int(self.gpu_total_bytes) or self.gpu_total_bytes < 1):
             raise ValueError(f"Plan.gpu_total_bytes must be a positive int (bytes) or None; got {self.gpu_total_bytes!r}")
+        if self.gpu_total_bytes is not None:
+            check_count(self.gpu_total_bytes, name="Plan.gpu_total_bytes", low=1, high=MAX_PLAN_BYTES, what="bytes")
+        if not isinstance(self.relative_speed, (int, float)) or isinstance(self.relative_speed, bool) \
+                or not 0 < self.relative_speed < float("inf"):
+            raise ValueError(f"Plan.relative_speed must be a positive number; got {self.relative_speed!r}")
         if not isinstance(self.gpu_name, str) or not self.gpu_name:
             raise ValueError(f"Plan.gpu_name must be a non-empty string; got {self.gpu_name!r}")
         if not isinstance(self.gradient_checkpointing, bool):
             raise ValueError(f"Plan.gradient_checkpointing must be true or false; got {self.gradient_checkpointing!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"Plan.strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}")
-        if not isinstance(self.gpus, tuple) or not all(_is_int(g) and g >= 0 for g in self.gpus):
-            raise ValueError(f"Plan.gpus must be a list of CUDA indices (ints >= 0); got {self.gpus!r}")
+        if not isinstance(self.gpus, tuple) or not all(_is_int(g) and 0 <= g < MAX_GPUS_PER_NODE for g in self.gpus):
+            raise ValueError(f"Plan.gpus must be a list of CUDA indices (ints from 0 to {MAX_GPUS_PER_NODE - 1}); "
+                             f"got {list(self.gpus) if isinstance(self.gpus, tuple) else self.gpus!r}")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"Plan.gpus names a GPU twice; got {list(self.gpus)}")
         for name in ("model_class", "model_fingerprint"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ValueError(f"Plan.{name} must be a string or None; got {getattr(self, name)!r}")
@@ -131,6 +183,8 @@ class Plan:
             raise ValueError(f"Plan.block_classes must be a list of class import paths; got {list(self.block_classes)!r}")
         if self.world_size % self.nodes:
             raise ValueError(f"Plan.world_size ({self.world_size}) must be a multiple of nodes ({self.nodes})")
+        check_count(self.world_size // self.nodes, name="Plan.world_size / Plan.nodes", low=1, high=MAX_GPUS_PER_NODE,
+                    what="GPUs per node")
 
     @property
     def gpus_per_node(self) -> int:
@@ -159,6 +213,9 @@ class Plan:
             raise ValueError(f"a plan file holds one JSON object (Plan.to_dict()); got {type(data).__name__}")
         data = dict(data)
         fmt = data.pop("format", PLAN_FORMAT)
+        if not _is_int(fmt):
+            raise ValueError(f"plan file format must be the number {PLAN_FORMAT} (written unquoted: \"format\": "
+                             f"{PLAN_FORMAT}); got {fmt!r}")
         if fmt != PLAN_FORMAT:
             raise ValueError(f"plan file format {fmt} is not supported (this memplan reads {PLAN_FORMAT}); re-run memplan suggest")
         data.pop("headroom_bytes", None)
@@ -181,17 +238,33 @@ class Plan:
         if not isinstance(data.get("block_classes", []), list):
             raise ValueError(f"Plan.block_classes must be a list; got {data['block_classes']!r}")
         data["block_classes"] = tuple(data.get("block_classes", ()))
-        data["alternatives"] = tuple(_alternative(a) for a in data.get("alternatives", ()))
+        data["alternatives"] = tuple(_alternative(a, i) for i, a in enumerate(data.get("alternatives", ())))
         return cls(**data)
 
 
-def _alternative(data: Any) -> Alternative:
+def _alternative(data: Any, index: int) -> Alternative:
+    """One entry of a plan file's `alternatives`, every fault named by its path (Plan.alternatives[2].fits)."""
+    where = f"Plan.alternatives[{index}]"
     if not isinstance(data, dict):
-        raise ValueError(f"Plan.alternatives must hold objects; got {data!r}")
+        raise ValueError(f"{where} must be an object (Alternative fields); got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(Alternative)}
+    unknown = sorted(str(k) for k in data if k not in fields)
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {unknown}; its keys are {', '.join(fields)}")
+    missing = [name for name, f in fields.items() if name not in data and f.default is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)}; re-run memplan suggest --output")
+    data = dict(data)
+    if "precision" in data:
+        data["precision"] = canonical_precision(data["precision"], name=f"{where}.precision")
     try:
         return Alternative(**data)
-    except TypeError as err:
-        raise ValueError(f"Plan.alternatives: {err}") from None
+    except ValueError as err:
+        raise ValueError(f"{where}{str(err).removeprefix('Alternative')}") from None
+
+
+_PLAN_RANGES = {"nodes": MAX_NODES, "world_size": MAX_WORLD_SIZE, "micro_batch_size": MAX_BATCH_SIZE,
+                "accumulate_grad_batches": MAX_BATCH_SIZE, "global_batch_size": MAX_BATCH_SIZE}
 
 
 def _is_int(value: Any) -> bool:

@@ -483,7 +483,8 @@ def test_write_planned_config_writes_the_plan_first_and_atomically(tmp_path, mon
         write_planned_config(loaded, make_plan(), out, force=True)
     assert renamed == ["planned.plan.json", "planned.yaml"]  # the plan first: a config never names a partial plan
     assert out.read_text() == "old config\n"  # the failed write left the old file whole
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "planned.plan.json", "planned.yaml"]
+    # and took its new plan back: no plan without the config that names it, no temporary file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "planned.yaml"]
 
 
 def test_two_writers_leave_one_writers_pair(tmp_path, monkeypatch):
@@ -496,14 +497,15 @@ def test_two_writers_leave_one_writers_pair(tmp_path, monkeypatch):
 
     loaded = load_text(tmp_path, MLP_CONFIG)
     out = tmp_path / "planned.yaml"
-    real_write = write_module.write_atomically
+    real_write = write_module._temp_with
 
     def slow_for_the_first(path, text):
-        real_write(path, text)
+        temp = real_write(path, text)
         if path.name.endswith(".plan.json") and threading.current_thread().name == "first":
             time.sleep(0.3)
+        return temp
 
-    monkeypatch.setattr(write_module, "write_atomically", slow_for_the_first)
+    monkeypatch.setattr(write_module, "_temp_with", slow_for_the_first)
     plans = {"first": make_plan(world_size=2, micro_batch_size=4, accumulate_grad_batches=8),
              "second": make_plan(world_size=4, micro_batch_size=4, accumulate_grad_batches=4)}
     threads = [threading.Thread(target=write_planned_config, args=(loaded, plans[name], out), kwargs={"force": True},
@@ -626,3 +628,59 @@ def test_torchrun_command_for_one_node_and_for_several(tmp_path, monkeypatch):
     assert many == ["torchrun", "--nproc-per-node=8", "--nnodes=2", "--rdzv-backend=c10d",
                     "--rdzv-endpoint=node0:29400", str(tmp_path / "train.py"), "fit", "--config",
                     str(tmp_path / "out" / "p.yaml")]
+
+
+def test_sigterm_while_the_pair_is_written_leaves_both_or_neither_and_no_temporary_file(tmp_path):
+    """`suggest --output` killed with SIGTERM in the middle of writing (a slow disk: each temporary file
+    takes 0.5 s to flush): the signal waits until the pair is whole, then ends the process as SIGTERM does."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    loaded = load_text(tmp_path, MLP_CONFIG)
+    script = f"""
+import os, sys, time
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import memplan.config.write as write
+from memplan.config import load_config
+from test_config import make_plan
+real = write._temp_with
+def slow(path, text):
+    temp = real(path, text)
+    print("temp", path.name, flush=True)
+    time.sleep(0.5)
+    return temp
+write._temp_with = slow
+write.write_planned_config(load_config({str(loaded.path)!r}), make_plan(), {str(tmp_path / 'planned.yaml')!r})
+print("written", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("temp planned.plan.json")  # the plan's temporary file is there
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "written" not in out  # the signal ended it, after the pair
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["config.yaml", "planned.plan.json", "planned.yaml"], names  # both, and no hidden .tmp
+    written = Plan.from_dict(json.loads((tmp_path / "planned.plan.json").read_text()))
+    assert yaml.safe_load((tmp_path / "planned.yaml").read_text())["trainer"]["accumulate_grad_batches"] == \
+        written.accumulate_grad_batches
+
+
+def test_a_failed_second_rename_takes_the_first_back(tmp_path, monkeypatch):
+    import memplan.config.write as write_module
+
+    real = write_module.os.replace
+    calls = []
+
+    def second_fails(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(write_module.os, "replace", second_fails)
+    with pytest.raises(OSError, match="No space left"):
+        write_module.write_pair(((tmp_path / "a.plan.json", "{}\n"), (tmp_path / "a.yaml", "x: 1\n")))
+    assert list(tmp_path.iterdir()) == []  # neither file, no temporary file

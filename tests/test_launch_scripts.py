@@ -314,3 +314,61 @@ json.dump(sys.argv[1:], open("{srun_calls}", "w"))
     argv = json.loads(srun_calls.read_text())
     assert argv[-5:] == [str(venv_python), str(clone / "launch" / "train.py"), "fit", "--config",
                          str(submit / "memplan-7" / "planned.yaml")]
+
+
+def _slurm_run(tmp_path: Path, config: Path, *args: str, **env_extra: str) -> tuple[subprocess.CompletedProcess, list]:
+    """launch/slurm.sbatch with a counting Python and a recording srun (job 4242, 1 node x 2 tasks):
+    the run, and the memplan suggest calls it made."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "python-calls.txt"
+    calls.write_text("")
+    python = _write_executable(bin_dir / "python-counting", f"""#!/usr/bin/env bash
+echo "$*" >> {calls}
+exec {sys.executable} "$@"
+""")
+    _write_executable(bin_dir / "srun", "#!/usr/bin/env bash\nexit 0\n")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", MEMPLAN_PYTHON=str(python),
+               MEMPLAN_GPU="A100-80GB", SLURM_JOB_ID="4242", SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="2",
+               SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_NODELIST="node01")
+    for key in ("CONFIG", "NODES", "GPUS_PER_NODE", "OUTPUT_DIR", "MASTER_PORT", "MEMPLAN_REPO", "MEMPLAN_FORCE"):
+        env.pop(key, None)
+    env.update(env_extra)
+    run = subprocess.run(["bash", str(SLURM_SBATCH), *args, str(config)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    suggests = [line for line in calls.read_text().splitlines() if line.startswith("-m memplan suggest")]
+    return run, suggests
+
+
+def test_a_requeued_slurm_job_reuses_its_plan_and_replans_when_the_config_changed(tmp_path):
+    config = tmp_path / "mlp.yaml"
+    config.write_text(MLP.read_text())
+    first, suggests = _slurm_run(tmp_path, config)
+    assert first.returncode == 0 and len(suggests) == 1, first.stderr[-2000:]
+    planned = tmp_path / "memplan-4242" / "planned.yaml"
+    before = planned.read_text()
+    again, suggests = _slurm_run(tmp_path, config)  # requeued: same job id, same config
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert suggests == [] and "reusing" in again.stderr and planned.read_text() == before
+    text = yaml.safe_load(MLP.read_text())
+    text["memplan"]["global_batch_size"] = 512  # the user edited the config before the requeue
+    config.write_text(yaml.safe_dump(text))
+    changed, suggests = _slurm_run(tmp_path, config)
+    assert changed.returncode == 0, changed.stderr[-2000:]
+    assert len(suggests) == 1 and suggests[0].endswith("--force") and "planning again" in changed.stderr
+    assert json.loads((tmp_path / "memplan-4242" / "planned.plan.json").read_text())["global_batch_size"] == 512
+    assert not [p.name for p in (tmp_path / "memplan-4242").iterdir() if p.name.startswith(".")]
+
+
+def test_slurm_never_replaces_a_users_files_without_force_and_passes_force_through(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "planned.yaml").write_text("the user's own\n")
+    refused, _ = _slurm_run(tmp_path, MLP, OUTPUT_DIR=str(out))
+    assert refused.returncode == 2 and "pass --force" in refused.stderr
+    assert (out / "planned.yaml").read_text() == "the user's own\n"
+    forced, suggests = _slurm_run(tmp_path, MLP, "--force", OUTPUT_DIR=str(out))
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert suggests[0].endswith("--force") and "trainer" in (out / "planned.yaml").read_text()
+    by_env, suggests = _slurm_run(tmp_path, MLP, OUTPUT_DIR=str(out), MEMPLAN_FORCE="1")
+    assert by_env.returncode == 0 and suggests[0].endswith("--force")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -22,25 +23,50 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors: `prog: error: argument --flag: what is wrong; got 'x'` and the
     pointer to --help, instead of the whole usage block."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A value that starts with '-' and a digit ('-5GiB', '-3') is a value, refused by the flag's own
+        # check, never taken for an unknown option (argparse's "expected one argument").
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         print(f"(see `{self.prog} --help`)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
+def _shown(text: str) -> str:
+    """The value as the user typed it, or its length when too long to echo."""
+    return repr(text) if len(text) <= 40 else f"{len(text)} characters starting {text[:12]!r}"
+
+
 def _int(text: str, what: str) -> int:
     try:
         return int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number ({what}); got {text!r}") from None
+    except ValueError:  # also past Python's 4300-digit limit
+        raise argparse.ArgumentTypeError(f"must be a whole number ({what}); got {_shown(text)}") from None
 
 
-def positive_int(flag: str, what: str) -> Callable[[str], int]:
-    """A whole number >= 1, e.g. --global-batch-size."""
+def positive_int(flag: str, what: str, maximum: int, *, hint: str = "") -> Callable[[str], int]:
+    """A whole number from 1 to `maximum`, e.g. --global-batch-size. Above it is refused with the range
+    (and `hint`, the fix): no command loops over, or allocates for, an absurd count."""
     def parse(text: str) -> int:
         value = _int(text, what)
         if value < 1:
-            raise argparse.ArgumentTypeError(f"must be a positive whole number ({what}); got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be a positive whole number ({what}); got {_shown(text)}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be from 1 to {maximum:,} ({what}){hint}; got {_shown(text)}")
+        return value
+    parse.__name__ = flag
+    return parse
+
+
+def whole_number(flag: str, what: str, maximum: int) -> Callable[[str], int]:
+    """A whole number from 0 to `maximum`, e.g. --version 0."""
+    def parse(text: str) -> int:
+        value = _int(text, what)
+        if not 0 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be from 0 to {maximum:,} ({what}); got {_shown(text)}")
         return value
     parse.__name__ = flag
     return parse
@@ -56,6 +82,20 @@ def fraction(flag: str, what: str) -> Callable[[str], float]:
         if not math.isfinite(value) or not 0.0 <= value < 1.0:
             hint = f" (for {value:g} %, write {value / 100:g})" if 1.0 <= value < 100.0 else ""
             raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1) ({what}){hint}; got {text!r}")
+        return value
+    parse.__name__ = flag
+    return parse
+
+
+def seconds(flag: str, low: float, high: float) -> Callable[[str], float]:
+    """A finite number of seconds in [low, high], e.g. --interval 2."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number of seconds; got {text!r}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be a number of seconds from {low:g} to {high:g}; got {text!r}")
         return value
     parse.__name__ = flag
     return parse

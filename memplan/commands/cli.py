@@ -13,8 +13,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memplan.commands import args as arg
+from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, MAX_NODES, MAX_WORLD_SIZE
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+NO_RUN = "(no run id)"
+"""memplan.commands.run_logs.NO_RUN_ID, without importing it at startup."""
+MAX_VALIDATE_STEPS = 1000
+"""`validate --steps` at most: it compares an estimate with a few real steps, not a training run."""
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.01, 3600.0
+"""`watch --interval` range in seconds."""
+MAX_VERSION = 10**9
+"""`--version N` at most."""
 
 
 def _add_estimate(sub) -> None:
@@ -22,7 +31,7 @@ def _add_estimate(sub) -> None:
     p.add_argument("config", nargs="?", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
     p.add_argument("--demo", type=arg.choice("--demo", _demo_names, "a bundled model"),
                    help="a bundled model instead of a config: mlp, cnn, resnet, gpt2-small")
-    p.add_argument("--batch-size", type=arg.positive_int("--batch-size", "samples per device"), required=True,
+    p.add_argument("--batch-size", type=arg.positive_int("--batch-size", "samples per device", MAX_BATCH_SIZE), required=True,
                    help="micro-batch size per device")
     p.add_argument("--precision", type=arg.precision("--precision"), default=None,
                    help="Lightning precision: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true or an alias "
@@ -34,7 +43,7 @@ def _add_estimate(sub) -> None:
     p.add_argument("--device", type=_device, default=None,
                    help="'cpu', 'cuda' (this machine's GPU), a GPU model such as A100-80GB, or a GPU's memory "
                         "such as 24GiB (default: this machine's GPU)")
-    p.add_argument("--ddp", type=arg.positive_int("--ddp", "world size"), default=None, metavar="WORLD_SIZE",
+    p.add_argument("--ddp", type=arg.positive_int("--ddp", "world size", MAX_WORLD_SIZE), default=None, metavar="WORLD_SIZE",
                    help="estimate a DDP rank of this world size")
     p.add_argument("--loop", choices=("lightning", "torch"), default="lightning", help="step order: 'lightning' "
                    "(zero_grad after the forward) or 'torch' (forward, backward, step, zero_grad)")
@@ -140,7 +149,8 @@ def _add_report(sub) -> None:
 
 
 def _add_run_choice(p) -> None:
-    p.add_argument("--version", type=int, default=None, metavar="N",
+    p.add_argument("--version", type=arg.whole_number("--version", "a version_N folder's N", MAX_VERSION), default=None,
+                   metavar="N",
                    help="read lightning_logs/version_N (default: the folder written last)")
     p.add_argument("--run", dest="run_id", default=None, metavar="ID",
                    help="the run whose id starts with ID, where runs shared a log folder (default: the newest)")
@@ -178,13 +188,20 @@ def _add_watch(sub) -> None:
     p = sub.add_parser("watch", help="each rank's latest memory reading, refreshed (like gpustat -i)")
     p.add_argument("log_dir", help="the run's log directory (lightning_logs/, a version_N folder, or its memplan/ "
                    "folder); waits for logs to appear")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--interval", type=arg.seconds("--interval", MIN_INTERVAL_S, MAX_INTERVAL_S), default=2.0,
+                   help=f"seconds between refreshes, {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} (default 2)")
     p.add_argument("--once", action="store_true", help="print the table once and exit")
     _add_run_choice(p)
     p.set_defaults(run=cmd_watch)
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
+    from memplan.commands.run_logs import NoRankLogs, RunWatcher
+
+    watcher = RunWatcher(args.log_dir, version=args.version, run=args.run_id)
+    waiting = not (args.once or args.version is not None or args.run_id is not None)
+    if not args.once and not sys.stdout.isatty():
+        return _watch_plain(args, watcher, waiting)
     import time
 
     from rich.console import Console
@@ -192,16 +209,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from memplan.commands.report import watch_view
-    from memplan.commands.run_logs import NoRankLogs, load_run
-
-    if not args.interval > 0:
-        return _usage_error(f"--interval must be a positive number of seconds; got {args.interval}")
 
     def view():
         try:
-            return watch_view(load_run(args.log_dir, version=args.version, run=args.run_id))
+            return watch_view(watcher.logs())
         except NoRankLogs as err:  # not yet: a run started with the watch has not written its logs
-            if args.once or args.version is not None or args.run_id is not None:
+            if not waiting:
                 raise
             return f"waiting for MemoryPlanner logs ({escape(str(err))}); Ctrl-C to stop"
 
@@ -213,7 +226,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         Console().print(first)
         return EXIT_OK
     try:
-        with Live(first, refresh_per_second=4) as live:
+        with _sigterm_ends_watch(), Live(first, refresh_per_second=4) as live:
             while True:
                 time.sleep(args.interval)
                 try:
@@ -224,10 +237,81 @@ def cmd_watch(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
+def _watch_plain(args: argparse.Namespace, watcher, waiting: bool) -> int:
+    """`watch` into a pipe or a file: one plain line per reading (at first, each rank's latest), flushed
+    as it comes; ends with the run ('run ended: ...'), on Ctrl-C or on SIGTERM."""
+    import time
+
+    from memplan.commands.report import plain_line
+    from memplan.commands.run_logs import NoRankLogs
+
+    new: list[tuple[int, dict]] = []
+    first, said_waiting = True, False
+
+    def collect(rank: int, record: dict) -> None:
+        if record.get("event") == "sample":
+            new.append((rank, record))
+
+    try:
+        with _sigterm_ends_watch():
+            while True:
+                try:
+                    logs = watcher.logs(on_record=None if first else collect)
+                except NoRankLogs as err:
+                    if not waiting:
+                        return _usage_error(str(err))
+                    if not said_waiting:
+                        print(f"memplan watch: waiting for MemoryPlanner logs ({err})", flush=True)
+                        said_waiting = True
+                    time.sleep(args.interval)
+                    continue
+                if first:
+                    new = [(h.rank, h.last_sample) for h in logs.histories if h.last_sample is not None]
+                    first = False
+                shown = {h.rank for h in logs.histories}
+                for rank, record in new:
+                    run = record.get("run") if isinstance(record.get("run"), str) else NO_RUN
+                    if rank in shown and run == logs.run.run:
+                        print(plain_line(rank, record), flush=True)
+                new.clear()
+                if logs.ended:
+                    print(f"memplan watch: run {logs.run.run} ended: {logs.ended}", flush=True)
+                    return EXIT_OK
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:  # `memplan watch DIR | head`: the reader left
+        sys.stderr.close()
+        return EXIT_OK
+
+
+def _sigterm_ends_watch():
+    """Within it, SIGTERM ends `watch` as Ctrl-C does (exit 0, the terminal restored)."""
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def handler():
+        def stop(signum, frame):
+            raise KeyboardInterrupt
+
+        try:
+            previous = signal.signal(signal.SIGTERM, stop)
+        except ValueError:  # not the main thread: leave signals alone
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return handler()
+
+
 def _add_validate(sub) -> None:
     p = sub.add_parser("validate", help="run real training steps on this machine and compare with the estimate")
     p.add_argument("config", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
-    p.add_argument("--batch-size", type=arg.positive_int("--batch-size", "samples per device"), default=None,
+    p.add_argument("--batch-size", type=arg.positive_int("--batch-size", "samples per device", MAX_BATCH_SIZE), default=None,
                    help="micro-batch size per device (default: the plan's, else the config's data batch size)")
     p.add_argument("--plan", default=None, help="a plan file from memplan suggest --output (*.plan.json): "
                    "its micro-batch, precision and checkpointing")
@@ -235,7 +319,8 @@ def _add_validate(sub) -> None:
                    "alias (default: the plan's, "
                    "else the config's trainer.precision, else 32-true)")
     p.add_argument("--checkpointing", action="store_true", help="checkpoint each repeated block")
-    p.add_argument("--steps", type=int, default=2, help="real training steps to run (default 2)")
+    p.add_argument("--steps", type=arg.positive_int("--steps", "real training steps", MAX_VALIDATE_STEPS), default=2,
+                   help=f"real training steps to run, 1 to {MAX_VALIDATE_STEPS} (default 2)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON (bytes as ints)")
     p.add_argument("--force", action="store_true", help="run even when the estimate exceeds the memory free "
                    "on this host (or GPU); without it validate refuses, with the figures")
@@ -244,13 +329,16 @@ def _add_validate(sub) -> None:
 
 def _read_plan(path: str):
     """The plan file of `validate --plan`, every failure a ValueError naming the flag and the file."""
+    from memplan.files import PLAN_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
     from memplan.plan import Plan
 
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(path, limit_bytes=PLAN_MAX_BYTES, name="--plan").decode("utf-8"))
     except FileNotFoundError:
         raise ValueError(f"--plan {path}: no such file; write one with "
                          "`memplan suggest ... --output planned.yaml`") from None
+    except (NotAFile, FileTooLarge) as err:
+        raise ValueError(str(err)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"--plan {path}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
     except json.JSONDecodeError as err:
@@ -373,16 +461,17 @@ def _check_batch_memory(one_sample, batch_size: int) -> None:
 def _add_suggest(sub) -> None:
     p = sub.add_parser("suggest", help="plan micro-batch, GPUs, precision and checkpointing for a config")
     p.add_argument("config", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
-    p.add_argument("--gpus", type=arg.positive_int("--gpus", "GPUs per node"), default=None,
+    p.add_argument("--gpus", type=arg.positive_int("--gpus", "GPUs per node", MAX_GPUS_PER_NODE,
+                                                 hint="; for more GPUs, add nodes with --nodes"), default=None,
                    help="GPUs per node the plan may use (default: all visible / 1 named)")
     p.add_argument("--gpu", type=arg.gpu_name("--gpu"), default=None,
                    help="plan for this GPU model instead of the local ones (e.g. H100-80GB)")
     p.add_argument("--gpu-memory", type=arg.size("--gpu-memory"), default=None,
                    help="plan for a GPU of this much memory, with its unit (e.g. 24GiB)")
-    p.add_argument("--nodes", type=arg.positive_int("--nodes", "number of nodes"), default=1,
+    p.add_argument("--nodes", type=arg.positive_int("--nodes", "number of nodes", MAX_NODES), default=1,
                    help="number of nodes (default 1)")
     p.add_argument("--global-batch-size", type=arg.positive_int("--global-batch-size", "samples per optimizer "
-                   "step over all GPUs"), default=None, help="samples per optimizer step over all GPUs "
+                   "step over all GPUs", MAX_BATCH_SIZE), default=None, help="samples per optimizer step over all GPUs "
                    "(default: memplan.global_batch_size, else the config's own)")
     p.add_argument("--precision", type=arg.precision("--precision"), action="append", default=None,
                    help="allowed precision: bf16-mixed, 16-mixed, 32-true or an alias (bf16, 16, 32); "
@@ -414,6 +503,9 @@ def cmd_suggest(args: argparse.Namespace) -> int:
             check_output(args.output, args.config, force=args.force)
         loaded = load_config(args.config)
         hardware = resolve_hardware(gpus=args.gpus, gpu=args.gpu, gpu_memory=args.gpu_memory)
+        for note in hardware.notes:
+            progress.clear()
+            print(f"memplan: note: {note}", file=sys.stderr)
         plan = plan_config(
             loaded, hardware, nodes=args.nodes, global_batch_size=args.global_batch_size,
             precisions=tuple(dict.fromkeys(args.precision)) if args.precision else None,

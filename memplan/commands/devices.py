@@ -16,7 +16,7 @@ from rich.table import Table
 
 from memplan.hardware.catalog import match_nvml_name
 from memplan.hardware.host import HostInfo
-from memplan.hardware.nvml import GpuInfo, nvml_unavailable_reason
+from memplan.hardware.nvml import GpuInfo, nvml_unavailable_reason, visibility_problem
 from memplan.units import format_bytes
 
 OFF_BOX_HINT = ("To plan for a GPU this machine does not have, pass --gpu H100-80GB (a known "
@@ -29,8 +29,8 @@ def _no_gpu_note(env: Mapping[str, str]) -> str:
     if reason is not None:
         why = f"NVML is unavailable: {reason}."
     elif env.get("CUDA_VISIBLE_DEVICES") is not None:
-        why = (f"No GPU is visible to this process: CUDA_VISIBLE_DEVICES="
-               f"{env['CUDA_VISIBLE_DEVICES']!r} selects none.")
+        why = (f"No GPU is visible to this process: "
+               f"{visibility_problem(env) or 'CUDA_VISIBLE_DEVICES=' + repr(env['CUDA_VISIBLE_DEVICES']) + ' selects none'}.")
     else:
         why = "NVML works but reports no GPU."
     return f"{why} {OFF_BOX_HINT}"

@@ -15,6 +15,10 @@ def check_output(output: str, config: str, *, force: bool) -> None:
     from memplan.config.write import OutputExists, existing_outputs, plan_path_for
 
     path = Path(output)
+    if path.name.endswith(".plan.json"):
+        stem = path.name[: -len(".plan.json")] or "planned"
+        raise UsageError(f"--output {output} names a plan file; --output names the planned config (YAML), and the "
+                         f"plan goes beside it: pass --output {path.with_name(stem + '.yaml')}")
     if path.is_dir():
         raise UsageError(f"--output {output} is a folder; name the planned config file, e.g. {path / 'planned.yaml'}")
     if Path(config).exists() and path.resolve() == Path(config).resolve():

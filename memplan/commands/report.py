@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memplan.commands.run_logs import RankHistory, RunLogs, age, describe_skipped
+from memplan.commands.run_logs import OTHER_RUNS_SHOWN, RankHistory, RunLogs, age, describe_skipped
 from memplan.units import GiB, format_bytes
 
 
@@ -49,7 +49,9 @@ def context_lines(logs: RunLogs) -> list[str]:
         names = [_short(v) for v in logs.versions]
         lines.append(f"versions: {', '.join(names)}; shown: {_short(logs.folder)} (pick one with --version N)")
     if logs.other_runs:
-        others = ", ".join(f"{r.run} (up to step {r.last_step})" for r in logs.other_runs)
+        others = ", ".join(f"{r.run} (up to step {r.last_step})" for r in logs.other_runs[:OTHER_RUNS_SHOWN])
+        if len(logs.other_runs) > OTHER_RUNS_SHOWN:
+            others += f" and {len(logs.other_runs) - OTHER_RUNS_SHOWN:,} older"
         lines.append(f"other runs in this folder: {others}; shown: the newest (pick one with --run ID)")
     if logs.missing_ranks:
         lines.append(f"missing ranks: {', '.join(map(str, logs.missing_ranks))} of {logs.world_size or '?'} "
@@ -58,6 +60,7 @@ def context_lines(logs: RunLogs) -> list[str]:
     if skipped:
         lines.append(skipped)
     lines += [f"could not read {name}: {why}" for name, why in sorted(logs.unreadable.items())]
+    lines += [f"not read: {name}: {why}" for name, why in sorted(logs.ignored.items())]
     return lines
 
 
@@ -82,13 +85,15 @@ def summary_renderables(logs: RunLogs) -> list[Any]:
         table.add_column(column, justify="right")
     for h in histories:
         table.add_row(str(h.rank), _fmt(h.peak_process_bytes), _fmt(h.min_headroom_bytes), _fmt(h.device_total_bytes),
-                      str(len(h.samples)), str(len(h.oom_retries)), str(len(h.fatals)) if h.fatals else "-")
+                      str(h.sample_count), str(h.oom_retry_count), str(len(h.fatals)) if h.fatals else "-")
     out: list[Any] = [escape(line) for line in context_lines(logs)] + [table]
     changes = shared_changes(histories)
     out.append(f"changes: {len(changes)}" if changes else "changes: none")
     out += [escape(f"  step {c['step']}: {change_label(c)} ({c.get('cause')}): {c.get('reason', '')}") for c in changes]
     retries = [(h.rank, e) for h in histories for e in h.oom_retries]
-    out.append(f"OOM retries: {len(retries)}" if retries else "OOM retries: none")
+    count = sum(h.oom_retry_count for h in histories)
+    out.append(f"OOM retries: {count}" + (f" ({len(retries)} listed: each rank's first ones and its latest)" if count > len(retries)
+                                          else "") if count else "OOM retries: none")
     out += [escape(f"  rank {r} step {e['step']} ({e.get('phase')}): micro-batch {e.get('failed_micro_batch_size')} "
                    f"ran out of memory, retried with {e.get('micro_batch_size')}"
                    f"{' and checkpointing' if e.get('gradient_checkpointing') else ''}") for r, e in retries]
@@ -257,7 +262,7 @@ def watch_view(logs: RunLogs, now: float | None = None):
         table.add_column(column, justify="right" if column != "last change" else "left")
     changes = shared_changes(histories)
     for h in histories:
-        last = h.samples[-1] if h.samples else {}
+        last = h.last_sample or {}
         used, total = last.get("device_used_bytes"), last.get("device_total_bytes")
         device = "n/a" if used is None else f"{format_bytes(used)} / {_fmt(total)}"
         micro = last.get("micro_batch_size")
@@ -282,3 +287,18 @@ def watch_view(logs: RunLogs, now: float | None = None):
 def _latest(histories: list[RankHistory]) -> dict[str, Any] | None:
     records = [h.last for h in histories if h.last and isinstance(h.last.get("time"), (int, float))]
     return max(records, key=lambda r: r["time"], default=None)
+
+
+def plain_line(rank: int, sample: dict[str, Any]) -> str:
+    """One reading as one plain line, for `memplan watch` into a pipe or a file:
+    '2026-11-25T12:00:03Z rank 1 step 12: process 3.00 GiB, device 3.50 GiB / 16.00 GiB, headroom 12.50 GiB,
+    micro-batch 8 x 1'."""
+    when = sample.get("time")
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)) if isinstance(when, (int, float)) else "-"
+    used, total = sample.get("device_used_bytes"), sample.get("device_total_bytes")
+    device = "n/a" if used is None else f"{format_bytes(used)} / {_fmt(total)}"
+    micro = sample.get("micro_batch_size")
+    layout = "n/a" if micro is None else (f"{micro} x {sample.get('accumulate_grad_batches', '?')}"
+                                          f"{' ckpt' if sample.get('gradient_checkpointing') else ''}")
+    return (f"{stamp} rank {rank} step {sample.get('step')}: process {_fmt(sample.get('process_bytes'))}, "
+            f"device {device}, headroom {_fmt(sample.get('headroom_bytes'))}, micro-batch {layout}")

@@ -20,8 +20,9 @@ from memplan.estimator.checkpointing import find_repeated_blocks
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.optimizer_state import elementwise_state_bytes
 from memplan.estimator.step import iter_tensors
-from memplan.hardware import GpuModel, host_info, visible_gpus
-from memplan.plan import Plan, model_class_name, model_fingerprint
+from memplan.hardware import GpuModel, host_info, nvml_unavailable_reason, visible_gpus
+from memplan.hardware.nvml import answers, visibility_problem, why_silent
+from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, Plan, model_class_name, model_fingerprint
 from memplan.planner import DeviceBudget, HostLoad, NoFit, PlanRequest, estimator_for, largest_block_bytes, make_plan
 from memplan.planner.background import BackgroundEstimator, can_fork
 from memplan.planner.tracing import block_classes, tokens_per_sample
@@ -50,6 +51,8 @@ class Hardware:
     """What memplan.estimate(device=...) gets: a GpuModel off-box, None for the local GPU."""
     host_available_bytes: int | None
     """Host RAM per node the ranks may use; None when planning off-box (this host is not the target)."""
+    notes: tuple[str, ...] = ()
+    """What the user should know about the GPUs (one that does not answer NVML, left out), in words."""
 
 
 def resolve_hardware(*, gpus: int | None, gpu: GpuModel | str | None, gpu_memory: int | str | None) -> Hardware:
@@ -59,8 +62,8 @@ def resolve_hardware(*, gpus: int | None, gpu: GpuModel | str | None, gpu_memory
     from memplan.hardware import custom_gpu, lookup_gpu
     from memplan.units import parse_size
 
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-        raise ValueError(f"--gpus must be a positive number of GPUs per node; got {gpus!r}")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS_PER_NODE):
+        raise ValueError(f"--gpus must be a number of GPUs per node from 1 to {MAX_GPUS_PER_NODE}; got {gpus!r}")
     if gpu is not None and gpu_memory is not None:
         raise ValueError("--gpu and --gpu-memory name the same thing; pass one of them")
     if gpu is not None or gpu_memory is not None:
@@ -77,14 +80,32 @@ def resolve_hardware(*, gpus: int | None, gpu: GpuModel | str | None, gpu_memory
                         host_available_bytes=None)
     local = visible_gpus()
     if not local:
-        raise NoDevice(f"no GPU is visible here. {OFF_BOX_HINT}")
-    if gpus is not None and gpus > len(local):
-        raise ValueError(f"--gpus {gpus}: this node has {len(local)} GPU(s) visible to NVML (see `memplan devices`); "
-                         f"pass --gpus {len(local)} or fewer, or plan for other machines with --gpu NAME --gpus {gpus}")
-    budgets = [DeviceBudget.from_gpu_info(info, cuda_index=i) for i, info in enumerate(local)]
+        why = visibility_problem() or nvml_unavailable_reason() or "NVML works but lists no GPU"
+        raise NoDevice(f"no GPU is visible here: {why}. {OFF_BOX_HINT}")
+    silent = [(i, g) for i, g in enumerate(local) if not answers(g)]
+    named = "; ".join(f"cuda:{i} (NVML index {g.index}, {g.name}): {why_silent(g)}" for i, g in silent)
+    answering = [(i, g) for i, g in enumerate(local) if answers(g)]
+    if not answering:
+        raise NoDevice(f"no visible GPU answers NVML: {named}. Check `nvidia-smi`. {OFF_BOX_HINT}")
+    if gpus is not None and gpus > len(answering):
+        left_out = f", and {len(silent)} more that do not answer ({named})" if silent else ""
+        raise ValueError(f"--gpus {gpus}: this node has {len(answering)} GPU(s) visible to NVML{left_out} (see "
+                         f"`memplan devices`); pass --gpus {len(answering)} or fewer, or plan for other machines with "
+                         f"--gpu NAME --gpus {gpus}")
+    budgets = []
+    for i, info in answering:
+        try:
+            budgets.append(DeviceBudget.from_gpu_info(info, cuda_index=i))
+        except ValueError as err:  # no compute capability and a board memplan does not know
+            silent.append((i, info))
+            named = "; ".join(f"cuda:{j} (NVML index {g.index}, {g.name}): {why_silent(g) if not answers(g) else err}"
+                              for j, g in silent)
+    if not budgets:
+        raise NoDevice(f"no visible GPU can be planned for: {named}. {OFF_BOX_HINT}")
     budgets.sort(key=lambda d: d.free_bytes, reverse=True)
     chosen = tuple(budgets[: gpus or len(budgets)])
-    return Hardware(devices=chosen, estimate_device=None, host_available_bytes=host_info().budget_bytes)
+    notes = (f"left out of the plan: {named}; planning on the {len(budgets)} GPU(s) that answer",) if silent else ()
+    return Hardware(devices=chosen, estimate_device=None, host_available_bytes=host_info().budget_bytes, notes=notes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +155,10 @@ def check_request(loaded: LoadedConfig, hardware: Hardware, *, nodes: int = 1, g
         raise ValueError(f"{wanted.precisions_source}: bf16-mixed needs compute capability 8.0+, which "
                          f"{hardware.devices[0].name} lacks; allow 16-mixed too")
     gbs, per_node = wanted.global_batch_size, len(hardware.devices)
+    if gbs > MAX_BATCH_SIZE:
+        raise ValueError(f"{wanted.global_batch_source}: a global batch of {gbs:,} samples is more than the "
+                         f"{MAX_BATCH_SIZE:,} memplan plans for; check it")
+    loaded.loader  # noqa: B018  (its ranges, before any trace)
     if per_node * nodes > gbs:
         raise ValueError(f"--gpus {per_node} x --nodes {nodes} = {per_node * nodes} ranks, more than the global batch "
                          f"of {gbs} ({wanted.global_batch_source}): each rank needs at least one sample. Use at most "

@@ -26,8 +26,10 @@ from torch import nn
 from memplan.batching import resize_batch
 from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
 from memplan.config.errors import ConfigError
-from memplan.config.settings import MemplanSettings, normalize_precision
+from memplan.files import CONFIG_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
+from memplan.config.settings import MAX_PREFETCH_FACTOR, MAX_WORKERS, MemplanSettings, normalize_precision
 from memplan.estimator import EstimateError, MemoryEstimate, estimate
+from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, MAX_NODES, check_count
 
 BATCH_SIZE_ARGS = ("batch_size", "train_batch_size")
 """init_args names that hold the per-GPU (micro-)batch size, looked for in this order."""
@@ -158,8 +160,16 @@ class LoadedConfig:
                 return self.data.signature_default(name)
             return default
 
-        return LoaderHints(num_workers=pick("num_workers", 0), pin_memory=bool(pick("pin_memory", False)),
-                           prefetch_factor=pick("prefetch_factor", None) or 2)
+        hints = LoaderHints(num_workers=pick("num_workers", 0), pin_memory=bool(pick("pin_memory", False)),
+                            prefetch_factor=pick("prefetch_factor", None) or 2)
+        for name, low, high in (("num_workers", 0, MAX_WORKERS), ("prefetch_factor", 1, MAX_PREFETCH_FACTOR)):
+            value = getattr(hints, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                key = (f"data.init_args.{name}" if self.data is not None and name in self.data.init_args
+                       else f"memplan.{name}")
+                raise ConfigError(key, f"{key} must be a whole number from {low} to {high} (DataLoader's "
+                                  f"{name}, for the host-memory estimate); got {value!r}")
+        return hints
 
     def estimate(self, batch_size: int, **kwargs: Any) -> MemoryEstimate:
         """memplan.estimate of this config at `batch_size` per GPU (kwargs: precision, checkpointing,
@@ -277,9 +287,15 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         accumulate_grad_batches=_positive_int(trainer, "accumulate_grad_batches"),
     )
     found = loaded.batch_size_arg
-    if found is not None and loaded.data_batch_size is not None and loaded.data_batch_size < 1:
+    if found is not None and loaded.data_batch_size is not None and not 1 <= loaded.data_batch_size <= MAX_BATCH_SIZE:
         key = f"{found[0]}.init_args.{found[1]}"
-        raise ConfigError(key, f"{key} must be a positive int (samples per batch); got {loaded.data_batch_size!r}")
+        if loaded.data_batch_size < 1:
+            raise ConfigError(key, f"{key} must be a positive int (samples per batch); got {loaded.data_batch_size!r}")
+        try:
+            check_count(loaded.data_batch_size, name=key, low=1, high=MAX_BATCH_SIZE, what="samples per batch")
+        except ValueError as err:
+            raise ConfigError(key, str(err)) from None
+    loaded.loader  # noqa: B018  (its ranges checked now, before any work)
     if optimizer is not None:  # its own checks (a negative lr ...) before any trace: on one parameter
         loaded._build_optimizer([nn.Parameter(torch.zeros(1))])
     return loaded
@@ -320,12 +336,14 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"""^(?:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = read_bounded(path, limit_bytes=CONFIG_MAX_BYTES, name="config file").decode("utf-8")
     except FileNotFoundError:
         raise ConfigError("", f"config file {path} does not exist; pass the YAML you give "
                           "LightningCLI's --config") from None
+    except (NotAFile, FileTooLarge) as err:
+        raise ConfigError("", str(err)) from None
     except OSError as err:
-        raise ConfigError("", f"cannot read config file {path}: {err.strerror}") from None
+        raise ConfigError("", f"cannot read config file {path}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
         raise ConfigError("", f"config file {path} is not UTF-8 text (byte {err.start}); pass the YAML you give "
                           "LightningCLI's --config") from None
@@ -373,16 +391,24 @@ def _device_count(devices: Any) -> int | None:
     """GPUs per node from trainer.devices as Lightning parses it; None when the machine decides."""
     if devices is None or devices == "auto" or devices == -1 or devices == "-1":
         return None
+    count = None
     if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
-        return devices
-    if isinstance(devices, list) and devices:
-        return len(devices)
-    if isinstance(devices, str):
+        count = devices
+    elif isinstance(devices, list) and devices:
+        count = len(devices)
+    elif isinstance(devices, str):
         text = devices.strip()
         if "," in text and all(p.strip().isdigit() for p in text.split(",") if p.strip()):
-            return len([p for p in text.split(",") if p.strip()])
-        if text.isdigit() and int(text) > 0:
-            return int(text)
+            count = len([p for p in text.split(",") if p.strip()])
+        elif text.isdigit() and len(text) < 10 and int(text) > 0:
+            count = int(text)
+    if count is not None:
+        if count > MAX_GPUS_PER_NODE:
+            shown = repr(devices) if len(repr(devices)) <= 40 else f"{count} devices"
+            raise ConfigError("trainer.devices", (
+                f"trainer.devices is per node and must be at most {MAX_GPUS_PER_NODE} devices; got {shown}. For more "
+                "GPUs, set trainer.num_nodes"))
+        return count
     raise ConfigError("trainer.devices", (
         "trainer.devices must be a positive number of devices, a list of device indices, 'auto' or -1; "
         f"got {devices!r}"))
@@ -469,7 +495,10 @@ def _positive_int(trainer: Mapping[str, Any], name: str) -> int:
     value = trainer.get(name, 1)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"trainer.{name}", f"trainer.{name} must be a positive int; got {value!r}")
-    return value
+    try:
+        return check_count(value, name=f"trainer.{name}", low=1, high=MAX_NODES if name == "num_nodes" else MAX_BATCH_SIZE)
+    except ValueError as err:
+        raise ConfigError(f"trainer.{name}", str(err)) from None
 
 
 # --- the datamodule's batch --------------------------------------------------------------------------

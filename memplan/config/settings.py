@@ -9,7 +9,13 @@ from typing import Any
 from memplan.config.batch_spec import BatchSpec, parse_batch_spec
 from memplan.config.errors import ConfigError, did_you_mean
 from memplan.estimator.inputs import OPTIMIZERS
+from memplan.plan import MAX_BATCH_SIZE
 from memplan.precision import PRECISIONS, Precision, canonical_precision
+
+MAX_WORKERS = 256
+"""DataLoader workers per rank at most (memplan.num_workers, data.init_args.num_workers)."""
+MAX_PREFETCH_FACTOR = 64
+"""Batches loaded ahead per worker at most (memplan.prefetch_factor, data.init_args.prefetch_factor)."""
 
 DEFAULT_PRECISIONS: tuple[Precision, ...] = ("32-true", "16-mixed", "bf16-mixed")
 """The planner's default choices: full and mixed precision, which keep fp32 weights. The '-true' half
@@ -51,9 +57,9 @@ class MemplanSettings:
 
     def __post_init__(self) -> None:
         gbs = self.global_batch_size
-        if gbs is not None and (not _is_int(gbs) or gbs < 1):
-            _fail("global_batch_size", "must be a positive int (samples per optimizer step, over all GPUs), "
-                  "or null to keep the config's own", gbs)
+        if gbs is not None and (not _is_int(gbs) or not 1 <= gbs <= MAX_BATCH_SIZE):
+            _fail("global_batch_size", f"must be a positive int up to {MAX_BATCH_SIZE:,} (samples per optimizer step, "
+                  "over all GPUs), or null to keep the config's own", gbs)
         if not isinstance(self.precisions, tuple) or not self.precisions:
             _fail("precisions", f"must be a non-empty list of Lightning precision strings ({', '.join(PRECISIONS)})",
                   self.precisions)
@@ -69,10 +75,13 @@ class MemplanSettings:
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
             _fail("optimizer", f"must be one of {', '.join(OPTIMIZERS)}, or null to use the config's optimizer"
                   f"{did_you_mean(str(self.optimizer), OPTIMIZERS)}", self.optimizer)
-        if self.num_workers is not None and (not _is_int(self.num_workers) or self.num_workers < 0):
-            _fail("num_workers", "must be an int >= 0 (DataLoader workers per rank)", self.num_workers)
-        if self.prefetch_factor is not None and (not _is_int(self.prefetch_factor) or self.prefetch_factor < 1):
-            _fail("prefetch_factor", "must be a positive int (batches loaded ahead per worker)", self.prefetch_factor)
+        if self.num_workers is not None and (not _is_int(self.num_workers) or not 0 <= self.num_workers <= MAX_WORKERS):
+            _fail("num_workers", f"must be an int >= 0 and at most {MAX_WORKERS} (DataLoader workers per rank)",
+                  self.num_workers)
+        if self.prefetch_factor is not None and (not _is_int(self.prefetch_factor)
+                                                 or not 1 <= self.prefetch_factor <= MAX_PREFETCH_FACTOR):
+            _fail("prefetch_factor", f"must be a positive int up to {MAX_PREFETCH_FACTOR} (batches loaded ahead per "
+                  "worker; DataLoader's default is 2)", self.prefetch_factor)
         if self.pin_memory is not None and not isinstance(self.pin_memory, bool):
             _fail("pin_memory", "must be true or false", self.pin_memory)
 
@@ -103,7 +112,8 @@ class MemplanSettings:
 
 
 def _fail(name: str, requirement: str, got: Any) -> None:
-    raise ConfigError(f"memplan.{name}", f"memplan.{name} {requirement}; got {got!r}")
+    shown = repr(got) if len(repr(got)) <= 40 else f"{repr(got)[:20]}... ({len(repr(got))} characters)"
+    raise ConfigError(f"memplan.{name}", f"memplan.{name} {requirement}; got {shown}")
 
 
 def _is_int(value: Any) -> bool:

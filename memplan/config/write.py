@@ -81,17 +81,40 @@ def write_planned_config(loaded: LoadedConfig, plan: Plan, path: str | Path, *,
     plan_path = plan_path_for(path)
     config_text = _header(loaded, plan, plan_path) + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _folder_lock(path.parent):
+    with _folder_lock(path.parent), signals_deferred():
         existing = existing_outputs(path)
         if existing and not force:
             raise OutputExists(existing)
-        write_atomically(plan_path, json.dumps(plan.to_dict(), indent=2) + "\n")
-        write_atomically(path, config_text)
+        write_pair(((plan_path, json.dumps(plan.to_dict(), indent=2) + "\n"), (path, config_text)))
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, flush it to disk, and rename it over `path`:
-    a reader sees the old file or the whole new one, never a part (a full disk fails before the rename)."""
+def write_pair(files: tuple[tuple[Path, str], ...]) -> None:
+    """Write each (path, text) so that an interrupted write leaves all of them or none of the new ones:
+    every text goes to a temporary file beside its target (flushed to disk) first, then each is renamed
+    over its target in order; a failure before the last rename takes back the renames already done
+    (the files they replaced are gone: --force said so) and every temporary file."""
+    temps: list[tuple[str, Path]] = []
+    done: list[Path] = []
+    try:
+        for path, text in files:
+            temps.append((_temp_with(path, text), path))
+        for temp, path in temps:
+            os.replace(temp, path)
+            done.append(path)
+    except BaseException:
+        for temp, path in temps:
+            if path not in done:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+        if len(done) < len(temps):
+            for path in done:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        raise
+
+
+def _temp_with(path: Path, text: str) -> str:
+    """A temporary file beside `path` holding `text`, on disk, with a normal file's mode."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as file:
@@ -101,11 +124,47 @@ def write_atomically(path: Path, text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(temp, 0o666 & ~umask)  # mkstemp makes it private; give it a normal file's mode
-        os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+    return temp
+
+
+DEFERRED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+"""Signals held back while a planned config and its plan are written (milliseconds), then delivered."""
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Within it, SIGTERM, SIGINT and SIGHUP wait: each is recorded, and delivered again once the
+    block is done (its files whole or taken back), with the handler that was in place. A no-op off
+    the main thread, where Python cannot set handlers."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {}
+    for name in DEFERRED_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None:
+            previous[number] = signal.signal(number, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, flush it to disk, and rename it over `path`:
+    a reader sees the old file or the whole new one, never a part (a full disk fails before the rename)."""
+    write_pair(((path, text),))
 
 
 @contextlib.contextmanager

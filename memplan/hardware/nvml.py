@@ -50,6 +50,11 @@ _INIT_REASONS = {  # LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, NO_PERMISSION, LIB_RM
         "without a reboot",
 }
 
+_BINDING_ERRORS = (RuntimeError, OSError, ValueError, TypeError, AttributeError, LookupError)
+"""What a binding or driver in trouble raises besides NVMLError (a plain RuntimeError from a wrapper,
+an OSError from ctypes, a malformed struct): a reading that fails this way is a missing reading,
+logged once per function, never an exception out of a reading."""
+
 _lock = threading.Lock()
 _backend: Any = None            # the pynvml module (or a simulated one); imported on first use
 _initialized = False
@@ -107,6 +112,10 @@ def _session() -> Any | None:
             _init_error = _INIT_REASONS.get(getattr(err, "value", None), f"nvmlInit failed: {err}")
             log.info("NVML unavailable: %s", _init_error)
             return None
+        except _BINDING_ERRORS as err:
+            _init_error = f"nvmlInit raised {type(err).__name__}: {err}"
+            log.info("NVML unavailable: %s", _init_error)
+            return None
         _initialized = True
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
@@ -153,6 +162,10 @@ def nvml_query(func_name: str, *args: Any, default: Any = NA,
         _log_missing_once(func_name, "this NVIDIA driver")
         return missing
     except UnicodeDecodeError:  # pynvml decodes C strings; a garbled one is just not available
+        return default
+    except _BINDING_ERRORS as err:
+        _warn_once(f"raised {func_name}", "NVML %s raised %s: %s; the readings that need it are not available "
+                   "(said once)", func_name, type(err).__name__, err)
         return default
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
@@ -242,31 +255,104 @@ def _sum_for_pid(processes: tuple[GpuProcess, ...], pid: int) -> int | None:
 def _read(handle: Any, *, index: int, mig_index: int | None = None,
           parent: Any = None) -> GpuInfo:
     board = handle if parent is None else parent
-    memory = nvml_query("nvmlDeviceGetMemoryInfo", handle)
+    total, used, free = memory_bytes(nvml_query("nvmlDeviceGetMemoryInfo", handle))
     cc = nvml_query("nvmlDeviceGetCudaComputeCapability", board)
     mig = nvml_query("nvmlDeviceGetMigMode", board)
+    try:
+        capability = None if cc is NA else (int(cc[0]), int(cc[1]))
+        mig_mode = None if mig is NA else bool(mig[0])  # [current, pending]: 1 is enabled
+    except (*_BINDING_ERRORS, IndexError):
+        capability, mig_mode = None, None
+    uuid, name = nvml_query("nvmlDeviceGetUUID", handle, default=""), nvml_query("nvmlDeviceGetName", handle,
+                                                                                  default="unknown")
     return GpuInfo(
-        index=index, mig_index=mig_index,
-        uuid=nvml_query("nvmlDeviceGetUUID", handle, default=""),
-        name=nvml_query("nvmlDeviceGetName", handle, default="unknown"),
-        total_bytes=None if memory is NA else int(memory.total),
-        used_bytes=None if memory is NA else int(memory.used),
-        free_bytes=None if memory is NA else int(memory.free),
-        compute_capability=None if cc is NA else (int(cc[0]), int(cc[1])),
-        mig_mode=None if mig is NA else bool(mig[0]),  # [current, pending]: 1 is enabled
+        index=index, mig_index=mig_index, uuid=uuid if isinstance(uuid, str) else "",
+        name=name if isinstance(name, str) else "unknown",
+        total_bytes=total, used_bytes=used, free_bytes=free, compute_capability=capability, mig_mode=mig_mode,
         processes=_processes(handle),
     )
+
+
+def memory_bytes(memory: Any) -> tuple[int | None, int | None, int | None]:
+    """(total, used, free) of an nvmlMemory_t, or Nones when the reading failed or is malformed."""
+    if memory is NA:
+        return None, None, None
+    try:
+        return int(memory.total), int(memory.used), int(memory.free)
+    except _BINDING_ERRORS:
+        return None, None, None
 
 
 def list_gpus() -> tuple[GpuInfo, ...]:
     """Every GPU on this machine in NVML order (whole GPUs; MIG slices come via visible_gpus)."""
     count = nvml_query("nvmlDeviceGetCount", default=0)
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 1024:
+        _warn_once("count", "NVML nvmlDeviceGetCount gave %r; no GPU is listed", count)
+        count = 0
     gpus = []
     for index in range(count):
         handle = nvml_query("nvmlDeviceGetHandleByIndex", index)
         if handle is not NA:
             gpus.append(_read(handle, index=index))
+        else:  # it stays in its place, so that CUDA ordinals still map to the right GPUs
+            gpus.append(GpuInfo(index=index, uuid="", name="unknown (NVML cannot open it)", total_bytes=None,
+                                used_bytes=None, free_bytes=None, compute_capability=None, mig_mode=None))
     return tuple(gpus)
+
+
+def answers(gpu: GpuInfo) -> bool:
+    """Whether NVML gave this GPU's memory: a total above 0 and a free figure."""
+    return bool(gpu.total_bytes) and gpu.total_bytes > 0 and gpu.free_bytes is not None
+
+
+def why_silent(gpu: GpuInfo) -> str:
+    """Why a GPU that does not `answer` is left out, in words."""
+    if gpu.name.startswith("unknown (NVML cannot open it)"):
+        return "NVML cannot open it (nvmlDeviceGetHandleByIndex failed)"
+    if gpu.total_bytes == 0:
+        return "NVML reports 0 bytes of memory on it"
+    return "NVML cannot read its memory (nvmlDeviceGetMemoryInfo failed)"
+
+
+def visibility_problem(env: Mapping[str, str] = os.environ) -> str | None:
+    """Why CUDA_VISIBLE_DEVICES hides some or all of this machine's GPUs, naming the variable and its
+    value and the entry CUDA stops at; None when it is unset or every entry is a GPU here."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    shown = value if len(value) <= 60 else value[:57] + "..."
+    if not value.strip():
+        return f"CUDA_VISIBLE_DEVICES={shown!r} is empty, which hides every GPU; unset it or list GPU indices"
+    gpus = list_gpus()
+    prefix = "GPU-" if value.startswith("GPU-") else "MIG-" if value.startswith("MIG-") else None
+    candidates = gpus if prefix != "MIG-" else _mig_slices(gpus)
+    seen: list[GpuInfo] = []
+    for entry in (e.strip() for e in value.split(",")):
+        if prefix is None:
+            ordinal = _leading_int(entry)
+            if ordinal is None:
+                return (f"CUDA_VISIBLE_DEVICES={shown!r}: {entry!r} is not a GPU index or UUID; CUDA stops reading "
+                        f"there{_kept(seen)}. This node has {len(gpus)} GPU(s) (0-{len(gpus) - 1})"
+                        if gpus else f"CUDA_VISIBLE_DEVICES={shown!r}: {entry!r} is not a GPU index or UUID")
+            if ordinal >= len(gpus):
+                return (f"CUDA_VISIBLE_DEVICES={shown!r}: GPU {ordinal} does not exist here (NVML lists {len(gpus)} "
+                        f"GPU(s){f', 0-{len(gpus) - 1}' if gpus else ''}); CUDA stops reading there{_kept(seen)}")
+            match = gpus[ordinal]
+        else:
+            found = [g for g in candidates if entry.startswith(prefix) and g.uuid.startswith(entry)]
+            if len(found) != 1:
+                what = "matches no GPU here" if not found else "matches several GPUs"
+                return f"CUDA_VISIBLE_DEVICES={shown!r}: {entry!r} {what}; CUDA stops reading there{_kept(seen)}"
+            match = found[0]
+        if match in seen:
+            return (f"CUDA_VISIBLE_DEVICES={shown!r} names {entry!r} twice; CUDA then sees no GPU at all: list each "
+                    "GPU once")
+        seen.append(match)
+    return None
+
+
+def _kept(seen: list[GpuInfo]) -> str:
+    return f" (only the {len(seen)} GPU(s) before it are visible)" if seen else " (no GPU is visible)"
 
 
 def _mig_slices(gpus: tuple[GpuInfo, ...]) -> tuple[GpuInfo, ...]:
@@ -362,6 +448,6 @@ def process_gpu_bytes(pid: int, gpu: GpuInfo | int) -> int | None:
     return _sum_for_pid(_processes(handle, names=False), pid)
 
 
-__all__ = ["NA", "GpuInfo", "GpuProcess", "gpu_for_cuda_index", "gpu_for_local_rank", "list_gpus",
+__all__ = ["NA", "GpuInfo", "GpuProcess", "answers", "gpu_for_cuda_index", "visibility_problem", "why_silent", "gpu_for_local_rank", "list_gpus",
            "nvml_available", "nvml_query", "nvml_unavailable_reason", "process_gpu_bytes",
            "set_backend", "visible_gpus"]

@@ -10,6 +10,7 @@ derived from torch's running peak instead (see `interval_peak_bytes`).
 """
 from __future__ import annotations
 
+import logging
 import os
 import resource
 from dataclasses import dataclass, fields
@@ -18,9 +19,12 @@ from pathlib import Path
 import psutil
 import torch
 
-from memplan.hardware import NA, gpu_for_cuda_index, nvml_query, process_gpu_bytes
+from memplan.hardware import NA, gpu_for_cuda_index, nvml_query, nvml_unavailable_reason, process_gpu_bytes
+from memplan.hardware.nvml import memory_bytes
 from memplan.hardware.host import cgroup_memory_files
 from memplan.units import format_bytes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,27 +100,56 @@ class _CudaReader:
         """torch's running peak and the reserved bytes at the previous reading."""
 
     def read(self, new_interval: bool) -> MemoryReading:
+        """Never raises for a reading that fails: NVML lost falls back to CUDA's own free/total (said
+        once in the log), and where that fails too the device figures are missing (None), said once."""
         device = self.device
-        stats = torch.cuda.memory_stats(device)  # one call: the counters below, never reset
-        reserved = int(stats.get("reserved_bytes.all.current", 0))
-        running_peak = int(stats.get("reserved_bytes.all.peak", 0))
-        allocated = int(stats.get("allocated_bytes.all.current", 0))
-        peak = interval_peak_bytes(running_peak, reserved, self.previous)
-        if new_interval:
-            self.previous = (running_peak, reserved)
+        try:
+            stats = torch.cuda.memory_stats(device)  # one call: the counters below, never reset
+        except RuntimeError as err:
+            _say_once("stats", "torch.cuda.memory_stats(%s) failed (%s): torch's counters are missing from the "
+                      "readings", device, err)
+            stats = None
+        reserved = allocated = peak = None
+        if stats is not None:
+            reserved = int(stats.get("reserved_bytes.all.current", 0))
+            running_peak = int(stats.get("reserved_bytes.all.peak", 0))
+            allocated = int(stats.get("allocated_bytes.all.current", 0))
+            peak = interval_peak_bytes(running_peak, reserved, self.previous)
+            if new_interval:
+                self.previous = (running_peak, reserved)
         handle = NA if self.gpu is None else nvml_query("nvmlDeviceGetHandleByUUID", self.gpu.uuid)
-        memory = NA if handle is NA else nvml_query("nvmlDeviceGetMemoryInfo", handle)
-        if memory is not NA:
-            total, used = int(memory.total), int(memory.used)
+        total, used, _ = memory_bytes(NA if handle is NA else nvml_query("nvmlDeviceGetMemoryInfo", handle))
+        process = None
+        if total is not None and total > 0:
             process = process_gpu_bytes(self.pid, self.gpu)
         else:  # no NVML: the driver's free/total through CUDA itself
-            free, total = (int(v) for v in torch.cuda.mem_get_info(device))
-            used, process = total - free, None
+            _say_once("nvml", "NVML gives no memory reading for %s (%s): device figures come from CUDA's "
+                      "mem_get_info from now on, and this process's own share is not available", device,
+                      nvml_unavailable_reason() or "the query failed")
+            try:
+                free, total = (int(v) for v in torch.cuda.mem_get_info(device))
+                used = total - free
+            except RuntimeError as err:
+                _say_once("cuda", "torch.cuda.mem_get_info(%s) failed too (%s): the device's memory figures are "
+                          "missing from the readings", device, err)
+                total = used = None
+        headroom = None
+        if total is not None and used is not None:
+            headroom = max(0, total - used - max(0, (peak or 0) - (reserved or 0)))  # others may have grown since
         return MemoryReading(
             process_bytes=process, device_used_bytes=used, device_total_bytes=total, allocated_bytes=allocated,
-            reserved_bytes=reserved, peak_bytes=peak,
-            headroom_bytes=max(0, total - used - max(0, peak - reserved)),  # others may have grown since
+            reserved_bytes=reserved, peak_bytes=peak, headroom_bytes=headroom,
         )
+
+
+_said: set[str] = set()
+
+
+def _say_once(key: str, message: str, *args: object) -> None:
+    """A warning in the log, once per process for each kind of failed reading."""
+    if key not in _said:
+        _said.add(key)
+        log.warning(message, *args)
 
 
 def interval_peak_bytes(running_peak: int, reserved: int, previous: tuple[int, int] | None) -> int:

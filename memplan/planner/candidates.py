@@ -11,9 +11,11 @@ HYBRID_SHARD (several nodes, sharded within a node) and FULL_SHARD with CPU offl
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, MAX_NODES, check_count
 from memplan.planner.costs import OFFLOAD_BYTES_PER_PARAM, host_bytes_per_rank, relative_throughput, strategy_factor
 from memplan.planner.request import AMP_PRECISIONS, SEARCHED_PRECISIONS, DeviceBudget, HostLoad, PlanRequest
 
@@ -142,8 +144,10 @@ class Candidate:
 
 
 def divisors(n: int) -> list[int]:
-    """Divisors of n, ascending."""
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    """Divisors of n, ascending. n is a per-rank batch: at most MAX_BATCH_SIZE, refused above it (trial
+    division to sqrt(n) would run for minutes on 10^30)."""
+    check_count(n, name="the per-rank batch", low=1, high=MAX_BATCH_SIZE, what="samples")
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
@@ -151,7 +155,12 @@ def enumerate_candidates(request: PlanRequest) -> Iterator[Candidate]:
     """Every candidate of the request: precisions allowed (bf16-mixed only on sm80+ GPUs),
     checkpointing off/on, 1..len(devices) GPUs per node (those with the most free memory), each
     micro-batch dividing the per-rank batch (up to max_micro_batch_size), under DDP (or one GPU)
-    and, when request.searches_fsdp, under each FSDP layout on every usable GPU of each node."""
+    and, when request.searches_fsdp, under each FSDP layout on every usable GPU of each node.
+    Counts out of every plausible range are refused first (ValueError naming the request field)."""
+    check_count(request.global_batch_size, name="PlanRequest.global_batch_size", low=1, high=MAX_BATCH_SIZE)
+    check_count(request.nodes, name="PlanRequest.nodes", low=1, high=MAX_NODES)
+    check_count(len(request.devices), name="len(PlanRequest.devices)", low=1, high=MAX_GPUS_PER_NODE,
+                what="GPUs per node")
     for precision in (p for p in SEARCHED_PRECISIONS if p in request.precisions):
         usable = request.usable_device_indices(precision)
         for checkpointing in ((False, True) if request.allow_checkpointing else (False,)):

@@ -58,8 +58,8 @@ FLAG_CASES = [
     ("gpus-negative", ["suggest", *GPU, "--gpus", "-3", "CONFIG"], {}, 2, "argument --gpus: must be a positive"),
     ("gpus-word", ["suggest", *GPU, "--gpus", "two", "CONFIG"], {}, 2, "argument --gpus: must be a whole number"),
     ("gpus-fraction", ["suggest", *GPU, "--gpus", "2.5", "CONFIG"], {}, 2, "argument --gpus: must be a whole number"),
-    ("gpus-over-global-batch", ["suggest", *GPU, "--gpus", "1000", "CONFIG"], {}, 2,
-     "--gpus 1000 x --nodes 1 = 1000 ranks, more than the global batch of 64"),
+    ("gpus-over-global-batch", ["suggest", *GPU, "--gpus", "64", "--global-batch-size", "32", "CONFIG"], {}, 2,
+     "--gpus 64 x --nodes 1 = 64 ranks, more than the global batch of 32"),
     ("gpus-over-global-batch-nodes", ["suggest", *GPU, "--gpus", "8", "--nodes", "16", "CONFIG"], {}, 2,
      "--gpus 8 x --nodes 16 = 128 ranks, more than the global batch of 64"),
     ("gpu-unknown", ["suggest", "--gpu", "GTX-9999", "CONFIG"], {}, 2, "argument --gpu: 'GTX-9999' is not a GPU"),
@@ -79,6 +79,32 @@ FLAG_CASES = [
     ("gpu-memory-too-large", ["suggest", "--gpu-memory", "24TiB", "CONFIG"], {}, 2,
      "--gpu-memory 24.00 TiB is outside what a GPU has"),
     ("no-gpu-here", ["suggest", "CONFIG"], {}, 2, "pass --gpu H100-80GB"),
+    # absurd sizes: refused by range at parse time, never looped over or overflowed
+    ("gpus-20-digits", ["suggest", *GPU, "--gpus", "99999999999999999999", "CONFIG"], {}, 2,
+     "argument --gpus: must be from 1 to 64 (GPUs per node); for more GPUs, add nodes with --nodes"),
+    ("gpus-more-than-a-node", ["suggest", *GPU, "--gpus", "1000", "CONFIG"], {}, 2, "argument --gpus: must be from 1 to 64"),
+    ("gpus-5000-digits", ["suggest", *GPU, "--gpus", "9" * 5000, "CONFIG"], {}, 2,
+     "argument --gpus: must be a whole number (GPUs per node); got 5000 characters"),
+    ("global-batch-10e30", ["suggest", *GPU, "--global-batch-size", "1" + "0" * 30, "CONFIG"], {}, 2,
+     "argument --global-batch-size: must be from 1 to 16,777,216"),
+    ("nodes-huge", ["suggest", *GPU, "--nodes", "10000000", "CONFIG"], {}, 2, "argument --nodes: must be from 1 to 32,768"),
+    ("gpu-memory-negative-spaced", ["suggest", "--gpu-memory", "-5GiB", "CONFIG"], {}, 2,
+     "argument --gpu-memory: must be a positive size"),
+    ("gpus-negative-spaced", ["suggest", *GPU, "--gpus", "-1", "CONFIG"], {}, 2, "argument --gpus: must be a positive"),
+    ("estimate-batch-10e30", ["estimate", "CONFIG", "--batch-size", "1" + "0" * 30], {}, 2,
+     "argument --batch-size: must be from 1 to 16,777,216"),
+    ("estimate-ddp-huge", ["estimate", "CONFIG", "--batch-size", "4", "--ddp", "10000000"], {}, 2,
+     "argument --ddp: must be from 1 to 262,144"),
+    ("validate-steps-huge", ["validate", "CONFIG", "--steps", "1000000000"], {}, 2,
+     "argument --steps: must be from 1 to 1,000 (real training steps)"),
+    ("validate-steps-0", ["validate", "CONFIG", "--steps", "0"], {}, 2, "argument --steps: must be a positive"),
+    ("watch-interval-inf", ["watch", "CONFIG", "--interval", "inf"], {}, 2,
+     "argument --interval: must be a number of seconds from 0.01 to 3600"),
+    ("watch-interval-nan", ["watch", "CONFIG", "--interval", "nan"], {}, 2, "argument --interval: must be a number"),
+    ("watch-interval-negative", ["watch", "CONFIG", "--interval", "-1"], {}, 2, "argument --interval: must be a number"),
+    ("watch-interval-word", ["watch", "CONFIG", "--interval", "soon"], {}, 2, "argument --interval: must be a number"),
+    ("report-version-negative", ["report", "CONFIG", "--version", "-1"], {}, 2, "argument --version: must be from 0"),
+    ("report-version-huge", ["report", "CONFIG", "--version", "1" + "0" * 30], {}, 2, "argument --version: must be from 0"),
     # suggest: batch, nodes, margin, precision
     ("nodes-0", ["suggest", *GPU, "--nodes", "0", "CONFIG"], {}, 2, "argument --nodes: must be a positive"),
     ("nodes-word", ["suggest", *GPU, "--nodes", "x", "CONFIG"], {}, 2, "argument --nodes: must be a whole number"),
@@ -126,9 +152,9 @@ FLAG_CASES = [
      "argument --optimizer: must be one of"),
     ("estimate-demo", ["estimate", "--demo", "gpt3", "--batch-size", "4"], {}, 2, "argument --demo: must be one of"),
     ("estimate-batch-huge", ["estimate", "CONFIG", "--batch-size", "100000000000"], {}, 2,
-     "--batch-size 100000000000: the batch alone is"),
-    ("estimate-demo-batch-huge", ["estimate", "--demo", "mlp", "--batch-size", "10000000000"], {}, 2,
-     "--batch-size 10000000000: the batch alone is"),
+     "argument --batch-size: must be from 1 to 16,777,216 (samples per device); got '100000000000'"),
+    ("estimate-demo-batch-huge", ["estimate", "--demo", "gpt2-small", "--batch-size", "16777216"], {}, 2,
+     "--batch-size 16777216: the batch alone is"),
     ("estimate-neither", ["estimate", "--batch-size", "4"], {}, 2, "pass a config file or --demo NAME"),
     ("estimate-both", ["estimate", "CONFIG", "--demo", "mlp", "--batch-size", "4"], {}, 2,
      "pass a config file or --demo NAME"),
@@ -212,6 +238,25 @@ YAML_CASES = [
     ("yaml-batch-spec-int-high", {"data": DELETE, "memplan.batch_spec": {"x": {"shape": [20], "dtype": "int64"}}},
      "memplan.batch_spec.x.high is required"),
     ("yaml-no-batch", {"data": DELETE}, "no batch to plan with: the config has no data: section"),
+    # absurd sizes in the YAML: refused by key path and range before any work
+    ("yaml-memplan-gbs-10e30", {"memplan.global_batch_size": 10**30},
+     "memplan.global_batch_size must be a positive int up to 16,777,216"),
+    ("yaml-memplan-prefetch-10e9", {"memplan.prefetch_factor": 10**9}, "memplan.prefetch_factor must be a positive int "
+                                                                       "up to 64"),
+    ("yaml-data-workers-10e9", {"data.init_args.num_workers": 10**9},
+     "data.init_args.num_workers must be a whole number from 0 to 256"),
+    ("yaml-memplan-workers-huge", {"memplan.num_workers": 10**6}, "memplan.num_workers must be an int >= 0 and at most 256"),
+    ("yaml-data-batch-10e30", {"data.init_args.batch_size": 10**30, "memplan.global_batch_size": DELETE},
+     "data.init_args.batch_size must be a whole number from 1 to 16,777,216 (samples per batch); got a 31-digit number"),
+    ("yaml-trainer-devices-huge", {"trainer.devices": 10**30}, "trainer.devices is per node and must be at most 64"),
+    ("yaml-trainer-devices-huge-str", {"trainer.devices": "9" * 40}, "trainer.devices must be a positive number"),
+    ("yaml-trainer-num-nodes-huge", {"trainer.num_nodes": 10**30}, "trainer.num_nodes must be a whole number from 1 "
+                                                                   "to 32,768"),
+    ("yaml-trainer-accumulate-huge", {"trainer.accumulate_grad_batches": 10**30},
+     "trainer.accumulate_grad_batches must be a whole number from 1 to 16,777,216"),
+    ("yaml-config-global-batch-huge", {"memplan.global_batch_size": DELETE, "data.init_args.batch_size": 1 << 20,
+                                       "trainer.devices": 8, "trainer.accumulate_grad_batches": 1 << 10},
+     "a global batch of 8,589,934,592 samples is more than the 16,777,216 memplan plans for"),
 ]
 
 PLAN = {
@@ -220,6 +265,9 @@ PLAN = {
     "strategy": "ddp", "predicted_peak_bytes": 1 << 30, "device_budget_bytes": 70 << 30,
     "host_bytes_per_rank": 3 << 30,
 }
+
+ALTERNATIVE = {"world_size": 1, "micro_batch_size": 8, "accumulate_grad_batches": 8, "precision": "bf16-mixed",
+               "gradient_checkpointing": False, "predicted_peak_bytes": 1 << 30, "relative_speed": 0.5, "fits": True}
 
 PLAN_CASES = [
     ("plan-micro-batch-bool", {"micro_batch_size": True}, "Plan.micro_batch_size must be a positive int; got True"),
@@ -244,7 +292,24 @@ PLAN_CASES = [
     ("plan-missing", {"micro_batch_size": DELETE}, "plan file lacks micro_batch_size"),
     ("plan-unknown", {"micro_batch": 8}, "plan file has unknown keys ['micro_batch']"),
     ("plan-format", {"format": 2}, "plan file format 2 is not supported"),
-    ("plan-alternatives", {"alternatives": [{"world_size": 1}]}, "Plan.alternatives:"),
+    ("plan-alternatives", {"alternatives": [{"world_size": 1}]}, "Plan.alternatives[0] lacks micro_batch_size"),
+    ("plan-alternatives-unknown", {"alternatives": [{**ALTERNATIVE, "speed": 1}]},
+     "Plan.alternatives[0] has unknown keys ['speed']"),
+    ("plan-alternatives-not-object", {"alternatives": [ALTERNATIVE, 3]}, "Plan.alternatives[1] must be an object"),
+    ("plan-alternatives-bad-field", {"alternatives": [{**ALTERNATIVE, "fits": "yes"}]},
+     "Plan.alternatives[0].fits must be true or false"),
+    ("plan-alternatives-precision", {"alternatives": [{**ALTERNATIVE, "precision": "fp8"}]},
+     "Plan.alternatives[0].precision must be a Lightning precision"),
+    ("plan-micro-batch-10e30", {"micro_batch_size": 10**30, "global_batch_size": 8 * 10**30},
+     "Plan.micro_batch_size must be a whole number from 1 to 16,777,216; got a 31-digit number"),
+    ("plan-world-huge", {"world_size": 10**7, "accumulate_grad_batches": 1, "micro_batch_size": 1,
+                         "global_batch_size": 10**7}, "Plan.world_size must be a whole number from 1 to 262,144"),
+    ("plan-gpus-per-node-huge", {"world_size": 128, "accumulate_grad_batches": 1, "micro_batch_size": 1,
+                                 "global_batch_size": 128}, "Plan.world_size / Plan.nodes must be a whole number from 1 to 64"),
+    ("plan-gpus-twice", {"gpus": [0, 0]}, "Plan.gpus names a GPU twice"),
+    ("plan-peak-huge", {"predicted_peak_bytes": 10**30}, "Plan.predicted_peak_bytes must be a whole number from 0"),
+    ("plan-speed", {"relative_speed": "fast"}, "Plan.relative_speed must be a positive number"),
+    ("plan-format-string", {"format": "1"}, "plan file format must be the number 1 (written unquoted"),
 ]
 
 
@@ -338,7 +403,9 @@ def test_output_never_replaces_files_without_force(capsys, tmp_path, existing):
     ("config.yaml", "is the source config"),
     (".", "is a folder"),
     ("afile/planned.yaml", "is a file, not a folder"),
-], ids=["source", "folder", "under-a-file"])
+    ("x.plan.json", "names a plan file; --output names the planned config (YAML), and the plan goes beside it: "
+                    "pass --output x.yaml"),
+], ids=["source", "folder", "under-a-file", "a-plan-file-name"])
 def test_bad_output_paths_are_refused_before_planning(capsys, tmp_path, monkeypatch, output, fragment):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")
@@ -390,3 +457,46 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_the_table_is_broad():
     """The issue asks for every bad input it lists and more of the kinds: keep the table wide."""
     assert len(FLAG_CASES) + len(YAML_CASES) + len(PLAN_CASES) >= 100
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "folder", "too-large"])
+def test_configs_that_are_not_small_regular_files_are_refused_by_name(capsys, tmp_path, kind):
+    """/dev/zero would be read until memory ran out, a FIFO would block for ever: each is refused, named."""
+    import os
+
+    from memplan.files import CONFIG_MAX_BYTES
+
+    if kind == "dev-zero":
+        path, fragment = Path("/dev/zero"), "config file /dev/zero is a character device, not a regular file"
+    elif kind == "fifo":
+        path, fragment = tmp_path / "pipe.yaml", "is a FIFO (named pipe), not a regular file"
+        os.mkfifo(path)
+    elif kind == "folder":
+        path, fragment = tmp_path, "is a folder, not a regular file"
+    else:
+        path, fragment = tmp_path / "big.yaml", "is larger than 16.00 MiB"
+        path.write_bytes(b"# " + b"x" * CONFIG_MAX_BYTES + b"\n")
+    got, _, err = run(capsys, ["suggest", "--gpu", "A100-80GB", str(path)])
+    assert_refused(got, err, 2, fragment)
+    assert str(path) in err
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_validate_plan_that_is_not_a_regular_file_is_refused(capsys, tmp_path, kind):
+    import os
+
+    path = Path("/dev/zero") if kind == "dev-zero" else tmp_path / "x.plan.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    got, _, err = run(capsys, ["validate", write_config(tmp_path, BASE), "--plan", str(path)])
+    assert_refused(got, err, 2, f"--plan {path} is a")
+
+
+def test_the_planner_refuses_an_absurd_batch_instead_of_dividing_it():
+    """Trial division of 10^30 would run for minutes: the range check answers at once."""
+    from memplan.planner.candidates import divisors
+
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert divisors(1 << 24)[-1] == 1 << 24
+    with pytest.raises(ValueError, match="the per-rank batch must be a whole number from 1 to 16,777,216"):
+        divisors(10**30)

@@ -113,12 +113,12 @@ def test_suggest_json_with_output_keeps_stdout_pure_json(capsys, tmp_path):
 
 
 def test_fewer_gpus_than_given_is_never_silent(capsys):
-    # the MLP config's global batch of 1024 does not split over 1000 ranks: the plan uses 512 and says so
-    code, out, err = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP, "--json")
-    assert code == 0 and json.loads(out)["world_size"] == 512
-    assert "the plan uses 512 of the 1000 GPUs per node --gpus gives" in err and "does not split evenly" in err
-    code, out, _ = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP)
-    assert "Uses 512 of 1000 GPUs per node" in " ".join(out.split())
+    # the MLP config's global batch of 1024 does not split over 48 ranks: the plan uses 32 and says so
+    code, out, err = run(capsys, "suggest", "--gpus", "48", "--gpu", "A100-80GB", MLP, "--json")
+    assert code == 0 and json.loads(out)["world_size"] == 32
+    assert "the plan uses 32 of the 48 GPUs per node --gpus gives" in err and "does not split evenly" in err
+    code, out, _ = run(capsys, "suggest", "--gpus", "48", "--gpu", "A100-80GB", MLP)
+    assert "Uses 32 of 48 GPUs per node" in " ".join(out.split())
 
 
 @pytest.mark.parametrize("flags, expected", [((), ("lightning", "balanced")),

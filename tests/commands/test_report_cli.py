@@ -1,7 +1,12 @@
 """`memplan report` and `memplan watch` on small rank logs written by the callback's own RankLog."""
 from __future__ import annotations
 
+import json
+import os
+import sys
 from pathlib import Path
+
+import pytest
 
 from memplan.commands.cli import main
 from memplan.callback.runlog import RankLog
@@ -219,7 +224,217 @@ def test_a_live_watch_waits_for_logs_and_survives_a_bad_line(tmp_path, capsys, m
             raise KeyboardInterrupt
 
     monkeypatch.setattr(time, "sleep", tick)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # a terminal: the live table
     code, out, err = run(capsys, "watch", tmp_path, "--interval", "0.01")
     assert code == 0, err
     assert len(seen) == 2 and seen[1].skipped == {"rank1.jsonl": {"not UTF-8": 1}}
     assert "run ended: finished" in out  # the last frame, after the bad line
+
+
+def test_the_readers_fast_check_gives_runlogs_reasons():
+    """run_logs._problem is runlog.record_problem in one pass (plus impossible values): same reasons."""
+    from memplan.callback.runlog import record_problem
+    from memplan.commands.run_logs import _problem
+
+    good = {"event": "sample", "step": 3, "time": 1.5, "process_bytes": 5, "headroom_bytes": -4, "layout": {}}
+    cases = [good, [1], {"event": "x"}, {"event": "x", "step": -1}, {"event": "x", "step": True}, {"step": 1},
+             {**good, "time": "noon"}, {**good, "time": True}, {**good, "peak_bytes": 1.5}, {**good, "peak_bytes": True},
+             {**good, "plan": [1]}, {**good, "before": "x"}, {**good, "peak_bytes": None}]
+    for record in cases:
+        assert _problem(record) == record_problem(record), record
+    for record, why in [({**good, "step": 10**20}, "impossible step"), ({**good, "peak_bytes": 10**30}, "impossible peak_bytes"),
+                        ({**good, "process_bytes": -1}, "impossible process_bytes"), ({**good, "time": 1e300}, "impossible time"),
+                        ({**good, "headroom_bytes": -10**30}, "impossible headroom_bytes")]:
+        assert _problem(record) == why
+
+
+def test_watch_into_a_pipe_prints_one_plain_line_per_reading_and_ends_with_the_run(tmp_path, capsys, monkeypatch):
+    """Not a terminal: each rank's latest reading, then one line per new reading, and the end of the run."""
+    import time
+
+    log_dir = tmp_path / "memplan"
+    log = RankLog(log_dir, 0, "20261124-050000-aaaaaa")
+    log.write("apply", 0, source="plan", layout={**LAYOUT_8, "world_size": 1}, plan={})
+    log.write("sample", 1, **reading(1 * GiB, 2 * GiB), **runs_as(LAYOUT_8, 0))
+    log.write("sample", 2, **reading(2 * GiB, 3 * GiB), **runs_as(LAYOUT_8, 0))
+    ticks = []
+
+    def tick(seconds):
+        ticks.append(seconds)
+        if len(ticks) == 1:
+            log.write("sample", 3, **reading(3 * GiB, 4 * GiB), **runs_as(LAYOUT_4, 0))
+            log.write("sample", 4, **reading(4 * GiB, 5 * GiB), **runs_as(LAYOUT_4, 0))
+        elif len(ticks) == 2:
+            log.write("summary", 4, peak_process_bytes=4 * GiB, min_headroom_bytes=None, oom_retries=0, layout=LAYOUT_4)
+            log.write("end", 4, status="finished", dropped_lines=0)
+        else:
+            raise AssertionError("watch kept going after the run ended")
+
+    monkeypatch.setattr(time, "sleep", tick)
+    code, out, err = run(capsys, "watch", log_dir, "--interval", "0.5")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert [line.split(": ", 1)[0].split(" ", 1)[1] for line in lines[:3]] == ["rank 0 step 2", "rank 0 step 3",
+                                                                               "rank 0 step 4"]
+    assert "process 4.00 GiB, device 5.00 GiB / 16.00 GiB" in lines[2] and "micro-batch 4 x 2" in lines[2]
+    assert lines[3] == "memplan watch: run 20261124-050000-aaaaaa ended: finished" and len(lines) == 4
+
+
+def test_watch_into_a_pipe_ends_on_sigterm(tmp_path):
+    """A `memplan watch DIR > file` killed with SIGTERM ends at once, exit 0, its lines flushed."""
+    import signal
+    import subprocess
+    import time
+
+    write_run(tmp_path / "memplan", ranks=(0,))
+    (tmp_path / "memplan" / "rank1.jsonl").write_text("")  # rank 1 never ends: the run goes on
+    with (tmp_path / "memplan" / "rank0.jsonl").open("a") as f:
+        f.write(json.dumps({"event": "apply", "step": 0, "rank": 0, "run": "20261124-050000-aaaaaa", "time": 1.0,
+                            "layout": {**LAYOUT_8, "world_size": 2}}) + "\n")
+    out = tmp_path / "watch.txt"
+    with out.open("w") as stdout:
+        proc = subprocess.Popen([sys.executable, "-m", "memplan.commands.cli", "watch", str(tmp_path / "memplan"),
+                                 "--interval", "0.1"], stdout=stdout, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while "rank 0 step 4" not in out.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0, proc.stderr.read().decode()
+    assert "rank 0 step 4" in out.read_text()
+
+
+def test_rank_logs_named_otherwise_fifos_and_impossible_values_are_named_not_read(tmp_path, capsys):
+    log_dir = tmp_path / "memplan"
+    write_run(log_dir)
+    (log_dir / "rank01.jsonl").write_text((log_dir / "rank1.jsonl").read_text())
+    os.mkfifo(log_dir / "rank7.jsonl")  # would block a plain read for ever
+    with (log_dir / "rank0.jsonl").open("a") as f:
+        for field, value in (("peak_bytes", 10**30), ("process_bytes", -5), ("step", 10**20)):
+            record = {"event": "sample", "step": 9, "rank": 0, "run": "20261124-050000-aaaaaa", "time": 2.0,
+                      **reading(GiB, GiB)}
+            record[field] = value
+            f.write(json.dumps(record) + "\n")
+    code, out, err = run(capsys, "report", log_dir, "--output", tmp_path / "r.png")
+    text = " ".join(out.split())
+    assert code == 0, err
+    assert "not read: rank01.jsonl: not a name MemoryPlanner writes (rank 1's log is rank1.jsonl)" in text
+    assert "could not read rank7.jsonl: not a regular file (a FIFO or a device): skipped" in text
+    assert "1 impossible peak_bytes, 1 impossible process_bytes, 1 impossible step" in text
+    assert "15.00 GiB" in text and "PiB" not in text  # rank 1's peak as logged; no 10^30 bytes shown
+    code, out, _ = run(capsys, "watch", log_dir, "--once")
+    assert code == 0 and "rank7.jsonl" in " ".join(out.split())
+
+
+def test_report_blames_the_rank_that_was_signalled_not_a_peers_secondary_error(tmp_path, capsys):
+    log_dir = tmp_path / "memplan"
+    run_id = "20261124-050000-aaaaaa"
+    for rank, (when, status) in {0: (1005.0, "failed: RuntimeError: Connection closed by peer"),
+                                 1: (1000.0, "failed: RankTerminated: 143")}.items():
+        with (log_dir / f"rank{rank}.jsonl").open("a") if log_dir.exists() else _fresh(log_dir, rank) as f:
+            for record in ({"event": "apply", "step": 0, "layout": {**LAYOUT_8, "world_size": 2}, "time": 900.0},
+                           {"event": "sample", "step": 3, **reading(GiB, GiB), "time": 990.0},
+                           {"event": "end", "step": 3, "status": status, "dropped_lines": 0, "time": when}):
+                f.write(json.dumps({**record, "rank": rank, "run": run_id}) + "\n")
+    code, out, _ = run(capsys, "report", log_dir, "--output", tmp_path / "r.png")
+    text = " ".join(out.split())
+    assert code == 0
+    assert "rank 1 failed: RankTerminated: 143 (SIGTERM received) (first to fail; then rank 0)" in text
+
+
+def _fresh(log_dir: Path, rank: int):
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return (log_dir / f"rank{rank}.jsonl").open("a")
+
+
+def test_twenty_thousand_runs_in_one_folder_print_a_short_line(tmp_path, capsys):
+    log_dir = tmp_path / "memplan"
+    log_dir.mkdir()
+    lines = [json.dumps({"event": "sample", "step": 1, "rank": 0, "run": f"2026-{i:06d}", "time": float(i),
+                         **reading(GiB, GiB)}) for i in range(20_000)]
+    (log_dir / "rank0.jsonl").write_text("\n".join(lines) + "\n")
+    code, out, _ = run(capsys, "watch", log_dir, "--once")
+    assert code == 0
+    assert "and 19,994 older; shown: the newest" in " ".join(out.split())
+    assert max(len(line) for line in out.splitlines()) < 400
+
+
+def test_a_long_log_is_folded_in_bounded_memory_and_watch_reads_only_what_was_appended(tmp_path, monkeypatch):
+    """Every sample counts in the figures; the plot keeps at most 2 x PLOT_POINTS of them; a refresh
+    reads the appended bytes only."""
+    from memplan.commands import run_logs
+
+    monkeypatch.setattr(run_logs, "PLOT_POINTS", 16)
+    monkeypatch.setattr(run_logs, "CHUNK_BYTES", 4096)  # many chunks: lines cut across chunk edges
+    log_dir = tmp_path / "memplan"
+    log = RankLog(log_dir, 0, "20261124-050000-aaaaaa")
+    for step in range(1, 1001):
+        log.write("sample", step, **reading((step % 97) * MiB + (GiB if step == 777 else 0), GiB), **runs_as(LAYOUT_8, 0))
+    watcher = run_logs.RunWatcher(log_dir)
+    history = watcher.logs().histories[0]
+    assert history.sample_count == 1000 and len(history.samples) < 32
+    assert history.peak_process_bytes == 1 * GiB + (777 % 97) * MiB  # the one high sample, wherever it fell
+    assert history.last_sample["step"] == 1000 and history.samples[-1]["step"] == 1000
+    steps = [s["step"] for s in history.samples]
+    assert steps == sorted(steps) and steps[0] == 1
+    stride = history.sample_stride
+    assert all((step - 1) % stride == 0 for step in steps[:-1])  # every stride-th, evenly
+    for last in range(1001, 1001 + 2 * stride + 1):  # the latest is always last, across a thinning too
+        log.write("sample", last, **reading(MiB, GiB), **runs_as(LAYOUT_8, 0))
+        assert watcher.logs().histories[0].samples[-1]["step"] == last
+    read = []
+    real = os.pread
+    monkeypatch.setattr(run_logs.os, "pread", lambda fd, n, off: read.append(n) or real(fd, n, off))
+    log.write("sample", 2001, **reading(MiB, GiB), **runs_as(LAYOUT_8, 0))
+    history = watcher.logs().histories[0]
+    assert history.last_sample["step"] == 2001
+    assert sum(read) < 1000  # one line, not the whole file
+
+
+@pytest.mark.parametrize("chunk", [1 << 10, 1 << 20], ids=["across-chunks", "within-a-chunk"])
+def test_an_over_long_line_is_skipped_and_the_next_ones_read(tmp_path, capsys, monkeypatch, chunk):
+    from memplan.commands import run_logs
+
+    monkeypatch.setattr(run_logs, "MAX_LINE_BYTES", 1 << 12)
+    monkeypatch.setattr(run_logs, "CHUNK_BYTES", chunk)
+    write_run(tmp_path / "memplan")
+    with (tmp_path / "memplan" / "rank0.jsonl").open("ab") as f:
+        f.write(b'{"event": "sample", "x": "' + b"y" * 20_000 + b'"}\n')
+        f.write((json.dumps({"event": "sample", "step": 5, "rank": 0, "run": "20261124-050000-aaaaaa", "time": 3.0,
+                             **reading(GiB, GiB)}) + "\n").encode())
+    logs = run_logs.load_run(tmp_path / "memplan")
+    assert logs.skipped == {"rank0.jsonl": {"line longer than 4.00 KiB": 1}}
+    assert logs.histories[0].last_sample["step"] == 5
+
+
+def test_a_parallel_first_read_folds_the_same_as_one_process(tmp_path, monkeypatch):
+    from memplan.commands import run_logs
+
+    write_run(tmp_path / "memplan")
+    (tmp_path / "memplan" / "rank01.jsonl").write_text("")
+    one = run_logs.load_run(tmp_path / "memplan")
+    monkeypatch.setattr(run_logs, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(run_logs.os, "cpu_count", lambda: 2)
+    spread = []
+    real = run_logs.FolderReader._read_in_parallel
+    monkeypatch.setattr(run_logs.FolderReader, "_read_in_parallel",
+                        lambda self, paths: spread.append(real(self, paths)) or spread[-1])
+    many = run_logs.load_run(tmp_path / "memplan")
+    assert spread == [True]
+    assert [(h.rank, h.sample_count, h.peak_process_bytes, h.min_headroom_bytes, h.ended, len(h.samples))
+            for h in many.histories] == [(h.rank, h.sample_count, h.peak_process_bytes, h.min_headroom_bytes,
+                                          h.ended, len(h.samples)) for h in one.histories]
+    assert many.run == one.run and many.ignored == one.ignored and many.ignored
+
+
+def test_thinned_samples_keep_every_kth_and_the_latest_last(monkeypatch):
+    from memplan.commands import run_logs
+
+    monkeypatch.setattr(run_logs, "PLOT_POINTS", 4)
+    history = run_logs.RankHistory(rank=0, path=Path("rank0.jsonl"))
+    for step in range(1, 300):
+        history.add({"event": "sample", "step": step, "process_bytes": step})
+        steps = [s["step"] for s in history.samples]
+        assert steps[-1] == step and len(steps) <= 2 * 4 + 1
+        assert all((s - 1) % history.sample_stride == 0 for s in steps[:-1]), (step, steps)
+    assert history.peak_process_bytes == 299 and history.sample_count == 299

@@ -40,7 +40,7 @@ def test_bad_inputs_a_new_user_tried_are_refused_by_name(capsys, tmp_path, argv,
 
 @pytest.mark.parametrize(("make", "fragment"), [
     (lambda d: d / "missing.plan.json", "no such file"),
-    (lambda d: d, "cannot read it"),
+    (lambda d: d, "is a folder, not a regular file"),
     (lambda d: (d / "p.plan.json").write_text("trainer: {}\n") and d / "p.plan.json", "is not JSON"),
     (lambda d: (d / "p.plan.json").write_text(json.dumps({"micro_batch_size": 4})) and d / "p.plan.json",
      "plan file lacks"),
@@ -63,7 +63,7 @@ def test_an_output_folder_that_fails_at_write_time_is_named_not_a_temp_file(caps
         raise OSError(errno.EROFS, "Read-only file system", str(path.parent / f".{path.name}.x1y2.tmp"))
 
     monkeypatch.undo()  # this test traces: the plan comes before the write
-    monkeypatch.setattr(memplan.config.write, "write_atomically", refuse)
+    monkeypatch.setattr(memplan.config.write, "_temp_with", refuse)
     config = write_config(tmp_path, config_with({}))
     output = tmp_path / "out" / "planned.yaml"
     got, _, err = run(capsys, ["suggest", "--gpu", "A100-80GB", "--gpus", "2", config, "--output", str(output)])

@@ -43,6 +43,7 @@ class SimGpu:
     mig_slices: list[SimGpu] = field(default_factory=list)
     processes: list[SimProcess] = field(default_factory=list)
     failing: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
+    raising: dict[str, BaseException] = field(default_factory=dict)  # function name -> any exception (a binding bug)
 
 
 class SimulatedNvml:
@@ -52,6 +53,8 @@ class SimulatedNvml:
     failing: function name -> error code, raised on every device.
     driver_lacks: functions the "driver" lacks (raise NVMLError_FunctionNotFound, as pynvml does).
     bindings_lack: functions absent from the "nvidia-ml-py" module itself (AttributeError).
+    raising: function name -> an exception that is not NVMLError (a binding's RuntimeError, ctypes' OSError),
+    raised on every device (SimGpu.raising: on one).
     """
 
     NVMLError = NVMLError
@@ -59,8 +62,9 @@ class SimulatedNvml:
 
     def __init__(self, gpus: list[SimGpu], *, init_error: int | None = None,
                  failing: dict[str, int] | None = None, driver_lacks: set[str] = frozenset(),
-                 bindings_lack: set[str] = frozenset()) -> None:
+                 bindings_lack: set[str] = frozenset(), raising: dict[str, BaseException] | None = None) -> None:
         self.gpus = gpus
+        self.raising = raising or {}
         for i, gpu in enumerate(gpus):
             gpu.uuid = gpu.uuid or f"GPU-{i:08x}-sim0-4000-8000-{i:012x}"
             for j, mig in enumerate(gpu.mig_slices):
@@ -82,6 +86,8 @@ class SimulatedNvml:
     # -- session ------------------------------------------------------------------------------
     def nvmlInit(self) -> None:
         self.init_calls += 1
+        if "nvmlInit" in self.raising:
+            raise self.raising["nvmlInit"]
         if self.init_error is not None:
             raise NVMLError(self.init_error)
         self.initialized += 1
@@ -97,6 +103,9 @@ class SimulatedNvml:
             raise NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         if func in self.driver_lacks:
             raise NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        error = self.raising.get(func, gpu.raising.get(func) if gpu is not None else None)
+        if error is not None:
+            raise error
         code = self.failing.get(func, gpu.failing.get(func) if gpu is not None else None)
         if code is not None:
             raise NVMLError(code)

@@ -1,0 +1,140 @@
+"""NVML going wrong, on a SIMULATED NVML (fake_nvml.py): a binding that raises something other than
+NVMLError, GPUs that do not answer, NVML's 0-byte boards, CUDA_VISIBLE_DEVICES that hides GPUs, and
+readings where NVML and CUDA both fail. Each is a missing reading or a message naming the input."""
+from __future__ import annotations
+
+import logging
+
+import pynvml
+import pytest
+import torch
+from fake_nvml import SimGpu, SimProcess
+
+from memplan.commands.cli import main
+from memplan.hardware import readings
+from memplan.hardware.nvml import list_gpus, nvml_query, nvml_unavailable_reason, visibility_problem, visible_gpus
+from memplan.units import GiB
+
+CONFIG = "configs/mlp.yaml"
+
+
+def test_a_plain_runtimeerror_from_the_binding_is_a_missing_reading_logged_once(nvml_sim, caplog):
+    gpus = [SimGpu(), SimGpu()]
+    gpus[1].raising = {"nvmlDeviceGetMemoryInfo": RuntimeError("binding bug")}
+    nvml_sim(gpus, raising={"nvmlSystemGetProcessName": OSError(5, "ctypes failure")})
+    with caplog.at_level(logging.WARNING, logger="memplan.hardware.nvml"):
+        first, second = list_gpus(), list_gpus()
+    assert first[0].total_bytes == 80 * GiB and first[1].total_bytes is None and second[1].free_bytes is None
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("nvmlDeviceGetMemoryInfo raised RuntimeError: binding bug" in m for m in said) == 1
+    assert nvml_query("nvmlDeviceGetMemoryInfo", gpus[1], default="missing") == "missing"
+
+
+def test_nvmlinit_raising_a_plain_error_makes_nvml_unavailable_with_the_reason(nvml_sim):
+    nvml_sim([SimGpu()], raising={"nvmlInit": RuntimeError("driver timed out")})
+    assert list_gpus() == ()
+    assert nvml_unavailable_reason() == "nvmlInit raised RuntimeError: driver timed out"
+
+
+def test_a_gpu_nvml_cannot_open_keeps_its_place_for_cuda_ordinals(nvml_sim):
+    sim = nvml_sim([SimGpu(), SimGpu(), SimGpu()])
+    real = sim.nvmlDeviceGetHandleByIndex
+
+    def lost_middle(index):
+        if index == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return real(index)
+
+    sim.nvmlDeviceGetHandleByIndex = lost_middle
+    assert [g.index for g in visible_gpus({"CUDA_VISIBLE_DEVICES": "2"})] == [2]  # not shifted onto another GPU
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("garbage", "CUDA_VISIBLE_DEVICES='garbage': 'garbage' is not a GPU index or UUID"),
+    ("0,0", "CUDA_VISIBLE_DEVICES='0,0' names '0' twice; CUDA then sees no GPU at all"),
+    ("7", "CUDA_VISIBLE_DEVICES='7': GPU 7 does not exist here (NVML lists 2 GPU(s), 0-1)"),
+    ("", "CUDA_VISIBLE_DEVICES='' is empty, which hides every GPU"),
+    ("GPU-ffff", "CUDA_VISIBLE_DEVICES='GPU-ffff': 'GPU-ffff' matches no GPU here"),
+])
+def test_suggest_names_cuda_visible_devices_and_its_value(nvml_sim, capsys, monkeypatch, value, fragment):
+    nvml_sim([SimGpu(), SimGpu()])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert main(["suggest", CONFIG]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+    assert "pass --gpu H100-80GB" in err
+
+
+def test_a_partly_valid_cuda_visible_devices_is_explained(nvml_sim):
+    nvml_sim([SimGpu(), SimGpu()])
+    assert "only the 1 GPU(s) before it are visible" in visibility_problem({"CUDA_VISIBLE_DEVICES": "1,x"})
+    assert visibility_problem({"CUDA_VISIBLE_DEVICES": "1,0"}) is None
+    assert visibility_problem({}) is None
+
+
+def test_nvml_timeout_on_every_gpu_is_named_not_no_gpu_visible(nvml_sim, capsys):
+    nvml_sim([SimGpu(), SimGpu()], failing={"nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_TIMEOUT})
+    assert main(["suggest", CONFIG]) == 2
+    err = capsys.readouterr().err
+    assert "no visible GPU answers NVML: cuda:0 (NVML index 0, NVIDIA A100-SXM4-80GB): NVML cannot read its " \
+           "memory (nvmlDeviceGetMemoryInfo failed)" in err
+    assert "no GPU is visible here" not in err
+
+
+def test_nvml_reporting_zero_bytes_names_the_gpu_not_an_internal_field(nvml_sim, capsys):
+    nvml_sim([SimGpu(total_bytes=0)])
+    assert main(["suggest", CONFIG]) == 2
+    err = capsys.readouterr().err
+    assert "cuda:0 (NVML index 0, NVIDIA A100-SXM4-80GB): NVML reports 0 bytes of memory on it" in err
+    assert "DeviceBudget" not in err and "Traceback" not in err
+
+
+def test_one_lost_gpu_does_not_block_planning_on_the_others(nvml_sim, capsys):
+    gpus = [SimGpu(), SimGpu(), SimGpu()]
+    gpus[1].failing = {"nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_GPU_IS_LOST}
+    nvml_sim(gpus)
+    assert main(["suggest", CONFIG, "--gpus", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "left out of the plan: cuda:1 (NVML index 1, NVIDIA A100-SXM4-80GB): NVML cannot read its memory" in \
+        captured.err and "planning on the 2 GPU(s) that answer" in captured.err
+    assert '"gpus": [\n    0\n  ]' in captured.out or '"gpus": [\n    2\n  ]' in captured.out
+    assert main(["suggest", CONFIG, "--gpus", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus 3: this node has 2 GPU(s) visible to NVML, and 1 more that do not answer (cuda:1" in err
+
+
+def test_a_reading_where_nvml_and_cuda_both_fail_is_missing_not_an_exception(nvml_sim, monkeypatch, caplog):
+    nvml_sim([SimGpu(processes=[SimProcess(pid=1, used_bytes=GiB)])],
+             raising={"nvmlDeviceGetMemoryInfo": RuntimeError("NVML lost")})
+    monkeypatch.setattr(readings, "_READERS", {})
+    monkeypatch.setattr(readings, "_said", set())
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {"reserved_bytes.all.current": 2 * GiB,
+                                                                         "reserved_bytes.all.peak": 3 * GiB})
+
+    def lost(device=None):
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lost)
+    with caplog.at_level(logging.WARNING):
+        first = readings.read_memory(torch.device("cuda", 0))
+        second = readings.read_memory(torch.device("cuda", 0))
+    assert (first.device_total_bytes, first.device_used_bytes, first.headroom_bytes) == (None, None, None)
+    assert first.peak_bytes == 3 * GiB and second.reserved_bytes == 2 * GiB  # torch's own counters still read
+    said = [r.getMessage() for r in caplog.records if r.name == "memplan.hardware.readings"]
+    assert len(said) == 2 and "mem_get_info from now on" in said[0] and "failed too" in said[1]
+
+
+def test_nvml_lost_mid_run_falls_back_to_cuda_and_says_so_once(nvml_sim, monkeypatch, caplog):
+    sim = nvml_sim([SimGpu()])
+    monkeypatch.setattr(readings, "_READERS", {})
+    monkeypatch.setattr(readings, "_said", set())
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * GiB, 80 * GiB))
+    assert readings.read_memory(torch.device("cuda", 0)).device_total_bytes == 80 * GiB
+    sim.raising["nvmlDeviceGetMemoryInfo"] = RuntimeError("NVML lost")
+    with caplog.at_level(logging.WARNING, logger="memplan.hardware.readings"):
+        for _ in range(3):
+            reading = readings.read_memory(torch.device("cuda", 0))
+    assert (reading.device_total_bytes, reading.device_used_bytes, reading.process_bytes) == (80 * GiB, 20 * GiB, None)
+    said = [r.getMessage() for r in caplog.records if r.name == "memplan.hardware.readings"]
+    assert len(said) == 1 and "device figures come from CUDA's mem_get_info" in said[0]
