@@ -10,7 +10,6 @@ import inspect
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from memplan.callback.layout import Layout, loaded_batch_size
 from memplan.callback.rewrites import checkpointing_is_on
 from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
 from memplan.hardware import gpu_for_cuda_index, host_info, match_nvml_name
+from memplan.hardware.nvml import answers as nvml_answers
 from memplan.plan import Plan, model_class_name, model_fingerprint
 from memplan.planner import DeviceBudget, PlanRequest
 from memplan.planner.request import SEARCHED_PRECISIONS
@@ -66,7 +66,7 @@ def device_budget(device: torch.device, local_world_size: int) -> DeviceBudget:
                             compute_capability=CPU_CAPABILITY)
     index = device.index if device.index is not None else torch.cuda.current_device()
     gpu = gpu_for_cuda_index(index)
-    if gpu is not None and gpu.total_bytes is not None and gpu.free_bytes is not None:
+    if gpu is not None and nvml_answers(gpu):  # (NVML's 0-byte total or a missing figure: CUDA's instead)
         return DeviceBudget.from_gpu_info(gpu, cuda_index=index)
     free, total = torch.cuda.mem_get_info(device)
     props = torch.cuda.get_device_properties(device)
@@ -78,17 +78,21 @@ def load_plan(plan: Plan | str | os.PathLike) -> Plan:
     """A Plan object as is, or a plan JSON file (`memplan suggest --output plan.json`)."""
     if isinstance(plan, Plan):
         return plan
-    path = Path(plan)
-    try:
-        data = json.loads(path.read_text())
+    from memplan.files import PLAN_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
+
+    name = f"MemoryPlanner(plan={str(plan)!r}):"
+    try:  # a regular file of a plan's size at most: a FIFO or /dev/zero is refused, not read forever
+        data = json.loads(read_bounded(plan, limit_bytes=PLAN_MAX_BYTES, name=name).decode("utf-8"))
     except FileNotFoundError:
-        raise MisconfigurationException(f"MemoryPlanner(plan={str(plan)!r}): no such file; write one with "
+        raise MisconfigurationException(f"{name} no such file; write one with "
                                         "`memplan suggest ... --output plan.json`") from None
+    except (NotAFile, FileTooLarge) as err:
+        raise MisconfigurationException(str(err)) from None
     except json.JSONDecodeError as err:
         raise MisconfigurationException(f"MemoryPlanner(plan={str(plan)!r}) is not JSON ({err}); pass the file "
                                         "`memplan suggest` wrote") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise MisconfigurationException(f"MemoryPlanner(plan={str(plan)!r}): cannot read it ({err})") from None
+        raise MisconfigurationException(f"{name} cannot read it ({err})") from None
     try:
         return Plan.from_dict(data)
     except (TypeError, ValueError) as err:

@@ -281,3 +281,17 @@ def test_a_callback_reused_for_another_fit_starts_afresh(make_trainer):
     assert budget.raised >= 1 and planner.layout.global_batch_size == 16 and planner.exactness.can_split
     with pytest.raises(dataclasses.FrozenInstanceError):
         planner.settings.adjust = False
+
+
+def test_a_plan_path_that_is_not_a_file_is_refused_by_name(tmp_path):
+    # a FIFO (or /dev/zero) as plan= is refused, never read until memory runs out
+    import os
+
+    from memplan.callback.apply import load_plan
+
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    with pytest.raises(MisconfigurationException, match=r"MemoryPlanner\(plan=.*is a FIFO.*not a regular file"):
+        load_plan(fifo)
+    with pytest.raises(MisconfigurationException, match="not a regular file"):
+        load_plan("/dev/zero")
