@@ -328,10 +328,10 @@ def test_example_batch_from_batch_spec_dict_tuple_and_single_tensor(tmp_path):
 def test_batch_spec_is_preferred_over_the_datamodule_and_estimates(tmp_path):
     spec = "memplan:\n  batch_spec: [{shape: [20]}, {shape: [], dtype: int64, high: 3}]\n"
     loaded = load_text(tmp_path, MLP_CONFIG + spec)
-    assert "_datamodule_batch" not in vars(loaded)
+    assert "_datamodule_scan" not in vars(loaded)
     est = loaded.estimate(4, device="cpu")
     assert est.batch_size == 4 and est.num_parameters == 20 * 8 + 8 + 8 * 8 + 8 + 8 * 3 + 3
-    assert "_datamodule_batch" not in vars(loaded)  # the datamodule never ran
+    assert "_datamodule_scan" not in vars(loaded)  # the datamodule never ran
 
 
 def test_global_batch_size_is_the_setting_else_the_configs_own(tmp_path):
@@ -684,3 +684,35 @@ def test_a_failed_second_rename_takes_the_first_back(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         write_module.write_pair(((tmp_path / "a.plan.json", "{}\n"), (tmp_path / "a.yaml", "x: 1\n")))
     assert list(tmp_path.iterdir()) == []  # neither file, no temporary file
+
+
+class LongTailTokens(pl.LightningDataModule):
+    """Token batches whose length grows in steps: the first 8 tokens a sample, the fifth batch 64 (8x)."""
+
+    def __init__(self, batch_size: int = 4):
+        super().__init__()
+        self.batch_size = batch_size
+
+    def train_dataloader(self):
+        lengths = [8, 16, 8, 24, 64, 16, 8, 8]
+        return torch.utils.data.DataLoader([torch.zeros(n, dtype=torch.long) for n in lengths for _ in range(4)],
+                                           batch_size=4, collate_fn=lambda s: (torch.stack(s), torch.stack(s)))
+
+
+def test_suggest_plans_from_the_heaviest_batch_of_the_datamodule(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "longtail_dm", types.SimpleNamespace(LongTailTokens=LongTailTokens))
+    loaded = load_text(tmp_path, """
+        model: {class_path: memplan.demos.GPTLM, init_args: {vocab_size: 64, context: 64, d_model: 8, n_layers: 1, n_heads: 1}}
+        data: {class_path: longtail_dm.LongTailTokens}
+    """)
+    assert loaded.example_batch(2)[0].shape == (2, 64)  # not the first batch's 8
+    assert "every batch of an epoch" in loaded.planned_for and "8.00x the first batch's" in loaded.planned_for
+
+
+def test_a_fixed_shape_loader_is_scanned_only_briefly():
+    from memplan.batching import batch_size_of
+    from memplan.shapes import SAME_SHAPE_STOP, scan
+
+    loader = [(torch.zeros(4, 16), torch.zeros(4, dtype=torch.long))] * 1000
+    found = scan(loader, batch_size_of, max_batches=256, seconds=60)
+    assert found.scanned == SAME_SHAPE_STOP and found.fixed and "all of one shape" in found.describe()

@@ -201,8 +201,8 @@ def samples_per_rank(loader: Any, world_size: int) -> int | None:
 
 def first_train_batch(trainer: Any) -> Any:
     """One batch of the train loader, exactly as training_step will receive it (before device transfer);
-    the random generators it advances are restored (memplan.callback.shapes.rng_preserved)."""
-    from memplan.callback.shapes import rng_preserved
+    the random generators it advances are restored (memplan.shapes.rng_preserved)."""
+    from memplan.shapes import rng_preserved
 
     with rng_preserved():
         return next(iter(_first_loader(compat.train_data_source(trainer).dataloader())))

@@ -84,7 +84,7 @@ import torch
 
 from memplan import compat
 from memplan.callback.adjust import even_chunk, smaller_micro_batch
-from memplan.callback.shapes import chunk_for, load_of
+from memplan.shapes import chunk_for, load_of
 from memplan.batching import batch_size_of, split_batch
 from memplan.callback.layout import Layout, chunk_bounds
 from memplan.callback.logged import merge_logged
@@ -213,7 +213,7 @@ class MicroBatchRunner:
         self._split = split
         self._on_first_split = on_first_split
         self._sharded_sync_off = sharded_sync_off  # FSDP: sync off but for a batch's last chunk (callback.sharded)
-        self._planned_load = planned_load_per_sample  # (memplan.callback.shapes)
+        self._planned_load = planned_load_per_sample  # (memplan.shapes)
         self.heavier_batches = 0
         """Batches heavier per sample than the one planned for, run as smaller chunks before they ran."""
 

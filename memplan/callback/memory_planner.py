@@ -30,7 +30,7 @@ from memplan.callback.checks import (
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
 from memplan.callback.exactness import Exactness, decide, drop_last_blocks
 from memplan.callback.loss_reduction import LossReduction, LossWatcher, first_call_watched
-from memplan.callback.shapes import scan
+from memplan.shapes import scan
 from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuses
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
@@ -125,7 +125,7 @@ class MemoryPlanner(*CALLBACKS):
             e.g. a causal LM's labels that count: ``lambda b: (b["labels"][:, 1:] != -100).sum()``.
         scan_batches: when planning now, read up to this many batches of the train loader at fit start
             (collate only, at most 10 s) and plan for the heaviest per sample
-            (:mod:`memplan.callback.shapes`); a heavier batch in training runs as smaller chunks before
+            (:mod:`memplan.shapes`); a heavier batch in training runs as smaller chunks before
             it runs. 0: plan from the first batch.
         exact: only make changes that train exactly as the user's settings would (the default). With
             ``False`` MemoryPlanner may also split or rewrite batches where that changes the training
@@ -497,7 +497,7 @@ class MemoryPlanner(*CALLBACKS):
         return made
 
     def _batch_to_plan_for(self, trainer: pl.Trainer) -> Any:
-        """The heaviest batch of a bounded scan of the train loader (memplan.callback.shapes), or the first."""
+        """The heaviest batch of a bounded scan of the train loader (memplan.shapes), or the first."""
         if not self.settings.scan_batches:
             return first_train_batch(trainer)
         try:

@@ -11,7 +11,7 @@ from memplan.callback.adjust import Adjuster
 from memplan.callback.chunking import MicroBatchRunner
 from memplan.callback.loss_reduction import LossReduction, LossWatcher
 from memplan.callback.runlog import LoggerRows, RankLog
-from memplan.callback.shapes import Scan
+from memplan.shapes import Scan
 from memplan.plan import Plan
 
 

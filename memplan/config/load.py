@@ -225,8 +225,20 @@ class LoadedConfig:
                                   ) from err
             raise
 
-    @functools.cached_property
+    @property
+    def planned_for(self) -> str | None:
+        """Which batch of the datamodule's loader the plan is for, in words (None: a batch_spec, or
+        several loaders)."""
+        if self.settings.batch_spec is not None:
+            return None
+        return self._datamodule_scan[1]
+
+    @property
     def _datamodule_batch(self) -> Any:
+        return self._datamodule_scan[0]
+
+    @functools.cached_property
+    def _datamodule_scan(self) -> tuple[Any, str | None]:
         if self.data is None:  # load_config refuses a config with neither
             raise ConfigError("data", "no data: section and no memplan.batch_spec")
         return _first_batch(self.data)
@@ -502,8 +514,26 @@ def _positive_int(trainer: Mapping[str, Any], name: str) -> int:
 
 
 # --- the datamodule's batch --------------------------------------------------------------------------
-def _first_batch(data: ClassSpec) -> Any:
-    """One batch of the datamodule's train_dataloader(), loaded in this process."""
+SCAN_BATCHES, SCAN_SECONDS = 256, 10.0
+"""The batches (and seconds) `suggest` reads from one train loader to plan for the heaviest."""
+
+
+def _heaviest_batch(loader: Any) -> tuple[Any, str | None]:
+    """(the heaviest batch per sample of up to SCAN_BATCHES of `loader`, which one it is in words):
+    collate only, RNGs restored (memplan.shapes); the first batch where its size cannot be read."""
+    from memplan.batching import batch_size_of
+    from memplan.shapes import scan
+
+    try:
+        found = scan(loader, batch_size_of, max_batches=SCAN_BATCHES, seconds=SCAN_SECONDS)
+    except ValueError:
+        return next(iter(loader)), None
+    return found.batch, found.describe()
+
+
+def _first_batch(data: ClassSpec) -> tuple[Any, str | None]:
+    """The batch to plan with from the datamodule's train_dataloader(), loaded in this process: the
+    heaviest of its first batches for one loader (_heaviest_batch), the first of each of several."""
     overrides: dict[str, Any] = {}
     if data.signature_default("num_workers") is not _EMPTY:
         overrides["num_workers"] = 0  # one batch needs no worker processes
@@ -520,10 +550,10 @@ def _first_batch(data: ClassSpec) -> Any:
         loaders = datamodule.train_dataloader()
         step = f"iterating {data.cls.__name__}.train_dataloader()"
         if isinstance(loaders, Mapping):  # Lightning combines several loaders into one batch of each
-            return {name: next(iter(loader)) for name, loader in loaders.items()}
+            return {name: next(iter(loader)) for name, loader in loaders.items()}, None
         if isinstance(loaders, (list, tuple)):
-            return [next(iter(loader)) for loader in loaders]
-        return next(iter(loaders))
+            return [next(iter(loader)) for loader in loaders], None
+        return _heaviest_batch(loaders)
     except StopIteration:
         raise ConfigError("data", f"data: {data.cls.__name__}.train_dataloader() yielded no batch; check "
                           "data.init_args (an empty dataset, or drop_last with fewer samples than a batch)") from None

@@ -1,4 +1,4 @@
-"""Plan for the heaviest batch, not the first (memplan.callback.shapes): a long-tail dataset whose first
+"""Plan for the heaviest batch, not the first (memplan.shapes): a long-tail dataset whose first
 batch is short and whose longest batch is 8x longer, on a SIMULATED device budget (a forward of more than
 TOKENS tokens runs out of memory) and a SIMULATED planner that fits the budget to the batch it is given."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from memplan.callback import MemoryPlanner
-from memplan.callback.shapes import scan
+from memplan.shapes import scan
 
 VOCAB, BATCH, TOKENS = 16, 8, 256
 LENGTHS = [8, 16, 12, 24, 16, 64, 20, 8]  # per batch: the first is short, the sixth 8x longer

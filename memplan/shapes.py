@@ -1,10 +1,13 @@
 """Plan for the heaviest batch, not the first: variable-size inputs (dynamic padding, image sizes, audio
 lengths) make the first batch a poor guide, and an OOM thousands of steps later the usual result.
+MemoryPlanner (at fit start) and `memplan suggest` (from the config's datamodule) both plan this way.
 
 A batch's *load* is the elements of its per-sample tensors (those whose first dimension is the batch
 size): what grows with sequence length or image size. At fit start MemoryPlanner reads batches from a
 fresh train loader (collate only: the model does not run) until it has seen `max_batches` of them or
-`seconds` have passed, and plans with the one of the largest load per sample. The scan restores the
+`seconds` have passed, and plans with the one of the largest load per sample. Where the first
+SAME_SHAPE_STOP batches all have the same per-sample shapes (fixed-size data: most image and packed-token
+pipelines) it stops there: such a loader has nothing heavier to find, and reading on would only cost time. The scan restores the
 random number generators it advanced (torch's, Python's, NumPy's), so the training sees the data it
 would have seen without MemoryPlanner.
 
@@ -36,6 +39,14 @@ def shapes_of(batch: Any, size: int) -> str:
     return ", ".join(str(tuple(t.shape)) for t in iter_tensors(batch) if t.dim() > 0 and t.shape[0] == size)
 
 
+SAME_SHAPE_STOP = 32
+"""Batches of one per-sample shape after which a scan stops (fixed-size data)."""
+
+
+def _sample_shapes(batch: Any, size: int) -> tuple:
+    return tuple(tuple(t.shape[1:]) for t in iter_tensors(batch) if t.dim() > 0 and t.shape[0] == size)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Scan:
     """What the fit-start scan found."""
@@ -57,9 +68,12 @@ class Scan:
     """How long the scan took."""
     complete: bool
     """Whether the loader ran out before the limits (every batch of an epoch seen)."""
+    fixed: bool = False
+    """Whether it stopped at SAME_SHAPE_STOP batches of one per-sample shape."""
 
     def describe(self) -> str:
-        how = "every batch of an epoch" if self.complete else f"{self.scanned} batches"
+        how = ("every batch of an epoch" if self.complete else f"{self.scanned} batches, all of one shape"
+               if self.fixed else f"{self.scanned} batches")
         ratio = self.load_per_sample / self.first_load_per_sample if self.first_load_per_sample else 1.0
         return (f"planned for the heaviest of {how} read at fit start ({self.seconds:.1f} s, collate only): per-sample "
                 f"tensors {self.shapes}, {ratio:.2f}x the first batch's elements per sample")
@@ -69,7 +83,7 @@ def scan(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan
     """The heaviest batch per sample among the first `max_batches` of `loader` (at most `seconds`)."""
     started = time.perf_counter()
     best = first = None
-    count, complete = 0, False
+    count, complete, shapes = 0, False, set()
     with rng_preserved():
         iterator = iter(loader)
         while count < max_batches and (count == 0 or time.perf_counter() - started < seconds):
@@ -85,11 +99,15 @@ def scan(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan
                 first = per_sample
             if best is None or per_sample > best[2]:
                 best = (batch, size, per_sample)
+            if len(shapes) <= 1:
+                shapes.add(_sample_shapes(batch, size))
+                if count >= SAME_SHAPE_STOP and len(shapes) == 1:
+                    break
     if best is None:
         raise ValueError("the train loader yielded no batch")
     return Scan(batch=best[0], size=best[1], shapes=shapes_of(best[0], best[1]), load_per_sample=best[2],
-                first_load_per_sample=first or 0.0,
-                scanned=count, seconds=time.perf_counter() - started, complete=complete)
+                first_load_per_sample=first or 0.0, scanned=count, seconds=time.perf_counter() - started,
+                complete=complete, fixed=not complete and count == SAME_SHAPE_STOP and len(shapes) == 1)
 
 
 def chunk_for(batch_load_per_sample: float, planned_load_per_sample: float, micro_batch_size: int) -> int:
