@@ -15,7 +15,8 @@ from memplan.estimator.result import MemoryEstimate
 from memplan.hardware import lookup_gpu
 from memplan.hardware.catalog import gpu_links
 from memplan.planner import DeviceBudget, NoFit, PlanRequest, make_plan
-from memplan.planner.costs import FSDP_ENGINE_FACTOR, communication_seconds, strategy_factor
+from memplan.planner.costs import OVERLAP, communication_seconds, predict_step
+from memplan.planner.profile import CostProfile
 from memplan.units import GiB, MiB
 
 CONTEXT = 640 * MiB
@@ -81,7 +82,9 @@ def test_without_a_parameter_count_fsdp_is_not_searched_and_nofit_says_what_it_w
 
 
 def test_multi_node_shards_within_a_node_when_that_fits():
-    plan = make_plan(request(nodes=8, global_batch_size=512), ShardedStep())
+    # Micro-batch 1 on 64 ranks: too little compute to hide a gather over the network, so the layout that
+    # keeps its all-gathers inside the node wins.
+    plan = make_plan(request(nodes=8, global_batch_size=64), ShardedStep())
     assert plan.strategy == "fsdp" and plan.sharding_strategy == "HYBRID_SHARD"
     assert plan.world_size == 64 and plan.gpus_per_node == 8
 
@@ -107,13 +110,21 @@ def test_full_shard_moves_one_and_a_half_times_ddps_bytes():
 
 
 def test_fsdp_pays_for_its_communication_only_when_compute_cannot_hide_it():
-    args = dict(offload=False, gpus_per_node=8, micro_batch_size=1, accumulate_grad_batches=4,
-                precision="bf16-mixed", checkpointing=True, parameter_count=7 * 10**9, tokens_per_sample=4096,
-                gpu_name="H100-80GB")
-    assert strategy_factor(sharding="FULL_SHARD", world_size=8, nodes=1, **args) == pytest.approx(FSDP_ENGINE_FACTOR)
-    across = strategy_factor(sharding="FULL_SHARD", world_size=64, nodes=8, **args)
-    hybrid = strategy_factor(sharding="HYBRID_SHARD", world_size=64, nodes=8, **args)
-    assert across < hybrid <= FSDP_ENGINE_FACTOR
+    profile = CostProfile.from_parameters(7 * 10**9, tokens_per_sample=4096)
+    block = 4 * 7 * 10**9 // BLOCKS
+    args = dict(offload=False, gpus_per_node=8, micro_batch_size=1, accumulate_grad_batches=4, precision="bf16-mixed",
+                checkpointing=True, gpu_name="H100-80GB", largest_block_bytes=block)
+    one_node = predict_step(profile, sharding="FULL_SHARD", world_size=8, nodes=1, **args)
+    # Inside a node the micro-step's compute hides all but the first block's all-gather.
+    first = 7 / 8 * block / (450e9 * 0.7)
+    assert one_node.communication_seconds == pytest.approx(4 * first)
+    comm = communication_seconds(sharding="FULL_SHARD", world_size=8, gpus_per_node=8, nodes=1, accumulate_grad_batches=1,
+                                 parameter_count=7 * 10**9, gpu_name="H100-80GB")
+    assert comm < OVERLAP * one_node.micro_step_seconds
+    across = predict_step(profile, sharding="FULL_SHARD", world_size=64, nodes=8, **args)
+    hybrid = predict_step(profile, sharding="HYBRID_SHARD", world_size=64, nodes=8, **args)
+    assert across.communication_seconds > hybrid.communication_seconds >= one_node.communication_seconds
+    assert across.samples_per_s < hybrid.samples_per_s
 
 
 def test_planned_config_names_lightnings_fsdp_strategy(tmp_path):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from memplan.planner.costs import OFFLOAD_BYTES_PER_PARAM, host_bytes_per_rank, relative_throughput, strategy_factor
+from memplan.planner.costs import OFFLOAD_BYTES_PER_PARAM, StepTime, host_bytes_per_rank
 from memplan.planner.request import AMP_PRECISIONS, SEARCHED_PRECISIONS, DeviceBudget, HostLoad, PlanRequest
 
 PRECISION_PREFERENCE = {p: i for i, p in enumerate(SEARCHED_PRECISIONS)}
@@ -105,8 +105,10 @@ class Candidate:
     """Predicted host RAM per rank."""
     host_fits: bool
     """Whether gpus_per_node x host_bytes_per_rank fits the host budget (True without one)."""
-    speed: float
-    """relative_throughput of this setting."""
+    speed: float = 0.0
+    """Predicted samples per second (timing.samples_per_s); 0 until the search has a step-time model."""
+    timing: StepTime | None = None
+    """Predicted step time, throughput and MFU (costs.predict_step); None until the search has the model."""
 
     @property
     def checkpointing(self) -> bool:
@@ -197,19 +199,9 @@ def _micro_batches(request: PlanRequest, group: Group, precision: str,
             break
         host = host_bytes_per_rank(load, micro) + offloaded
         accumulation = per_rank // micro
-        speed = relative_throughput(
-            world_size=world, micro_batch_size=micro, accumulate_grad_batches=accumulation,
-            precision=precision, checkpointing=group.checkpointing,
-            compute_capability=min(d.compute_capability for d in chosen))
-        if group.sharding is not None:
-            speed *= strategy_factor(
-                sharding=group.sharding, offload=group.offload, world_size=world, gpus_per_node=gpus,
-                nodes=request.nodes, micro_batch_size=micro, accumulate_grad_batches=accumulation,
-                precision=precision, checkpointing=group.checkpointing, parameter_count=request.parameter_count,
-                tokens_per_sample=request.tokens_per_sample, gpu_name=chosen[-1].name)
         yield Candidate(
             group=group, precision=precision, gpus_per_node=gpus, world_size=world,
             micro_batch_size=micro, accumulate_grad_batches=accumulation, devices=chosen,
             device_indices=indices, budget_bytes=request.budget_bytes(chosen[-1].free_bytes),
-            host_bytes_per_rank=host, host_fits=host_budget is None or gpus * host <= host_budget, speed=speed,
+            host_bytes_per_rank=host, host_fits=host_budget is None or gpus * host <= host_budget,
         )

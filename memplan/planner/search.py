@@ -43,6 +43,7 @@ NoFit is raised.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,9 +51,11 @@ from memplan.estimator.cuda import nccl_buffer_bytes
 from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Plan
 from memplan.planner.candidates import Candidate, Group, enumerate_candidates
+from memplan.planner.costs import predict_step
 from memplan.planner.explain import describe_plan
 from memplan.planner.floors import Floors
 from memplan.planner.nofit import NoFit, fsdp_full_shard_bytes
+from memplan.planner.profile import CostProfile
 from memplan.planner.request import PlanRequest
 from memplan.units import MiB, format_bytes
 
@@ -149,11 +152,23 @@ class _Curve:
         return int(self.points[lo] + growth * (1 + EXTRAPOLATION_SLACK)) + SAFETY_BYTES
 
 
+def _slowest(devices) -> str:
+    """The GPU that sets the pace of a step over `devices`: the one of least dense half-precision peak."""
+    from memplan.hardware.catalog import gpu_links
+
+    return min(devices, key=lambda d: gpu_links(d.name).dense_half_flops).name
+
+
 class _Search:
     def __init__(self, request: PlanRequest, estimator: Estimator) -> None:
         self.request = request
         self.estimator = estimator
-        self.candidates = list(enumerate_candidates(request))
+        self.traces: dict[tuple, MemoryEstimate] = {}
+        self.floors = Floors(request.parameter_bytes, request.optimizer_state_bytes)
+        self.calls = 0
+        candidates = list(enumerate_candidates(request))
+        self.profile = self.cost_profile(candidates)
+        self.candidates = [self.timed(c) for c in candidates]
         self.groups: dict[Group, list[Candidate]] = {}
         for c in self.candidates:
             self.groups.setdefault(c.group, []).append(c)
@@ -163,11 +178,48 @@ class _Search:
             kin = [h for h in self.curves if h != g and (h.amp, h.checkpointing) == (g.amp, g.checkpointing)]
             kin.sort(key=lambda h: (h.sharding is not None, h.multi == g.multi))
             curve.siblings = tuple(self.curves[h] for h in kin)
-        self.traces: dict[tuple, MemoryEstimate] = {}
-        self.floors = Floors(request.parameter_bytes, request.optimizer_state_bytes)
         self.explored: set[Group] = set()
         self.unfit: set[Group] = set()
-        self.calls = 0
+
+    # --- the step-time model ---------------------------------------------------------------------
+    def cost_profile(self, candidates: list[Candidate]) -> CostProfile:
+        """The model's step costs (profile.py) from the traces of one group: AMP where allowed, no
+        checkpointing, DDP (else one GPU, else FSDP; a layout whose lower bound fits first), at micro-batch 1
+        and PROBE_MICRO (when micro-batch 1 fits): the traces the search makes first for that group anyway."""
+        groups = {c.group for c in candidates}
+        amp = any(g.amp for g in groups)
+        pool = [g for g in groups if g.amp == amp and not g.checkpointing]
+        possible = {c.group for c in candidates if c.group in pool and self.possible(c)}  # floors.py, no trace
+        base = max(pool, key=lambda g: (g in possible, g.sharding is None, g.multi, not g.offload,
+                                        g.sharding == "FULL_SHARD"))
+        own = [c for c in candidates if c.group == base]
+        largest = max(c.micro_batch_size for c in own)
+        precision, layout = self.trace_precision(base), (base.sharding, base.offload)
+        probe = min(PROBE_MICRO, largest) if largest > 1 else None
+        if probe is not None:
+            self.prefetch(probe, precision, False, base.probe_world_size, *layout)
+        low = self.trace(1, precision, False, base.probe_world_size, *layout)
+        high = None
+        if probe is not None and low.device_total <= max(c.budget_bytes for c in own):
+            high = self.trace(probe, precision, False, base.probe_world_size, *layout)
+        elif probe is not None:
+            self.cancel_prefetch(probe, precision, False, base.probe_world_size, *layout)
+        request = self.request
+        parameters = request.parameter_count or low.num_parameters
+        if low.step_costs is None:  # an estimator that does not count costs
+            return CostProfile.from_parameters(parameters, tokens_per_sample=request.tokens_per_sample, amp=amp)
+        return CostProfile(low.step_costs, high=high.step_costs if high is not None else None,
+                           high_micro=probe or 0, traced_amp=amp, parameter_count=parameters,
+                           tokens_per_sample=request.tokens_per_sample)
+
+    def timed(self, c: Candidate) -> Candidate:
+        """The candidate with its predicted step time (costs.predict_step) and speed."""
+        timing = predict_step(
+            self.profile, precision=c.precision, checkpointing=c.checkpointing, micro_batch_size=c.micro_batch_size,
+            accumulate_grad_batches=c.accumulate_grad_batches, world_size=c.world_size, gpus_per_node=c.gpus_per_node,
+            nodes=self.request.nodes, sharding=c.sharding, offload=c.offload, gpu_name=_slowest(c.devices),
+            largest_block_bytes=self.request.largest_block_bytes)
+        return dataclasses.replace(c, speed=timing.samples_per_s, timing=timing)
 
     # --- estimator calls ------------------------------------------------------------------------
     def setting(self, micro: int, precision: str, checkpointing: bool, world_size: int,
