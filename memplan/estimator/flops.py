@@ -160,9 +160,9 @@ class CostCounter:
                 self._block_depth -= 1
         return inside
 
-    def record(self, func: Any, args: tuple, kwargs: dict, inputs: list, outputs: list, phase: str) -> None:
-        """Count one op: `inputs` / `outputs` are its tensor arguments and results, `phase` the
-        tracker's phase name ('setup' ops are not part of a step and are skipped)."""
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, inputs: list, outputs: list, phase: str) -> None:
+        """Count one op: `out` is what it returned, `inputs` / `outputs` its tensor arguments and results,
+        `phase` the tracker's phase name ('setup' ops are not part of a step and are skipped)."""
         if phase not in _PHASE_NAMES or getattr(func, "is_view", False):
             return
         packet = func._overloadpacket
@@ -178,7 +178,7 @@ class CostCounter:
         if name.endswith("_") and not outputs and args and isinstance(args[0], (list, tuple)):
             in_bytes += sum(_nbytes(t) for t in args[0] if hasattr(t, "element_size"))  # foreach in place: written back
         if op_class in ("matmul", "attention"):
-            flops = _matmul_flops(func, packet, name, args, kwargs, outputs)
+            flops = _matmul_flops(func, packet, name, args, kwargs, out)
         elif op_class == "reduction":
             flops = sum(t.numel() for t in inputs)
         else:
@@ -198,7 +198,7 @@ class CostCounter:
         return StepCosts(ops=tuple(self._ops))
 
 
-def _matmul_flops(func: Any, packet: Any, name: str, args: tuple, kwargs: dict, outputs: list) -> int:
+def _matmul_flops(func: Any, packet: Any, name: str, args: tuple, kwargs: dict, out: Any) -> int:
     """torch.utils.flop_counter's count of a matmul, convolution or attention op; a causal attention
     kernel skips the masked half of the scores, so it counts half."""
     from torch.utils import flop_counter
@@ -209,7 +209,6 @@ def _matmul_flops(func: Any, packet: Any, name: str, args: tuple, kwargs: dict, 
             shapes = [tuple(t.shape) for t in args[:4 if backward else 3]]
             flops = (flop_counter.sdpa_backward_flop_count(*shapes) if backward else flop_counter.sdpa_flop_count(*shapes))
         else:
-            out = outputs[0] if len(outputs) == 1 else tuple(outputs)
             flops = flop_counter.flop_registry[packet](*args, **kwargs, out_val=out)
     except (AssertionError, TypeError, ValueError, IndexError, AttributeError):
         # a formula that does not know this call's arguments: the op still counts by its bytes. The memory

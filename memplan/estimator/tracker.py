@@ -279,7 +279,7 @@ class StorageTracker(TorchDispatchMode):
         for t in outputs:
             self.track(t)
         if self.costs is not None:
-            self.costs.record(func, args, kwargs, tensors, outputs, self.phase.value)
+            self.costs.record(func, args, kwargs, out, tensors, outputs, self.phase.value)
         if accumulation:
             self._defer_peak = False
             self._accumulation = (self.memory.allocated_bytes, dict(self._by_category), self.phase,

@@ -11,6 +11,7 @@ HYBRID_SHARD (several nodes, sharded within a node) and FULL_SHARD with CPU offl
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -138,7 +139,8 @@ class Candidate:
         """Sort key, best last: speed, then bf16 > 16 > 32, no checkpointing, DDP over FSDP (the
         simpler engine at equal speed), HYBRID_SHARD over other FSDP layouts (less traffic between
         nodes), no offload, larger micro-batch."""
-        return (round(self.speed, 12), -PRECISION_PREFERENCE[self.precision], not self.checkpointing,
+        speed = round(math.log(self.speed), 9) if self.speed > 0 else -math.inf  # equal to float noise: a tie
+        return (speed, -PRECISION_PREFERENCE[self.precision], not self.checkpointing,
                 self.group.sharding is None, self.group.sharding == "HYBRID_SHARD", not self.group.offload,
                 self.micro_batch_size)
 

@@ -75,6 +75,9 @@ def _speed_reason(w: Candidate, search: _Search) -> str | None:
     if other is None or not other.speed:
         return None
     gain = w.speed / other.speed - 1
+    if gain < 0.005:
+        return (f"ties the runner-up ({_describe(other)}) on predicted speed ({_ms(w)} a step); preferred for "
+                f"{_winner_edge(w, other)}.")
     return (f"{_winner_edge(w, other)}: {gain:+.0%} {_rate(w)} over the runner-up "
             f"({_describe(other)}; predicted step {_ms(w)} vs {_ms(other)}).")
 
@@ -104,13 +107,15 @@ def _winner_edge(w: Candidate, other: Candidate) -> str:
     if other.world_size < w.world_size:
         return f"{w.world_size} ranks instead of {other.world_size}"
     if other.micro_batch_size < w.micro_batch_size:
-        return f"micro-batch {w.micro_batch_size} instead of {other.micro_batch_size}"
+        return f"micro-batch {w.micro_batch_size} instead of {other.micro_batch_size} (fewer accumulation steps)"
     if other.group.amp and not w.group.amp:
         return "32-true"
     if w.group.amp and not other.group.amp:
         return f"{w.precision} on tensor cores"
     if _layout(other) != _layout(w):
         return f"{w.group.strategy_label} rather than {other.group.strategy_label}"
+    if w.precision == "bf16-mixed" and other.precision == "16-mixed":
+        return "bf16-mixed (no GradScaler)"
     if w.checkpointing and not other.checkpointing:
         return "checkpointing"
     return "the predicted step time"
