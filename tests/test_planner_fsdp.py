@@ -115,12 +115,13 @@ def test_fsdp_pays_for_its_communication_only_when_compute_cannot_hide_it():
     args = dict(offload=False, gpus_per_node=8, micro_batch_size=1, accumulate_grad_batches=4, precision="bf16-mixed",
                 checkpointing=True, gpu_name="H100-80GB", largest_block_bytes=block)
     one_node = predict_step(profile, sharding="FULL_SHARD", world_size=8, nodes=1, **args)
-    # Inside a node the micro-step's compute hides all but the first block's all-gather.
+    # Inside a node the micro-step's compute could hide it all: what shows is the first block's all-gather
+    # or the share of every collective that contends with compute, whichever is larger.
     first = 7 / 8 * block / (450e9 * 0.7)
-    assert one_node.communication_seconds == pytest.approx(4 * first)
     comm = communication_seconds(sharding="FULL_SHARD", world_size=8, gpus_per_node=8, nodes=1, accumulate_grad_batches=1,
                                  parameter_count=7 * 10**9, gpu_name="H100-80GB")
     assert comm < OVERLAP * one_node.micro_step_seconds
+    assert one_node.communication_seconds == pytest.approx(4 * max(first, (1 - OVERLAP) * comm))
     across = predict_step(profile, sharding="FULL_SHARD", world_size=64, nodes=8, **args)
     hybrid = predict_step(profile, sharding="HYBRID_SHARD", world_size=64, nodes=8, **args)
     assert across.communication_seconds > hybrid.communication_seconds >= one_node.communication_seconds

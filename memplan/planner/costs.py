@@ -28,7 +28,10 @@ FLOPs, bytes moved, class, dtype and phase, counted on the same fake trace that 
 - Communication (ring collectives on the catalog's links x COMM_EFFICIENCY; see communication_seconds):
   DDP's gradient all-reduce once per optimizer step, hidden behind OVERLAP of the last micro-step's
   backward; FSDP's all-gathers and reduce-scatter per micro-step, hidden behind OVERLAP of that
-  micro-step, except the first block's all-gather which nothing precedes.
+  micro-step, except the first block's all-gather which nothing precedes. At least 1 - OVERLAP of
+  every collective shows even when compute could hide it all: NCCL's kernels share the SMs and HBM
+  with the compute they overlap (so DDP's one all-reduce per step beats FSDP's per-micro-step
+  collectives where both hide).
 - Throughput: samples/s = global batch / step; tokens/s = samples/s x the batch's sequence length
   (when it has one); MFU = the forward and backward matmul and attention FLOPs (recompute excluded) /
   (step x the precision's dense peak).
@@ -221,12 +224,12 @@ def predict_step(profile: CostProfile, *, precision: str, checkpointing: bool, m
     if world_size == 1:
         exposed = 0.0
     elif sharding is None:  # DDP: one all-reduce per optimizer step, behind the last backward
-        exposed = max(0.0, comm - OVERLAP * _busy_seconds(backward, links))
+        exposed = max((1 - OVERLAP) * comm, comm - OVERLAP * _busy_seconds(backward, links))
     else:  # FSDP: per micro-step, behind that micro-step; the first block's gather is never hidden
         first = communication_seconds(sharding="SHARD_GRAD_OP", world_size=world_size, gpus_per_node=gpus_per_node,
                                       nodes=nodes, accumulate_grad_batches=1, gpu_name=gpu_name,
                                       parameter_count=(largest_block_bytes or 0) // 4) / 2
-        exposed = accumulate_grad_batches * max(first, comm - OVERLAP * micro)
+        exposed = accumulate_grad_batches * max(first, (1 - OVERLAP) * comm, comm - OVERLAP * micro)
     step = accumulate_grad_batches * micro + opt + exposed
     samples = micro_batch_size * accumulate_grad_batches * world_size / step
     model_flops = sum(o.flops * o.count for o in forward + backward
