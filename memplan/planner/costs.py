@@ -47,14 +47,15 @@ Data-parallel communication
     C_full_shard   = per micro-step: all-gather(params) in forward and again in backward + reduce-scatter(grads)
     C_shard_grad_op= per micro-step: all-gather(params) once (kept to backward) + reduce-scatter(grads)
     C_hybrid       = C_full_shard within a node (n = GPUs per node, NVLink) + per micro-step all-reduce of
-                     the 1/n gradient shard across nodes (network)
+                     the 1/n gradient shard across nodes (each GPU's own NIC)
     C_offload      = C_full_shard + per micro-step PCIe copies of the shard (params in, gradients out)
                      + the optimizer step on the host over the shard, which nothing hides
     params and grads in fp32 (4 bytes each: the planner does not set FSDP's param_dtype).
 
-bw is the catalog's per-GPU link (memplan.hardware.catalog.gpu_links: NVLink or PCIe inside a node,
-INTER_NODE_BYTES_PER_S between nodes, a ring over several nodes runs at the slower of the two)
-x COMM_EFFICIENCY. Lightning's ModelParallelStrategy / FSDPStrategy keep gradient sync on while
+bw is the catalog's per-GPU link (memplan.hardware.catalog.gpu_links: NVLink or PCIe inside a node)
+x COMM_EFFICIENCY. A ring over several nodes crosses between nodes on each of NCCL's channels through
+its own NIC (INTER_NODE_BYTES_PER_S, one per GPU), so its hop between nodes carries the node's NICs
+together: bw = min(NVLink, GPUs per node x INTER_NODE_BYTES_PER_S) x COMM_EFFICIENCY. Lightning's ModelParallelStrategy / FSDPStrategy keep gradient sync on while
 accumulating, hence FSDP's per-micro-step reduce-scatter.
 
 Host RAM per rank
@@ -82,9 +83,13 @@ from memplan.units import GiB, MiB
 if TYPE_CHECKING:
     from memplan.planner.profile import CostProfile, ScaledOp
 
-FLOP_EFFICIENCY = {"matmul": 0.70, "attention": 0.45, "elementwise": 0.5, "reduction": 0.5}
-"""Fraction of the dense peak an op class reaches when compute-bound: large cuBLAS GEMMs ~70 %, the
-fused attention kernels (FlashAttention-2 as torch's SDPA ships it) less, forward and backward alike."""
+FLOP_EFFICIENCY = {"matmul": 0.70, "attention": 0.60, "elementwise": 0.5, "reduction": 0.5}
+"""Fraction of the dense peak an op class reaches when compute-bound: large cuBLAS GEMMs ~70 %; the fused
+attention kernels (FlashAttention-2, torch's SDPA flash backend) "50-73 % of the theoretical maximum
+FLOPs/s on A100" (FlashAttention-2 paper, arXiv 2307.08691), on Hopper and later HOPPER_ATTENTION_EFFICIENCY."""
+HOPPER_ATTENTION_EFFICIENCY = 0.35
+"""FlashAttention-2 on sm90+: "achieving only 35% utilization on the H100 GPU" (FlashAttention-3 paper,
+arXiv 2407.08608); torch's SDPA runs FlashAttention-2 there too."""
 BANDWIDTH_EFFICIENCY = {"matmul": 0.8, "attention": 0.8, "elementwise": 0.75, "reduction": 0.6}
 """Fraction of HBM bandwidth an op class reaches when memory-bound: streaming elementwise kernels ~75 %,
 reductions (softmax, norms: two passes, a tail of partial sums) less."""
@@ -113,30 +118,37 @@ OFFLOAD_BYTES_PER_PARAM = 16
 
 
 def communication_seconds(*, sharding: str | None, offload: bool = False, world_size: int, gpus_per_node: int,
-                          nodes: int, accumulate_grad_batches: int, parameter_count: int, gpu_name: str) -> float:
-    """Communication time of one optimizer step (see the module docstring); sharding None is DDP."""
-    links = gpu_links(gpu_name)
-    intra = links.intra_node_bytes_per_s * COMM_EFFICIENCY
-    inter = min(links.intra_node_bytes_per_s, INTER_NODE_BYTES_PER_S) * COMM_EFFICIENCY
-    state = 4.0 * parameter_count
+                          nodes: int, accumulate_grad_batches: int, parameter_count: int, gpu_name: str,
+                          gather_bytes: int = 4, reduce_bytes: int = 4) -> float:
+    """Communication time of one optimizer step (see the module docstring); sharding None is DDP.
+    `gather_bytes` / `reduce_bytes`: bytes per parameter of the all-gathers and of the gradient reduction
+    (4 and 4: fp32, as the planner runs FSDP; FSDP's param_dtype=bf16 gathers 2)."""
     if world_size == 1:
         return 0.0
+    links = gpu_links(gpu_name)
+    intra = links.intra_node_bytes_per_s * COMM_EFFICIENCY
+    # A ring over several nodes crosses between them once per node on each of NCCL's channels, one NIC per
+    # channel: its hop between nodes runs at the node's NICs together (one per GPU), capped by NVLink.
+    across = min(links.intra_node_bytes_per_s, INTER_NODE_BYTES_PER_S * gpus_per_node) * COMM_EFFICIENCY
+    bw = intra if nodes == 1 else across
 
-    def ring(n: int, bw: float) -> float:  # all-gather or reduce-scatter of `state` over n ranks
-        return (n - 1) / n * state / bw
+    def ring(n: int, nbytes: float, speed: float) -> float:  # all-gather or reduce-scatter of nbytes over n ranks
+        return (n - 1) / n * nbytes / speed
 
-    bw = intra if nodes == 1 else inter
+    gathered, reduced = gather_bytes * parameter_count, reduce_bytes * parameter_count
     if sharding is None:
-        return 2 * ring(world_size, bw)
+        return 2 * ring(world_size, reduced, bw)
     if sharding == "NO_SHARD":
-        return 2 * ring(world_size, bw) * accumulate_grad_batches
-    if sharding == "HYBRID_SHARD":
-        per_micro = 3 * ring(gpus_per_node, intra) + 2 * (nodes - 1) / nodes * state / gpus_per_node / inter
+        return 2 * ring(world_size, reduced, bw) * accumulate_grad_batches
+    if sharding == "HYBRID_SHARD":  # sharded within the node; each GPU all-reduces its shard with its peers
+        network = INTER_NODE_BYTES_PER_S * COMM_EFFICIENCY
+        per_micro = (2 * ring(gpus_per_node, gathered, intra) + ring(gpus_per_node, reduced, intra)
+                     + 2 * (nodes - 1) / nodes * reduced / gpus_per_node / network)
         return per_micro * accumulate_grad_batches
     gathers = 1 if sharding == "SHARD_GRAD_OP" else 2
-    seconds = (gathers + 1) * ring(world_size, bw) * accumulate_grad_batches
+    seconds = (gathers * ring(world_size, gathered, bw) + ring(world_size, reduced, bw)) * accumulate_grad_batches
     if offload:
-        shard = state / world_size
+        shard = 4.0 * parameter_count / world_size
         seconds += 3 * shard / PCIE_BYTES_PER_S * accumulate_grad_batches
     return seconds
 
@@ -183,32 +195,52 @@ def peak_flops(links: GpuLinks, dtype: str, op_class: str) -> float:
     return links.dense_tf32_flops if dtype == "tf32" else links.fp32_flops
 
 
-def ops_seconds(ops: list[ScaledOp], links: GpuLinks) -> float:
+def flop_efficiency(op_class: str, compute_capability: tuple[int, int] = (8, 0)) -> float:
+    """FLOP_EFFICIENCY of an op class on a GPU of that compute capability (attention is lower on sm90+)."""
+    if op_class == "attention" and tuple(compute_capability) >= (9, 0):
+        return HOPPER_ATTENTION_EFFICIENCY
+    return FLOP_EFFICIENCY[op_class]
+
+
+def _compute_capability(gpu_name: str) -> tuple[int, int]:
+    from memplan.hardware.catalog import lookup_gpu, match_nvml_name
+
+    try:
+        return lookup_gpu(gpu_name).compute_capability
+    except ValueError:
+        model = match_nvml_name(gpu_name)
+        return model.compute_capability if model is not None else (8, 0)
+
+
+def ops_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[int, int] = (8, 0)) -> float:
     """GPU time of `ops` under the per-op roofline (module docstring)."""
     total = 0.0
+    efficiency = {c: flop_efficiency(c, compute_capability) for c in FLOP_EFFICIENCY}
     for op in ops:
-        compute = op.flops / (peak_flops(links, op.dtype, op.op_class) * FLOP_EFFICIENCY[op.op_class])
+        compute = op.flops / (peak_flops(links, op.dtype, op.op_class) * efficiency[op.op_class])
         memory = op.bytes / (links.hbm_bytes_per_s * BANDWIDTH_EFFICIENCY[op.op_class])
         total += op.count * max(compute, memory, MIN_KERNEL_SECONDS)
     return total
 
 
-def _busy_seconds(ops: list[ScaledOp], links: GpuLinks) -> float:
+def _busy_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[int, int]) -> float:
     """The GPU's time or the host's launch time, whichever is longer (kernels launch asynchronously)."""
-    return max(ops_seconds(ops, links), sum(op.count for op in ops) * HOST_SECONDS_PER_OP)
+    return max(ops_seconds(ops, links, compute_capability), sum(op.count for op in ops) * HOST_SECONDS_PER_OP)
 
 
 def predict_step(profile: CostProfile, *, precision: str, checkpointing: bool, micro_batch_size: int,
                  accumulate_grad_batches: int, world_size: int, gpus_per_node: int, nodes: int,
-                 sharding: str | None, offload: bool, gpu_name: str, largest_block_bytes: int | None = None) -> StepTime:
-    """The step time of one candidate from the model's traced costs (see the module docstring)."""
-    links = gpu_links(gpu_name)
+                 sharding: str | None, offload: bool, gpu_name: str, largest_block_bytes: int | None = None,
+                 gather_bytes: int = 4, reduce_bytes: int = 4) -> StepTime:
+    """The step time of one candidate from the model's traced costs (see the module docstring).
+    `gather_bytes` / `reduce_bytes`: the collectives' bytes per parameter (communication_seconds)."""
+    links, cc = gpu_links(gpu_name), _compute_capability(gpu_name)
     amp = precision in ("bf16-mixed", "16-mixed")
     ops = profile.ops(micro_batch_size, amp=amp, checkpointing=checkpointing)
     forward = [o for o in ops if o.phase == "forward"]
     backward = [o for o in ops if o.phase in ("backward", "recompute")]
     optimizer = [o for o in ops if o.phase == "optimizer"]
-    micro = _busy_seconds(forward, links) + _busy_seconds(backward, links)
+    micro = _busy_seconds(forward, links, cc) + _busy_seconds(backward, links, cc)
     shard = 1 if sharding is None else (gpus_per_node if sharding == "HYBRID_SHARD" else world_size)
     params = profile.parameter_count
     if sharding is not None and world_size > 1:  # FSDP copies each gathered block out of (and each gradient
@@ -217,18 +249,20 @@ def predict_step(profile: CostProfile, *, precision: str, checkpointing: bool, m
     if offload:  # the host updates its shard: Adam reads and writes ~3 x 16 bytes per parameter
         opt = 3 * OFFLOAD_BYTES_PER_PARAM * params / shard / HOST_OPTIMIZER_BYTES_PER_S
     else:
-        opt = _busy_seconds([o.sharded(shard) for o in optimizer], links)
+        opt = _busy_seconds([o.sharded(shard) for o in optimizer], links, cc)
     comm = communication_seconds(sharding=sharding, offload=offload, world_size=world_size,
                                  gpus_per_node=gpus_per_node, nodes=nodes, accumulate_grad_batches=1,
-                                 parameter_count=params, gpu_name=gpu_name)
+                                 parameter_count=params, gpu_name=gpu_name, gather_bytes=gather_bytes,
+                                 reduce_bytes=reduce_bytes)
     if world_size == 1:
         exposed = 0.0
     elif sharding is None:  # DDP: one all-reduce per optimizer step, behind the last backward
-        exposed = max((1 - OVERLAP) * comm, comm - OVERLAP * _busy_seconds(backward, links))
+        exposed = max((1 - OVERLAP) * comm, comm - OVERLAP * _busy_seconds(backward, links, cc))
     else:  # FSDP: per micro-step, behind that micro-step; the first block's gather is never hidden
         first = communication_seconds(sharding="SHARD_GRAD_OP", world_size=world_size, gpus_per_node=gpus_per_node,
                                       nodes=nodes, accumulate_grad_batches=1, gpu_name=gpu_name,
-                                      parameter_count=(largest_block_bytes or 0) // 4) / 2
+                                      parameter_count=(largest_block_bytes or 0) // 4, gather_bytes=gather_bytes,
+                                      reduce_bytes=0)
         exposed = accumulate_grad_batches * max(first, (1 - OVERLAP) * comm, comm - OVERLAP * micro)
     step = accumulate_grad_batches * micro + opt + exposed
     samples = micro_batch_size * accumulate_grad_batches * world_size / step
