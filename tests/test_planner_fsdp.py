@@ -139,10 +139,11 @@ def test_fsdp_pays_for_its_communication_only_when_compute_cannot_hide_it(monkey
     assert across.samples_per_s < hybrid.samples_per_s
 
 
-def test_planned_config_names_lightnings_fsdp_strategy(tmp_path):
+def test_planned_config_names_lightnings_fsdp_strategy(tmp_path, monkeypatch):
     from memplan.config.write import fsdp_strategy
 
-    plan = make_plan(request(nodes=8, global_batch_size=512), ShardedStep())
+    monkeypatch.setattr(costs, "INTER_NODE_BYTES_PER_S", 12.5e9)  # HYBRID_SHARD's case (the multi-node test)
+    plan = make_plan(request(nodes=8, global_batch_size=64, parameter_count=20 * 10**9), ShardedStep(params=20 * 10**9))
     entry = fsdp_strategy(plan)
     assert entry == {"class_path": "FSDPStrategy", "init_args": {
         "sharding_strategy": "HYBRID_SHARD", "auto_wrap_policy": list(plan.block_classes), "cpu_offload": False,

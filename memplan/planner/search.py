@@ -426,7 +426,7 @@ class _Search:
 
 
 def make_plan(request: PlanRequest, estimator: Estimator) -> Plan:
-    """The fastest setting (relative_throughput) whose traced memory fits every chosen GPU and the
+    """The fastest setting (costs.predict_step) whose traced memory fits every chosen GPU and the
     host, with the runners-up and the reasons. Raises NoFit when nothing fits, ValueError for a bad
     request (checked when the PlanRequest is built)."""
     if not isinstance(request, PlanRequest):
