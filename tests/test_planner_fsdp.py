@@ -236,10 +236,10 @@ class Prefetching(ShardedStep):
 
 
 def test_the_best_fit_is_verified_beside_the_next_groups_exploration():
-    """A 13B-shaped search on one node: checkpointing finds a fit, then CPU offload (without checkpointing,
-    predicted faster if it fits) is explored; the fit's verification is prefetched before that exploration's
-    trace (a second core runs it meanwhile: planner/background.py), and the plan is the same."""
-    params = 13_000_000_000
+    """A 70B-shaped search on one node of 8 H100s: CPU offload with checkpointing finds a fit, then FULL_SHARD
+    without offload (faster, if it fit) is explored; the fit's verification is prefetched before that
+    exploration's trace (a second core runs it meanwhile: planner/background.py), and the plan is the same."""
+    params = 70_000_000_000
 
     def plan_with(sim):
         return make_plan(request(global_batch_size=256, parameter_count=params, parameter_bytes=4 * params,
@@ -248,8 +248,8 @@ def test_the_best_fit_is_verified_beside_the_next_groups_exploration():
     sim = Prefetching(params=params, activation_bytes_per_sample=60 * GiB)
     plan = plan_with(sim)
     assert plan == plan_with(ShardedStep(params=params, activation_bytes_per_sample=60 * GiB))
-    assert plan.gradient_checkpointing and not plan.cpu_offload
-    offload = next(i for i, call in enumerate(sim.calls) if call[3] is not None and call[3].cpu_offload)
+    assert plan.gradient_checkpointing and plan.cpu_offload
+    on_device = next(i for i, call in enumerate(sim.calls) if call[1] and not call[3].cpu_offload)
     verification = sim.calls.index((plan.micro_batch_size, True, 8, sim.calls[-1][3]))
-    assert offload < verification  # explored first, then verified
-    assert (sim.calls[verification], offload) in sim.prefetched  # started before the offload trace
+    assert on_device < verification  # explored first, then verified
+    assert (sim.calls[verification], on_device) in sim.prefetched  # started before the exploration's trace

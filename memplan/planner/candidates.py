@@ -20,6 +20,18 @@ from memplan.planner.request import AMP_PRECISIONS, SEARCHED_PRECISIONS, DeviceB
 
 PRECISION_PREFERENCE = {p: i for i, p in enumerate(SEARCHED_PRECISIONS)}
 """At equal predicted speed: bf16-mixed, then 16-mixed, then 32-true."""
+SPEED_TIE = 0.01
+"""Fits whose predicted speeds are within this fraction of the fastest tie: the simpler setting wins
+(preference_key: bf16, no checkpointing, DDP, no offload, the larger micro-batch). The step-time model
+cannot tell them apart (benchmarks/results/published_throughput.md)."""
+
+
+def fastest(candidates: list[Candidate]) -> Candidate | None:
+    """The candidate to pick among `candidates`: the most preferred of those within SPEED_TIE of the fastest."""
+    if not candidates:
+        return None
+    top = max(c.speed for c in candidates)
+    return max((c for c in candidates if c.speed >= top / (1 + SPEED_TIE)), key=Candidate.preference_key)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +146,10 @@ class Candidate:
         call for it exactly."""
         return (self.micro_batch_size, self.precision, self.checkpointing, self.world_size,
                 self.group.sharding, self.group.offload)
+
+    def preference_key(self) -> tuple:
+        """rank_key without the speed: what decides between candidates whose predicted speeds tie."""
+        return self.rank_key()[1:] + (self.speed,)
 
     def rank_key(self) -> tuple:
         """Sort key, best last: speed, then bf16 > 16 > 32, no checkpointing, DDP over FSDP (the

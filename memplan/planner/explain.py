@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Alternative, Plan
-from memplan.planner.candidates import Candidate
+from memplan.planner.candidates import SPEED_TIE, Candidate, fastest
 from memplan.planner.costs import StepTime
 from memplan.planner.request import PlanRequest
 from memplan.units import format_bytes
@@ -66,7 +66,7 @@ def runner_up(w: Candidate, search: _Search) -> Candidate | None:
     """The fastest fitting candidate that is not the winner or its bf16/16-mixed twin."""
     rivals = [c for c in search.candidates if search.fits(c) and c is not w
               and not _same(c, w, precision=c.precision)]
-    return max(rivals, key=Candidate.rank_key) if rivals else None
+    return fastest(rivals)
 
 
 def _speed_reason(w: Candidate, search: _Search) -> str | None:
@@ -75,9 +75,9 @@ def _speed_reason(w: Candidate, search: _Search) -> str | None:
     if other is None or not other.speed:
         return None
     gain = w.speed / other.speed - 1
-    if gain < 0.005:
-        return (f"ties the runner-up ({_describe(other)}) on predicted speed ({_ms(w)} a step); preferred for "
-                f"{_winner_edge(w, other)}.")
+    if gain < SPEED_TIE:
+        return (f"ties the runner-up ({_describe(other)}) on predicted speed ({_ms(w)} vs {_ms(other)} a step, "
+                f"within {SPEED_TIE:.0%}); preferred for {_winner_edge(w, other)}.")
     return (f"{_winner_edge(w, other)}: {gain:+.0%} {_rate(w)} over the runner-up "
             f"({_describe(other)}; predicted step {_ms(w)} vs {_ms(other)}).")
 

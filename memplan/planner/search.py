@@ -44,13 +44,14 @@ NoFit is raised.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from memplan.estimator.cuda import nccl_buffer_bytes
 from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Plan
-from memplan.planner.candidates import Candidate, Group, enumerate_candidates
+from memplan.planner.candidates import Candidate, Group, enumerate_candidates, fastest
 from memplan.planner.costs import predict_step
 from memplan.planner.explain import describe_plan
 from memplan.planner.floors import Floors
@@ -67,6 +68,10 @@ SAFETY_BYTES = 32 * MiB
 MAX_VERIFICATIONS = 3
 """Exact traces of the best candidate before settling for the best one that fit; a search that
 has found none that fits keeps shrinking past it."""
+EXPLORE_MARGIN = 0.02
+"""A group is traced only when its best candidate could beat the best fit so far by more than this fraction
+of predicted speed: closer than the step-time model can tell (benchmarks/results/published_throughput.md),
+and not worth a trace."""
 EXTRAPOLATION_SLACK = 0.02
 """Extra fraction of the predicted growth beyond the largest traced micro-batch."""
 
@@ -180,6 +185,7 @@ class _Search:
             curve.siblings = tuple(self.curves[h] for h in kin)
         self.explored: set[Group] = set()
         self.unfit: set[Group] = set()
+        self.explore(self.base)  # the group the step-time model was traced on: its traces are made
 
     # --- the step-time model ---------------------------------------------------------------------
     def cost_profile(self, candidates: list[Candidate]) -> CostProfile:
@@ -192,6 +198,7 @@ class _Search:
         possible = {c.group for c in candidates if c.group in pool and self.possible(c)}  # floors.py, no trace
         base = max(pool, key=lambda g: (g in possible, g.sharding is None, g.multi, not g.offload,
                                         g.sharding == "FULL_SHARD"))
+        self.base = base
         own = [c for c in candidates if c.group == base]
         largest = max(c.micro_batch_size for c in own)
         precision, layout = self.trace_precision(base), (base.sharding, base.offload)
@@ -319,11 +326,14 @@ class _Search:
 
     def best_fit(self) -> Candidate | None:
         fitting = [c for c in self.candidates if self.fits(c)]
-        return max(fitting, key=Candidate.rank_key) if fitting else None
+        return fastest(fitting)
 
     def next_group(self, best: Candidate | None) -> Group | None:
+        """The unexplored group whose best candidate could beat `best` by more than EXPLORE_MARGIN."""
+        floor = None if best is None else math.log(best.speed * (1 + EXPLORE_MARGIN)) if best.speed > 0 else -math.inf
         pending = [(b, g) for g in self.groups if g not in self.explored and not self.ruled_out(g)
-                   and (b := self.bound(g)) is not None and (best is None or b > best.rank_key())]
+                   and (b := self.bound(g)) is not None
+                   and (best is None or (b > best.rank_key() and b[0] > floor))]
         return max(pending, key=lambda item: item[0])[1] if pending else None
 
     def run(self) -> tuple[Candidate, MemoryEstimate]:
@@ -348,7 +358,7 @@ class _Search:
             if best.trace_key in self.traces:
                 return best, self.traces[best.trace_key]
             if verifications >= MAX_VERIFICATIONS and verified:
-                top = max(verified, key=Candidate.rank_key)
+                top = fastest(verified)
                 return top, self.traces[top.trace_key]
             est = self.trace(*best.trace_key)
             verifications += 1

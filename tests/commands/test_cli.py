@@ -28,7 +28,10 @@ def test_suggest_off_box_keeps_the_global_batch_and_fits(capsys):
     assert plan.global_batch_size == config["memplan"]["global_batch_size"]
     assert plan.micro_batch_size * plan.world_size * plan.accumulate_grad_batches == plan.global_batch_size
     assert plan.predicted_peak_bytes <= plan.device_budget_bytes
-    assert plan.world_size == 4 and plan.precision == "bf16-mixed"
+    # The demo MLP's step is bound by the host's per-op launch cost (planner/costs.py): more GPUs do not
+    # finish the global batch sooner, and AMP's casts are extra ops; the predicted figures say so.
+    assert (plan.world_size, plan.precision) == (1, "32-true") and plan.predicted_step_seconds > 0
+    assert all(a.samples_per_s <= plan.samples_per_s * 1.01 for a in plan.alternatives if a.fits)
     assert plan.model_class == "memplan.demos.MLP" and len(plan.model_fingerprint) == 16  # checked when applied
     assert plan.gpu_name == "A100-80GB" and plan.gpu_total_bytes > 0
 
