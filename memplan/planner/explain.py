@@ -106,8 +106,11 @@ def _winner_edge(w: Candidate, other: Candidate) -> str:
         return "no recompute of the blocks' forward"
     if other.world_size < w.world_size:
         return f"{w.world_size} ranks instead of {other.world_size}"
+    if other.world_size > w.world_size:
+        return f"{_n(w.world_size, 'GPU')} instead of {other.world_size}"
     if other.micro_batch_size < w.micro_batch_size:
-        return f"micro-batch {w.micro_batch_size} instead of {other.micro_batch_size} (fewer accumulation steps)"
+        fewer = " (fewer accumulation steps)" if w.accumulate_grad_batches < other.accumulate_grad_batches else ""
+        return f"micro-batch {w.micro_batch_size} instead of {other.micro_batch_size}{fewer}"
     if other.group.amp and not w.group.amp:
         return "32-true"
     if w.group.amp and not other.group.amp:

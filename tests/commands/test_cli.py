@@ -45,7 +45,8 @@ def test_suggest_prints_a_table_with_reasons(capsys):
 
 def test_suggest_output_writes_a_planned_config_and_the_plan(capsys, tmp_path):
     out_path = tmp_path / "planned.yaml"
-    code, out, _ = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, "--output", str(out_path))
+    big = ("--global-batch-size", "1048576")  # enough work per step that two GPUs and AMP pay (planner/costs.py)
+    code, out, _ = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, *big, "--output", str(out_path))
     assert code == 0
     planned = yaml.safe_load(out_path.read_text())
     plan = Plan.from_dict(json.loads(out_path.with_suffix(".plan.json").read_text()))
@@ -55,7 +56,7 @@ def test_suggest_output_writes_a_planned_config_and_the_plan(capsys, tmp_path):
     assert "torchrun --nproc-per-node=2" in out
     assert "Changes to" in out and "trainer.accumulate_grad_batches" in out  # the before -> after table
 
-    code, _, err = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, "--output", str(out_path))
+    code, _, err = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, *big, "--output", str(out_path))
     assert code == 2 and f"--output would replace {out_path} and {out_path.with_suffix('.plan.json')}" in err
     out_path.write_text("edited by the user\n")
     code, _, _ = run(capsys, "suggest", "--gpus", "1", "--gpu", "V100-32GB", MLP, "--output", str(out_path), "--force")
@@ -116,12 +117,15 @@ def test_suggest_json_with_output_keeps_stdout_pure_json(capsys, tmp_path):
 
 
 def test_fewer_gpus_than_given_is_never_silent(capsys):
-    # the MLP config's global batch of 1024 does not split over 1000 ranks: the plan uses 512 and says so
-    code, out, err = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP, "--json")
-    assert code == 0 and json.loads(out)["world_size"] == 512
-    assert "the plan uses 512 of the 1000 GPUs per node --gpus gives" in err and "does not split evenly" in err
-    code, out, _ = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP)
-    assert "Uses 512 of 1000 GPUs per node" in " ".join(out.split())
+    # a global batch of 2**20 does not split over 1000 ranks (nor any count above 512 but 1024's divisors):
+    # the plan uses fewer GPUs and says so
+    big = ("--global-batch-size", "1048576")
+    code, out, err = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP, *big, "--json")
+    world = json.loads(out)["world_size"]
+    assert code == 0 and 1 < world <= 512
+    assert f"the plan uses {world} of the 1000 GPUs per node --gpus gives" in err and "does not split evenly" in err
+    code, out, _ = run(capsys, "suggest", "--gpus", "1000", "--gpu", "A100-80GB", MLP, *big)
+    assert f"Uses {world} of 1000 GPUs per node" in " ".join(out.split())
 
 
 @pytest.mark.parametrize("flags, expected", [((), ("lightning", "balanced")),
