@@ -127,10 +127,12 @@ class CostCounter:
     def __init__(self) -> None:
         self._ops: list[OpCost] = []
         self._block_depth = 0
+        self._counting = False
 
     def reset(self) -> None:
-        """Start counting afresh (the steady-state step)."""
+        """Start counting afresh: the steady-state step (ops before the first reset are not counted)."""
         self._ops.clear()
+        self._counting = True
 
     def watch_blocks(self, blocks: list[Any]) -> None:
         """Mark ops run inside `blocks` (forward hooks) and inside a checkpointed block's recompute
@@ -163,7 +165,7 @@ class CostCounter:
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any, inputs: list, outputs: list, phase: str) -> None:
         """Count one op: `out` is what it returned, `inputs` / `outputs` its tensor arguments and results,
         `phase` the tracker's phase name ('setup' ops are not part of a step and are skipped)."""
-        if phase not in _PHASE_NAMES or getattr(func, "is_view", False):
+        if not self._counting or phase not in _PHASE_NAMES or getattr(func, "is_view", False):
             return
         packet = func._overloadpacket
         op_class = _classify(packet)
