@@ -36,9 +36,12 @@ FLOPs, bytes moved, class, dtype and phase, counted on the same fake trace that 
   (when it has one); MFU = the forward and backward matmul and attention FLOPs (recompute excluded) /
   (step x the precision's dense peak).
 
-The efficiency factors are calibrated against published throughput (benchmarks/published_throughput.py,
-table in benchmarks/results/published_throughput.md); they are figures for well-tuned large kernels,
-not measured on each GPU.
+The efficiency factors are checked against 18 published throughput figures (benchmarks/published_throughput.py,
+table in benchmarks/results/published_throughput.md: median |error| 6.2 %, worst 37.2 %); attention's come
+from the FlashAttention-2 and -3 papers, the rest are figures for well-tuned large kernels, not measured on
+each GPU. HOST_SECONDS_PER_OP and MIN_KERNEL_SECONDS matter only for small models and micro-batches, which
+no published figure covers: they are order-of-magnitude assumptions. Fits whose predicted speeds are within
+candidates.SPEED_TIE tie, and the simpler setting wins.
 
 Data-parallel communication
 ---------------------------
@@ -55,8 +58,9 @@ Data-parallel communication
 bw is the catalog's per-GPU link (memplan.hardware.catalog.gpu_links: NVLink or PCIe inside a node)
 x COMM_EFFICIENCY. A ring over several nodes crosses between nodes on each of NCCL's channels through
 its own NIC (INTER_NODE_BYTES_PER_S, one per GPU), so its hop between nodes carries the node's NICs
-together: bw = min(NVLink, GPUs per node x INTER_NODE_BYTES_PER_S) x COMM_EFFICIENCY. Lightning's ModelParallelStrategy / FSDPStrategy keep gradient sync on while
-accumulating, hence FSDP's per-micro-step reduce-scatter.
+together: bw = min(NVLink, GPUs per node x INTER_NODE_BYTES_PER_S) x COMM_EFFICIENCY. Lightning's
+ModelParallelStrategy / FSDPStrategy keep gradient sync on while accumulating, hence FSDP's
+per-micro-step reduce-scatter.
 
 Host RAM per rank
 -----------------
