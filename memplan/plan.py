@@ -63,6 +63,14 @@ class Alternative:
     """Why it lost or does not fit, in words."""
     strategy: str = "ddp"
     """The data-parallel layout in words: 'ddp', 'single', or 'fsdp FULL_SHARD' (+ ' offload')."""
+    predicted_step_seconds: float | None = None
+    """Predicted time of one optimizer step (planner/costs.py; None: not predicted)."""
+    samples_per_s: float | None = None
+    """Predicted samples per second over all ranks."""
+    tokens_per_s: float | None = None
+    """Predicted tokens per second over all ranks (None: the batch has no sequence dimension)."""
+    mfu: float | None = None
+    """Predicted model FLOPs utilisation (0..1) against the precision's dense peak."""
 
     def __post_init__(self) -> None:
         for name in ("world_size", "micro_batch_size", "accumulate_grad_batches"):
@@ -133,6 +141,16 @@ class Plan:
     """FSDP keeps parameters, gradients and optimizer state in host memory."""
     block_classes: tuple[str, ...] = ()
     """Import paths of the repeated block classes FSDP wraps (its auto_wrap_policy)."""
+    predicted_step_seconds: float | None = None
+    """Predicted time of one optimizer step on the planned GPUs (planner/costs.py; None: not predicted)."""
+    samples_per_s: float | None = None
+    """Predicted samples per second over all ranks."""
+    tokens_per_s: float | None = None
+    """Predicted tokens per second over all ranks (None: the batch has no sequence dimension)."""
+    mfu: float | None = None
+    """Predicted model FLOPs utilisation (0..1) against the precision's dense peak."""
+    speed_reason: str | None = None
+    """Why the plan beats the runner-up, in one line (None: no runner-up fits)."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

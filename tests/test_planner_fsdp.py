@@ -15,7 +15,9 @@ from memplan.estimator.result import MemoryEstimate
 from memplan.hardware import lookup_gpu
 from memplan.hardware.catalog import gpu_links
 from memplan.planner import DeviceBudget, NoFit, PlanRequest, make_plan
-from memplan.planner.costs import FSDP_ENGINE_FACTOR, communication_seconds, strategy_factor
+from memplan.planner import costs
+from memplan.planner.costs import OVERLAP, communication_seconds, predict_step
+from memplan.planner.profile import CostProfile
 from memplan.units import GiB, MiB
 
 CONTEXT = 640 * MiB
@@ -80,8 +82,13 @@ def test_without_a_parameter_count_fsdp_is_not_searched_and_nofit_says_what_it_w
         make_plan(request(parameter_count=None), ShardedStep())
 
 
-def test_multi_node_shards_within_a_node_when_that_fits():
-    plan = make_plan(request(nodes=8, global_batch_size=512), ShardedStep())
+def test_multi_node_shards_within_a_node_when_that_fits(monkeypatch):
+    # A 20B model (SHARD_GRAD_OP's gathered 80 GB do not fit), a slow network (100 Gb/s per GPU) and
+    # micro-batch 1 on 64 ranks: too little compute to hide FULL_SHARD's gathers between nodes, so the
+    # layout that keeps its all-gathers inside the node wins.
+    monkeypatch.setattr(costs, "INTER_NODE_BYTES_PER_S", 12.5e9)
+    plan = make_plan(request(nodes=8, global_batch_size=64, parameter_count=20 * 10**9),
+                     ShardedStep(params=20 * 10**9))
     assert plan.strategy == "fsdp" and plan.sharding_strategy == "HYBRID_SHARD"
     assert plan.world_size == 64 and plan.gpus_per_node == 8
 
@@ -106,20 +113,37 @@ def test_full_shard_moves_one_and_a_half_times_ddps_bytes():
     assert ddp == pytest.approx(ring)
 
 
-def test_fsdp_pays_for_its_communication_only_when_compute_cannot_hide_it():
-    args = dict(offload=False, gpus_per_node=8, micro_batch_size=1, accumulate_grad_batches=4,
-                precision="bf16-mixed", checkpointing=True, parameter_count=7 * 10**9, tokens_per_sample=4096,
-                gpu_name="H100-80GB")
-    assert strategy_factor(sharding="FULL_SHARD", world_size=8, nodes=1, **args) == pytest.approx(FSDP_ENGINE_FACTOR)
-    across = strategy_factor(sharding="FULL_SHARD", world_size=64, nodes=8, **args)
-    hybrid = strategy_factor(sharding="HYBRID_SHARD", world_size=64, nodes=8, **args)
-    assert across < hybrid <= FSDP_ENGINE_FACTOR
+def test_fsdp_pays_for_its_communication_only_when_compute_cannot_hide_it(monkeypatch):
+    profile = CostProfile.from_parameters(7 * 10**9, tokens_per_sample=4096)
+    block = 4 * 7 * 10**9 // BLOCKS
+    args = dict(offload=False, gpus_per_node=8, micro_batch_size=1, accumulate_grad_batches=4, precision="bf16-mixed",
+                checkpointing=True, gpu_name="H100-80GB", largest_block_bytes=block)
+    one_node = predict_step(profile, sharding="FULL_SHARD", world_size=8, nodes=1, **args)
+    # Inside a node the micro-step's compute could hide it all: what shows is the first block's all-gather
+    # or the share of every collective that contends with compute, whichever is larger.
+    first = 7 / 8 * block / (450e9 * 0.7)
+    comm = communication_seconds(sharding="FULL_SHARD", world_size=8, gpus_per_node=8, nodes=1, accumulate_grad_batches=1,
+                                 parameter_count=7 * 10**9, gpu_name="H100-80GB")
+    assert comm < OVERLAP * one_node.micro_step_seconds
+    assert one_node.communication_seconds == pytest.approx(4 * max(first, (1 - OVERLAP) * comm))
+    # Between nodes a ring runs at the node's NICs together (8 x 400 Gb/s): FULL_SHARD over 64 ranks
+    # hides about as well as inside the node; HYBRID_SHARD all-reduces each GPU's shard over its own NIC.
+    across = predict_step(profile, sharding="FULL_SHARD", world_size=64, nodes=8, **args)
+    hybrid = predict_step(profile, sharding="HYBRID_SHARD", world_size=64, nodes=8, **args)
+    assert hybrid.communication_seconds > across.communication_seconds >= one_node.communication_seconds
+    # A slow network (100 Gb/s per GPU) turns it around: gathers between nodes cost more than the shard's all-reduce.
+    monkeypatch.setattr(costs, "INTER_NODE_BYTES_PER_S", 12.5e9)
+    across = predict_step(profile, sharding="FULL_SHARD", world_size=64, nodes=8, **args)
+    hybrid = predict_step(profile, sharding="HYBRID_SHARD", world_size=64, nodes=8, **args)
+    assert across.communication_seconds > hybrid.communication_seconds
+    assert across.samples_per_s < hybrid.samples_per_s
 
 
-def test_planned_config_names_lightnings_fsdp_strategy(tmp_path):
+def test_planned_config_names_lightnings_fsdp_strategy(tmp_path, monkeypatch):
     from memplan.config.write import fsdp_strategy
 
-    plan = make_plan(request(nodes=8, global_batch_size=512), ShardedStep())
+    monkeypatch.setattr(costs, "INTER_NODE_BYTES_PER_S", 12.5e9)  # HYBRID_SHARD's case (the multi-node test)
+    plan = make_plan(request(nodes=8, global_batch_size=64, parameter_count=20 * 10**9), ShardedStep(params=20 * 10**9))
     entry = fsdp_strategy(plan)
     assert entry == {"class_path": "FSDPStrategy", "init_args": {
         "sharding_strategy": "HYBRID_SHARD", "auto_wrap_policy": list(plan.block_classes), "cpu_offload": False,
@@ -212,17 +236,20 @@ class Prefetching(ShardedStep):
 
 
 def test_the_best_fit_is_verified_beside_the_next_groups_exploration():
-    """A 70B-shaped search (as configs/llama-7b-fsdp.yaml's model at 70B): checkpointing finds a fit,
-    then CPU offload is explored; the fit's verification is prefetched before that exploration's
-    trace (a second core runs it meanwhile: planner/background.py), and the plan is the same."""
-    def plan_with(sim):
-        return make_plan(request(nodes=8, global_batch_size=512, parameter_count=70_000_000_000,
-                                 parameter_bytes=4 * 70_000_000_000, optimizer_state_bytes=8 * 70_000_000_000), sim)
+    """A 70B-shaped search on one node of 8 H100s: CPU offload with checkpointing finds a fit, then FULL_SHARD
+    without offload (faster, if it fit) is explored; the fit's verification is prefetched before that
+    exploration's trace (a second core runs it meanwhile: planner/background.py), and the plan is the same."""
+    params = 70_000_000_000
 
-    sim = Prefetching(params=70_000_000_000, activation_bytes_per_sample=60 * GiB)
+    def plan_with(sim):
+        return make_plan(request(global_batch_size=256, parameter_count=params, parameter_bytes=4 * params,
+                                 optimizer_state_bytes=8 * params), sim)
+
+    sim = Prefetching(params=params, activation_bytes_per_sample=60 * GiB)
     plan = plan_with(sim)
-    assert plan == plan_with(ShardedStep(params=70_000_000_000, activation_bytes_per_sample=60 * GiB))
-    offload = next(i for i, call in enumerate(sim.calls) if call[3].cpu_offload and call[1])
-    verification = sim.calls.index((plan.micro_batch_size, True, 64, sim.calls[-1][3]))
-    assert offload < verification  # explored first, then verified
-    assert (sim.calls[verification], offload) in sim.prefetched  # started before the offload trace
+    assert plan == plan_with(ShardedStep(params=params, activation_bytes_per_sample=60 * GiB))
+    assert plan.gradient_checkpointing and plan.cpu_offload
+    on_device = next(i for i, call in enumerate(sim.calls) if call[1] and not call[3].cpu_offload)
+    verification = sim.calls.index((plan.micro_batch_size, True, 8, sim.calls[-1][3]))
+    assert on_device < verification  # explored first, then verified
+    assert (sim.calls[verification], on_device) in sim.prefetched  # started before the exploration's trace

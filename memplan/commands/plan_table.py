@@ -71,24 +71,63 @@ def render_plan(plan: Plan, loaded: Any = None) -> Group:
         ("headroom", format_bytes(plan.headroom_bytes)),
         ("host RAM per rank", format_bytes(plan.host_bytes_per_rank)),
     ]
+    if plan.predicted_step_seconds is not None and word == "GPU":
+        rows += [
+            ("predicted step time", f"{format_seconds(plan.predicted_step_seconds)} per optimizer step on {plan.gpu_name}"),
+            ("predicted throughput", _throughput(plan.samples_per_s, plan.tokens_per_s)),
+            ("predicted MFU", f"{plan.mfu:.0%} (of the {plan.precision} dense peak)"),
+        ]
     for name, value in rows:
         table.add_row(name, Text(value))
     parts: list = [] if loaded is None else [changes_table(loaded, plan)]
     parts.append(table)
+    if plan.speed_reason and word == "GPU":
+        parts.append(Text("Fastest: " + plan.speed_reason, style="bold"))
     if plan.reasons:
         parts.append(Text("Why: " + " ".join(plan.reasons)))
     if plan.alternatives:
+        speed = "predicted step time, throughput and MFU" if word == "GPU" else "speed relative to the plan"
         lines = [f"Alternatives weighed ({word}s x micro-batch x accumulation, precision, checkpointing: "
-                 f"per-{word} peak, speed relative to the plan):"]
+                 f"per-{word} peak, {speed}):"]
         for a in plan.alternatives:
             lines.append(
                 f"  {a.world_size} x {a.micro_batch_size} x {a.accumulate_grad_batches}, {a.strategy}, {a.precision}, "
                 f"checkpointing {'on' if a.gradient_checkpointing else 'off'}: "
-                f"{format_bytes(a.predicted_peak_bytes)}, {a.relative_speed:.2f}x"
+                f"{format_bytes(a.predicted_peak_bytes)}, {_speed(a, word)}"
                 f"{'' if a.fits or a.why_not else ', does not fit'}{f' - {a.why_not}' if a.why_not else ''}"
             )
         parts.append(Text("\n".join(lines)))
     return Group(*parts)
+
+
+def format_seconds(seconds: float) -> str:
+    """'412 ms', '3.2 s', '85 us'."""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"
+
+
+def _rate(value: float) -> str:
+    """12300 -> '12.3k', 4.56e6 -> '4.56M'."""
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.3g}"
+
+
+def _throughput(samples_per_s: float | None, tokens_per_s: float | None) -> str:
+    if samples_per_s is None:
+        return "not predicted"
+    text = f"{_rate(samples_per_s)} samples/s"
+    return f"{_rate(tokens_per_s)} tokens/s ({text})" if tokens_per_s is not None else text
+
+
+def _speed(a: Any, word: str) -> str:
+    """An alternative's predicted step time, throughput and MFU (relative speed on CPU ranks)."""
+    if a.predicted_step_seconds is None or word != "GPU":
+        return f"{a.relative_speed:.2f}x"
+    rate = f"{_rate(a.tokens_per_s)} tokens/s" if a.tokens_per_s is not None else f"{_rate(a.samples_per_s)} samples/s"
+    return f"{format_seconds(a.predicted_step_seconds)}/step, {rate}, MFU {a.mfu:.0%} ({a.relative_speed:.2f}x)"
 
 
 def _own_global_batch(loaded: Any) -> int | None:

@@ -13,13 +13,14 @@ from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.utils._python_dispatch import _disable_current_modes
 
-from memplan.estimator.checkpointing import apply_checkpointing, saved_rng_states
+from memplan.estimator.checkpointing import _WRAPPED, apply_checkpointing, find_repeated_blocks, saved_rng_states
 from memplan.estimator.composite import RealCompositePaths
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.fake_copy import metric_states
+from memplan.estimator.flops import CostCounter
 from memplan.estimator.fsdp import FsdpSettings, fake_process_group, follow_storage, shard_model
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.module_conversion import conversions_in_step
@@ -147,6 +148,8 @@ class _Trace:
         self.loss_arg, self.optimizer_arg = loss, optimizer
         self.memory = _memory_model(target)
         self.tracker = StorageTracker(self.memory, self.fake_mode, cpu_kernels=not target.is_cuda, values=self.values)
+        self.tracker.costs = CostCounter()
+        self.tracker.costs.watch_blocks(_blocks_of(self.model))
         self.overheads = _overheads(target)
 
     # --- the trace ---------------------------------------------------------------------------
@@ -330,6 +333,7 @@ class _Trace:
                                           if phase is not Phase.SETUP),
             trace_seconds=seconds,
             notes=tuple(notes),
+            step_costs=self.tracker.costs.result(),
         )
 
 
@@ -349,6 +353,13 @@ class _SavedTensorsHooks:
         if self._open:
             self._open = False
             self._hooks.__exit__(None, None, None)
+
+
+def _blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks and the checkpointed modules: where the step-time model looks for recompute."""
+    blocks = {id(m): m for _, m in find_repeated_blocks(model)}
+    blocks.update((id(m), m) for m in model.modules() if getattr(m, _WRAPPED, False))
+    return list(blocks.values())
 
 
 def _memory_model(target: Target):

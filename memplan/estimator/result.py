@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from memplan.precision import PRECISIONS, Precision  # noqa: F401  (re-exported: one list, in a torch-free leaf)
+
+if TYPE_CHECKING:
+    from memplan.estimator.flops import StepCosts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,10 +72,15 @@ class MemoryEstimate:
     """Wall time of the trace."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     """Approximations that apply to this estimate, in words."""
+    step_costs: StepCosts | None = field(default=None, repr=False, compare=False)
+    """Each op's FLOPs and bytes in the traced step (estimator/flops.py), for the planner's step-time
+    model; None from an estimator that does not count them."""
 
     def to_dict(self) -> dict:
-        """Plain dict (JSON-ready); bytes stay ints."""
-        out = dataclasses.asdict(self)
+        """Plain dict (JSON-ready); bytes stay ints. The step's costs appear summed per phase."""
+        costs = self.step_costs
+        out = dataclasses.asdict(dataclasses.replace(self, step_costs=None))
+        out["step_costs"] = costs.summary() if costs is not None else None
         out["notes"] = list(self.notes)
         return out
 

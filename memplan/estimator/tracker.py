@@ -96,6 +96,8 @@ class StorageTracker(TorchDispatchMode):
         self.phase_peaks: dict[Phase, int] = {}
         """The peak window's largest allocated bytes in each phase (the planner extrapolates each)."""
         self.ops_seen = 0
+        self.costs = None
+        """A flops.CostCounter told of every op of the step (None: none counted)."""
         self.forward_activations = 0
         self._accumulation: tuple | None = None
         """A backward `add` that may be the autograd engine's gradient accumulation, until the next op
@@ -244,6 +246,8 @@ class StorageTracker(TorchDispatchMode):
         self.memory.reset_peaks()
         self.peak = Snapshot(total=self.memory.allocated_bytes, by_category=dict(self._by_category), phase=self.phase)
         self.phase_peaks = {self.phase: self.memory.allocated_bytes}
+        if self.costs is not None:
+            self.costs.reset()
 
     def stop(self) -> None:
         """Stop counting: finalizers that run later (garbage collected fakes) are ignored."""
@@ -271,8 +275,11 @@ class StorageTracker(TorchDispatchMode):
         accumulation = self._accumulation_inputs(func, args, kwargs, out)
         if accumulation:
             self._defer_peak = True
-        for t in _tensors_in(out):
+        outputs = _tensors_in(out)
+        for t in outputs:
             self.track(t)
+        if self.costs is not None:
+            self.costs.record(func, args, kwargs, out, tensors, outputs, self.phase.value)
         if accumulation:
             self._defer_peak = False
             self._accumulation = (self.memory.allocated_bytes, dict(self._by_category), self.phase,

@@ -174,7 +174,8 @@ __all__ = ["BF16_MIN_CAPABILITY", "GpuModel", "KNOWN_GPUS", "custom_gpu", "known
 
 @dataclass(frozen=True, kw_only=True)
 class GpuLinks:
-    """How fast one GPU of a model computes and talks to its peers; figures per GPU, one direction."""
+    """How fast one GPU of a model computes, reads its memory and talks to its peers; figures per GPU,
+    one direction, dense (no 2:4 sparsity)."""
 
     intra_node_bytes_per_s: float
     """GPU-to-GPU bandwidth inside a node: NVLink where the SXM board has it, else the PCIe slot."""
@@ -182,6 +183,13 @@ class GpuLinks:
     """Dense bf16 (fp16 before Ampere) tensor-core FLOP/s, without sparsity."""
     link: str
     """The link, in words ('NVLink 4', 'PCIe 4.0 x16')."""
+    dense_tf32_flops: float
+    """Dense TF32 tensor-core FLOP/s (what fp32 convolutions run at: cuDNN allows TF32 by default);
+    the fp32 figure on GPUs without TF32 (before Ampere)."""
+    fp32_flops: float
+    """fp32 FLOP/s on the CUDA cores (what fp32 matmuls run at: torch keeps TF32 off for them by default)."""
+    hbm_bytes_per_s: float
+    """Device memory (HBM / GDDR) bandwidth."""
 
 
 INTER_NODE_BYTES_PER_S = 50e9
@@ -200,28 +208,52 @@ _PCIE3, _PCIE4, _PCIE5 = 16e9, 32e9, 64e9
 # RTX 3090 / 4090: NVIDIA Ampere / Ada GA102 / AD102 architecture whitepapers (fp16 with fp32 accumulate);
 # H100 / H200 https://www.nvidia.com/en-us/data-center/h100/ and /h200/ (SXM: NVLink 4, 900 GB/s);
 # B200 https://www.nvidia.com/en-us/data-center/dgx-b200/ (NVLink 5, 1.8 TB/s per GPU).
+# fp32 / TF32 / HBM figures come from the same datasheets (TF32 dense = half the datasheet's sparse figure;
+# H100 SXM's 66.9 / 494.7 / 989.4 TFLOP/s and 3.35 TB/s as tabulated in
+# https://glennklockwood.com/garden/processors/h100); A10G (AWS's board, no NVIDIA datasheet) takes
+# the published A10G figures of AWS's G5 instance page and is the least certain row; Ada and Ampere
+# GeForce boards have no TF32 advantage over fp32 for the conv path and list fp32 twice.
 # Boards the catalog merges (H100 SXM and PCIe) get the SXM figures.
 _LINKS: dict[str, GpuLinks] = {
-    "V100-16GB": GpuLinks(intra_node_bytes_per_s=150e9, dense_half_flops=125e12, link="NVLink 2"),
-    "V100-32GB": GpuLinks(intra_node_bytes_per_s=150e9, dense_half_flops=125e12, link="NVLink 2"),
-    "T4": GpuLinks(intra_node_bytes_per_s=_PCIE3, dense_half_flops=65e12, link="PCIe 3.0 x16"),
-    "A10G": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=70e12, link="PCIe 4.0 x16"),
-    "A100-40GB": GpuLinks(intra_node_bytes_per_s=300e9, dense_half_flops=312e12, link="NVLink 3"),
-    "A100-80GB": GpuLinks(intra_node_bytes_per_s=300e9, dense_half_flops=312e12, link="NVLink 3"),
-    "A40": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=150e12, link="PCIe 4.0 x16"),
-    "RTX-A6000": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=155e12, link="PCIe 4.0 x16"),
-    "RTX-3090": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=71e12, link="PCIe 4.0 x16"),
-    "L4": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=121e12, link="PCIe 4.0 x16"),
-    "L40": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=181e12, link="PCIe 4.0 x16"),
-    "L40S": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=362e12, link="PCIe 4.0 x16"),
-    "RTX-4090": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=165e12, link="PCIe 4.0 x16"),
-    "RTX-6000-Ada": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=364e12, link="PCIe 4.0 x16"),
-    "H100-80GB": GpuLinks(intra_node_bytes_per_s=450e9, dense_half_flops=989e12, link="NVLink 4"),
-    "H100-NVL": GpuLinks(intra_node_bytes_per_s=_PCIE5, dense_half_flops=835e12, link="PCIe 5.0 x16"),
-    "H200": GpuLinks(intra_node_bytes_per_s=450e9, dense_half_flops=989e12, link="NVLink 4"),
-    "B200": GpuLinks(intra_node_bytes_per_s=900e9, dense_half_flops=2250e12, link="NVLink 5"),
+    "V100-16GB": GpuLinks(intra_node_bytes_per_s=150e9, dense_half_flops=125e12, link="NVLink 2",
+                         dense_tf32_flops=1.57e13, fp32_flops=1.57e13, hbm_bytes_per_s=9e11),
+    "V100-32GB": GpuLinks(intra_node_bytes_per_s=150e9, dense_half_flops=125e12, link="NVLink 2",
+                         dense_tf32_flops=1.57e13, fp32_flops=1.57e13, hbm_bytes_per_s=9e11),
+    "T4": GpuLinks(intra_node_bytes_per_s=_PCIE3, dense_half_flops=65e12, link="PCIe 3.0 x16",
+                  dense_tf32_flops=8.1e12, fp32_flops=8.1e12, hbm_bytes_per_s=3.2e11),
+    "A10G": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=70e12, link="PCIe 4.0 x16",
+                    dense_tf32_flops=3.5e13, fp32_flops=3.5e13, hbm_bytes_per_s=6e11),
+    "A100-40GB": GpuLinks(intra_node_bytes_per_s=300e9, dense_half_flops=312e12, link="NVLink 3",
+                         dense_tf32_flops=1.56e14, fp32_flops=1.95e13, hbm_bytes_per_s=1.555e12),
+    "A100-80GB": GpuLinks(intra_node_bytes_per_s=300e9, dense_half_flops=312e12, link="NVLink 3",
+                         dense_tf32_flops=1.56e14, fp32_flops=1.95e13, hbm_bytes_per_s=2.039e12),
+    "A40": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=150e12, link="PCIe 4.0 x16",
+                   dense_tf32_flops=7.48e13, fp32_flops=3.74e13, hbm_bytes_per_s=6.96e11),
+    "RTX-A6000": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=155e12, link="PCIe 4.0 x16",
+                         dense_tf32_flops=7.74e13, fp32_flops=3.87e13, hbm_bytes_per_s=7.68e11),
+    "RTX-3090": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=71e12, link="PCIe 4.0 x16",
+                        dense_tf32_flops=3.56e13, fp32_flops=3.56e13, hbm_bytes_per_s=9.36e11),
+    "L4": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=121e12, link="PCIe 4.0 x16",
+                  dense_tf32_flops=6e13, fp32_flops=3.03e13, hbm_bytes_per_s=3e11),
+    "L40": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=181e12, link="PCIe 4.0 x16",
+                   dense_tf32_flops=9.05e13, fp32_flops=9.05e13, hbm_bytes_per_s=8.64e11),
+    "L40S": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=362e12, link="PCIe 4.0 x16",
+                    dense_tf32_flops=1.83e14, fp32_flops=9.16e13, hbm_bytes_per_s=8.64e11),
+    "RTX-4090": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=165e12, link="PCIe 4.0 x16",
+                        dense_tf32_flops=8.26e13, fp32_flops=8.26e13, hbm_bytes_per_s=1.008e12),
+    "RTX-6000-Ada": GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=364e12, link="PCIe 4.0 x16",
+                            dense_tf32_flops=1.82e14, fp32_flops=9.11e13, hbm_bytes_per_s=9.6e11),
+    "H100-80GB": GpuLinks(intra_node_bytes_per_s=450e9, dense_half_flops=989e12, link="NVLink 4",
+                         dense_tf32_flops=4.947e14, fp32_flops=6.69e13, hbm_bytes_per_s=3.35e12),
+    "H100-NVL": GpuLinks(intra_node_bytes_per_s=_PCIE5, dense_half_flops=835e12, link="PCIe 5.0 x16",
+                        dense_tf32_flops=4.175e14, fp32_flops=6e13, hbm_bytes_per_s=3.9e12),
+    "H200": GpuLinks(intra_node_bytes_per_s=450e9, dense_half_flops=989e12, link="NVLink 4",
+                    dense_tf32_flops=4.947e14, fp32_flops=6.69e13, hbm_bytes_per_s=4.8e12),
+    "B200": GpuLinks(intra_node_bytes_per_s=900e9, dense_half_flops=2250e12, link="NVLink 5",
+                    dense_tf32_flops=1.1e15, fp32_flops=7.5e13, hbm_bytes_per_s=8e12),
 }
-_UNKNOWN_LINKS = GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=150e12, link="PCIe 4.0 x16 (assumed)")
+_UNKNOWN_LINKS = GpuLinks(intra_node_bytes_per_s=_PCIE4, dense_half_flops=150e12, link="PCIe 4.0 x16 (assumed)",
+                           dense_tf32_flops=75e12, fp32_flops=37e12, hbm_bytes_per_s=700e9)
 
 
 def gpu_links(name: str) -> GpuLinks:

@@ -16,11 +16,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, MAX_NODES, check_count
-from memplan.planner.costs import OFFLOAD_BYTES_PER_PARAM, host_bytes_per_rank, relative_throughput, strategy_factor
+from memplan.planner.costs import OFFLOAD_BYTES_PER_PARAM, StepTime, host_bytes_per_rank
 from memplan.planner.request import AMP_PRECISIONS, SEARCHED_PRECISIONS, DeviceBudget, HostLoad, PlanRequest
 
 PRECISION_PREFERENCE = {p: i for i, p in enumerate(SEARCHED_PRECISIONS)}
 """At equal predicted speed: bf16-mixed, then 16-mixed, then 32-true."""
+SPEED_TIE = 0.01
+"""Fits whose predicted speeds are within this fraction of the fastest tie: the simpler setting wins
+(preference_key: bf16, no checkpointing, DDP, no offload, the larger micro-batch). The step-time model
+cannot tell them apart (benchmarks/results/published_throughput.md)."""
+
+
+def fastest(candidates: list[Candidate]) -> Candidate | None:
+    """The candidate to pick among `candidates`: the most preferred of those within SPEED_TIE of the fastest."""
+    if not candidates:
+        return None
+    top = max(c.speed for c in candidates)
+    return max((c for c in candidates if c.speed >= top / (1 + SPEED_TIE)), key=Candidate.preference_key)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,8 +119,10 @@ class Candidate:
     """Predicted host RAM per rank."""
     host_fits: bool
     """Whether gpus_per_node x host_bytes_per_rank fits the host budget (True without one)."""
-    speed: float
-    """relative_throughput of this setting."""
+    speed: float = 0.0
+    """Predicted samples per second (timing.samples_per_s); 0 until the search has a step-time model."""
+    timing: StepTime | None = None
+    """Predicted step time, throughput and MFU (costs.predict_step); None until the search has the model."""
 
     @property
     def checkpointing(self) -> bool:
@@ -134,11 +148,16 @@ class Candidate:
         return (self.micro_batch_size, self.precision, self.checkpointing, self.world_size,
                 self.group.sharding, self.group.offload)
 
+    def preference_key(self) -> tuple:
+        """rank_key without the speed: what decides between candidates whose predicted speeds tie."""
+        return self.rank_key()[1:] + (self.speed,)
+
     def rank_key(self) -> tuple:
         """Sort key, best last: speed, then bf16 > 16 > 32, no checkpointing, DDP over FSDP (the
         simpler engine at equal speed), HYBRID_SHARD over other FSDP layouts (less traffic between
         nodes), no offload, larger micro-batch."""
-        return (round(self.speed, 12), -PRECISION_PREFERENCE[self.precision], not self.checkpointing,
+        speed = round(math.log(self.speed), 9) if self.speed > 0 else -math.inf  # equal to float noise: a tie
+        return (speed, -PRECISION_PREFERENCE[self.precision], not self.checkpointing,
                 self.group.sharding is None, self.group.sharding == "HYBRID_SHARD", not self.group.offload,
                 self.micro_batch_size)
 
@@ -208,19 +227,9 @@ def _micro_batches(request: PlanRequest, group: Group, precision: str,
             continue
         host = host_bytes_per_rank(load, micro) + offloaded
         accumulation = per_rank // micro
-        speed = relative_throughput(
-            world_size=world, micro_batch_size=micro, accumulate_grad_batches=accumulation,
-            precision=precision, checkpointing=group.checkpointing,
-            compute_capability=min(d.compute_capability for d in chosen))
-        if group.sharding is not None:
-            speed *= strategy_factor(
-                sharding=group.sharding, offload=group.offload, world_size=world, gpus_per_node=gpus,
-                nodes=request.nodes, micro_batch_size=micro, accumulate_grad_batches=accumulation,
-                precision=precision, checkpointing=group.checkpointing, parameter_count=request.parameter_count,
-                tokens_per_sample=request.tokens_per_sample, gpu_name=chosen[-1].name)
         yield Candidate(
             group=group, precision=precision, gpus_per_node=gpus, world_size=world,
             micro_batch_size=micro, accumulate_grad_batches=accumulation, devices=chosen,
             device_indices=indices, budget_bytes=request.budget_bytes(chosen[-1].free_bytes),
-            host_bytes_per_rank=host, host_fits=host_budget is None or gpus * host <= host_budget, speed=speed,
+            host_bytes_per_rank=host, host_fits=host_budget is None or gpus * host <= host_budget,
         )

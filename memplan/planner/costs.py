@@ -1,61 +1,66 @@
-"""The planner's two cost models: relative training throughput, and host RAM per rank.
+"""The planner's two cost models: the time of one training step, and host RAM per rank.
 
-Throughput
-----------
-Candidates that fit are ranked by a relative throughput (samples per second, in arbitrary units):
+Step time
+---------
+Each candidate's step time is predicted from the ops of a traced step (estimator/flops.py: every op's
+FLOPs, bytes moved, class, dtype and phase, counted on the same fake trace that gives memory):
 
-    speed = world_size x DDP_EFFICIENCY ** log2(world_size)       data parallelism
-          x m / (m + MICRO_BATCH_K)                                 micro-batch m keeps the GPU busy
-          x CHECKPOINT_FACTOR           if checkpointing            recompute of each block's forward
-          x AMP_SPEEDUP                 if AMP on tensor cores      bf16-mixed / 16-mixed vs 32-true
-          x GRAD_SCALER_FACTOR          if 16-mixed                 the GradScaler's unscale + inf check
-          x (1 - ACCUMULATION_OVERHEAD x (1 - 1/accumulation))      extra micro-steps' loop overhead
+    step = accumulation x micro-step + optimizer step + exposed communication
+    micro-step = max(sum over ops of op time, ops x HOST_SECONDS_PER_OP)     the GPU, or eager PyTorch's
+                                                                              per-op launch cost, whichever is slower
+    op time = max(flops / (peak[dtype] x FLOP_EFFICIENCY[class]),          a per-op roofline
+                  bytes / (HBM bandwidth x BANDWIDTH_EFFICIENCY[class]),
+                  MIN_KERNEL_SECONDS)
 
-- Data parallelism: each rank adds its samples; DDP overlaps the gradient all-reduce with backward
-  but not completely. 5% lost per doubling of ranks (a ring all-reduce's time grows slowly with the
-  ring) keeps adding a GPU always worthwhile (2 x 0.95 > 1): 8 GPUs -> 6.9x, 64 -> 47x. Multi-node
-  rings pay more per hop; the planner searches GPUs per node with the node count fixed, so a
-  per-node factor would not change the ranking and is left out.
-- Micro-batch: per-sample throughput rises with the micro-batch and saturates; m / (m + 1) gives half
-  speed at 1 and 89% at 8. K = 1 suits transformer steps with long sequences; small images would
-  want a larger K. It is the knob that trades checkpointing against micro-batch: with K = 1, no
-  checkpointing at micro-batch 4 (0.80) beats checkpointing at any micro-batch (< 0.75).
-- Checkpointing recomputes one forward in backward: a step is ~1 forward + ~2 backward, so +1/3
-  compute -> x 0.75.
-- AMP: half-precision matmuls on tensor cores (sm70+) run at >= 2x the fp32 rate (Lightning does not
-  turn on TF32), so x 2 for bf16-mixed / 16-mixed on sm70+, x 1 on older GPUs.
-- 16-mixed runs a GradScaler (unscale and an inf check over all gradients, skipped steps on
-  overflow): x 0.99, which makes bf16-mixed win ties where the GPU has it.
-- Gradient accumulation: Lightning skips DDP's all-reduce on non-final micro-steps (no_sync), so the
-  cost is only per-micro-step loop overhead: at most 2%. The small-micro-batch cost is in m/(m+K).
+- peak[dtype]: the catalog's dense figures (memplan.hardware.catalog.gpu_links): bf16 / fp16 tensor
+  cores for AMP matmuls, TF32 for fp32 convolutions (cuDNN's default), fp32 CUDA cores for fp32
+  matmuls (torch keeps TF32 off for cuBLAS by default, and Lightning does not turn it on).
+- Micro-batches: the planner traces one setting (the fastest-looking group: AMP, no checkpointing) at
+  micro-batch 1 and PROBE_MICRO; each op's FLOPs and bytes are a line through the two (a weight is
+  read once per op whatever the micro-batch, activations grow with it), so small micro-batches pay
+  for their weight reads and per-op costs, large ones for their FLOPs.
+- Checkpointing: the forward ops inside repeated blocks run again in backward (phase 'recompute').
+- 32-true from an AMP trace: autocast's casts go, half-precision ops run in fp32 with twice the bytes.
+- Optimizer step: the traced optimizer ops (bandwidth-bound foreach kernels), over 1/shard of the
+  parameters under FSDP; on the host under CPU offload.
+- FSDP's own copies: each all-gather's output is copied out of the flat buffer into the parameters, and
+  each gradient into the reduce-scatter's input: read + write of the fp32 parameters per collective.
+- Communication (ring collectives on the catalog's links x COMM_EFFICIENCY; see communication_seconds):
+  DDP's gradient all-reduce once per optimizer step, hidden behind OVERLAP of the last micro-step's
+  backward; FSDP's all-gathers and reduce-scatter per micro-step, hidden behind OVERLAP of that
+  micro-step, except the first block's all-gather which nothing precedes. At least 1 - OVERLAP of
+  every collective shows even when compute could hide it all: NCCL's kernels share the SMs and HBM
+  with the compute they overlap (so DDP's one all-reduce per step beats FSDP's per-micro-step
+  collectives where both hide).
+- Throughput: samples/s = global batch / step; tokens/s = samples/s x the batch's sequence length
+  (when it has one); MFU = the forward and backward matmul and attention FLOPs (recompute excluded) /
+  (step x the precision's dense peak).
 
-Data-parallel communication: FSDP against DDP
-----------------------------------------------
-The factors above rank DDP candidates. An FSDP candidate is the DDP candidate of the same setting
-with its communication swapped: its speed is the DDP speed x (T + E_ddp) / (T + E_fsdp), where T is
-the compute time of one optimizer step and E the communication time that compute cannot hide:
+The efficiency factors are checked against 18 published throughput figures (benchmarks/published_throughput.py,
+table in benchmarks/results/published_throughput.md: median |error| 6.2 %, worst 37.2 %); attention's come
+from the FlashAttention-2 and -3 papers, the rest are figures for well-tuned large kernels, not measured on
+each GPU. HOST_SECONDS_PER_OP and MIN_KERNEL_SECONDS matter only for small models and micro-batches, which
+no published figure covers: they are order-of-magnitude assumptions. Fits whose predicted speeds are within
+candidates.SPEED_TIE tie, and the simpler setting wins.
 
-    T = 6 x params x tokens_per_sample x micro x accumulation / (flops x MFU)   (x 4/3 if checkpointing;
-        flops halved for 32-true)
-    E = max(0, C - OVERLAP x T)
+Data-parallel communication
+---------------------------
     ring all-reduce of B bytes over n ranks: 2 (n - 1) / n x B / bw;  all-gather / reduce-scatter: (n - 1) / n x B / bw
     C_ddp          = all-reduce(grads) once per optimizer step (Lightning's no_sync skips it while accumulating)
     C_full_shard   = per micro-step: all-gather(params) in forward and again in backward + reduce-scatter(grads)
     C_shard_grad_op= per micro-step: all-gather(params) once (kept to backward) + reduce-scatter(grads)
     C_hybrid       = C_full_shard within a node (n = GPUs per node, NVLink) + per micro-step all-reduce of
-                     the 1/n gradient shard across nodes (network)
+                     the 1/n gradient shard across nodes (each GPU's own NIC)
     C_offload      = C_full_shard + per micro-step PCIe copies of the shard (params in, gradients out)
                      + the optimizer step on the host over the shard, which nothing hides
     params and grads in fp32 (4 bytes each: the planner does not set FSDP's param_dtype).
-On top, FSDP_ENGINE_FACTOR (x 0.95) for what FSDP costs beyond the bytes it moves: copying each block's
-parameters into and out of the all-gather buffers, its per-block hooks and stream waits. It is a
-chosen figure (a GPU measure is owed), and it also makes DDP, the simpler engine, win unless FSDP
-is predicted clearly faster; the search then does not trace FSDP for a model that DDP fits well.
 
-bw is the catalog's per-GPU link (memplan.hardware.catalog.gpu_links: NVLink or PCIe inside a node,
-INTER_NODE_BYTES_PER_S between nodes, a ring over several nodes runs at the slower of the two)
-x COMM_EFFICIENCY. Lightning's ModelParallelStrategy / FSDPStrategy keep gradient sync on while
-accumulating, hence FSDP's per-micro-step reduce-scatter.
+bw is the catalog's per-GPU link (memplan.hardware.catalog.gpu_links: NVLink or PCIe inside a node)
+x COMM_EFFICIENCY. A ring over several nodes crosses between nodes on each of NCCL's channels through
+its own NIC (INTER_NODE_BYTES_PER_S, one per GPU), so its hop between nodes carries the node's NICs
+together: bw = min(NVLink, GPUs per node x INTER_NODE_BYTES_PER_S) x COMM_EFFICIENCY. Lightning's
+ModelParallelStrategy / FSDPStrategy keep gradient sync on while accumulating, hence FSDP's
+per-micro-step reduce-scatter.
 
 Host RAM per rank
 -----------------
@@ -72,26 +77,31 @@ OFFLOAD_BYTES_PER_PARAM x params / shard degree.
 """
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from memplan.hardware.catalog import INTER_NODE_BYTES_PER_S, gpu_links
+from memplan.hardware.catalog import INTER_NODE_BYTES_PER_S, GpuLinks, gpu_links
 from memplan.planner.request import HostLoad
 from memplan.units import GiB, MiB
 
-DDP_EFFICIENCY = 0.95
-"""Throughput kept per doubling of data-parallel ranks."""
-MICRO_BATCH_K = 1
-"""Micro-batch at which per-sample throughput is half of its saturated value (m / (m + K))."""
-CHECKPOINT_FACTOR = 0.75
-"""Throughput with activation checkpointing: one extra forward, ~1/3 of a step."""
-AMP_SPEEDUP = 2.0
-"""bf16-mixed / 16-mixed vs 32-true on tensor-core GPUs (sm70+)."""
-TENSOR_CORE_MIN_CAPABILITY = (7, 0)
-"""First compute capability with tensor cores (Volta)."""
-GRAD_SCALER_FACTOR = 0.99
-"""16-mixed's GradScaler cost relative to bf16-mixed."""
-ACCUMULATION_OVERHEAD = 0.02
-"""Largest throughput loss from many accumulation micro-steps (loop and hook overhead)."""
+if TYPE_CHECKING:
+    from memplan.planner.profile import CostProfile, ScaledOp
+
+FLOP_EFFICIENCY = {"matmul": 0.70, "attention": 0.60, "elementwise": 0.5, "reduction": 0.5}
+"""Fraction of the dense peak an op class reaches when compute-bound: large cuBLAS GEMMs ~70 %; the fused
+attention kernels (FlashAttention-2, torch's SDPA flash backend) "50-73 % of the theoretical maximum
+FLOPs/s on A100" (FlashAttention-2 paper, arXiv 2307.08691), on Hopper and later HOPPER_ATTENTION_EFFICIENCY."""
+HOPPER_ATTENTION_EFFICIENCY = 0.35
+"""FlashAttention-2 on sm90+: "achieving only 35% utilization on the H100 GPU" (FlashAttention-3 paper,
+arXiv 2407.08608); torch's SDPA runs FlashAttention-2 there too."""
+BANDWIDTH_EFFICIENCY = {"matmul": 0.8, "attention": 0.8, "elementwise": 0.75, "reduction": 0.6}
+"""Fraction of HBM bandwidth an op class reaches when memory-bound: streaming elementwise kernels ~75 %,
+reductions (softmax, norms: two passes, a tail of partial sums) less."""
+MIN_KERNEL_SECONDS = 3e-6
+"""The shortest a GPU kernel takes (launch latency and a tail wave), however little it does."""
+HOST_SECONDS_PER_OP = 10e-6
+"""Eager PyTorch's CPU cost per op (Python, dispatcher, autograd bookkeeping, the launch): a step of many
+small ops is bound by the host, not the GPU."""
 
 RANK_RUNTIME_BYTES = 2 * GiB
 """Host RSS of one CUDA training process before the model and data: Python, torch, CUDA libraries."""
@@ -101,11 +111,7 @@ WORKER_BYTES = 512 * MiB
 
 COMM_EFFICIENCY = 0.7
 """Fraction of a link's bandwidth a NCCL ring reaches (nccl-tests bus bandwidth on NVLink and IB)."""
-MFU = 0.4
-"""Model FLOPs utilisation of a well-tuned transformer step (the compute-time estimate's efficiency)."""
 OVERLAP = 0.8
-FSDP_ENGINE_FACTOR = 0.95
-"""FSDP's throughput beyond its communication: all-gather copy-in/copy-out, per-block hooks (module docstring)."""
 """Fraction of the compute time that collectives can hide behind (prefetch and bucketing are not perfect)."""
 PCIE_BYTES_PER_S = 25e9
 """Host<->GPU copies of CPU offload (PCIe 4.0/5.0 x16 in practice, pinned memory)."""
@@ -115,82 +121,40 @@ OFFLOAD_BYTES_PER_PARAM = 16
 """Host bytes per parameter under CPU offload: fp32 parameter, gradient and Adam's two states."""
 
 
-def _compute_seconds(*, parameter_count: int, tokens_per_sample: int, samples: int, precision: str,
-                     checkpointing: bool, flops: float) -> float:
-    seconds = 6.0 * parameter_count * tokens_per_sample * samples / (flops * MFU)
-    if precision not in ("bf16-mixed", "16-mixed"):
-        seconds *= AMP_SPEEDUP
-    return seconds / CHECKPOINT_FACTOR if checkpointing else seconds
-
-
 def communication_seconds(*, sharding: str | None, offload: bool = False, world_size: int, gpus_per_node: int,
-                          nodes: int, accumulate_grad_batches: int, parameter_count: int, gpu_name: str) -> float:
-    """Communication time of one optimizer step (see the module docstring); sharding None is DDP."""
-    links = gpu_links(gpu_name)
-    intra = links.intra_node_bytes_per_s * COMM_EFFICIENCY
-    inter = min(links.intra_node_bytes_per_s, INTER_NODE_BYTES_PER_S) * COMM_EFFICIENCY
-    state = 4.0 * parameter_count
+                          nodes: int, accumulate_grad_batches: int, parameter_count: int, gpu_name: str,
+                          gather_bytes: int = 4, reduce_bytes: int = 4) -> float:
+    """Communication time of one optimizer step (see the module docstring); sharding None is DDP.
+    `gather_bytes` / `reduce_bytes`: bytes per parameter of the all-gathers and of the gradient reduction
+    (4 and 4: fp32, as the planner runs FSDP; FSDP's param_dtype=bf16 gathers 2)."""
     if world_size == 1:
         return 0.0
+    links = gpu_links(gpu_name)
+    intra = links.intra_node_bytes_per_s * COMM_EFFICIENCY
+    # A ring over several nodes crosses between them once per node on each of NCCL's channels, one NIC per
+    # channel: its hop between nodes runs at the node's NICs together (one per GPU), capped by NVLink.
+    across = min(links.intra_node_bytes_per_s, INTER_NODE_BYTES_PER_S * gpus_per_node) * COMM_EFFICIENCY
+    bw = intra if nodes == 1 else across
 
-    def ring(n: int, bw: float) -> float:  # all-gather or reduce-scatter of `state` over n ranks
-        return (n - 1) / n * state / bw
+    def ring(n: int, nbytes: float, speed: float) -> float:  # all-gather or reduce-scatter of nbytes over n ranks
+        return (n - 1) / n * nbytes / speed
 
-    bw = intra if nodes == 1 else inter
+    gathered, reduced = gather_bytes * parameter_count, reduce_bytes * parameter_count
     if sharding is None:
-        return 2 * ring(world_size, bw)
+        return 2 * ring(world_size, reduced, bw)
     if sharding == "NO_SHARD":
-        return 2 * ring(world_size, bw) * accumulate_grad_batches
-    if sharding == "HYBRID_SHARD":
-        per_micro = 3 * ring(gpus_per_node, intra) + 2 * (nodes - 1) / nodes * state / gpus_per_node / inter
+        return 2 * ring(world_size, reduced, bw) * accumulate_grad_batches
+    if sharding == "HYBRID_SHARD":  # sharded within the node; each GPU all-reduces its shard with its peers
+        network = INTER_NODE_BYTES_PER_S * COMM_EFFICIENCY
+        per_micro = (2 * ring(gpus_per_node, gathered, intra) + ring(gpus_per_node, reduced, intra)
+                     + 2 * (nodes - 1) / nodes * reduced / gpus_per_node / network)
         return per_micro * accumulate_grad_batches
     gathers = 1 if sharding == "SHARD_GRAD_OP" else 2
-    seconds = (gathers + 1) * ring(world_size, bw) * accumulate_grad_batches
+    seconds = (gathers * ring(world_size, gathered, bw) + ring(world_size, reduced, bw)) * accumulate_grad_batches
     if offload:
-        shard = state / world_size
+        shard = 4.0 * parameter_count / world_size
         seconds += 3 * shard / PCIE_BYTES_PER_S * accumulate_grad_batches
     return seconds
-
-
-def strategy_factor(*, sharding: str | None, offload: bool = False, world_size: int, gpus_per_node: int,
-                    nodes: int, micro_batch_size: int, accumulate_grad_batches: int, precision: str,
-                    checkpointing: bool, parameter_count: int, tokens_per_sample: int, gpu_name: str) -> float:
-    """Speed of a candidate under `sharding` relative to the same candidate under DDP (1.0 for DDP)."""
-    if sharding is None:
-        return 1.0
-    compute = _compute_seconds(parameter_count=parameter_count, tokens_per_sample=tokens_per_sample,
-                               samples=micro_batch_size * accumulate_grad_batches, precision=precision,
-                               checkpointing=checkpointing, flops=gpu_links(gpu_name).dense_half_flops)
-    common = dict(world_size=world_size, gpus_per_node=gpus_per_node, nodes=nodes,
-                  accumulate_grad_batches=accumulate_grad_batches, parameter_count=parameter_count,
-                  gpu_name=gpu_name)
-    ddp = max(0.0, communication_seconds(sharding=None, **common) - OVERLAP * compute)
-    fsdp = max(0.0, communication_seconds(sharding=sharding, offload=offload, **common) - OVERLAP * compute)
-    if offload:  # the host optimizer step over this rank's shard: nothing hides it
-        shard = world_size if sharding != "HYBRID_SHARD" else gpus_per_node
-        fsdp += 3 * OFFLOAD_BYTES_PER_PARAM * parameter_count / shard / HOST_OPTIMIZER_BYTES_PER_S
-    return FSDP_ENGINE_FACTOR * (compute + ddp) / (compute + fsdp)
-
-
-def relative_throughput(*, world_size: int, micro_batch_size: int, accumulate_grad_batches: int = 1,
-                        precision: str, checkpointing: bool,
-                        compute_capability: tuple[int, int] = (8, 0)) -> float:
-    """Relative samples/s of one candidate under the model in this module's docstring (arbitrary
-    units: only ratios between candidates mean anything)."""
-    for name, value in (("world_size", world_size), ("micro_batch_size", micro_batch_size),
-                        ("accumulate_grad_batches", accumulate_grad_batches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"relative_throughput: {name} must be a positive int; got {value!r}")
-    speed = world_size * DDP_EFFICIENCY ** math.log2(world_size)
-    speed *= micro_batch_size / (micro_batch_size + MICRO_BATCH_K)
-    if checkpointing:
-        speed *= CHECKPOINT_FACTOR
-    if precision in ("bf16-mixed", "16-mixed") and tuple(compute_capability) >= TENSOR_CORE_MIN_CAPABILITY:
-        speed *= AMP_SPEEDUP
-    if precision == "16-mixed":
-        speed *= GRAD_SCALER_FACTOR
-    speed *= 1.0 - ACCUMULATION_OVERHEAD * (1.0 - 1.0 / accumulate_grad_batches)
-    return speed
 
 
 def host_bytes_per_rank(load: HostLoad, micro_batch_size: int) -> int:
@@ -202,3 +166,114 @@ def host_bytes_per_rank(load: HostLoad, micro_batch_size: int) -> int:
     pinned = 2 * batch if load.pin_memory else 0
     return (RANK_RUNTIME_BYTES + load.model_init_bytes + load.num_workers * WORKER_BYTES
             + batch * in_flight + pinned)
+
+
+# --- the step-time model -------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class StepTime:
+    """Predicted time and throughput of one optimizer step of a candidate (all ranks together)."""
+
+    step_seconds: float
+    """One optimizer step: every micro-step, the optimizer step and the communication compute does not hide."""
+    micro_step_seconds: float
+    """One forward + backward (+ recompute) of a micro-batch."""
+    optimizer_seconds: float
+    """The optimizer step (on the host under CPU offload)."""
+    communication_seconds: float
+    """Collective time not hidden behind compute."""
+    samples_per_s: float
+    """Global batch / step_seconds."""
+    tokens_per_s: float | None
+    """samples_per_s x the batch's sequence length; None when the batch has none."""
+    mfu: float
+    """Model FLOPs utilisation: forward + backward matmul and attention FLOPs (no recompute) per second
+    per GPU over the precision's dense peak."""
+
+
+def peak_flops(links: GpuLinks, dtype: str, op_class: str) -> float:
+    """Dense peak FLOP/s an op of `op_class` in `dtype` runs at on a GPU (module docstring)."""
+    if op_class not in ("matmul", "attention"):
+        return links.fp32_flops
+    if dtype in ("bf16", "fp16"):
+        return links.dense_half_flops
+    return links.dense_tf32_flops if dtype == "tf32" else links.fp32_flops
+
+
+def flop_efficiency(op_class: str, compute_capability: tuple[int, int] = (8, 0)) -> float:
+    """FLOP_EFFICIENCY of an op class on a GPU of that compute capability (attention is lower on sm90+)."""
+    if op_class == "attention" and tuple(compute_capability) >= (9, 0):
+        return HOPPER_ATTENTION_EFFICIENCY
+    return FLOP_EFFICIENCY[op_class]
+
+
+def _compute_capability(gpu_name: str) -> tuple[int, int]:
+    from memplan.hardware.catalog import lookup_gpu, match_nvml_name
+
+    try:
+        return lookup_gpu(gpu_name).compute_capability
+    except ValueError:
+        model = match_nvml_name(gpu_name)
+        return model.compute_capability if model is not None else (8, 0)
+
+
+def ops_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[int, int] = (8, 0)) -> float:
+    """GPU time of `ops` under the per-op roofline (module docstring)."""
+    total = 0.0
+    efficiency = {c: flop_efficiency(c, compute_capability) for c in FLOP_EFFICIENCY}
+    for op in ops:
+        compute = op.flops / (peak_flops(links, op.dtype, op.op_class) * efficiency[op.op_class])
+        memory = op.bytes / (links.hbm_bytes_per_s * BANDWIDTH_EFFICIENCY[op.op_class])
+        total += op.count * max(compute, memory, MIN_KERNEL_SECONDS)
+    return total
+
+
+def _busy_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[int, int]) -> float:
+    """The GPU's time or the host's launch time, whichever is longer (kernels launch asynchronously)."""
+    return max(ops_seconds(ops, links, compute_capability), sum(op.count for op in ops) * HOST_SECONDS_PER_OP)
+
+
+def predict_step(profile: CostProfile, *, precision: str, checkpointing: bool, micro_batch_size: int,
+                 accumulate_grad_batches: int, world_size: int, gpus_per_node: int, nodes: int,
+                 sharding: str | None, offload: bool, gpu_name: str, largest_block_bytes: int | None = None,
+                 gather_bytes: int = 4, reduce_bytes: int = 4) -> StepTime:
+    """The step time of one candidate from the model's traced costs (see the module docstring).
+    `gather_bytes` / `reduce_bytes`: the collectives' bytes per parameter (communication_seconds)."""
+    links, cc = gpu_links(gpu_name), _compute_capability(gpu_name)
+    amp = precision in ("bf16-mixed", "16-mixed")
+    ops = profile.ops(micro_batch_size, amp=amp, checkpointing=checkpointing)
+    forward = [o for o in ops if o.phase == "forward"]
+    backward = [o for o in ops if o.phase in ("backward", "recompute")]
+    optimizer = [o for o in ops if o.phase == "optimizer"]
+    micro = _busy_seconds(forward, links, cc) + _busy_seconds(backward, links, cc)
+    shard = 1 if sharding is None else (gpus_per_node if sharding == "HYBRID_SHARD" else world_size)
+    params = profile.parameter_count
+    if sharding is not None and world_size > 1:  # FSDP copies each gathered block out of (and each gradient
+        copies = 1 if sharding == "SHARD_GRAD_OP" else 2  # into) the collective's flat buffer: read + write
+        micro += (copies + 1) * 2 * 4 * params / (links.hbm_bytes_per_s * BANDWIDTH_EFFICIENCY["elementwise"])
+    if offload:  # the host updates its shard: Adam reads and writes ~3 x 16 bytes per parameter
+        opt = 3 * OFFLOAD_BYTES_PER_PARAM * params / shard / HOST_OPTIMIZER_BYTES_PER_S
+    else:
+        opt = _busy_seconds([o.sharded(shard) for o in optimizer], links, cc)
+    comm = communication_seconds(sharding=sharding, offload=offload, world_size=world_size,
+                                 gpus_per_node=gpus_per_node, nodes=nodes, accumulate_grad_batches=1,
+                                 parameter_count=params, gpu_name=gpu_name, gather_bytes=gather_bytes,
+                                 reduce_bytes=reduce_bytes)
+    if world_size == 1:
+        exposed = 0.0
+    elif sharding is None:  # DDP: one all-reduce per optimizer step, behind the last backward
+        exposed = max((1 - OVERLAP) * comm, comm - OVERLAP * _busy_seconds(backward, links, cc))
+    else:  # FSDP: per micro-step, behind that micro-step; the first block's gather is never hidden
+        first = communication_seconds(sharding="SHARD_GRAD_OP", world_size=world_size, gpus_per_node=gpus_per_node,
+                                      nodes=nodes, accumulate_grad_batches=1, gpu_name=gpu_name,
+                                      parameter_count=(largest_block_bytes or 0) // 4, gather_bytes=gather_bytes,
+                                      reduce_bytes=0)
+        exposed = accumulate_grad_batches * max(first, (1 - OVERLAP) * comm, comm - OVERLAP * micro)
+    step = accumulate_grad_batches * micro + opt + exposed
+    samples = micro_batch_size * accumulate_grad_batches * world_size / step
+    model_flops = sum(o.flops * o.count for o in forward + backward
+                      if o.phase != "recompute" and o.op_class in ("matmul", "attention"))
+    peak = links.dense_half_flops if amp else links.fp32_flops
+    mfu = model_flops * accumulate_grad_batches / (step * peak)
+    tokens = samples * profile.tokens_per_sample if profile.tokens_per_sample > 1 else None
+    return StepTime(step_seconds=step, micro_step_seconds=micro, optimizer_seconds=opt, communication_seconds=exposed,
+                    samples_per_s=samples, tokens_per_s=tokens, mfu=mfu)

@@ -1,13 +1,14 @@
 """The plan in words: why the winner won, and why each runner-up did not."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import TYPE_CHECKING
 
 from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Alternative, Plan
-from memplan.planner.candidates import Candidate
-from memplan.planner.costs import CHECKPOINT_FACTOR, TENSOR_CORE_MIN_CAPABILITY
+from memplan.planner.candidates import SPEED_TIE, Candidate, fastest
+from memplan.planner.costs import StepTime
 from memplan.planner.request import PlanRequest
 from memplan.units import format_bytes
 
@@ -43,7 +44,84 @@ def describe_plan(request: PlanRequest, winner: Candidate, est: MemoryEstimate, 
         relative_speed=1.0,
         reasons=tuple(_on_cpu(request, r) for r in _reasons(request, winner, est, search)),
         alternatives=tuple(_alternatives(winner, search)),
+        **_figures(winner.timing),
+        speed_reason=_speed_reason(winner, search),
     )
+
+
+def _figures(timing: StepTime | None) -> dict:
+    """The plan's or an alternative's predicted step time, throughput and MFU fields."""
+    if timing is None:
+        return {}
+    return dict(predicted_step_seconds=timing.step_seconds, samples_per_s=timing.samples_per_s,
+                tokens_per_s=timing.tokens_per_s, mfu=timing.mfu)
+
+
+def _rate(c: Candidate) -> str:
+    """'tokens/s' when the batch has a sequence dimension, else 'samples/s'."""
+    return "tokens/s" if c.timing is not None and c.timing.tokens_per_s is not None else "samples/s"
+
+
+def runner_up(w: Candidate, search: _Search) -> Candidate | None:
+    """The fastest fitting candidate that is not the winner or its bf16/16-mixed twin."""
+    rivals = [c for c in search.candidates if search.fits(c) and c is not w
+              and not _same(c, w, precision=c.precision)]
+    return fastest(rivals)
+
+
+def _speed_reason(w: Candidate, search: _Search) -> str | None:
+    """One line: why the plan beats the runner-up, by how much."""
+    other = runner_up(w, search)
+    if other is None or not other.speed:
+        return None
+    gain = w.speed / other.speed - 1
+    if gain < SPEED_TIE:
+        return (f"ties the runner-up ({_describe(other)}) on predicted speed ({_ms(w)} vs {_ms(other)} a step, "
+                f"within {SPEED_TIE:.0%}); preferred for {_winner_edge(w, other)}.")
+    return (f"{_winner_edge(w, other)}: {gain:+.0%} {_rate(w)} over the runner-up "
+            f"({_describe(other)}; predicted step {_ms(w)} vs {_ms(other)}).")
+
+
+def _ms(c: Candidate) -> str:
+    return format_seconds(c.timing.step_seconds) if c.timing is not None else "?"
+
+
+def format_seconds(seconds: float) -> str:
+    """'412 ms', '3.2 s', '85 us': a predicted duration at three significant figures or so."""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def _describe(c: Candidate) -> str:
+    return (f"{_n(c.world_size, 'rank')}, micro-batch {c.micro_batch_size}, {c.precision}, "
+            f"{'checkpointing' if c.checkpointing else 'no checkpointing'}, {c.group.strategy_label}")
+
+
+def _winner_edge(w: Candidate, other: Candidate) -> str:
+    """What the winner does that the runner-up does not, in a few words."""
+    if other.checkpointing and not w.checkpointing:
+        return "no recompute of the blocks' forward"
+    if other.world_size < w.world_size:
+        return f"{w.world_size} ranks instead of {other.world_size}"
+    if other.world_size > w.world_size:
+        return f"{_n(w.world_size, 'GPU')} instead of {other.world_size}"
+    if other.micro_batch_size < w.micro_batch_size:
+        fewer = " (fewer accumulation steps)" if w.accumulate_grad_batches < other.accumulate_grad_batches else ""
+        return f"micro-batch {w.micro_batch_size} instead of {other.micro_batch_size}{fewer}"
+    if other.group.amp and not w.group.amp:
+        return "32-true"
+    if w.group.amp and not other.group.amp:
+        return f"{w.precision} on tensor cores"
+    if _layout(other) != _layout(w):
+        return f"{w.group.strategy_label} rather than {other.group.strategy_label}"
+    if w.precision == "bf16-mixed" and other.precision == "16-mixed":
+        return "bf16-mixed (no GradScaler)"
+    if w.checkpointing and not other.checkpointing:
+        return "checkpointing"
+    return "the predicted step time"
 
 
 def _on_cpu(request: PlanRequest, text: str) -> str:
@@ -120,9 +198,7 @@ def _micro_reason(request: PlanRequest, w: Candidate, search: _Search) -> str:
 
 
 def _precision_reason(request: PlanRequest, w: Candidate, search: _Search) -> str:
-    amp = ("AMP runs matmuls on tensor cores, ~2x the throughput of 32-true"
-           if w.compute_capability >= TENSOR_CORE_MIN_CAPABILITY else
-           "AMP halves the saved activations (no tensor cores on this GPU, so no speed-up)")
+    amp = _amp_gain(w, search)
     if w.precision == "bf16-mixed":
         return f"bf16-mixed: {amp}, and bf16 needs no GradScaler (sm80+)."
     if w.precision == "16-mixed":
@@ -141,12 +217,28 @@ def _precision_reason(request: PlanRequest, w: Candidate, search: _Search) -> st
     return "32-true: it ranked above every mixed-precision setting that fits."
 
 
+def _amp_gain(w: Candidate, search: _Search) -> str:
+    """What AMP gains at the winner's setting, from the step-time model."""
+    if not w.group.amp:
+        return "AMP"
+    fp32 = search.timed(dataclasses.replace(w, precision="32-true"))
+    return (f"AMP runs matmuls at the half-precision peak: predicted {w.speed / fp32.speed:.2f}x the speed of "
+            f"32-true at this setting")
+
+
+def _recompute_cost(w: Candidate, search: _Search) -> str:
+    """How much slower (or faster) the winner's setting runs with checkpointing flipped."""
+    flipped = search.timed(dataclasses.replace(w, group=dataclasses.replace(w.group, checkpointing=not w.checkpointing)))
+    with_it, without = (w, flipped) if w.checkpointing else (flipped, w)
+    return f"{1 - with_it.speed / without.speed:.0%} of the speed at this setting"
+
+
 def _checkpointing_reason(request: PlanRequest, w: Candidate, search: _Search) -> str:
     if not w.checkpointing:
         if not request.allow_checkpointing:
             return "No activation checkpointing (not allowed by the request)."
         return (f"No activation checkpointing: this setting fits without it, and recomputing each block's "
-                f"forward would cost ~1/3 of a step (x{CHECKPOINT_FACTOR}).")
+                f"forward would cost {_recompute_cost(w, search)}.")
     plain = _find(search, w, checkpointing=False)
     unckpt = [c for c in search.candidates if c.precision == w.precision and not c.checkpointing and search.fits(c)]
     if unckpt:
@@ -157,7 +249,7 @@ def _checkpointing_reason(request: PlanRequest, w: Candidate, search: _Search) -
         without = f"this setting {_miss(search, plain, request)}, and nothing without checkpointing fits"
     else:
         without = "nothing fits without it, not even at micro-batch 1"
-    return (f"Activation checkpointing on, at ~1/3 extra compute (x{CHECKPOINT_FACTOR}): without it {without}.")
+    return f"Activation checkpointing on, at {_recompute_cost(w, search)}: without it {without}."
 
 
 def _left_out_reasons(request: PlanRequest, w: Candidate, search: _Search) -> list[str]:
@@ -199,6 +291,11 @@ def _more_gpus(request: PlanRequest, w: Candidate, search: _Search, available: i
             best = max(fitting, key=Candidate.rank_key)
             text = (f"with {gpus} the best setting that fits (micro-batch {best.micro_batch_size}"
                     f"{', checkpointing' if best.checkpointing else ''}) runs at {best.speed / w.speed:.0%} of this speed")
+        elif not any(c.group in search.explored for c in with_it):
+            kind = "untraced"
+            best = max(with_it, key=Candidate.rank_key)
+            text = (f"with {gpus} no setting is predicted faster (at best {best.speed / w.speed:.0%} of this speed, "
+                    "so it was not traced)")
         elif any(search.fits_device(c) for c in with_it):
             kind = "host"
             least = min(with_it, key=lambda c: c.host_bytes_per_rank)
@@ -265,7 +362,7 @@ def _alternative(c: Candidate, w: Candidate, search: _Search) -> Alternative:
         world_size=c.world_size, micro_batch_size=c.micro_batch_size,
         accumulate_grad_batches=c.accumulate_grad_batches, precision=c.precision,
         gradient_checkpointing=c.checkpointing, predicted_peak_bytes=search.predicted_bytes(c),
-        relative_speed=c.speed / w.speed, fits=fits, why_not=why, strategy=_layout(c))
+        relative_speed=c.speed / w.speed, fits=fits, why_not=why, strategy=_layout(c), **_figures(c.timing))
 
 
 def _layout(c: Candidate) -> str:
@@ -288,7 +385,7 @@ def _differences(c: Candidate, w: Candidate) -> str:
         out.append("32-true forgoes AMP's tensor-core speed-up")
     if c.precision == "16-mixed" and w.precision == "bf16-mixed":
         out.append("16-mixed pays for a GradScaler; same memory as bf16-mixed")
-    return "; ".join(out) or "ranked lower by the throughput model"
+    return "; ".join(out) or "ranked lower by the step-time model"
 
 
 # --- the data-parallel layout ----------------------------------------------------------------------
@@ -322,7 +419,7 @@ def _strategy_reasons(request: PlanRequest, w: Candidate, search: _Search) -> li
         elif cands:
             lines.append(f"{label}: not traced; it could not beat this setting's predicted speed.")
     if w.sharding is not None:
-        loss = 1 - w.speed / _ddp_speed(w)
+        loss = 1 - w.speed / _ddp_speed(w, search)
         cost = (f"cost {loss:.0%} of DDP's speed at this setting" if loss >= 0.005 else
                 "hide behind compute at this setting (no loss against DDP)")
         lines.insert(0, f"FSDP {w.sharding}{' with CPU offload' if w.offload else ''}: parameters, gradients and "
@@ -331,9 +428,7 @@ def _strategy_reasons(request: PlanRequest, w: Candidate, search: _Search) -> li
     return lines
 
 
-def _ddp_speed(w: Candidate) -> float:
-    from memplan.planner.costs import relative_throughput
-
-    return relative_throughput(world_size=w.world_size, micro_batch_size=w.micro_batch_size,
-                               accumulate_grad_batches=w.accumulate_grad_batches, precision=w.precision,
-                               checkpointing=w.checkpointing, compute_capability=w.compute_capability)
+def _ddp_speed(w: Candidate, search: _Search) -> float:
+    """The winner's speed at the same setting under DDP (the step-time model, no trace)."""
+    ddp = dataclasses.replace(w, group=dataclasses.replace(w.group, sharding=None, offload=False, world_size=0))
+    return search.timed(ddp).speed

@@ -43,16 +43,20 @@ NoFit is raised.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from memplan.estimator.cuda import nccl_buffer_bytes
 from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Plan
-from memplan.planner.candidates import Candidate, Group, enumerate_candidates
+from memplan.planner.candidates import Candidate, Group, enumerate_candidates, fastest
+from memplan.planner.costs import predict_step
 from memplan.planner.explain import describe_plan
 from memplan.planner.floors import Floors
 from memplan.planner.nofit import NoFit, fsdp_full_shard_bytes
+from memplan.planner.profile import CostProfile
 from memplan.planner.request import PlanRequest
 from memplan.units import MiB, format_bytes
 
@@ -64,6 +68,10 @@ SAFETY_BYTES = 32 * MiB
 MAX_VERIFICATIONS = 3
 """Exact traces of the best candidate before settling for the best one that fit; a search that
 has found none that fits keeps shrinking past it."""
+EXPLORE_MARGIN = 0.02
+"""A group is traced only when its best candidate could beat the best fit so far by more than this fraction
+of predicted speed: closer than the step-time model can tell (benchmarks/results/published_throughput.md),
+and not worth a trace."""
 EXTRAPOLATION_SLACK = 0.02
 """Extra fraction of the predicted growth beyond the largest traced micro-batch."""
 
@@ -149,11 +157,23 @@ class _Curve:
         return int(self.points[lo] + growth * (1 + EXTRAPOLATION_SLACK)) + SAFETY_BYTES
 
 
+def _slowest(devices) -> str:
+    """The GPU that sets the pace of a step over `devices`: the one of least dense half-precision peak."""
+    from memplan.hardware.catalog import gpu_links
+
+    return min(devices, key=lambda d: gpu_links(d.name).dense_half_flops).name
+
+
 class _Search:
     def __init__(self, request: PlanRequest, estimator: Estimator) -> None:
         self.request = request
         self.estimator = estimator
-        self.candidates = list(enumerate_candidates(request))
+        self.traces: dict[tuple, MemoryEstimate] = {}
+        self.floors = Floors(request.parameter_bytes, request.optimizer_state_bytes)
+        self.calls = 0
+        candidates = list(enumerate_candidates(request))
+        self.profile = self.cost_profile(candidates)
+        self.candidates = [self.timed(c) for c in candidates]
         self.groups: dict[Group, list[Candidate]] = {}
         for c in self.candidates:
             self.groups.setdefault(c.group, []).append(c)
@@ -163,11 +183,50 @@ class _Search:
             kin = [h for h in self.curves if h != g and (h.amp, h.checkpointing) == (g.amp, g.checkpointing)]
             kin.sort(key=lambda h: (h.sharding is not None, h.multi == g.multi))
             curve.siblings = tuple(self.curves[h] for h in kin)
-        self.traces: dict[tuple, MemoryEstimate] = {}
-        self.floors = Floors(request.parameter_bytes, request.optimizer_state_bytes)
         self.explored: set[Group] = set()
         self.unfit: set[Group] = set()
-        self.calls = 0
+        self.explore(self.base)  # the group the step-time model was traced on: its traces are made
+
+    # --- the step-time model ---------------------------------------------------------------------
+    def cost_profile(self, candidates: list[Candidate]) -> CostProfile:
+        """The model's step costs (profile.py) from the traces of one group: AMP where allowed, no
+        checkpointing, DDP (else one GPU, else FSDP; a layout whose lower bound fits first), at micro-batch 1
+        and PROBE_MICRO (when micro-batch 1 fits): the traces the search makes first for that group anyway."""
+        groups = {c.group for c in candidates}
+        amp = any(g.amp for g in groups)
+        pool = [g for g in groups if g.amp == amp and not g.checkpointing]
+        possible = {c.group for c in candidates if c.group in pool and self.possible(c)}  # floors.py, no trace
+        base = max(pool, key=lambda g: (g in possible, g.sharding is None, g.multi, not g.offload,
+                                        g.sharding == "FULL_SHARD"))
+        self.base = base
+        own = [c for c in candidates if c.group == base]
+        largest = max(c.micro_batch_size for c in own)
+        precision, layout = self.trace_precision(base), (base.sharding, base.offload)
+        probe = min(PROBE_MICRO, largest) if largest > 1 else None
+        if probe is not None:
+            self.prefetch(probe, precision, False, base.probe_world_size, *layout)
+        low = self.trace(1, precision, False, base.probe_world_size, *layout)
+        high = None
+        if probe is not None and low.device_total <= max(c.budget_bytes for c in own):
+            high = self.trace(probe, precision, False, base.probe_world_size, *layout)
+        elif probe is not None:
+            self.cancel_prefetch(probe, precision, False, base.probe_world_size, *layout)
+        request = self.request
+        parameters = request.parameter_count or low.num_parameters
+        if low.step_costs is None:  # an estimator that does not count costs
+            return CostProfile.from_parameters(parameters, tokens_per_sample=request.tokens_per_sample, amp=amp)
+        return CostProfile(low.step_costs, high=high.step_costs if high is not None else None,
+                           high_micro=probe or 0, traced_amp=amp, parameter_count=parameters,
+                           tokens_per_sample=request.tokens_per_sample)
+
+    def timed(self, c: Candidate) -> Candidate:
+        """The candidate with its predicted step time (costs.predict_step) and speed."""
+        timing = predict_step(
+            self.profile, precision=c.precision, checkpointing=c.checkpointing, micro_batch_size=c.micro_batch_size,
+            accumulate_grad_batches=c.accumulate_grad_batches, world_size=c.world_size, gpus_per_node=c.gpus_per_node,
+            nodes=self.request.nodes, sharding=c.sharding, offload=c.offload, gpu_name=_slowest(c.devices),
+            largest_block_bytes=self.request.largest_block_bytes)
+        return dataclasses.replace(c, speed=timing.samples_per_s, timing=timing)
 
     # --- estimator calls ------------------------------------------------------------------------
     def setting(self, micro: int, precision: str, checkpointing: bool, world_size: int,
@@ -267,11 +326,14 @@ class _Search:
 
     def best_fit(self) -> Candidate | None:
         fitting = [c for c in self.candidates if self.fits(c)]
-        return max(fitting, key=Candidate.rank_key) if fitting else None
+        return fastest(fitting)
 
     def next_group(self, best: Candidate | None) -> Group | None:
+        """The unexplored group whose best candidate could beat `best` by more than EXPLORE_MARGIN."""
+        floor = None if best is None else math.log(best.speed * (1 + EXPLORE_MARGIN)) if best.speed > 0 else -math.inf
         pending = [(b, g) for g in self.groups if g not in self.explored and not self.ruled_out(g)
-                   and (b := self.bound(g)) is not None and (best is None or b > best.rank_key())]
+                   and (b := self.bound(g)) is not None
+                   and (best is None or (b > best.rank_key() and b[0] > floor))]
         return max(pending, key=lambda item: item[0])[1] if pending else None
 
     def run(self) -> tuple[Candidate, MemoryEstimate]:
@@ -296,7 +358,7 @@ class _Search:
             if best.trace_key in self.traces:
                 return best, self.traces[best.trace_key]
             if verifications >= MAX_VERIFICATIONS and verified:
-                top = max(verified, key=Candidate.rank_key)
+                top = fastest(verified)
                 return top, self.traces[top.trace_key]
             est = self.trace(*best.trace_key)
             verifications += 1
@@ -374,7 +436,7 @@ class _Search:
 
 
 def make_plan(request: PlanRequest, estimator: Estimator) -> Plan:
-    """The fastest setting (relative_throughput) whose traced memory fits every chosen GPU and the
+    """The fastest setting (costs.predict_step) whose traced memory fits every chosen GPU and the
     host, with the runners-up and the reasons. Raises NoFit when nothing fits, ValueError for a bad
     request (checked when the PlanRequest is built)."""
     if not isinstance(request, PlanRequest):

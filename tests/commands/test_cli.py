@@ -28,7 +28,10 @@ def test_suggest_off_box_keeps_the_global_batch_and_fits(capsys):
     assert plan.global_batch_size == config["memplan"]["global_batch_size"]
     assert plan.micro_batch_size * plan.world_size * plan.accumulate_grad_batches == plan.global_batch_size
     assert plan.predicted_peak_bytes <= plan.device_budget_bytes
-    assert plan.world_size == 4 and plan.precision == "bf16-mixed"
+    # The demo MLP's step is bound by the host's per-op launch cost (planner/costs.py): more GPUs do not
+    # finish the global batch sooner, and AMP's casts are extra ops; the predicted figures say so.
+    assert (plan.world_size, plan.precision) == (1, "32-true") and plan.predicted_step_seconds > 0
+    assert all(a.samples_per_s <= plan.samples_per_s * 1.01 for a in plan.alternatives if a.fits)
     assert plan.model_class == "memplan.demos.MLP" and len(plan.model_fingerprint) == 16  # checked when applied
     assert plan.gpu_name == "A100-80GB" and plan.gpu_total_bytes > 0
 
@@ -42,7 +45,8 @@ def test_suggest_prints_a_table_with_reasons(capsys):
 
 def test_suggest_output_writes_a_planned_config_and_the_plan(capsys, tmp_path):
     out_path = tmp_path / "planned.yaml"
-    code, out, _ = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, "--output", str(out_path))
+    big = ("--global-batch-size", "1048576")  # enough work per step that two GPUs and AMP pay (planner/costs.py)
+    code, out, _ = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, *big, "--output", str(out_path))
     assert code == 0
     planned = yaml.safe_load(out_path.read_text())
     plan = Plan.from_dict(json.loads(out_path.with_suffix(".plan.json").read_text()))
@@ -52,7 +56,7 @@ def test_suggest_output_writes_a_planned_config_and_the_plan(capsys, tmp_path):
     assert "torchrun --nproc-per-node=2" in out
     assert "Changes to" in out and "trainer.accumulate_grad_batches" in out  # the before -> after table
 
-    code, _, err = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, "--output", str(out_path))
+    code, _, err = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, *big, "--output", str(out_path))
     assert code == 2 and f"--output would replace {out_path} and {out_path.with_suffix('.plan.json')}" in err
     out_path.write_text("edited by the user\n")
     code, _, _ = run(capsys, "suggest", "--gpus", "1", "--gpu", "V100-32GB", MLP, "--output", str(out_path), "--force")
@@ -113,12 +117,15 @@ def test_suggest_json_with_output_keeps_stdout_pure_json(capsys, tmp_path):
 
 
 def test_fewer_gpus_than_given_is_never_silent(capsys):
-    # the MLP config's global batch of 1024 does not split over 48 ranks: the plan uses 32 and says so
-    code, out, err = run(capsys, "suggest", "--gpus", "48", "--gpu", "A100-80GB", MLP, "--json")
-    assert code == 0 and json.loads(out)["world_size"] == 32
-    assert "the plan uses 32 of the 48 GPUs per node --gpus gives" in err and "does not split evenly" in err
-    code, out, _ = run(capsys, "suggest", "--gpus", "48", "--gpu", "A100-80GB", MLP)
-    assert "Uses 32 of 48 GPUs per node" in " ".join(out.split())
+    # a global batch of 2**20 does not split over 48 ranks (nor any count above 32 but 2**20's divisors):
+    # the plan uses fewer GPUs and says so
+    big = ("--global-batch-size", "1048576")
+    code, out, err = run(capsys, "suggest", "--gpus", "48", "--gpu", "A100-80GB", MLP, *big, "--json")
+    world = json.loads(out)["world_size"]
+    assert code == 0 and 1 < world <= 32
+    assert f"the plan uses {world} of the 48 GPUs per node --gpus gives" in err and "does not split evenly" in err
+    code, out, _ = run(capsys, "suggest", "--gpus", "48", "--gpu", "A100-80GB", MLP, *big)
+    assert f"Uses {world} of 48 GPUs per node" in " ".join(out.split())
 
 
 @pytest.mark.parametrize("flags, expected", [((), ("lightning", "balanced")),

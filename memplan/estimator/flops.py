@@ -1,0 +1,230 @@
+"""What one traced training step computes and moves: each op's FLOPs and bytes, for the step-time model.
+
+The trace that measures memory (tracker.py) sees every ATen op of the steady-state step on fake
+tensors; `CostCounter.record` turns each into an `OpCost`:
+
+- FLOPs: torch.utils.flop_counter's formulas (matmuls, convolutions and their backward, the SDPA /
+  flash / memory-efficient attention kernels and their backward: 2 FLOPs per multiply-add), which
+  need shapes only and so work on fake tensors; a causal attention kernel counts half (it skips the
+  masked tiles), the CPU's fused SDPA kernels take the same formulas. Any other op counts one FLOP per output element
+  (elementwise) or per input element (reductions): small next to the matmuls, and its time is set
+  by its bytes anyway.
+- Bytes moved: the sizes of the op's tensor inputs plus its outputs (an in-place foreach op reads and
+  writes its first list). Views, aliases and allocations move nothing and are not recorded; a gather
+  (embedding, index_select) reads as many table bytes as it writes, not the whole table.
+- Class: matmul (mm, addmm, bmm, convolutions), attention (the fused SDPA kernels), reduction
+  (sums, norms, softmax, losses) or elementwise (the rest, copies and the optimizer's foreach ops).
+- Phase: forward, backward, recompute (a checkpointed block's forward run again in backward) or
+  optimizer. Ops inside a repeated block (what memplan checkpoints) are marked `in_block`.
+- dtype: the op's first floating input ('fp32', 'bf16', 'fp16'); fp32 convolutions are 'tf32'
+  (cuDNN allows TF32 by default, cuBLAS matmuls do not).
+
+No op is run for its cost and nothing here allocates: a counter adds a few dict look-ups per op.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+OP_CLASSES = ("matmul", "attention", "elementwise", "reduction")
+"""The op classes the step-time model gives their own efficiency."""
+PHASES = ("forward", "backward", "recompute", "optimizer")
+"""Where in the step an op runs."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpCost:
+    """One op of a traced step (or `count` identical ones)."""
+
+    op_class: str
+    """One of OP_CLASSES."""
+    dtype: str
+    """'fp32', 'tf32' (an fp32 convolution), 'bf16' or 'fp16': which peak the op runs at."""
+    phase: str
+    """One of PHASES."""
+    flops: int
+    """Floating-point operations (a multiply-add is 2)."""
+    bytes: int
+    """Bytes read and written: tensor inputs plus outputs."""
+    cast: bool = False
+    """A dtype conversion copy (autocast's casts of weights and activations)."""
+    in_block: bool = False
+    """Run inside a repeated block (a transformer layer): what checkpointing recomputes."""
+    convolution: bool = False
+    """A convolution (or its backward): in fp32 it runs at the TF32 peak, as cuDNN allows TF32 by default."""
+    count: int = 1
+    """How many identical ops this record stands for."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCosts:
+    """The ops of one steady-state training step, in the order they ran."""
+
+    ops: tuple[OpCost, ...]
+    """Every op that computes or moves data."""
+
+    def flops(self, *phases: str, classes: tuple[str, ...] = OP_CLASSES) -> int:
+        """FLOPs of the given phases (all when none are given) and op classes."""
+        return sum(o.flops * o.count for o in self.ops
+                   if (not phases or o.phase in phases) and o.op_class in classes)
+
+    def bytes(self, *phases: str) -> int:
+        """Bytes moved in the given phases (all when none are given)."""
+        return sum(o.bytes * o.count for o in self.ops if not phases or o.phase in phases)
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """{phase: {'flops': ..., 'bytes': ..., 'ops': ...}}, JSON-ready."""
+        return {p: {"flops": self.flops(p), "bytes": self.bytes(p),
+                    "ops": sum(o.count for o in self.ops if o.phase == p)} for p in PHASES}
+
+
+# --- counting ------------------------------------------------------------------------------------
+_REDUCTION_WORDS = ("sum", "mean", "norm", "softmax", "amax", "amin", "max", "min", "var", "std", "nll_loss",
+                    "cross_entropy", "argmax", "argmin", "cumsum", "prod", "logsumexp", "any", "all", "topk", "sort")
+_FREE_OPS = {"detach", "alias", "lift_fresh", "lift_fresh_copy", "empty", "empty_like", "empty_strided", "new_empty",
+             "new_empty_strided", "_local_scalar_dense", "set_", "resize_", "_unsafe_view", "view", "t",
+             "_has_compatible_shallow_copy_type", "is_same_size", "size", "stride", "sym_size", "sym_stride",
+             "sym_numel", "sym_storage_offset", "_to_copy_meta", "record_stream", "_version", "device"}
+_GATHERS = {"embedding", "index_select", "index", "gather"}
+_CONVOLUTIONS = ("conv", "convolution")
+_CPU_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"}
+"""The CPU's fused SDPA kernels, which torch.utils.flop_counter has no formula for (its SDPA formulas serve)."""
+_PHASE_NAMES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
+
+
+@functools.lru_cache(maxsize=None)
+def _classify(packet: Any) -> str | None:
+    """The op class of an ATen overload packet; None for ops that move nothing."""
+    from torch.utils.flop_counter import flop_registry
+
+    name = packet.__name__.split(".")[-1]
+    if name in _FREE_OPS:
+        return None
+    if packet in flop_registry or name in _CPU_ATTENTION:
+        return "attention" if "attention" in name else "matmul"
+    base = name.lstrip("_").removeprefix("foreach_")
+    return "reduction" if any(w in base for w in _REDUCTION_WORDS) else "elementwise"
+
+
+def _dtype_name(dtype: Any, *, convolution: bool) -> str:
+    import torch
+
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    return "tf32" if convolution else "fp32"
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size()
+
+
+class CostCounter:
+    """Counts the FLOPs and bytes of each op the tracker sees (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._ops: list[OpCost] = []
+        self._block_depth = 0
+        self._counting = False
+
+    def reset(self) -> None:
+        """Start counting afresh: the steady-state step (ops before the first reset are not counted)."""
+        self._ops.clear()
+        self._counting = True
+
+    def watch_blocks(self, blocks: list[Any]) -> None:
+        """Mark ops run inside `blocks` (forward hooks) and inside a checkpointed block's recompute
+        (memplan's checkpoint wrapper calls the block's own forward again in backward)."""
+        from memplan.estimator.checkpointing import _checkpointed_forward
+
+        for block in blocks:
+            block.register_forward_pre_hook(self._enter)
+            block.register_forward_hook(self._leave)
+            forward = block.forward
+            if isinstance(forward, functools.partial) and forward.func is _checkpointed_forward:
+                block.forward = functools.partial(forward.func, self._inside(forward.args[0]), *forward.args[1:])
+
+    def _enter(self, *_: Any) -> None:
+        self._block_depth += 1
+
+    def _leave(self, *_: Any) -> None:
+        self._block_depth -= 1
+
+    def _inside(self, forward):
+        @functools.wraps(forward)
+        def inside(*args, **kwargs):
+            self._block_depth += 1
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self._block_depth -= 1
+        return inside
+
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, inputs: list, outputs: list, phase: str) -> None:
+        """Count one op: `out` is what it returned, `inputs` / `outputs` its tensor arguments and results,
+        `phase` the tracker's phase name ('setup' ops are not part of a step and are skipped)."""
+        if not self._counting or phase not in _PHASE_NAMES or getattr(func, "is_view", False):
+            return
+        packet = func._overloadpacket
+        op_class = _classify(packet)
+        if op_class is None:
+            return
+        name = packet.__name__.split(".")[-1]
+        out_bytes = sum(_nbytes(t) for t in outputs)
+        if name in _GATHERS and inputs:
+            in_bytes = min(_nbytes(inputs[0]), out_bytes) + sum(_nbytes(t) for t in inputs[1:])
+        else:
+            in_bytes = sum(_nbytes(t) for t in inputs)
+        if name.endswith("_") and not outputs and args and isinstance(args[0], (list, tuple)):
+            in_bytes += sum(_nbytes(t) for t in args[0] if hasattr(t, "element_size"))  # foreach in place: written back
+        if op_class in ("matmul", "attention"):
+            flops = _matmul_flops(func, packet, name, args, kwargs, out)
+        elif op_class == "reduction":
+            flops = sum(t.numel() for t in inputs)
+        else:
+            flops = sum(t.numel() for t in outputs) or sum(t.numel() for t in inputs)
+        floating = [t for t in inputs if t.is_floating_point()] or [t for t in outputs if t.is_floating_point()]
+        convolution = op_class == "matmul" and any(w in name for w in _CONVOLUTIONS)
+        dtype = _dtype_name(floating[0].dtype if floating else None, convolution=convolution)
+        cast = name in ("_to_copy", "copy_") and bool(inputs) and bool(outputs) and inputs[-1].dtype != outputs[0].dtype
+        in_block = self._block_depth > 0
+        step_phase = "recompute" if phase == "backward" and in_block else _PHASE_NAMES[phase]
+        self._ops.append(OpCost(op_class=op_class, dtype=dtype, phase=step_phase, flops=flops,
+                                bytes=in_bytes + out_bytes, cast=cast, in_block=in_block,
+                                convolution=convolution))
+
+    def result(self) -> StepCosts:
+        """The counted step, op by op in the order they ran."""
+        return StepCosts(ops=tuple(self._ops))
+
+
+def _matmul_flops(func: Any, packet: Any, name: str, args: tuple, kwargs: dict, out: Any) -> int:
+    """torch.utils.flop_counter's count of a matmul, convolution or attention op; a causal attention
+    kernel skips the masked half of the scores, so it counts half."""
+    from torch.utils import flop_counter
+
+    try:
+        if name in _CPU_ATTENTION:
+            backward = name.endswith("backward")
+            shapes = [tuple(t.shape) for t in args[:4 if backward else 3]]
+            flops = (flop_counter.sdpa_backward_flop_count(*shapes) if backward else flop_counter.sdpa_flop_count(*shapes))
+        else:
+            flops = flop_counter.flop_registry[packet](*args, **kwargs, out_val=out)
+    except (AssertionError, TypeError, ValueError, IndexError, AttributeError):
+        # a formula that does not know this call's arguments: the op still counts by its bytes. The memory
+        # estimate around it must not fail for the step-time model's sake.
+        return 0
+    return int(flops) // 2 if "attention" in name and _is_causal(func, args, kwargs) else int(flops)
+
+
+def _is_causal(func: Any, args: tuple, kwargs: dict) -> bool:
+    """The op's `is_causal` argument, found by name in its schema."""
+    if "is_causal" in kwargs:
+        return bool(kwargs["is_causal"])
+    names = [a.name for a in func._schema.arguments]
+    if "is_causal" in names:
+        i = names.index("is_causal")
+        return bool(args[i]) if i < len(args) else False
+    return False

@@ -1,0 +1,127 @@
+"""A model's step costs at any micro-batch, precision and checkpointing, from the traces of one setting.
+
+The planner traces one group (AMP where allowed, no checkpointing) at micro-batch 1 and PROBE_MICRO for
+its memory line anyway; the same traces count each op's FLOPs and bytes (estimator/flops.py). The ops
+run in the same order at both micro-batches, so each op's FLOPs and bytes are a line in the
+micro-batch (a weight is read once per op whatever the batch; activations grow with it). The other
+settings are derived without another trace:
+
+- checkpointing: each forward op inside a repeated block runs again in backward (phase 'recompute');
+- 32-true from an AMP trace: autocast's dtype casts go, and half-precision ops run in fp32 on twice
+  the bytes;
+- a single trace (micro-batch 1 only, or traces whose ops do not line up): the forward and backward
+  ops grow in proportion to the micro-batch, the optimizer's stay.
+
+Without counted costs (an estimator that does not count them, as the tests' simulated ones),
+`CostProfile.from_parameters` stands in: 2 FLOPs per parameter per token forward and 4 backward as
+matmuls reading the weights once per pass, and an Adam step over the parameters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.estimator.flops import OpCost, StepCosts
+
+STEP_PHASES = ("forward", "backward")
+"""Phases whose costs grow with the micro-batch."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaledOp:
+    """One op (or `count` identical ones) at a given micro-batch and setting."""
+
+    op_class: str
+    """matmul, attention, elementwise or reduction."""
+    dtype: str
+    """fp32, tf32, bf16 or fp16."""
+    phase: str
+    """forward, backward, recompute or optimizer."""
+    flops: float
+    """FLOPs of one op."""
+    bytes: float
+    """Bytes one op reads and writes."""
+    count: int = 1
+    """How many identical ops."""
+
+    def sharded(self, shard: int) -> ScaledOp:
+        """The op over 1/shard of its tensors (an optimizer op under FSDP)."""
+        if shard == 1:
+            return self
+        return ScaledOp(op_class=self.op_class, dtype=self.dtype, phase=self.phase, flops=self.flops / shard,
+                        bytes=self.bytes / shard, count=self.count)
+
+
+class CostProfile:
+    """Step costs of one model as a function of (micro-batch, AMP, checkpointing); see the module docstring."""
+
+    def __init__(self, low: StepCosts, *, low_micro: int = 1, high: StepCosts | None = None, high_micro: int = 0,
+                 traced_amp: bool, parameter_count: int, tokens_per_sample: int = 1) -> None:
+        self.traced_amp = traced_amp
+        """Whether the traces ran under AMP (a 32-true setting is then derived from them)."""
+        self.parameter_count = parameter_count
+        """Parameters of the model (communication and offload volumes)."""
+        self.tokens_per_sample = tokens_per_sample
+        """Sequence positions per sample (1: the batch has no sequence dimension)."""
+        self._low, self._low_micro = low.ops, low_micro
+        lined_up = (high is not None and high_micro > low_micro and len(high.ops) == len(low.ops)
+                    and all((a.op_class, a.phase, a.dtype) == (b.op_class, b.phase, b.dtype)
+                            for a, b in zip(low.ops, high.ops)))
+        self._high = high.ops if lined_up else None
+        self._high_micro = high_micro
+        self.two_points = lined_up
+        """Whether the costs are lines through two traced micro-batches (else proportional to one)."""
+        self._cache: dict[tuple, list[ScaledOp]] = {}
+
+    @classmethod
+    def from_parameters(cls, parameter_count: int, *, tokens_per_sample: int = 1, amp: bool = True) -> CostProfile:
+        """A stand-in from the parameter count alone (module docstring), for estimates without costs."""
+        n, t = parameter_count, tokens_per_sample
+        dtype, size = ("bf16", 2) if amp else ("fp32", 4)
+
+        def costs(micro: int) -> StepCosts:
+            tokens = t * micro
+            return StepCosts(ops=(
+                OpCost(op_class="matmul", dtype=dtype, phase="forward", flops=2 * n * tokens, bytes=size * n,
+                       in_block=True),
+                OpCost(op_class="matmul", dtype=dtype, phase="backward", flops=4 * n * tokens, bytes=2 * size * n),
+                OpCost(op_class="elementwise", dtype="fp32", phase="optimizer", flops=12 * n, bytes=28 * n),
+            ))
+        return cls(costs(1), high=costs(2), high_micro=2, traced_amp=amp, parameter_count=n,
+                   tokens_per_sample=tokens_per_sample)
+
+    def ops(self, micro: int, *, amp: bool, checkpointing: bool) -> list[ScaledOp]:
+        """The step's ops at micro-batch `micro` under AMP or 32-true, with or without checkpointing,
+        identical ops merged."""
+        key = (micro, amp, checkpointing)
+        if key not in self._cache:
+            self._cache[key] = self._derive(micro, amp, checkpointing)
+        return self._cache[key]
+
+    def _derive(self, micro: int, amp: bool, checkpointing: bool) -> list[ScaledOp]:
+        merged: dict[tuple, int] = {}
+        for i, op in enumerate(self._low):
+            flops, nbytes = self._at(i, op, micro)
+            dtype = op.dtype
+            if self.traced_amp and not amp:
+                if op.cast:
+                    continue
+                if dtype in ("bf16", "fp16"):
+                    dtype, nbytes = ("tf32" if op.convolution else "fp32"), 2 * nbytes
+            phases = [op.phase] + (["recompute"] if checkpointing and op.phase == "forward" and op.in_block else [])
+            for phase in phases:
+                k = (op.op_class, dtype, phase, flops, nbytes)
+                merged[k] = merged.get(k, 0) + op.count
+        return [ScaledOp(op_class=c, dtype=d, phase=p, flops=f, bytes=b, count=n)
+                for (c, d, p, f, b), n in merged.items()]
+
+    def _at(self, i: int, op: OpCost, micro: int) -> tuple[float, float]:
+        """(FLOPs, bytes) of the i-th traced op at micro-batch `micro`."""
+        if op.phase == "optimizer":
+            return float(op.flops), float(op.bytes)
+        if self._high is not None:
+            hi = self._high[i]
+            span = (micro - self._low_micro) / (self._high_micro - self._low_micro)
+            return (max(0.0, op.flops + (hi.flops - op.flops) * span),
+                    max(0.0, op.bytes + (hi.bytes - op.bytes) * span))
+        ratio = micro / self._low_micro
+        return op.flops * ratio, op.bytes * ratio
