@@ -636,7 +636,6 @@ def test_sigterm_while_the_pair_is_written_leaves_both_or_neither_and_no_tempora
     import signal
     import subprocess
     import sys
-    import time
 
     loaded = load_text(tmp_path, MLP_CONFIG)
     script = f"""

@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from memplan.commands import args as arg
 from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, MAX_NODES, MAX_WORLD_SIZE
@@ -354,7 +353,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from memplan.estimator.calibration import calibration_path, save_calibration
     from memplan.config import load_config
-    from memplan.plan import Plan
     from memplan.commands.validate import (Setting, calibration_from, check_room, compare, estimate_for,
                                            measure_in_subprocess, report_lines)
 
