@@ -75,8 +75,8 @@ class Scan:
         how = ("every batch of an epoch" if self.complete else f"{self.scanned} batches, all of one shape"
                if self.fixed else f"{self.scanned} batches")
         ratio = self.load_per_sample / self.first_load_per_sample if self.first_load_per_sample else 1.0
-        return (f"planned for the heaviest of {how} read at fit start ({self.seconds:.1f} s, collate only): per-sample "
-                f"tensors {self.shapes}, {ratio:.2f}x the first batch's elements per sample")
+        return (f"planned for the heaviest of {how} read from the train loader ({self.seconds:.1f} s, collate only): "
+                f"per-sample tensors {self.shapes}, {ratio:.2f}x the first batch's elements per sample")
 
 
 def scan(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan:

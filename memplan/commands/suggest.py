@@ -191,7 +191,7 @@ def plan_config(
         skeleton = fake_model(loaded.build_model, new_fake_mode(), device=torch.device("cpu"),
                               param_dtype=torch.float32)
     has_blocks = bool(find_repeated_blocks(skeleton))
-    progress.say("reading one batch" + (" from memplan.batch_spec" if loaded.settings.batch_spec is not None
+    progress.say("reading batches" + (" from memplan.batch_spec" if loaded.settings.batch_spec is not None
                                         else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))
     base = loaded.example_batch(loaded.data_batch_size or 1)
     hints = loaded.loader
@@ -231,6 +231,8 @@ def plan_config(
     finally:
         progress.clear()
     reasons = tuple(_plain_words(r, wanted, why_no_checkpointing) for r in plan.reasons)
+    if loaded.planned_for is not None:  # which batch of the loader the figures are for (memplan.shapes)
+        reasons = (*reasons, f"{_upper_first(loaded.planned_for)}.")
     return dataclasses.replace(plan, reasons=reasons, gpu_total_bytes=hardware.devices[0].total_bytes,
                                model_class=model_class_name(skeleton), model_fingerprint=model_fingerprint(skeleton))
 
