@@ -6,10 +6,10 @@ A batch's *load* is the elements of its per-sample tensors (those whose first di
 size): what grows with sequence length or image size. At fit start MemoryPlanner reads batches from a
 fresh train loader (collate only: the model does not run) until it has seen `max_batches` of them or
 `seconds` have passed, and plans with the one of the largest load per sample. Where the first
-SAME_SHAPE_STOP batches all have the same per-sample shapes (fixed-size data: most image and packed-token
-pipelines) it stops there: such a loader has nothing heavier to find, and reading on would only cost time. The scan restores the
-random number generators it advanced (torch's, Python's, NumPy's), so the training sees the data it
-would have seen without MemoryPlanner.
+SAME_SHAPE_STOP batches all have the same per-sample shapes (fixed-size data: most image and
+packed-token pipelines) it stops there: such a loader has nothing heavier to find, and reading on would
+only cost time. The scan restores the random number generators it advanced (torch's, Python's,
+NumPy's), so the training sees the data it would have seen without MemoryPlanner.
 
 In training, a batch heavier per sample than the one planned for runs as smaller chunks before it runs
 (`chunk_for`): memory is taken as linear in the load, which holds for everything but attention
