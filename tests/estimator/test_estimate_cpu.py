@@ -489,17 +489,70 @@ def test_half_precision_matmul_with_scalar_keywords_is_probed(monkeypatch):
     assert len(probe.probed) == 2
 
 
-def test_the_probe_stops_running_new_shapes_once_its_time_budget_is_spent(monkeypatch):
-    """On a CPU without fast half-precision kernels a probed matmul can take a second: past the trace's
-    budget new shapes are skipped, and the notes say so."""
+def test_the_probe_stops_running_new_shapes_once_its_work_budget_is_spent(monkeypatch):
+    """The probe's budget is work (floating-point operations and bytes), summed over the trace's distinct
+    shapes in the order it meets them, never time: a shape that would take the sum past the budget is
+    skipped (and every later sighting of it), a smaller one met later still fits. A shape an earlier
+    trace of this process measured is charged and skipped alike, so the estimate does not depend on
+    what ran before it in the process, nor on how busy the host is."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memplan.estimator import kernel_probe
+    from memplan.estimator.kernel_probe import KernelScratchProbe
+
+    addmm = torch.ops.aten.addmm.default
+    with FakeTensorMode():
+        def shape(m, k, n):
+            args = (torch.empty(n, dtype=torch.float16), torch.empty(m, k, dtype=torch.float16),
+                    torch.empty(k, n, dtype=torch.float16))
+            return args, torch.empty(m, n, dtype=torch.float16)
+        big, other_big, small = shape(256, 512, 512), shape(256, 512, 384), shape(64, 128, 128)
+    flops = {name: 2 * m * k * n for name, (m, k, n) in
+             {"big": (256, 512, 512), "other_big": (256, 512, 384), "small": (64, 128, 128)}.items()}
+    monkeypatch.setattr(kernel_probe, "_CACHE", {})
+    monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_FLOPS", flops["big"] + flops["small"])
+    probe = KernelScratchProbe()
+    probe.scratch_bytes(addmm, big[0], {}, big[1])
+    assert probe.scratch_bytes(addmm, other_big[0], {}, other_big[1]) == 0  # past the budget: skipped
+    probe.scratch_bytes(addmm, small[0], {}, small[1])  # still within it
+    probe.scratch_bytes(addmm, big[0], {}, big[1])  # met again: not charged twice
+    assert (len(probe.probed), len(probe.skipped), probe.flops) == (2, 1, flops["big"] + flops["small"])
+    assert any("not counted" in n and "probing budget" in n for n in probe.notes()), probe.notes()
+
+    # A later trace in the same process, with every shape already measured: the same shapes are skipped.
+    monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_FLOPS", 10**12)
+    KernelScratchProbe().scratch_bytes(addmm, other_big[0], {}, other_big[1])
+    assert len(kernel_probe._CACHE) == 3
+    monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_FLOPS", flops["big"] + flops["small"])
+    again = KernelScratchProbe()
+    for args, out in (big, other_big, small):
+        again.scratch_bytes(addmm, args, {}, out)
+    assert (len(again.probed), len(again.skipped)) == (2, 1)
+    assert again.scratch_bytes(addmm, other_big[0], {}, other_big[1]) == 0
+
+    # The bytes budget works the same way.
+    monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_FLOPS", 10**12)
+    monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_BYTES", 0)
+    by_bytes = KernelScratchProbe()
+    assert by_bytes.scratch_bytes(addmm, small[0], {}, small[1]) == 0 and len(by_bytes.skipped) == 1
+
+
+def test_an_estimate_does_not_depend_on_what_the_process_probed_before(monkeypatch):
+    """With no work budget left every probed shape of the trace is skipped and named in the notes, and
+    an estimate made after another one measured the very same shapes is the same estimate."""
     from memplan.estimator import kernel_probe
 
     monkeypatch.setattr(kernel_probe, "_CACHE", {})
-    monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_S", 0.0)
-    est = estimate(wide_mlp, wide_batch(), loss=ce_loss, precision="16-true", device="cpu")
-    assert any("CPU kernel scratch: the scratch of" in n and "not counted" in n and "probing" in n for n in est.notes), est.notes
-    probed = [n for n in est.notes if "measured by running each of 1 op shapes" in n]
-    assert probed, est.notes  # the first shape runs (nothing spent yet), every later new one is skipped
+    monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_FLOPS", 0)
+    cold = estimate(wide_mlp, wide_batch(), loss=ce_loss, precision="16-true", device="cpu")
+    assert any("not counted" in n and "probing budget of 0 GFLOP" in n for n in cold.notes), cold.notes
+    assert not any(n.startswith(PROBED_NOTE) for n in cold.notes), cold.notes
+    monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_FLOPS", 10**12)
+    probed = estimate(wide_mlp, wide_batch(), loss=ce_loss, precision="16-true", device="cpu")
+    assert any(n.startswith(PROBED_NOTE) for n in probed.notes), probed.notes
+    monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_FLOPS", 0)
+    warm = estimate(wide_mlp, wide_batch(), loss=ce_loss, precision="16-true", device="cpu")
+    assert (warm.peak_allocated, warm.notes) == (cold.peak_allocated, cold.notes)
 
 
 class TokenMixer(nn.Module):
