@@ -9,8 +9,9 @@ category so the breakdown at the peak is a copy of six counters, not a walk over
 
 Ops whose tensor inputs are all real (index arithmetic on the user's batch: masks, positions) run
 for real, so data-dependent Python in models (`if mask.all():`) keeps working; small factory
-outputs (`torch.arange(seq)`) are made real for the same reason. Everything touching a parameter
-stays fake: no weight is ever allocated.
+outputs (`torch.arange(seq)`) are made real for the same reason; a random one among them (LayerDrop's
+`torch.rand([])`) is decided rather than drawn (memplan.estimator.values). Everything touching a
+parameter stays fake: no weight is ever allocated.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from memplan.estimator.kernel_probe import KernelScratchProbe
 from memplan.estimator.kernels import (
     ctc_backward_scratch_bytes, cuda_contiguous_copy_bytes, promotion_scratch_bytes, rnn_workspace_bytes,
 )
+from memplan.estimator.values import is_random
 
 # Factory ops with no tensor inputs whose output is at most this many elements are made real, so
 # that values like `torch.arange(seq_len)` can be inspected by model code. 64 Ki elements.
@@ -262,7 +264,7 @@ class StorageTracker(TorchDispatchMode):
         tensors = _tensors_in((args, kwargs))
         if tensors and not any(isinstance(_local(t), FakeTensor) for t in tensors):
             with _disable_current_modes():
-                out = func(*args, **kwargs)
+                out = self._real(func, args, kwargs)
         else:
             out = self.values.call(func, args, kwargs) if self.values is not None else func(*args, **kwargs)
             if not tensors:
@@ -309,7 +311,13 @@ class StorageTracker(TorchDispatchMode):
         if len(outs) != 1 or outs[0].numel() > REAL_FACTORY_MAX_NUMEL or outs[0].device.type != "cpu":
             return out
         with _disable_current_modes():
-            return func(*args, **kwargs)
+            return self._real(func, args, kwargs)
+
+    def _real(self, func, args, kwargs):
+        """Run `func` on real tensors; a random draw is decided, not drawn (ValueResolver.draw)."""
+        if self.values is not None and is_random(func):
+            return self.values.draw(func, args, kwargs)
+        return func(*args, **kwargs)
 
 
 def _tensors_in(value, found: list | None = None) -> list[torch.Tensor]:
