@@ -636,3 +636,57 @@ def test_cpu_flash_attention_scratch_is_measured_and_matches_a_real_cpu_step():
     truth = measure_cpu_peak(TokenAttention, attention_batch, loss=ce_loss, optimizer="adamw")
     assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
     assert any(n.startswith(PROBED_NOTE) for n in est.notes)
+
+
+class StagedBackbone(nn.Module):
+    """A vision backbone's builder: stage boundaries from `torch.tensor(depths).cumsum(0).tolist()`,
+    drop-path rates from `torch.linspace(...).tolist()`, and a block gated on its rate."""
+
+    def __init__(self, depths=(1, 2, 3, 1), width=96, drop_path_rate=0.3) -> None:
+        super().__init__()
+        ends = torch.tensor(depths).cumsum(0).tolist()
+        rates = torch.linspace(0, drop_path_rate, ends[-1]).tolist()
+        blocks = [nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(ends[-1])]
+        self.stages = nn.ModuleList(nn.Sequential(*blocks[start:end]) for start, end in zip([0, *ends[:-1]], ends))
+        self.stage_rates = [rates[end - 1] for end in ends]  # IndexError when the ends read as zeros
+        self.wide = nn.ModuleList(nn.Linear(width, 4 * width) if rate > 0 else nn.Identity()
+                                  for rate in self.stage_rates)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        for stage, wide in zip(self.stages, self.wide):
+            x = stage(x)
+            if isinstance(wide, nn.Linear):
+                x = x + wide(x).view(*x.shape[:-1], 4, -1).mean(-2)
+        return self.head(x)
+
+
+def backbone_batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(64, 96, generator=g), torch.randint(0, 10, (64,), generator=g)
+
+
+def test_a_builder_that_reads_numbers_back_from_its_config_tensors_builds_the_real_structure():
+    """Under fake mode `.item()` used to be answered with 0 while building: the stage boundaries read
+    as zeros and the builder raised IndexError. Small tensors the builder computes from its own
+    numbers are real, so the estimate sees the model the real builder makes."""
+    def build():
+        torch.manual_seed(0)
+        return StagedBackbone()
+
+    est = estimate(build, backbone_batch(), loss=ce_loss, device="cpu", optimizer="adamw")
+    truth = measure_cpu_peak(build, backbone_batch, loss=ce_loss, optimizer="adamw")
+    assert est.num_parameters == sum(p.numel() for p in build().parameters())
+    assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
+
+
+def test_a_parametrization_that_checks_its_weight_when_registered_builds():
+    """Registering an orthogonal parametrization checks the weight with `allclose`, which a fake
+    weight cannot answer: taken as passing while building."""
+    def build():
+        return nn.Sequential(torch.nn.utils.parametrizations.orthogonal(nn.Linear(512, 512)), nn.Linear(512, 10))
+
+    batch = (torch.randn(4, 512), torch.randint(0, 10, (4,)))
+    est = estimate(build, batch, loss=ce_loss, device="cpu", optimizer="sgd")
+    assert est.num_parameters == sum(p.numel() for p in build().parameters())
+    assert est.parameters >= 4 * est.num_parameters
