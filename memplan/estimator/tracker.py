@@ -188,11 +188,15 @@ class StorageTracker(TorchDispatchMode):
 
     def _accumulation_inputs(self, func, args, kwargs, out) -> list[_Record]:
         """The autograd engine sums two gradients flowing into one tensor (a tensor read several times:
-        `x[:, i]` in a loop, tokens gathered per expert) with `old.add_(new)` when it holds the last
-        reference to one of them (InputBuffer::accumulate), but out of place under any dispatch mode or
-        for a tensor subclass, so the trace allocates a sum the real run never does. An `add` of two
-        same-shape dense gradients in backward, with grad mode off, one made by the node now running and
-        one by another node, is such an accumulation: returns the records of its inputs, else [].
+        `x[:, i]` in a loop, tokens gathered per expert, a weight tied between an embedding and an LM
+        head) with `old + new` (InputBuffer::accumulate), and in place, `old.add_(new)`, only into the
+        gradient already in the buffer (`old`, the first to arrive, made by another node) when the engine
+        holds the last reference to it and to its storage: never into a view, whose base holds the
+        storage too (a Linear weight's gradient, `.t()` of a transposed product), nor into the new one.
+        Under a dispatch mode, or for a tensor subclass, it always adds out of place, so the trace
+        allocates a sum the real run may never hold. An `add` of two same-shape gradients in backward,
+        with grad mode off, the first made by another node and not a view, the second by the node now
+        running, is such an accumulation: returns the first input's record, else [] (counted as it is).
         So is an autocast `F.linear`'s bias add, which the real kernel does in place on the matmul's
         output (memplan.estimator.composite): returns that output's record."""
         if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2 or not isinstance(out, torch.Tensor):
@@ -210,15 +214,18 @@ class StorageTracker(TorchDispatchMode):
         if node is None or not all(isinstance(a, torch.Tensor) and a.shape == out.shape and a.dtype == out.dtype
                                    and a.is_contiguous() for a in args):
             return []
-        records = [self._records.get(a.untyped_storage()) for a in args]
-        if any(r is None or not r.live for r in records) or {r.node == id(node) for r in records} != {True, False}:
+        old, new = args
+        if old._is_view():
+            return []  # the real engine adds out of place: the sum is held beside both gradients
+        records = [self._records.get(a.untyped_storage()) for a in (old, new)]
+        if any(r is None or not r.live for r in records) or records[0].node == id(node) or records[1].node != id(node):
             return []
-        return records
+        return records[:1]
 
     def _settle_accumulation(self) -> None:
-        """After an accumulation's `add`: if one of its inputs died with it (the engine held its last
-        reference), the real engine added in place and never held the sum besides both inputs; count
-        the moment of the add without the sum. Otherwise count it as it was."""
+        """After an accumulation's `add`: if the gradient it could add into died with it (the engine held
+        its last reference), the real engine added in place and never held the sum besides both inputs;
+        count the moment of the add without the sum. Otherwise count it as it was."""
         if self._accumulation is None:
             return
         total, by_category, phase, out_bytes, inputs = self._accumulation
