@@ -437,9 +437,10 @@ def test_half_precision_matmul_scratch_is_measured_and_matches_a_real_cpu_step(p
     """A float16 addmm on CPU converts or packs its operands inside the kernel (0.87 MiB for these
     shapes on a 2-core Xeon; without it the estimate was 5.8 % under at 16-true, 0.74 % at 16-mixed):
     the kernel probe runs each half-precision matmul shape once for real, so the estimate holds it (to
-    the byte on that Xeon)."""
-    est = estimate(wide_mlp, wide_batch(), loss=ce_loss, precision=precision, device="cpu")
-    truth = measure_cpu_peak(wide_mlp, wide_batch, loss=ce_loss, precision=precision)
+    the byte on that Xeon). 16-mixed in a plain loop: Lightning runs bf16-mixed on CPU."""
+    loop = "torch" if precision == "16-mixed" else "lightning"
+    est = estimate(wide_mlp, wide_batch(), loss=ce_loss, precision=precision, device="cpu", loop=loop)
+    truth = measure_cpu_peak(wide_mlp, wide_batch, loss=ce_loss, precision=precision, loop=loop)
     assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
     assert any(n.startswith(PROBED_NOTE) for n in est.notes)
 
@@ -584,11 +585,12 @@ def test_linear_and_gelu_on_a_transposed_activation_match_a_real_cpu_step(precis
     marks that add (estimator.composite) instead of counting a second output (it was 5.9 % over at
     bf16-mixed). And CPU's gelu_backward copies a transposed gradient (2 x its size) inside the kernel,
     softmax and layer_norm their non-contiguous inputs: the kernel probe measures them (it was 22-27 %
-    under in every precision)."""
+    under in every precision). 16-mixed in a plain loop: Lightning runs bf16-mixed on CPU."""
+    loop = "torch" if precision == "16-mixed" else "lightning"
     est = estimate(lambda: TokenMixer(sliced), mixer_batch(), loss=ce_loss, precision=precision, device="cpu",
-                   optimizer="adamw")
+                   optimizer="adamw", loop=loop)
     truth = measure_cpu_peak(lambda: TokenMixer(sliced), mixer_batch, loss=ce_loss, precision=precision,
-                             optimizer="adamw")
+                             optimizer="adamw", loop=loop)
     assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
 
 
@@ -728,3 +730,51 @@ def test_a_tied_weights_two_gradients_are_summed_out_of_place_as_the_engine_does
     est = estimate(build, tied_batch(), loss=tied_loss, optimizer=optimizer, loop=loop, device="cpu")
     truth = measure_cpu_peak(build, tied_batch, loss=tied_loss, optimizer=optimizer, loop=loop)
     assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
+
+
+def small_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(64, 10))
+
+
+def cnn_batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+
+
+def test_16_mixed_on_a_cpu_target_is_estimated_as_lightning_runs_it():
+    """Trainer(accelerator="cpu", precision="16-mixed") trains in bf16-mixed (AMP with float16 is not
+    supported on CPU): the estimate traces that, and says so (it traced float16 autocast, 5.8 % over on
+    a CNN). The truth is a real Trainer.fit (build + 2 steps) under the profiler."""
+    import lightning.pytorch as pl
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.data import DataLoader
+
+    from memplan.estimator.measure import allocator_counts_every_thread, peak_total_allocated
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = small_cnn()
+
+        def training_step(self, batch, batch_idx):
+            return ce_loss(self.model, batch)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.model.parameters())
+
+    with allocator_counts_every_thread(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loader = DataLoader([cnn_batch()] * 2, batch_size=None)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, precision="16-mixed", max_steps=2, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             num_sanity_val_steps=0)
+        trainer.fit(Module(), loader)
+    truth = peak_total_allocated(prof)
+    est = estimate(Module, cnn_batch(), precision="16-mixed", device="cpu")
+    assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
+    assert est.precision == "bf16-mixed"
+    assert any(n.startswith("precision '16-mixed' on a CPU target: Lightning runs bf16-mixed") for n in est.notes)
+    plain = estimate(Module, cnn_batch(), precision="16-mixed", device="cpu", loop="torch")
+    assert plain.precision == "16-mixed"  # a plain loop's own float16 autocast runs on CPU
