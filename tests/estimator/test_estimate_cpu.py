@@ -778,3 +778,35 @@ def test_16_mixed_on_a_cpu_target_is_estimated_as_lightning_runs_it():
     assert any(n.startswith("precision '16-mixed' on a CPU target: Lightning runs bf16-mixed") for n in est.notes)
     plain = estimate(Module, cnn_batch(), precision="16-mixed", device="cpu", loop="torch")
     assert plain.precision == "16-mixed"  # a plain loop's own float16 autocast runs on CPU
+
+
+class DeadBranch(nn.Module):
+    """Branches computed and never used by the loss: `exp` and `sigmoid` save their own outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(256, 256), nn.Linear(256, 10)
+
+    def forward(self, x):
+        h = self.a(x)
+        unused = torch.exp(h)  # noqa: F841 - the point: a branch the loss never reaches
+        unused_too = torch.sigmoid(h) * 2  # noqa: F841
+        return self.b(torch.tanh(h))
+
+
+def dead_batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
+
+
+@pytest.mark.parametrize("optimizer, loop", [("sgd", "torch"), ("adamw", "lightning")])
+def test_a_dead_branch_is_freed_when_the_forward_drops_it(optimizer, loop):
+    """An op that saves its own output held its graph node through the trace's pack hook, a cycle only
+    a backward through it breaks: an unused branch stayed counted (+25 to +30 % here)."""
+    def build():
+        torch.manual_seed(0)
+        return DeadBranch()
+
+    est = estimate(build, dead_batch(), loss=ce_loss, optimizer=optimizer, loop=loop, device="cpu")
+    truth = measure_cpu_peak(build, dead_batch, loss=ce_loss, optimizer=optimizer, loop=loop)
+    assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
