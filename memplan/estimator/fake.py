@@ -7,11 +7,10 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten
 
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake_copy import copy_module_tree
-from memplan.estimator.tracker import REAL_FACTORY_MAX_NUMEL
+from memplan.estimator.tracker import REAL_FACTORY_MAX_NUMEL, _tensors_in
 
 
 def new_fake_mode() -> FakeTensorMode:
@@ -98,7 +97,7 @@ class _BuildMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        tensors = _tensors_in((args, kwargs))
         if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
             with _disable_current_modes():
                 return func(*args, **kwargs)
