@@ -60,7 +60,7 @@ def estimate_one(name: str) -> dict:
     started = time.perf_counter()
     result = estimate(
         case.build, batch, loss=case.loss, optimizer=case.optimizer, precision=case.precision,
-        checkpointing=case.checkpointing, device="cpu",
+        checkpointing=case.checkpointing, device="cpu", loop=case.loop,
     )
     return {
         "estimate": result.to_dict(),

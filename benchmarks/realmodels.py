@@ -24,9 +24,9 @@ router of a seeded initialisation; the estimate assumes balanced routing (data_d
 named in its notes).
 
 wav2vec2 and HuBERT run with `layerdrop=0.0`: LayerDrop skips each layer when `torch.rand([])` falls
-below it, so a step's memory is a random draw, and the truth and the estimate draw from different
-RNG streams (with the default 0.1 the two differed by 40 %). The estimate does not yet assume the
-worst case (no layer dropped) for such draws.
+below it, so a real step's memory is a random draw. The estimate decides such draws as the worst case,
+no layer dropped, whatever the seed (memplan.estimator.values), which is what the truth runs with
+LayerDrop off.
 """
 from __future__ import annotations
 

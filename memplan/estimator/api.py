@@ -81,6 +81,7 @@ def estimate(
         fsdp.check(world_size)
     target = resolve_target(device)
     _check_precision_on_target(policy, target)
+    policy, precision_note = _precision_lightning_runs(policy, target, loop)
 
     started = time.perf_counter()
     group = fake_process_group(world_size) if strategy == "fsdp" else contextlib.nullcontext()
@@ -89,6 +90,8 @@ def estimate(
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
         trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, loop, data_dependent,
                        fsdp, world_size)
+        if precision_note:
+            trace.notes.append(precision_note)
         trace.run()
     return trace.result(time.perf_counter() - started, world_size)
 
@@ -123,6 +126,18 @@ def _check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
             f"precision {policy.precision!r} needs bf16, which {target.name} (sm{major}{minor}) does not "
             "support (it needs compute capability 8.0+); use precision='16-mixed'"
         )
+
+
+def _precision_lightning_runs(policy: PrecisionPolicy, target: Target, loop: Loop) -> tuple[PrecisionPolicy, str]:
+    """The precision the step runs in, and a note when it is not the one asked for: Lightning's
+    Trainer(accelerator="cpu", precision="16-mixed") runs bf16-mixed (AMP with float16 is not supported
+    on CPU: pytorch_lightning's _AcceleratorConnector._check_and_init_precision, Lightning 2.x). A plain
+    loop (loop="torch") runs what its own autocast says, float16 on CPU too."""
+    if policy.precision == "16-mixed" and not target.is_cuda and loop == "lightning":
+        return PrecisionPolicy.from_string("bf16-mixed"), (
+            "precision '16-mixed' on a CPU target: Lightning runs bf16-mixed there (AMP with float16 is not "
+            "supported on CPU), so the step was traced in bf16-mixed, as Lightning trains it")
+    return policy, ""
 
 
 class _Trace:
@@ -281,8 +296,13 @@ class _Trace:
             tracker.phase = Phase.OPTIMIZER
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Count a tensor saved for backward as an activation; keep its data only. Autograd saves an
+        op's own output (`exp`, `sigmoid`, `tanh`) without its grad_fn, to avoid a cycle; a pack hook
+        returning the tensor itself would have the node hold the tensor that holds the node, and an
+        unused branch would then outlive the forward until a backward through it (+25 % on a toy).
+        The node gives the grad_fn back at unpacking, so the data is all it needs."""
         self.tracker.classify(tensor, Category.ACTIVATIONS, only_from=Category.TEMPORARIES)
-        return tensor
+        return tensor.detach()
 
     # --- the result --------------------------------------------------------------------------
     def result(self, seconds: float, world_size: int) -> MemoryEstimate:

@@ -5,11 +5,12 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake_copy import copy_module_tree
+from memplan.estimator.tracker import REAL_FACTORY_MAX_NUMEL, _tensors_in
 
 
 def new_fake_mode() -> FakeTensorMode:
@@ -29,19 +30,23 @@ def fake_model(
     A real (or meta-device) module is copied as fake_copy.py describes: its modules copied, its
     parameters and buffers fresh fakes, every other attribute shared with the original, which is
     never changed (no tensor data and no user state is copied). A zero-argument callable is
-    called under the fake mode, so the model is born fake. '-true' precisions get floating-point
+    called under the fake mode, so the model is born fake (small tensors of its configuration
+    real: _BuildMode). '-true' precisions get floating-point
     parameters in `param_dtype`, as Lightning's HalfPrecision converts the module.
     """
     if isinstance(model, nn.Module):
         built = _fake_copy(model, fake_mode, device, param_dtype)
     elif callable(model):
-        with fake_mode, device, _InitScalarsAsZero():
+        build = _BuildMode()
+        with fake_mode, device, build:
             try:
                 built = model()
             except Exception as err:  # the user's builder: report it as theirs, with its own message
                 raise EstimateError(
-                    f"model: the callable that builds the model raised {type(err).__name__}: {err}. "
-                    "Check that calling it with no arguments builds the model"
+                    f"model: the callable that builds the model raised {type(err).__name__}: {err} (while "
+                    f"building on fake tensors, before any training step ran{build.answered_reads()}). Check "
+                    "that calling it with no arguments builds the model; if it does, this is memplan's to fix: "
+                    "report it with this message"
                 ) from err
         if not isinstance(built, nn.Module):
             raise EstimateError(
@@ -71,15 +76,51 @@ def _fake_like(tensor: torch.Tensor, device: torch.device, float_dtype: torch.dt
     return torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=dtype, device=device)
 
 
-class _InitScalarsAsZero(TorchDispatchMode):
-    """While a model is built on fake tensors, answer `.item()` with zero.
+class _BuildMode(TorchDispatchMode):
+    """While a model is built: small tensors the builder computes from its own numbers are real, and
+    a value read back from a fake weight is answered.
 
-    Weight initialisers sometimes read a value back (a truncation bound, a norm); a fake tensor has
-    none to give. Initial values never change how much memory a step takes, so any number will do.
-    Only the build runs under this mode, never the traced step."""
+    A builder computes structure from tensors of its configuration (`torch.tensor(config.depths)
+    .cumsum(0).tolist()` for a backbone's stage boundaries, `torch.linspace(0, rate, depth)` for its
+    drop-path rates): as in the trace (memplan.estimator.tracker), an op whose tensor inputs are all
+    real runs for real, and a factory with no tensor input and at most REAL_FACTORY_MAX_NUMEL elements
+    on the CPU is made real, so those numbers are the real ones and the model has the real structure.
+    Weights stay fake (and every parameter and buffer, real or not, is re-made a fresh fake after the
+    build). A value read back from a fake (a truncation bound, a norm, a parametrization's `allclose`
+    check) has none to give: a check is taken as passing (True) and a number as 0; initial values never
+    change how much memory a step takes. Only the build runs under this mode, never the traced step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        """Values read back from fake tensors and answered (reported if the builder fails)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = _tensors_in((args, kwargs))
+        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
+            with _disable_current_modes():
+                return func(*args, **kwargs)
         if func is torch.ops.aten._local_scalar_dense.default:
+            self.reads += 1
             dtype = args[0].dtype
-            return False if dtype == torch.bool else (0.0 if dtype.is_floating_point else 0)
-        return func(*args, **(kwargs or {}))
+            return True if dtype == torch.bool else (0.0 if dtype.is_floating_point else 0)
+        try:
+            out = func(*args, **kwargs)
+        except DataDependentOutputException:
+            if [str(r.type) for r in func._schema.returns] != ["bool"]:
+                raise
+            self.reads += 1  # `allclose`, `equal` on fake weights: a check, taken as passing
+            return True
+        if not tensors and isinstance(out, torch.Tensor) and out.numel() <= REAL_FACTORY_MAX_NUMEL \
+                and out.device.type == "cpu":
+            with _disable_current_modes():
+                return func(*args, **kwargs)
+        return out
+
+    def answered_reads(self) -> str:
+        """For the builder's error message: the values it read back from fake tensors, if any."""
+        if not self.reads:
+            return ""
+        return (f"; it read {self.reads} value(s) back from fake weights (`.item()`, `.tolist()`, `allclose`), "
+                "answered with 0 or True, which may be why")

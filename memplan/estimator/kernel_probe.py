@@ -21,13 +21,19 @@ thread count) is run once on real zero tensors under the profiler, whose memory 
 the op had allocated at once; less its outputs (which the trace already counts) that is the op's
 scratch, added to the trace as a transient. Results are cached per process. An op whose real
 tensors would exceed PROBE_MAX_BYTES, or a matmul of more than PROBE_MAX_FLOPS, is not run, nor is
-any new shape once the trace has spent PROBE_BUDGET_S probing (on a CPU without fast half-precision
-kernels a 4 GFLOP matmul takes over a second), nor any while a profiler is already recording
-(profilers do not nest); the estimate's notes say how many shapes went uncounted.
+any while a profiler is already recording (profilers do not nest); the estimate's notes say how many
+shapes went uncounted.
+
+One trace probes at most PROBE_BUDGET_FLOPS and PROBE_BUDGET_BYTES of work, summed over its distinct
+probed shapes in the order the trace meets them: a shape whose work would take either sum past its
+budget is skipped, and so is any later sighting of it. The budget counts work, never time, and counts
+a shape this process measured before as if it were new, so which shapes are counted is a function of
+the trace alone: a busy or slow host, or an earlier estimate in the same process, gives the same
+estimate (on a CPU without fast half-precision kernels a 4 GFLOP matmul takes over a second, so the
+budget bounds that host's probing time too).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -38,8 +44,12 @@ PROBE_MAX_BYTES = 512 << 20
 PROBE_MAX_FLOPS = 4 * 10**9
 """Largest matmul probed, in floating-point operations (2 per multiply-add: 2 x batch x M x N x K).
 How long one takes depends on the CPU: 0.003-0.02 s with AMX or native fp16, over 1 s on AVX2."""
-PROBE_BUDGET_S = 2.0
-"""Seconds of probing one trace may spend on shapes not measured before; later ones are skipped."""
+PROBE_BUDGET_FLOPS = 256 * 10**9
+"""Floating-point operations one trace's probes may run, summed over its distinct probed shapes (see
+_flops: matmuls, attention, convolutions and LSTM layers; the other probed ops count as 0). The
+benchmarks' largest is 83 GFLOP (the zoo's ResNet-18 at batch 16, its convolutions)."""
+PROBE_BUDGET_BYTES = 8 << 30
+"""Bytes of real tensors (inputs and outputs) one trace's probes may make, summed likewise."""
 
 _ATTENTION = frozenset({
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -79,12 +89,14 @@ class KernelScratchProbe:
     probed: set = field(default_factory=set)
     """Signatures whose scratch was measured (or found in the cache) in this trace."""
     skipped: set = field(default_factory=set)
-    """Signatures not run: over PROBE_MAX_BYTES or PROBE_MAX_FLOPS, past PROBE_BUDGET_S, or a profiler
-    was already recording."""
+    """Signatures not run: over PROBE_MAX_BYTES or PROBE_MAX_FLOPS, past the trace's work budget
+    (PROBE_BUDGET_FLOPS, PROBE_BUDGET_BYTES), or a profiler was already recording."""
     failed: set = field(default_factory=set)
     """Signatures whose real run raised: their scratch is not counted."""
-    seconds: float = 0.0
-    """Time this trace spent running probes."""
+    flops: int = 0
+    """Floating-point operations charged to this trace's budget (each distinct shape once, cached or not)."""
+    nbytes: int = 0
+    """Bytes of real tensors charged to this trace's budget, likewise."""
     largest: int = 0
     """The largest scratch measured in this trace, bytes."""
 
@@ -98,29 +110,32 @@ class KernelScratchProbe:
             return 0  # an out= variant writes into a tensor the trace already counts
         key = (func, torch.get_num_threads(), torch.backends.mkldnn.enabled, *(_signature(a) for a in args),
                *sorted((k, _signature(v)) for k, v in kwargs.items()))
-        if key in _CACHE:
-            self.probed.add(key)
-            self.largest = max(self.largest, _CACHE[key])
+        if key in self.probed:
             return _CACHE[key]
+        if key in self.skipped or key in self.failed:
+            return 0
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)] + _outputs(out)
-        if (sum(_nbytes(t) for t in tensors) > PROBE_MAX_BYTES or _flops(func, args) > PROBE_MAX_FLOPS
-                or self.seconds > PROBE_BUDGET_S or torch.autograd.profiler._is_profiler_enabled):
+        nbytes, flops = sum(_nbytes(t) for t in tensors), _flops(func, args, out)
+        if (nbytes > PROBE_MAX_BYTES or _forward_flops(func, flops) > PROBE_MAX_FLOPS
+                or self.flops + flops > PROBE_BUDGET_FLOPS or self.nbytes + nbytes > PROBE_BUDGET_BYTES):
             self.skipped.add(key)
             return 0
-        started = time.perf_counter()
-        try:
-            nbytes = _measure(func, args, kwargs)
-        except Exception:  # noqa: BLE001 - a probe that cannot run leaves the estimate as it is
-            # The fake op's outputs may not be what the real kernel takes back (CPU's mixed-dtype
-            # layer_norm keeps float32 mean/rstd where the meta kernel says bfloat16).
-            self.failed.add(key)
-            return 0
-        finally:
-            self.seconds += time.perf_counter() - started
-        _CACHE[key] = nbytes
+        self.flops += flops  # charged whether or not the cache holds it: the budget depends on the trace alone
+        self.nbytes += nbytes
+        if key not in _CACHE:
+            if torch.autograd.profiler._is_profiler_enabled:
+                self.skipped.add(key)
+                return 0
+            try:
+                _CACHE[key] = _measure(func, args, kwargs)
+            except Exception:  # noqa: BLE001 - a probe that cannot run leaves the estimate as it is
+                # The fake op's outputs may not be what the real kernel takes back (CPU's mixed-dtype
+                # layer_norm keeps float32 mean/rstd where the meta kernel says bfloat16).
+                self.failed.add(key)
+                return 0
         self.probed.add(key)
-        self.largest = max(self.largest, nbytes)
-        return nbytes
+        self.largest = max(self.largest, _CACHE[key])
+        return _CACHE[key]
 
     def notes(self) -> list[str]:
         """What the estimate's notes say about kernel scratch (nothing when no probed op ran)."""
@@ -133,7 +148,8 @@ class KernelScratchProbe:
         if self.skipped:
             out.append(f"CPU kernel scratch: the scratch of {len(self.skipped)} op shapes is "
                        f"not counted (over {PROBE_MAX_BYTES >> 20} MiB or {PROBE_MAX_FLOPS / 1e9:.0f} GFLOP to "
-                       f"probe, past the trace's {PROBE_BUDGET_S:.0f} s of probing, or a profiler was recording)")
+                       f"probe, past the trace's probing budget of {PROBE_BUDGET_FLOPS / 1e9:.0f} GFLOP and "
+                       f"{PROBE_BUDGET_BYTES >> 30} GiB, or a profiler was recording)")
         if self.failed:
             out.append(f"CPU kernel scratch: the scratch of {len(self.failed)} op shapes is not counted (the "
                        f"real kernel refused the traced arguments)")
@@ -150,17 +166,40 @@ def _is_half_matmul(func, out) -> bool:
     return func in _MATMULS and isinstance(out, torch.Tensor) and out.dtype in _HALF
 
 
-def _flops(func, args: tuple) -> int:
-    """Floating-point operations of a probed matmul (2 x batch x M x N x K) or attention (4 x batch x
-    heads x Lq x Lk x head dim, forward); 0 for any other op."""
+def _forward_flops(func, flops: int) -> int:
+    """The floating-point operations PROBE_MAX_FLOPS limits: a matmul's, or its forward's for attention;
+    0 for the other ops (their bytes limit them)."""
+    if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+        return flops // 2
+    return flops if func in _MATMULS or func in _ATTENTION else 0
+
+
+def _flops(func, args: tuple, out) -> int:
+    """Floating-point operations of a probed op, 2 per multiply-add: a matmul (2 x batch x M x N x K),
+    attention (4 x batch x heads x Lq x Lk x head dim forward), a convolution (2 x output elements x
+    the weight's elements per output channel; the input's elements for a transposed one) and an LSTM
+    layer (2 x steps x batch x both weight matrices); a backward counts twice its forward (the
+    gradients of the input and of the weights). 0 for the other probed ops, whose work is their bytes."""
     if func in _ATTENTION:
-        q, k = (args[0], args[1]) if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default \
-            else (args[1], args[2])
-        return 4 * q.numel() * k.shape[-2]
-    if func not in _MATMULS:
-        return 0
-    a, b = (args[1], args[2]) if func in (torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default) else args[:2]
-    return 2 * a.numel() * b.shape[-1]
+        forward = func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+        q, k = (args[0], args[1]) if forward else (args[1], args[2])
+        return (1 if forward else 2) * 4 * q.numel() * k.shape[-2]
+    if func in _MATMULS:
+        a, b = (args[1], args[2]) if func in (torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default) \
+            else args[:2]
+        return 2 * a.numel() * b.shape[-1]
+    if func is torch.ops.aten.convolution.default:
+        input, weight, transposed = args[0], args[1], args[6]
+        return 2 * (input.numel() if transposed else _outputs(out)[0].numel()) * weight[0].numel()
+    if func is torch.ops.aten.convolution_backward.default:
+        grad_output, input, weight, transposed = args[0], args[1], args[2], args[7]
+        return 4 * (input.numel() if transposed else grad_output.numel()) * weight[0].numel()
+    if func in (torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default):
+        input = args[0]
+        weights = sum(w.numel() for w in args[1:3])
+        forward = func is torch.ops.aten.mkldnn_rnn_layer.default
+        return (1 if forward else 2) * 2 * (input.numel() // max(1, input.shape[-1])) * weights
+    return 0
 
 
 def _signature(value) -> object:

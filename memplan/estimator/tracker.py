@@ -9,8 +9,9 @@ category so the breakdown at the peak is a copy of six counters, not a walk over
 
 Ops whose tensor inputs are all real (index arithmetic on the user's batch: masks, positions) run
 for real, so data-dependent Python in models (`if mask.all():`) keeps working; small factory
-outputs (`torch.arange(seq)`) are made real for the same reason. Everything touching a parameter
-stays fake: no weight is ever allocated.
+outputs (`torch.arange(seq)`) are made real for the same reason; a random one among them (LayerDrop's
+`torch.rand([])`) is decided rather than drawn (memplan.estimator.values). Everything touching a
+parameter stays fake: no weight is ever allocated.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from memplan.estimator.kernel_probe import KernelScratchProbe
 from memplan.estimator.kernels import (
     ctc_backward_scratch_bytes, cuda_contiguous_copy_bytes, promotion_scratch_bytes, rnn_workspace_bytes,
 )
+from memplan.estimator.values import is_random
 
 # Factory ops with no tensor inputs whose output is at most this many elements are made real, so
 # that values like `torch.arange(seq_len)` can be inspected by model code. 64 Ki elements.
@@ -188,11 +190,15 @@ class StorageTracker(TorchDispatchMode):
 
     def _accumulation_inputs(self, func, args, kwargs, out) -> list[_Record]:
         """The autograd engine sums two gradients flowing into one tensor (a tensor read several times:
-        `x[:, i]` in a loop, tokens gathered per expert) with `old.add_(new)` when it holds the last
-        reference to one of them (InputBuffer::accumulate), but out of place under any dispatch mode or
-        for a tensor subclass, so the trace allocates a sum the real run never does. An `add` of two
-        same-shape dense gradients in backward, with grad mode off, one made by the node now running and
-        one by another node, is such an accumulation: returns the records of its inputs, else [].
+        `x[:, i]` in a loop, tokens gathered per expert, a weight tied between an embedding and an LM
+        head) with `old + new` (InputBuffer::accumulate), and in place, `old.add_(new)`, only into the
+        gradient already in the buffer (`old`, the first to arrive, made by another node) when the engine
+        holds the last reference to it and to its storage: never into a view, whose base holds the
+        storage too (a Linear weight's gradient, `.t()` of a transposed product), nor into the new one.
+        Under a dispatch mode, or for a tensor subclass, it always adds out of place, so the trace
+        allocates a sum the real run may never hold. An `add` of two same-shape gradients in backward,
+        with grad mode off, the first made by another node and not a view, the second by the node now
+        running, is such an accumulation: returns the first input's record, else [] (counted as it is).
         So is an autocast `F.linear`'s bias add, which the real kernel does in place on the matmul's
         output (memplan.estimator.composite): returns that output's record."""
         if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2 or not isinstance(out, torch.Tensor):
@@ -210,15 +216,18 @@ class StorageTracker(TorchDispatchMode):
         if node is None or not all(isinstance(a, torch.Tensor) and a.shape == out.shape and a.dtype == out.dtype
                                    and a.is_contiguous() for a in args):
             return []
-        records = [self._records.get(a.untyped_storage()) for a in args]
-        if any(r is None or not r.live for r in records) or {r.node == id(node) for r in records} != {True, False}:
+        old, new = args
+        if old._is_view():
+            return []  # the real engine adds out of place: the sum is held beside both gradients
+        records = [self._records.get(a.untyped_storage()) for a in (old, new)]
+        if any(r is None or not r.live for r in records) or records[0].node == id(node) or records[1].node != id(node):
             return []
-        return records
+        return records[:1]
 
     def _settle_accumulation(self) -> None:
-        """After an accumulation's `add`: if one of its inputs died with it (the engine held its last
-        reference), the real engine added in place and never held the sum besides both inputs; count
-        the moment of the add without the sum. Otherwise count it as it was."""
+        """After an accumulation's `add`: if the gradient it could add into died with it (the engine held
+        its last reference), the real engine added in place and never held the sum besides both inputs;
+        count the moment of the add without the sum. Otherwise count it as it was."""
         if self._accumulation is None:
             return
         total, by_category, phase, out_bytes, inputs = self._accumulation
@@ -266,7 +275,7 @@ class StorageTracker(TorchDispatchMode):
         tensors = _tensors_in((args, kwargs))
         if tensors and not any(isinstance(_local(t), FakeTensor) for t in tensors):
             with _disable_current_modes():
-                out = func(*args, **kwargs)
+                out = self._real(func, args, kwargs)
         else:
             out = self.values.call(func, args, kwargs) if self.values is not None else func(*args, **kwargs)
             if not tensors:
@@ -316,7 +325,13 @@ class StorageTracker(TorchDispatchMode):
         if len(outs) != 1 or outs[0].numel() > REAL_FACTORY_MAX_NUMEL or outs[0].device.type != "cpu":
             return out
         with _disable_current_modes():
-            return func(*args, **kwargs)
+            return self._real(func, args, kwargs)
+
+    def _real(self, func, args, kwargs):
+        """Run `func` on real tensors; a random draw is decided, not drawn (ValueResolver.draw)."""
+        if self.values is not None and is_random(func):
+            return self.values.draw(func, args, kwargs)
+        return func(*args, **kwargs)
 
 
 def _tensors_in(value, found: list | None = None) -> list[torch.Tensor]:

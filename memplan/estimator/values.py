@@ -33,6 +33,17 @@ values that decide such shapes come from one of two places, and each is resolved
    numpy (scipy's `linear_sum_assignment` in a Hungarian matcher) gets random values: the matching's
    shape depends on the matrix's shape, not its values.
 
+Random draws that decide structure. A random op whose output the trace makes real (a small factory
+such as LayerDrop's `torch.rand([])`, or a random op on real tensors) would draw from whatever RNG
+state the caller has, so `if self.training and torch.rand([]) < self.layerdrop: continue` would drop a
+different set of layers on every call. So every such draw is decided, never sampled: a draw of one
+value takes its distribution's median (0.5 for `rand`/`uniform_`, the mean for `randn`/`normal_`,
+the likelier outcome for `bernoulli`, the middle integer for `randint`), so a comparison with a
+probability p < 0.5 takes its likelier outcome, `u < p` False and `u > 1 - p` False: no layer is
+dropped (LayerDrop, stochastic depth that gates a block with one draw), the worst case for memory,
+whatever the seed, and the notes say so. Larger draws (random masks and permutations) run from a
+fixed seed per op and shape, and the caller's RNG state is left as it was in both cases.
+
 Why not symbolic shapes: FakeTensorMode with a ShapeEnv (`allow_dynamic_output_shape_ops`) gives
 `nonzero` an unbacked SymInt size, which carries no value. Byte counting needs a number, and the
 number is exactly the routing or batch value in question, so the choice would only be deferred;
@@ -138,6 +149,29 @@ class ValueResolver:
         self._assume("an activation read into numpy (e.g. a Hungarian matcher) got random values of its shape")
         with _disable_current_modes():
             return self._stand_in(t, "sample", self._seed("numpy", [t])).numpy()
+
+    # --- random draws --------------------------------------------------------------------------
+    def draw(self, func, args, kwargs):
+        """Run a random op (torch.Tag.nondeterministic_seeded) whose inputs are all real, decided instead
+        of drawn (see the module doc): one value takes its distribution's median, more run from a seed
+        fixed by op and shapes. Call with the fake and dispatch modes disabled."""
+        kwargs = dict(kwargs)
+        shapes = [tuple(t.shape) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        seed = zlib.crc32(f"{func}|{shapes}|{args if not shapes else ''}".encode())
+        if kwargs.get("generator") is not None:  # the user's own generator is left as it was too
+            kwargs["generator"] = torch.Generator(device=kwargs["generator"].device).manual_seed(seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            out = func(*args, **kwargs)
+        median = _median(func, args, kwargs)
+        if median is None or not isinstance(out, torch.Tensor) or out.numel() != 1:
+            return out
+        with torch.no_grad():
+            out.fill_(median)
+        self._assume("a random draw of one value (LayerDrop's `torch.rand([]) < p`, stochastic depth) took its "
+                     "distribution's median, whatever the seed: a probability under 0.5 never fires, so no "
+                     "layer is dropped (the worst case)")
+        return out
 
     # --- dispatch ------------------------------------------------------------------------------
     def call(self, func, args, kwargs):
@@ -263,6 +297,48 @@ def _balanced_index(func, args, kwargs, source: torch.Tensor, fake_index: torch.
         if not keepdim:
             index = index.squeeze(dim)
         return index.to(device=fake_index.device)
+
+
+def is_random(func) -> bool:
+    """Whether an aten op draws from an RNG (rand, randn, uniform_, bernoulli, randint, randperm ...)."""
+    return torch.Tag.nondeterministic_seeded in func.tags and func not in _NOT_RANDOM
+
+
+_NOT_RANDOM = {aten.native_dropout.default}
+"""Seeded ops whose draw only masks values (dropout: its mask has the input's shape, decided or not)."""
+
+
+def _median(func, args, kwargs) -> float | None:
+    """The median of the distribution a random op draws one value from; None for one with no median
+    that decides anything (randperm, multinomial, random_): those keep their fixed-seed draw."""
+    name = func.overloadpacket.__name__
+    if name in ("rand", "rand_like"):
+        return 0.5
+    if name in ("randn", "randn_like"):
+        return 0.0
+    if name == "uniform_":
+        return (_arg(args, kwargs, 1, "from", 0.0) + _arg(args, kwargs, 2, "to", 1.0)) / 2
+    if name in ("normal_", "cauchy_"):
+        return _arg(args, kwargs, 1, "mean" if name == "normal_" else "median", 0.0)
+    if name == "log_normal_":
+        return math.exp(_arg(args, kwargs, 1, "mean", 1.0))
+    if name == "exponential_":
+        return math.log(2) / _arg(args, kwargs, 1, "lambd", 1.0)
+    if name in ("bernoulli", "bernoulli_"):
+        if func is aten.bernoulli.default:  # bernoulli(p): the input holds the probability
+            p = args[0]
+        else:  # bernoulli(self, p), bernoulli_(self, p=0.5): p a float or a tensor
+            p = _arg(args, kwargs, 1, "p", 0.5)
+        if isinstance(p, torch.Tensor):
+            if p.numel() != 1:
+                return None
+            p = float(p)
+        return 1.0 if p >= 0.5 else 0.0
+    if name in ("randint", "randint_like"):
+        bounds = [a for a in args[1 if name == "randint_like" else 0:] if not isinstance(a, (list, tuple))][:2]
+        low, high = (0, bounds[0]) if len(bounds) == 1 else bounds
+        return float((int(low) + int(high) - 1) // 2)
+    return None
 
 
 def _arg(args, kwargs, position: int, name: str, default=None):

@@ -170,3 +170,28 @@ def test_data_dependent_op_on_activations_is_explained():
 def test_an_unknown_loop_names_both_orders():
     with pytest.raises(EstimateError, match=r"^loop must be 'lightning' .* or 'torch' .*; got 'pytorch'"):
         estimate(build, BATCH, loss=loss, device="cpu", loop="pytorch")
+
+
+def test_a_failed_builder_and_a_failed_step_are_told_apart():
+    """The error says which failed, the callable that builds the model or the training step, and why;
+    a builder that read values back from fake weights is told that they were answered."""
+    def reads_a_weight():
+        layer = nn.Linear(512, 512)
+        count = int(layer.weight.abs().sum().item())
+        return nn.Sequential(*[nn.Linear(8, 8)][:count], nn.Linear(8, 4)) if count else [][0]
+
+    with pytest.raises(EstimateError, match=r"^model: the callable that builds the model raised IndexError: "
+                                            r".*building on fake tensors, before any training step ran; it read "
+                                            r"1 value\(s\) back from fake weights"):
+        estimate(reads_a_weight, BATCH, loss=loss, device="cpu")
+
+    class FailsInForward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(8, 4)
+
+        def forward(self, x):
+            raise RuntimeError("no such stage")
+
+    with pytest.raises(EstimateError, match=r"^model: the training step raised RuntimeError: no such stage .*forward"):
+        estimate(FailsInForward, BATCH, loss=loss, device="cpu")

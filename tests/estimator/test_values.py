@@ -206,3 +206,95 @@ def test_checkpointed_moe_recomputes_the_same_routing(mode):
     truth = measure_cpu_peak(moe, moe_batch, loss=ce_loss, checkpointing={TinyMoE})
     assert est.checkpointing
     assert relative_error(est.peak_allocated, truth) < 0.03, (est.peak_allocated, truth)
+
+
+# --- random draws that decide structure ------------------------------------------------------------
+class LayerDropStack(nn.Module):
+    """LayerDrop as transformers' speech and time-series encoders write it: each layer skipped when a
+    scalar draw falls under `layerdrop`; `survival` gates the last block the other way round (stochastic
+    depth: dropped when the draw is over the survival probability); `bernoulli` a third way."""
+
+    def __init__(self, layerdrop: float, survival: float = 0.8, layers: int = 6, width: int = 256) -> None:
+        super().__init__()
+        self.layerdrop, self.survival = layerdrop, survival
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers))
+        self.gated = nn.Linear(width, width)
+        self.coin = nn.Linear(width, width)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and torch.rand([]) < self.layerdrop:
+                continue
+            x = layer(x)
+        if not (self.training and torch.rand(1).item() > self.survival):
+            x = self.gated(x)
+        if not (self.training and torch.bernoulli(torch.tensor(self.layerdrop))):
+            x = self.coin(x)
+        return self.head(x)
+
+
+def layerdrop_batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
+
+
+def test_layerdrop_estimates_the_worst_case_whatever_the_seed():
+    """`torch.rand([]) < layerdrop` runs for real in the trace: it used to drop layers by the caller's
+    RNG state. A draw of one value is decided (its median), so no layer is dropped: every seed gives the
+    same estimate, equal to a real step without LayerDrop, and the notes say so."""
+    def build(layerdrop, survival):
+        def make():
+            torch.manual_seed(0)
+            return LayerDropStack(layerdrop, survival)
+        return make
+
+    estimates = set()
+    for seed in range(5):
+        torch.manual_seed(seed)
+        est = estimate(build(0.45, 0.8), layerdrop_batch(), loss=ce_loss, device="cpu", optimizer="adamw")
+        estimates.add(est.peak_allocated)
+        assert any("random draw of one value" in n and "no layer is dropped" in n for n in est.notes), est.notes
+    assert len(estimates) == 1, estimates
+    truth = measure_cpu_peak(build(0.0, 1.0), layerdrop_batch, loss=ce_loss, optimizer="adamw")
+    assert relative_error(estimates.pop(), truth) < 1e-4
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda: torch.rand([]), 0.5),
+    (lambda: torch.rand(1, generator=torch.Generator().manual_seed(3)), 0.5),
+    (lambda: torch.empty(1).uniform_(2.0, 4.0), 3.0),
+    (lambda: torch.randn(1) * 1.0, 0.0),
+    (lambda: torch.empty(1).normal_(5.0, 2.0), 5.0),
+    (lambda: torch.bernoulli(torch.tensor(0.2)), 0.0),
+    (lambda: torch.empty([]).bernoulli_(0.7), 1.0),
+    (lambda: torch.randint(3, 8, (1,)).float(), 5.0),
+    (lambda: torch.randint(10, ()).float(), 4.0),
+])
+def test_a_random_draw_of_one_value_takes_its_median(call, expected):
+    """Each kind of draw, decided in the trace; the caller's RNG state is left as it was."""
+    from memplan.estimator.allocator import ExactAllocatorModel
+    from memplan.estimator.tracker import StorageTracker
+
+    fake_mode = FakeTensorMode()
+    values = ValueResolver("balanced", fake_mode)
+    state = torch.get_rng_state()
+    with fake_mode, StorageTracker(ExactAllocatorModel(), fake_mode, cpu_kernels=True, values=values):
+        drawn = call()
+    assert drawn.item() == pytest.approx(expected)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_larger_random_draws_come_from_a_fixed_seed():
+    """A random permutation or mask made real in the trace is the same whatever the caller's RNG state."""
+    from memplan.estimator.allocator import ExactAllocatorModel
+    from memplan.estimator.tracker import StorageTracker
+
+    drawn = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        fake_mode = FakeTensorMode()
+        values = ValueResolver("balanced", fake_mode)
+        with fake_mode, StorageTracker(ExactAllocatorModel(), fake_mode, cpu_kernels=True, values=values):
+            drawn.append((torch.randperm(16), torch.rand(8) < 0.5))
+    assert torch.equal(drawn[0][0], drawn[1][0]) and torch.equal(drawn[0][1], drawn[1][1])
