@@ -34,6 +34,10 @@ budget bounds that host's probing time too).
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -237,7 +241,7 @@ def _measure(func, args: tuple, kwargs: dict) -> int:
         _, input, shape, _, _, weight, bias, _ = real_args
         real_args = (*real_args[:3], *torch.ops.aten.native_layer_norm.default(input, shape, weight, bias, 1e-5)[1:],
                      *real_args[5:])
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with torch.no_grad(), memory_profile() as prof:
         out = func(*real_args, **kwargs)
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
@@ -246,3 +250,37 @@ def _measure(func, args: tuple, kwargs: dict) -> int:
         live += event.nbytes()
         peak = max(peak, live)
     return max(0, peak - sum(t.untyped_storage().nbytes() for t in _outputs(out)))
+
+
+@contextlib.contextmanager
+def memory_profile() -> Iterator[profile]:
+    """torch's profiler recording CPU memory events, with kineto's start and stop lines kept off the
+    console: kineto writes them ("USDT: ... profiler_start") to the process's stderr from C++, a dozen
+    lines in one planning. Only the start and the stop are silenced, not what runs in between."""
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _stderr_silenced():
+        prof.start()
+    try:
+        yield prof
+    finally:
+        with _stderr_silenced():
+            prof.stop()
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 pointed at the null device for the block (C++ writes bypass sys.stderr)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no descriptor 2 (an embedded interpreter): nothing to do
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

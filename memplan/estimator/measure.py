@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
 from memplan.estimator.checkpointing import apply_checkpointing
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
+from memplan.estimator.kernel_probe import memory_profile
 from memplan.estimator.step import PrecisionPolicy, map_tensors, run_training_step
 
 
@@ -42,7 +42,7 @@ def measure_cpu_peak(
 ) -> int:
     """Peak "Total Allocated" bytes over building the model and batch and `steps` real training steps
     in `loop`'s order ("lightning" or "torch", as in memplan.estimate)."""
-    with allocator_counts_every_thread(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with allocator_counts_every_thread(), memory_profile() as prof:
         _run_steps(build, make_batch, torch.device("cpu"), loss=loss, optimizer=optimizer,
                    precision=precision, checkpointing=checkpointing, steps=steps, loop=loop)
     return peak_total_allocated(prof)
@@ -129,7 +129,7 @@ def _reset_cuda_peaks() -> None:
     torch.cuda.reset_peak_memory_stats()
 
 
-def peak_total_allocated(prof: profile) -> int:
+def peak_total_allocated(prof: torch.profiler.profile) -> int:
     """Max of the "[memory]" events' "Total Allocated" for the CPU in a finished profile, less the
     counter's value when the profile began.
 

@@ -810,3 +810,18 @@ def test_a_dead_branch_is_freed_when_the_forward_drops_it(optimizer, loop):
     est = estimate(build, dead_batch(), loss=ce_loss, optimizer=optimizer, loop=loop, device="cpu")
     truth = measure_cpu_peak(build, dead_batch, loss=ce_loss, optimizer=optimizer, loop=loop)
     assert relative_error(est.peak_allocated, truth) < 1e-4, (est.peak_allocated, truth)
+
+
+def test_planning_keeps_the_profilers_lines_off_the_console(capfd):
+    """The kernel probe and the CPU truth run torch's profiler, whose C++ side writes "USDT: ...
+    profiler_start/stop" to the process's stderr: kept off the user's console."""
+    from memplan.estimator import kernel_probe
+
+    conv = lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 10))  # noqa: E731
+    batch = (torch.randn(2, 3, 16, 16), torch.randint(0, 10, (2,)))
+    kernel_probe._CACHE.clear()
+    est = estimate(conv, batch, loss=ce_loss, device="cpu")
+    assert any(n.startswith(PROBED_NOTE) for n in est.notes)  # the probe ran
+    measure_cpu_peak(conv, lambda: batch, loss=ce_loss)
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "USDT" not in err, err[:500]
