@@ -477,3 +477,15 @@ def test_plan_with_the_real_estimator_matches_a_direct_estimate():
     assert (plan.world_size, plan.precision) == (2, "bf16-mixed")
     assert plan.micro_batch_size < 256 and plan.accumulate_grad_batches > 1
     assert len(calls) <= 6
+
+
+def test_all_devices_keeps_every_candidate_on_every_gpu():
+    """MemoryPlanner's request: the Trainer's world size is fixed, so no candidate uses fewer GPUs."""
+    from memplan.planner.candidates import enumerate_candidates
+    from memplan.planner.request import DeviceBudget, PlanRequest
+
+    gpu = DeviceBudget(name="cpu", cuda_index=None, total_bytes=1 << 34, free_bytes=1 << 34, compute_capability=(8, 0))
+    free = PlanRequest(global_batch_size=16, devices=(gpu, gpu), precisions=("32-true",))
+    fixed = PlanRequest(global_batch_size=16, devices=(gpu, gpu), precisions=("32-true",), all_devices=True)
+    assert {c.gpus_per_node for c in enumerate_candidates(free)} == {1, 2}
+    assert {c.gpus_per_node for c in enumerate_candidates(fixed)} == {2}

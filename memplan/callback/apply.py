@@ -49,7 +49,7 @@ def planning_request(budgets: Sequence[DeviceBudget], *, world_size: int, nodes:
                      free_bytes=min(o.free_bytes for o in budgets[i::per_node]), compute_capability=b.compute_capability)
         for i, b in enumerate(budgets[:per_node])
     )
-    return PlanRequest(global_batch_size=global_batch_size, devices=devices, nodes=nodes,
+    return PlanRequest(global_batch_size=global_batch_size, devices=devices, nodes=nodes, all_devices=True,
                        host_available_bytes=host_available_bytes, precisions=(precision,),
                        allow_checkpointing=allow_checkpointing, margin=margin, largest_block_bytes=largest_block,
                        **(fsdp or {}))

@@ -184,7 +184,7 @@ def enumerate_candidates(request: PlanRequest) -> Iterator[Candidate]:
         usable = request.usable_device_indices(precision)
         for checkpointing in ((False, True) if request.allow_checkpointing else (False,)):
             amp = precision in AMP_PRECISIONS
-            for gpus in range(1, len(usable) + 1):
+            for gpus in range(len(usable) if request.all_devices else 1, len(usable) + 1):
                 world = gpus * request.nodes
                 if request.global_batch_size % world or (world > 1 and "ddp" not in request.strategies):
                     continue

@@ -140,6 +140,9 @@ class PlanRequest:
     """Fraction of each GPU's free memory (and of the host's available RAM) left unused."""
     max_micro_batch_size: int | None = None
     """Upper bound on the per-GPU micro-batch (e.g. the dataset's sequence packing); None: no bound."""
+    all_devices: bool = False
+    """Use every GPU of `devices` (MemoryPlanner: the Trainer's world size is already fixed); False: the
+    planner may choose fewer where that is faster."""
     min_micro_batch_size: int | None = None
     """Lower bound on the per-GPU micro-batch: MemoryPlanner's loader batch where splitting it would change
     what training computes (the plan may then only choose checkpointing, precision being fixed); None: 1."""
@@ -190,6 +193,8 @@ class PlanRequest:
         if self.max_micro_batch_size is not None:
             _check_int("PlanRequest", "max_micro_batch_size", self.max_micro_batch_size, minimum=1,
                        fix="a positive bound, or None for no bound")
+        if not isinstance(self.all_devices, bool):
+            raise ValueError(f"PlanRequest.all_devices must be True or False; got {self.all_devices!r}")
         if self.min_micro_batch_size is not None:
             _check_int("PlanRequest", "min_micro_batch_size", self.min_micro_batch_size, minimum=1,
                        fix="a positive bound, or None for no bound")

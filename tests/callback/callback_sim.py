@@ -307,3 +307,36 @@ class ShardedRegression(Regression):
             self._pending.extend(index.tolist())
         self.log("train_loss", loss)
         return loss
+
+
+class CausalLM(pl.LightningModule):
+    """A tiny Llama from its config class, held as self.model and sharded the usual FSDP2 way."""
+
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        import transformers
+
+        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+        torch.manual_seed(0)
+        self.model = transformers.LlamaForCausalLM(config)
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+    def training_step(self, batch, batch_idx):
+        return self.model(**batch).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, 64, (64, 16), generator=g)
+        return torch.utils.data.DataLoader([{"input_ids": i, "labels": i} for i in ids], batch_size=8)

@@ -17,6 +17,7 @@ Scenarios:
           __main__, as most training scripts are), configure_model applying fully_shard to `self.model`'s
           decoder layers and to `self.model`; a plain MemoryPlanner() plans it at setup (in a process of its
           own, the class sent by value) by running that configure_model on a fake mesh.
+  hf_module  the same with the class from an importable module (callback_sim.CausalLM).
 Rank 0 writes weights.pt (full, unsharded); MemoryPlanner writes memplan/rank<R>.jsonl.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
-from callback_sim import ShardedRegression, make_plan, simulated_free  # noqa: E402
+from callback_sim import CausalLM, ShardedRegression, make_plan, simulated_free  # noqa: E402
 from pytorch_lightning.strategies import ModelParallelStrategy  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
@@ -53,47 +54,18 @@ def full_weights(module: ShardedRegression) -> dict[str, torch.Tensor]:
             for k, v in module.net.state_dict().items()}
 
 
-class CausalLM(pl.LightningModule):
-    """A tiny Llama from its config class, held as self.model and sharded the usual FSDP2 way."""
-
-    def __init__(self, layers: int = 2) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        import transformers
-
-        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
-        torch.manual_seed(0)
-        self.model = transformers.LlamaForCausalLM(config)
-
-    def configure_model(self) -> None:
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = self.device_mesh["data_parallel"]
-        for layer in self.model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(self.model, mesh=mesh)
-
-    def training_step(self, batch, batch_idx):
-        return self.model(**batch).loss
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-    def train_dataloader(self):
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, 64, (64, 16), generator=g)
-        return torch.utils.data.DataLoader([{"input_ids": i, "labels": i} for i in ids], batch_size=8)
+class MainCausalLM(CausalLM):
+    """The same model, its class defined in this script (run as __main__, as most training scripts are)."""
 
 
 def main(scenario: str, out: Path, accumulate: int) -> None:
     torch.set_num_threads(1)
-    if scenario == "hf_main":
+    if scenario in ("hf_main", "hf_module"):
         trainer = pl.Trainer(
             accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
             max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False, callbacks=[MemoryPlanner(log_dir=out / "memplan")])
-        trainer.fit(CausalLM())
+        trainer.fit(MainCausalLM() if scenario == "hf_main" else CausalLM())
         return
     model = ShardedRegression(with_attr=False)
     callbacks, trainer_accumulate = [], accumulate

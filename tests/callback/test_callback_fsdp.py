@@ -70,9 +70,11 @@ def test_without_a_plan_rank_0_plans_fsdp_before_configure_model_and_every_rank_
     assert plan["block_classes"] == ["callback_sim.Block"]
 
 
-def test_a_causal_lm_held_as_self_model_in_a_main_script_is_planned_as_its_configure_model_shards_it(tmp_path):
-    # the usual FSDP2 script: the LightningModule in __main__, fully_shard on self.model's layers and self.model
-    logs = run_logs("hf_main", tmp_path / "hf_main")
+@pytest.mark.parametrize("scenario", ["hf_main", "hf_module"])
+def test_a_causal_lm_held_as_self_model_is_planned_as_its_configure_model_shards_it(tmp_path, scenario):
+    # the usual FSDP2 script: fully_shard on self.model's layers and self.model, the LightningModule defined
+    # in the script run as __main__ (hf_main) or imported from a module (hf_module)
+    logs = run_logs(scenario, tmp_path / scenario)
     plans = [next(e for e in log if e["event"] == "apply") for log in logs]
     assert plans[0]["plan"] == plans[1]["plan"] and plans[0]["source"] == "planned from an estimate"
     assert (plans[0]["plan"]["strategy"], plans[0]["plan"]["world_size"]) == ("fsdp", 2)
