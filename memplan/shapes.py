@@ -72,8 +72,10 @@ class Scan:
     """Whether it stopped at SAME_SHAPE_STOP batches of one per-sample shape."""
 
     def describe(self) -> str:
-        how = ("every batch of an epoch" if self.complete else f"{self.scanned} batches, all of one shape"
-               if self.fixed else f"{self.scanned} batches")
+        if self.fixed:
+            return (f"planned for batches of one shape: the first {self.scanned} read from the train loader all have "
+                    f"per-sample tensors {self.shapes} ({self.seconds:.1f} s, collate only)")
+        how = "every batch of an epoch" if self.complete else f"{self.scanned} batches"
         ratio = self.load_per_sample / self.first_load_per_sample if self.first_load_per_sample else 1.0
         return (f"planned for the heaviest of {how} read from the train loader ({self.seconds:.1f} s, collate only): "
                 f"per-sample tensors {self.shapes}, {ratio:.2f}x the first batch's elements per sample")
