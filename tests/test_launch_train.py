@@ -22,7 +22,9 @@ def test_planned_config_trains_under_torchrun_with_two_cpu_processes(tmp_path):
     plans, elsewhere = tmp_path / "plans", tmp_path / "elsewhere"
     plans.mkdir()
     elsewhere.mkdir()
-    suggest = subprocess.run([*memplan, "suggest", "--gpus", "2", "--gpu", "A100-80GB",
+    # a global batch with enough work per step that the step-time model uses both GPUs (the MLP demo's own
+    # 1024 is host-bound: one GPU is as fast)
+    suggest = subprocess.run([*memplan, "suggest", "--gpus", "2", "--gpu", "A100-80GB", "--global-batch-size", "8192",
                               str(ROOT / "configs" / "mlp.yaml"), "--output", str(plans / "planned.yaml")],
                              cwd=plans, check=True, capture_output=True, text=True, timeout=120)
     plan = json.loads((plans / "planned.plan.json").read_text())

@@ -60,7 +60,9 @@ class FsdpSettings:
     """Shard as the model does itself: call its `configure_model()` (Lightning's ModelParallelStrategy,
     where the user applies fully_shard) with `device_mesh` a fake mesh of ("data_parallel",
     "tensor_parallel") = (world size, 1), instead of wrapping the repeated blocks and the root. Only the
-    sharding is read from this field: wrap, reshard and the dtypes are whatever the user's calls say."""
+    sharding is read from this field: wrap, reshard and the dtypes are whatever the user's calls say.
+    Where configure_model shards nothing here (it looks for a Trainer first, say), the repeated blocks
+    and the root are wrapped, as without this field."""
 
     def __post_init__(self) -> None:
         if self.sharding_strategy not in SHARDING_STRATEGIES:
@@ -165,7 +167,9 @@ def shard_model(model: nn.Module, settings: FsdpSettings, world_size: int, fake_
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     if settings.configure_model and callable(getattr(model, "configure_model", None)):
-        return _shard_as_configured(model, world_size, fake_mode)
+        sharded = _shard_as_configured(model, world_size, fake_mode)
+        if sharded is not None:
+            return sharded
     blocks = blocks_to_wrap(model, settings.wrap)
     shard = settings.shard_degree(world_size)
     # The mesh is built outside the fake mode: DeviceMesh reads its rank map back with .tolist().
@@ -191,10 +195,11 @@ def shard_model(model: nn.Module, settings: FsdpSettings, world_size: int, fake_
     return blocks
 
 
-def _shard_as_configured(model: nn.Module, world_size: int, fake_mode) -> list[nn.Module]:
+def _shard_as_configured(model: nn.Module, world_size: int, fake_mode) -> list[nn.Module] | None:
     """The model's own configure_model() on a fake ("data_parallel", "tensor_parallel") mesh of
     (world_size, 1), as Lightning's ModelParallelStrategy calls it: whatever fully_shard calls it makes
-    (on `self.model`'s blocks and `self.model`, say) are the sharding traced. Returns the sharded modules."""
+    (on `self.model`'s blocks and `self.model`, say) are the sharding traced. Returns the sharded modules,
+    None where it sharded nothing."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
@@ -213,10 +218,7 @@ def _shard_as_configured(model: nn.Module, world_size: int, fake_mode) -> list[n
         else:
             model.__dict__["_device_mesh"] = had
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    if not sharded:
-        raise EstimateError("model: its configure_model() applied no fully_shard, so memplan has no FSDP sharding "
-                            "to estimate; shard in configure_model, or plan it as DDP")
-    return sharded
+    return sharded or None  # None: it shards nothing here (it may ask the Trainer first): memplan's own wrapping
 
 
 _MISSING = object()
