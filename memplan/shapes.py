@@ -39,6 +39,10 @@ def shapes_of(batch: Any, size: int) -> str:
     return ", ".join(str(tuple(t.shape)) for t in iter_tensors(batch) if t.dim() > 0 and t.shape[0] == size)
 
 
+SCAN_BATCHES = 256
+"""Batches a scan reads at the most (MemoryPlanner's scan_batches default; suggest's)."""
+SCAN_SECONDS = 10.0
+"""Longest a scan may read (collate only)."""
 SAME_SHAPE_STOP = 32
 """Batches of one per-sample shape after which a scan stops (fixed-size data)."""
 

@@ -13,6 +13,7 @@ from memplan import compat
 from memplan.callback.framework import (
     DDP_STRATEGIES, FSDP_STRATEGIES, MODEL_PARALLEL_STRATEGIES, SINGLE_DEVICE_STRATEGIES, MisconfigurationException,
 )
+from memplan.callback.exactness import batch_norms
 from memplan.callback.layout import Layout
 
 
@@ -97,16 +98,12 @@ def split_caveats(pl_module: pl.LightningModule, exactness: Any) -> str:
     weighted = {"sum": "summed", "mean_count": "weighted by each chunk's share of what the mean is over",
                 "mean_samples": "weighted by each chunk's share of the samples"}.get(reduction.kind,
                                                                                   "weighted by each chunk's share of the samples")
-    if exactness.no_split is None and reduction.known and not _batch_norms(pl_module):
+    norms = batch_norms(pl_module)
+    if exactness.no_split is None and reduction.known and not norms:
         return (f"The loss is {reduction.describe}: chunk losses are {weighted}, so the chunks train as the whole "
                 "batch does (a loss comparing samples within the batch, such as in-batch negatives, would not).")
-    norms = _batch_norms(pl_module)
     batch_norm = (f" The model's {', '.join(norms)} layers normalise over each chunk, not the batch (their "
                   "statistics differ)." if norms else "")
     return (f"MemoryPlanner(exact=False): chunk losses are {weighted} (the loss: {reduction.describe}), which trains as "
             f"the whole batch does only for such a loss.{batch_norm} A loss that compares samples within the batch "
             "(contrastive, in-batch negatives, ranking) sees only its chunk and is not the same.")
-
-
-def _batch_norms(pl_module: Any) -> list[str]:
-    return sorted({type(m).__name__ for m in pl_module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)})

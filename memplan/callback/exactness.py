@@ -68,7 +68,7 @@ def declared_reduction(loss_reduction: str, mean_over: Callable[[Any], Any] | No
 
 def decide(reduction: LossReduction, module: torch.nn.Module, *, exact: bool, manual: bool) -> Exactness:
     """What may change for a model and its loss (the drop_last check comes with the layout: drop_last_blocks)."""
-    norms = sorted({type(m).__name__ for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)})
+    norms = batch_norms(module)
     no_split = no_rewrite = None
     if manual:
         no_split = ("under manual optimization training_step runs its own backwards and optimizer steps, so a batch "
@@ -90,6 +90,11 @@ def decide(reduction: LossReduction, module: torch.nn.Module, *, exact: bool, ma
                       "alike, which only a mean over samples makes exact")
     return Exactness(reduction=reduction, can_split=no_split is None, can_rewrite=no_rewrite is None,
                      no_split=no_split, no_rewrite=no_rewrite)
+
+
+def batch_norms(module: torch.nn.Module) -> list[str]:
+    """The class names of the model's BatchNorm layers (they normalise over the batch they see)."""
+    return sorted({type(m).__name__ for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)})
 
 
 def drop_last_blocks(loader: Any, samples: int | None, before: int, after: int) -> str | None:

@@ -30,7 +30,7 @@ from memplan.callback.checks import (
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
 from memplan.callback.exactness import Exactness, decide, drop_last_blocks
 from memplan.callback.loss_reduction import LossReduction, LossWatcher, first_call_watched
-from memplan.shapes import scan
+from memplan.shapes import SCAN_BATCHES, SCAN_SECONDS, scan
 from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuses
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
@@ -59,8 +59,6 @@ MANUAL_OPTIMIZATION = (
     "training_step runs its own backwards and optimizer steps, so a batch cannot be split into micro-batch chunks "
     "nor an OOM retried on part of it. It applies the plan (the batch size, checkpointing; no accumulation, which "
     "Lightning does not do under manual optimization) and watches memory. Pass adjust=False to say so")
-SCAN_SECONDS = 10.0
-"""Longest a fit-start scan of the train loader for its heaviest batch may read (collate only)."""
 DEFAULT_EVERY_N_STEPS = 50
 """Steps between checks when the Trainer's log_every_n_steps is 0 (Lightning's own default interval)."""
 
@@ -162,7 +160,7 @@ class MemoryPlanner(*CALLBACKS):
         loss_reduction: Literal["auto", "mean", "sum"] = "auto",
         mean_over: Callable[[Any], Any] | None = None,
         exact: bool = True,
-        scan_batches: int = 256,
+        scan_batches: int = SCAN_BATCHES,
     ) -> None:
         self.settings = PlannerSettings(
             plan=plan, global_batch_size=global_batch_size, every_n_steps=every_n_steps, margin=margin, adjust=adjust,

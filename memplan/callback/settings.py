@@ -9,6 +9,7 @@ from typing import Any, Literal
 from memplan.callback.exactness import declared_reduction
 from memplan.callback.loss_reduction import LossReduction
 from memplan.plan import Plan
+from memplan.shapes import SCAN_BATCHES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +52,7 @@ class PlannerSettings:
     """callable(batch) -> what a mean loss averages over, where not samples."""
     exact: bool = True
     """Only make changes that train exactly as the user's settings would."""
-    scan_batches: int = 256
+    scan_batches: int = SCAN_BATCHES
     """Batches read at fit start to plan for the heaviest; 0: the first."""
 
     def __post_init__(self) -> None:

@@ -514,15 +514,11 @@ def _positive_int(trainer: Mapping[str, Any], name: str) -> int:
 
 
 # --- the datamodule's batch --------------------------------------------------------------------------
-SCAN_BATCHES, SCAN_SECONDS = 256, 10.0
-"""The batches (and seconds) `suggest` reads from one train loader to plan for the heaviest."""
-
-
 def _heaviest_batch(loader: Any) -> tuple[Any, str | None]:
     """(the heaviest batch per sample of up to SCAN_BATCHES of `loader`, which one it is in words):
     collate only, RNGs restored (memplan.shapes); the first batch where its size cannot be read."""
     from memplan.batching import batch_size_of
-    from memplan.shapes import scan
+    from memplan.shapes import SCAN_BATCHES, SCAN_SECONDS, scan
 
     try:
         found = scan(loader, batch_size_of, max_batches=SCAN_BATCHES, seconds=SCAN_SECONDS)
