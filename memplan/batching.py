@@ -54,6 +54,25 @@ def named_tensors(obj: Any, path: str = "batch") -> Iterator[tuple[str, torch.Te
             yield from named_tensors(getattr(obj, field.name), f"{path}.{field.name}")
 
 
+def map_named_tensors(obj: Any, fn: Callable[[str, torch.Tensor], Any], path: str = "batch") -> Any:
+    """`obj` with fn(path, tensor) applied to every tensor, paths as named_tensors names them; containers
+    rebuilt as in map_tensors."""
+    if isinstance(obj, torch.Tensor):
+        return fn(path, obj)
+    if isinstance(obj, Mapping):
+        return _rebuilt(obj, {k: map_named_tensors(v, fn, f"{path}[{k!r}]") for k, v in obj.items()})
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(map_named_tensors(v, fn, f"{path}.{n}") for n, v in zip(obj._fields, obj)))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_named_tensors(v, fn, f"{path}[{i}]") for i, v in enumerate(obj))
+    if _is_dataclass_instance(obj):
+        out = copy.copy(obj)
+        for field in dataclasses.fields(obj):
+            object.__setattr__(out, field.name, map_named_tensors(getattr(obj, field.name), fn, f"{path}.{field.name}"))
+        return out
+    return obj
+
+
 def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
     """Every tensor in `obj`, in order."""
     return (t for _, t in named_tensors(obj))
@@ -106,11 +125,7 @@ def map_samples(obj: Any, size: int, on_tensor: Callable[[torch.Tensor], Any],
 
 def _map_children(obj: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(obj, Mapping):
-        mapped = {k: fn(v) for k, v in obj.items()}
-        try:
-            return type(obj)(mapped)
-        except TypeError:
-            return mapped
+        return _rebuilt(obj, {k: fn(v) for k, v in obj.items()})
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return type(obj)(*(fn(v) for v in obj))
     if isinstance(obj, (list, tuple)):
@@ -119,6 +134,14 @@ def _map_children(obj: Any, fn: Callable[[Any], Any]) -> Any:
     for field in dataclasses.fields(obj):
         object.__setattr__(out, field.name, fn(getattr(obj, field.name)))
     return out
+
+
+def _rebuilt(obj: Mapping, mapped: dict) -> Mapping:
+    """A mapping of obj's own type holding `mapped` (a plain dict where the type cannot be built from one)."""
+    try:
+        return type(obj)(mapped)
+    except TypeError:
+        return mapped
 
 
 def split_batch(batch: Any, start: int, stop: int, size: int) -> Any:

@@ -3,7 +3,9 @@ lengths) make the first batch a poor guide, and an OOM thousands of steps later 
 MemoryPlanner (at fit start) and `memplan suggest` (from the config's datamodule) both plan this way.
 
 A batch's *load* is the elements of its per-sample tensors (those whose first dimension is the batch
-size): what grows with sequence length or image size. At fit start MemoryPlanner reads batches from a
+size): what grows with sequence length or image size. Where the loader's dataset gives each
+sample's length (a `lengths` sequence), the loader's batch size of its longest samples is collated and
+planned for (by_lengths): no batch is heavier per sample. Otherwise, at fit start MemoryPlanner reads batches from a
 fresh train loader (collate only: the model does not run) until it has seen `max_batches` of them or
 `seconds` have passed, and plans with the one of the largest load per sample. Where the first
 SAME_SHAPE_STOP batches all have the same per-sample shapes (fixed-size data: most image and
@@ -74,13 +76,24 @@ class Scan:
     """Whether the loader ran out before the limits (every batch of an epoch seen)."""
     fixed: bool = False
     """Whether it stopped at SAME_SHAPE_STOP batches of one per-sample shape."""
+    from_lengths: int = 0
+    """Samples whose lengths the dataset gave (by_lengths); 0 when batches were read instead."""
+    declared: bool = False
+    """Whether the shapes are the user's max_shape (declared)."""
 
     def describe(self) -> str:
+        ratio = self.load_per_sample / self.first_load_per_sample if self.first_load_per_sample else 1.0
+        if self.declared:
+            return (f"planned for the declared max_shape: per-sample tensors {self.shapes}, {ratio:.2f}x the first "
+                    "batch's elements per sample")
+        if self.from_lengths:
+            return (f"planned for the {self.size} longest of {self.from_lengths} samples by the dataset's `lengths`, "
+                    f"collated as the loader does ({self.seconds:.1f} s): per-sample tensors {self.shapes}, "
+                    f"{ratio:.2f}x the first batch's elements per sample")
         if self.fixed:
             return (f"planned for batches of one shape: the first {self.scanned} read from the train loader all have "
                     f"per-sample tensors {self.shapes} ({self.seconds:.1f} s, collate only)")
         how = "every batch of an epoch" if self.complete else f"{self.scanned} batches"
-        ratio = self.load_per_sample / self.first_load_per_sample if self.first_load_per_sample else 1.0
         return (f"planned for the heaviest of {how} read from the train loader ({self.seconds:.1f} s, collate only): "
                 f"per-sample tensors {self.shapes}, {ratio:.2f}x the first batch's elements per sample")
 
@@ -114,6 +127,75 @@ def scan(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan
     return Scan(batch=best[0], size=best[1], shapes=shapes_of(best[0], best[1]), load_per_sample=best[2],
                 first_load_per_sample=first or 0.0, scanned=count, seconds=time.perf_counter() - started,
                 complete=complete, fixed=not complete and count == SAME_SHAPE_STOP and len(shapes) == 1)
+
+
+def by_lengths(loader: Any, size_of: Any) -> Scan | None:
+    """The heaviest batch the loader can produce, built without reading the loader where its dataset says how long
+    each sample is: a map-style dataset with a `lengths` sequence (one number a sample, as bucketing samplers and
+    `group_by_length` use) gives the loader's batch size of its longest samples, collated with the loader's own
+    collate_fn. Under dynamic padding no batch is heavier per sample. None where the dataset has no usable
+    `lengths` or building that batch fails (the caller then scans the loader)."""
+    started = time.perf_counter()
+    dataset = getattr(loader, "dataset", None)
+    lengths = getattr(dataset, "lengths", None)
+    if lengths is None or isinstance(dataset, torch.utils.data.IterableDataset) or callable(lengths):
+        return None
+    try:
+        values = [float(v) for v in lengths]
+        if len(values) != len(dataset) or not values:
+            return None
+        with rng_preserved():
+            first = next(iter(loader))
+            size = loader.batch_size or size_of(first)
+            longest = sorted(range(len(values)), key=lambda i: -values[i])[:size]
+            batch = loader.collate_fn([dataset[i] for i in longest])
+            size = size_of(batch)
+            first_size = size_of(first)
+    except Exception:  # a dataset or collate that cannot be read this way: the scan reads it as training would
+        return None
+    return Scan(batch=batch, size=size, shapes=shapes_of(batch, size), load_per_sample=load_of(batch, size) / size,
+                first_load_per_sample=load_of(first, first_size) / first_size, scanned=1,
+                seconds=time.perf_counter() - started, complete=True, from_lengths=len(values))
+
+
+def heaviest(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan:
+    """The batch to plan for: from the dataset's lengths (by_lengths) where it has them, else the heaviest of a
+    bounded scan of the loader (scan)."""
+    return by_lengths(loader, size_of) or scan(loader, size_of, max_batches=max_batches, seconds=seconds)
+
+
+def declared(batch: Any, size: int, max_shape: Any) -> Scan:
+    """`batch` with the per-sample tensors `max_shape` names grown (values repeated along each dimension) or cut
+    to the per-sample shapes declared: `{"input_ids": (2048,), "pixel_values": (3, 512, 512)}`, keyed as the
+    batch holds them (a dict key, an attribute, a position) or by the path memplan prints (batch['input_ids'])."""
+    from memplan.batching import map_named_tensors, named_tensors
+
+    wanted = {str(k): tuple(v) for k, v in max_shape.items()}
+    found: set[str] = set()
+
+    def grow(path: str, t: torch.Tensor) -> torch.Tensor:
+        key = next((k for k in wanted if path in (k, f"batch[{k!r}]", f"batch[{k}]", f"batch.{k}")), None)
+        if key is None or t.dim() == 0 or t.shape[0] != size:
+            return t
+        found.add(key)
+        shape = wanted[key]
+        if len(shape) != t.dim() - 1:
+            raise ValueError(f"MemoryPlanner(max_shape=...): {key!r} declares a per-sample shape {shape}, but "
+                             f"{path} has {t.dim() - 1} dimension(s) a sample ({tuple(t.shape)})")
+        for dim, n in enumerate(shape, start=1):
+            t = t.index_select(dim, torch.arange(n) % t.shape[dim]) if t.shape[dim] else t.new_zeros(
+                (*t.shape[:dim], n, *t.shape[dim + 1:]))
+        return t.contiguous()
+
+    grown = map_named_tensors(batch, grow)
+    missing = [k for k in wanted if k not in found]
+    if missing:
+        have = ", ".join(p for p, t in named_tensors(batch) if t.dim() > 0 and t.shape[0] == size) or "none"
+        raise ValueError(f"MemoryPlanner(max_shape=...): no per-sample tensor {missing[0]!r} in the batch (its "
+                         f"per-sample tensors: {have}); key max_shape by those names")
+    first = load_of(batch, size) / size
+    return Scan(batch=grown, size=size, shapes=shapes_of(grown, size), load_per_sample=load_of(grown, size) / size,
+                first_load_per_sample=first, scanned=1, seconds=0.0, complete=True, declared=True)
 
 
 def chunk_for(batch_load_per_sample: float, planned_load_per_sample: float, micro_batch_size: int) -> int:

@@ -489,3 +489,29 @@ def test_all_devices_keeps_every_candidate_on_every_gpu():
     fixed = PlanRequest(global_batch_size=16, devices=(gpu, gpu), precisions=("32-true",), all_devices=True)
     assert {c.gpus_per_node for c in enumerate_candidates(free)} == {1, 2}
     assert {c.gpus_per_node for c in enumerate_candidates(fixed)} == {2}
+
+
+# --- a Trainer's request: world size and precision fixed --------------------------------------------
+def test_a_trainers_request_that_fits_whole_is_planned_with_one_trace():
+    # MemoryPlanner's request (all_devices, the Trainer's precision): every trace runs the user's training_step,
+    # so where the largest micro-batch without checkpointing fits, that one trace is the plan.
+    sim = SimulatedStep(activation_bytes_per_sample=256 * MiB)
+    request = PlanRequest(global_batch_size=64, devices=gpus("A100-80GB", 2), all_devices=True,
+                          precisions=("bf16-mixed",), allow_checkpointing=True)
+    plan = make_plan(request, sim)
+    assert sim.calls == [(32, "bf16-mixed", False, 2)]
+    assert (plan.world_size, plan.micro_batch_size, plan.gradient_checkpointing) == (2, 32, False)
+    assert plan.predicted_peak_bytes == exact_peak(sim, plan)
+    assert speed_of(plan, request, sim) == pytest.approx(brute_force_speed(request, sim), rel=1e-9)
+
+
+def test_a_trainers_request_whose_largest_micro_batch_does_not_fit_is_searched_as_before():
+    # 6 GiB a sample (3 under AMP): micro 32 needs ~101 GiB, over the 72 GiB budget; that first trace joins the
+    # curve and the search goes on from its usual traces to the fastest setting that fits.
+    sim = SimulatedStep(activation_bytes_per_sample=6 * GiB)
+    request = PlanRequest(global_batch_size=64, devices=gpus("A100-80GB", 2), all_devices=True,
+                          precisions=("bf16-mixed",), allow_checkpointing=True)
+    plan = make_plan(request, sim)
+    assert sim.calls[0] == (32, "bf16-mixed", False, 2) and len(sim.calls) > 1
+    assert exact_peak(sim, plan) <= int(gpus("A100-80GB", 1)[0].free_bytes * (1 - request.margin))
+    assert speed_of(plan, request, sim) == pytest.approx(brute_force_speed(request, sim), rel=1e-9)

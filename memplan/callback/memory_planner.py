@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,7 +30,7 @@ from memplan.callback.checks import (
 from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
 from memplan.callback.exactness import Exactness, decide, drop_last_blocks
 from memplan.callback.loss_reduction import LossReduction, LossWatcher, first_call_watched
-from memplan.shapes import SCAN_BATCHES, SCAN_SECONDS, scan
+from memplan.shapes import SCAN_BATCHES, SCAN_SECONDS, declared, heaviest
 from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuses
 from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
@@ -124,7 +124,11 @@ class MemoryPlanner(*CALLBACKS):
         scan_batches: when planning now, read up to this many batches of the train loader at fit start
             (collate only, at most 10 s) and plan for the heaviest per sample
             (:mod:`memplan.shapes`); a heavier batch in training runs as smaller chunks before
-            it runs. 0: plan from the first batch.
+            it runs. 0: plan from the first batch. A dataset with a ``lengths`` sequence (one number a
+            sample) is planned for its longest samples instead, without reading the loader.
+        max_shape: the per-sample shapes to plan for, by the batch's field, where you know the
+            largest input: ``{"input_ids": (2048,), "labels": (2048,)}``. The first batch's tensors
+            are grown to them (values repeated) for planning; no loader scan.
         exact: only make changes that train exactly as the user's settings would (the default). With
             ``False`` MemoryPlanner may also split or rewrite batches where that changes the training
             (BatchNorm statistics, an unknown loss weighted by samples, manual optimization's batch,
@@ -161,13 +165,14 @@ class MemoryPlanner(*CALLBACKS):
         mean_over: Callable[[Any], Any] | None = None,
         exact: bool = True,
         scan_batches: int = SCAN_BATCHES,
+        max_shape: Mapping[str | int, Sequence[int]] | None = None,
     ) -> None:
         self.settings = PlannerSettings(
             plan=plan, global_batch_size=global_batch_size, every_n_steps=every_n_steps, margin=margin, adjust=adjust,
             grow=grow, grow_margin=grow_margin, grow_patience=grow_patience, guard=guard,
             allow_checkpointing=allow_checkpointing, strict=strict, batch_arg_name=batch_arg_name, log_dir=log_dir,
             planner=planner, loss_reduction=loss_reduction, mean_over=mean_over, exact=exact,
-            scan_batches=scan_batches)
+            scan_batches=scan_batches, max_shape=max_shape)
         """The arguments, checked (memplan.callback.settings); never changed by a fit."""
         self._fit: FitSession | None = None  # one fit's state, from setup to teardown
         self._restored: dict[str, Any] | None = None  # a checkpoint's state_dict, until fit start takes it
@@ -495,11 +500,19 @@ class MemoryPlanner(*CALLBACKS):
         return made
 
     def _batch_to_plan_for(self, trainer: pl.Trainer) -> Any:
-        """The heaviest batch of a bounded scan of the train loader (memplan.shapes), or the first."""
+        """The first batch grown to the declared max_shape, the heaviest batch by the dataset's lengths or of a
+        bounded scan of the train loader (memplan.shapes), or the first."""
+        if self.settings.max_shape is not None:
+            batch = first_train_batch(trainer)
+            try:
+                self._fit.scan = declared(batch, self.batch_size_of(batch), self.settings.max_shape)
+            except ValueError as err:
+                raise MisconfigurationException(str(err)) from None
+            return self._fit.scan.batch
         if not self.settings.scan_batches:
             return first_train_batch(trainer)
         try:
-            self._fit.scan = scan(train_loader(trainer), self.batch_size_of, max_batches=self.settings.scan_batches,
+            self._fit.scan = heaviest(train_loader(trainer), self.batch_size_of, max_batches=self.settings.scan_batches,
                               seconds=SCAN_SECONDS)
         except ValueError:  # a batch MemoryPlanner cannot size: the first one, as it comes
             return first_train_batch(trainer)

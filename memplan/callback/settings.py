@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,6 +54,8 @@ class PlannerSettings:
     """Only make changes that train exactly as the user's settings would."""
     scan_batches: int = SCAN_BATCHES
     """Batches read at fit start to plan for the heaviest; 0: the first."""
+    max_shape: Mapping[str | int, Sequence[int]] | None = None
+    """Per-sample shapes to plan for, by the batch's field; None: found (memplan.shapes)."""
 
     def __post_init__(self) -> None:
         if self.plan is not None and not isinstance(self.plan, (Plan, str, os.PathLike)):
@@ -79,6 +81,12 @@ class PlannerSettings:
         for name in ("adjust", "grow", "allow_checkpointing", "strict", "exact"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"MemoryPlanner({name}=...) must be True or False; got {getattr(self, name)!r}")
+        if self.max_shape is not None and not (
+                isinstance(self.max_shape, Mapping) and self.max_shape
+                and all(isinstance(k, (str, int)) and isinstance(v, Sequence) and not isinstance(v, str)
+                        and all(_positive_int(n) for n in v) for k, v in self.max_shape.items())):
+            raise ValueError("MemoryPlanner(max_shape=...) maps a batch field to the per-sample shape to plan for, "
+                             f"e.g. {{'input_ids': (2048,), 'labels': (2048,)}}; got {self.max_shape!r}")
         if not isinstance(self.scan_batches, int) or isinstance(self.scan_batches, bool) or self.scan_batches < 0:
             raise ValueError(f"MemoryPlanner(scan_batches=...) must be an int >= 0 (0: plan from the first batch); "
                              f"got {self.scan_batches!r}")

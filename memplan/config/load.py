@@ -518,10 +518,10 @@ def _heaviest_batch(loader: Any) -> tuple[Any, str | None]:
     """(the heaviest batch per sample of up to SCAN_BATCHES of `loader`, which one it is in words):
     collate only, RNGs restored (memplan.shapes); the first batch where its size cannot be read."""
     from memplan.batching import batch_size_of
-    from memplan.shapes import SCAN_BATCHES, SCAN_SECONDS, scan
+    from memplan.shapes import SCAN_BATCHES, SCAN_SECONDS, heaviest
 
     try:
-        found = scan(loader, batch_size_of, max_batches=SCAN_BATCHES, seconds=SCAN_SECONDS)
+        found = heaviest(loader, batch_size_of, max_batches=SCAN_BATCHES, seconds=SCAN_SECONDS)
     except ValueError:
         return next(iter(loader)), None
     return found.batch, found.describe()

@@ -36,7 +36,9 @@ it is conservative for a convex curve and the search resumes lower; if it fits, 
 micro-batch that the refined line now admits is traced next (at most MAX_VERIFICATIONS such
 traces). The plan's peak is always a trace at exactly the chosen setting.
 
-Calls: 3-5 when AMP without checkpointing fits (2 for the group, 1-3 to verify); 6-8 when
+A request that leaves only the micro-batch and checkpointing to choose (a Trainer's: its world size and
+precision) traces its dominant candidate first, the largest micro-batch without checkpointing: 1 call
+when it fits. Otherwise, calls: 3-5 when AMP without checkpointing fits (2 for the group, 1-3 to verify); 6-8 when
 checkpointing or a single-GPU setting competes; at most 12 plus verifications with every group
 traced. When nothing fits, 1 call per group until the frugal ones fail (4 with all allowed), and
 NoFit is raised.
@@ -164,6 +166,19 @@ def _slowest(devices) -> str:
     return min(devices, key=lambda d: gpu_links(d.name).dense_half_flops).name
 
 
+def _dominant(request: PlanRequest, candidates: list[Candidate]) -> Candidate | None:
+    """The candidate no other can beat, traced first: with the world size and the precision fixed and no
+    FSDP layouts to weigh (a Trainer's own request: all_devices, one precision), the candidates differ only
+    in micro-batch and checkpointing, and the largest micro-batch without checkpointing (fewest
+    accumulation steps, no recompute) is the fastest. Where its trace fits and the step-time model built
+    from that trace agrees, it is the plan: one trace, so a Trainer's training_step runs as few times as
+    planning needs. None where the request leaves more to choose."""
+    if request.searches_fsdp or len({(c.world_size, c.precision) for c in candidates}) != 1:
+        return None
+    plain = [c for c in candidates if not c.checkpointing]
+    return max(plain, key=lambda c: c.micro_batch_size) if plain else None
+
+
 class _Search:
     def __init__(self, request: PlanRequest, estimator: Estimator) -> None:
         self.request = request
@@ -172,7 +187,17 @@ class _Search:
         self.floors = Floors(request.parameter_bytes, request.optimizer_state_bytes)
         self.calls = 0
         candidates = list(enumerate_candidates(request))
-        self.profile = self.cost_profile(candidates)
+        dominant = _dominant(request, candidates)
+        first = self.trace(*dominant.trace_key) if dominant is not None else None
+        settles = (first is not None and first.step_costs is not None and dominant.host_fits
+                   and first.device_total <= dominant.budget_bytes)
+        if settles:  # its own trace gives the step-time model: no trace at micro-batch 1 and PROBE_MICRO
+            self.base = dominant.group
+            self.profile = CostProfile(first.step_costs, low_micro=dominant.micro_batch_size, traced_amp=dominant.group.amp,
+                                       parameter_count=request.parameter_count or first.num_parameters,
+                                       tokens_per_sample=request.tokens_per_sample)
+        else:
+            self.profile = self.cost_profile(candidates)
         self.candidates = [self.timed(c) for c in candidates]
         self.groups: dict[Group, list[Candidate]] = {}
         for c in self.candidates:
@@ -185,6 +210,16 @@ class _Search:
             curve.siblings = tuple(self.curves[h] for h in kin)
         self.explored: set[Group] = set()
         self.unfit: set[Group] = set()
+        self.settled: Candidate | None = None
+        """The dominant candidate (_dominant) where its trace fits and the step-time model ranks it first."""
+        if first is not None:
+            self.curves[dominant.group].add(dominant.micro_batch_size, first)
+        if settles:
+            self.explored.add(dominant.group)
+            top = max(self.candidates, key=lambda c: c.rank_key())
+            if top.trace_key == dominant.trace_key:
+                self.settled = top
+                return
         self.explore(self.base)  # the group the step-time model was traced on: its traces are made
 
     # --- the step-time model ---------------------------------------------------------------------
@@ -340,6 +375,8 @@ class _Search:
         """Explore groups best-first, then trace the best candidate exactly until the best is one
         already traced: a verification that fits can reveal room for a larger micro-batch (the line
         through it is more accurate up there), one that does not fit shrinks the choice."""
+        if self.settled is not None:
+            return self.settled, self.traces[self.settled.trace_key]
         verified: list[Candidate] = []
         verifications = 0
         while True:

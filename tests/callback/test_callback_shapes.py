@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from memplan.callback import MemoryPlanner
-from memplan.shapes import scan
+from memplan.shapes import by_lengths, declared, scan
 
 VOCAB, BATCH, TOKENS = 16, 8, 256
 LENGTHS = [8, 16, 12, 24, 16, 64, 20, 8]  # per batch: the first is short, the sixth 8x longer
@@ -115,6 +116,69 @@ def test_a_batch_heavier_than_the_scan_saw_runs_as_smaller_chunks_before_it_runs
     summary = [e for e in read_jsonl(planner.log_path) if e["event"] == "summary"][-1]
     assert summary["heavier_batches"] == 3  # the batches of 24, 64 and 20 tokens ran as chunks of 4, 2, 4
     assert module.tokens_seen == BATCH * sum(LENGTHS)
+
+
+class Measured(LongTail):
+    """LongTail telling each sample's length, as bucketing datasets do."""
+
+    @property
+    def lengths(self) -> list[int]:
+        return [LENGTHS[i // BATCH] for i in range(len(self))]
+
+
+class MeasuredModel(TokenModel):
+    def train_dataloader(self):
+        return DataLoader(Measured(), batch_size=BATCH)
+
+
+def test_the_longest_samples_by_the_datasets_lengths_make_the_batch_planned_for():
+    loader = MeasuredModel().train_dataloader()
+    state = torch.random.get_rng_state()
+    found = by_lengths(loader, lambda b: len(b["input_ids"]))
+    assert found.batch["input_ids"].shape == (BATCH, 64) and found.from_lengths == BATCH * len(LENGTHS)
+    assert "8 longest of 64 samples by the dataset's `lengths`" in found.describe()
+    assert "8.00x the first batch's" in found.describe()
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert by_lengths(TokenModel().train_dataloader(), lambda b: len(b["input_ids"])) is None  # no lengths: scan
+
+
+def test_a_dataset_with_lengths_is_planned_for_its_longest_samples_whatever_the_scan_would_read(make_trainer):
+    # a scan of 3 batches (longest 16 tokens) would plan micro 8; the dataset's lengths say 64: micro 4, no split
+    module = MeasuredModel()
+    planner = MemoryPlanner(planner=simulated_planner, grow=False, scan_batches=3)
+    fit(make_trainer, module, planner)
+    assert planner.plan.micro_batch_size == 4 and module.budget.ooms == 0
+    summary = [e for e in read_jsonl(planner.log_path) if e["event"] == "summary"][-1]
+    assert summary["heavier_batches"] == 0
+    assert module.tokens_seen == BATCH * sum(LENGTHS)
+
+
+def test_a_declared_max_shape_grows_the_named_tensors_by_repeating_their_values():
+    batch = {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 6]]), "scale": torch.tensor(2.0), "ids": ["a", "b"]}
+    found = declared(batch, 2, {"input_ids": (7,)})
+    assert found.batch["input_ids"].tolist() == [[1, 2, 3, 1, 2, 3, 1], [4, 5, 6, 4, 5, 6, 4]]
+    assert found.batch["scale"] is batch["scale"] and found.batch["ids"] == ["a", "b"]
+    assert "declared max_shape: per-sample tensors (2, 7), 2.33x the first batch's" in found.describe()
+    with pytest.raises(ValueError, match=r"no per-sample tensor 'labels' in the batch \(its per-sample tensors: "
+                                         r"batch\['input_ids'\]\)"):
+        declared(batch, 2, {"labels": (7,)})
+    with pytest.raises(ValueError, match=r"'input_ids' declares a per-sample shape \(7, 2\), but batch\['input_ids'\] "
+                                         "has 1 dimension"):
+        declared(batch, 2, {"input_ids": (7, 2)})
+
+
+def test_a_declared_max_shape_is_planned_for_without_reading_the_loader(make_trainer):
+    module = TokenModel()
+    planner = MemoryPlanner(planner=simulated_planner, grow=False, max_shape={"input_ids": (64,), "labels": (64,)})
+    fit(make_trainer, module, planner)
+    assert planner.plan.micro_batch_size == 4 and module.budget.ooms == 0
+    summary = [e for e in read_jsonl(planner.log_path) if e["event"] == "summary"][-1]
+    assert summary["heavier_batches"] == 0 and module.tokens_seen == BATCH * sum(LENGTHS)
+
+
+def test_a_max_shape_that_is_not_a_mapping_of_shapes_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"MemoryPlanner\(max_shape=...\) maps a batch field to the per-sample shape"):
+        MemoryPlanner(max_shape={"input_ids": 2048})
 
 
 class Shuffled(Regression):
