@@ -295,3 +295,28 @@ def test_a_plan_path_that_is_not_a_file_is_refused_by_name(tmp_path):
         load_plan(fifo)
     with pytest.raises(MisconfigurationException, match="not a regular file"):
         load_plan("/dev/zero")
+
+
+TRACED: list[int] = []
+"""The batch size of every training_step memplan's planning traces ran (on its fake copy of the module)."""
+
+
+class CountsTraces(Regression):
+    def training_step(self, batch, batch_idx):
+        from callback_sim import tracing
+
+        if tracing(self):
+            TRACED.append(len(batch[0]))
+        return super().training_step(batch, batch_idx)
+
+
+def test_planning_runs_training_step_as_few_times_as_the_plan_needs(make_trainer):
+    # the loader's batch of 8 fits whole with room to spare: one trace (two steps: the second with the optimizer's
+    # state) is the plan; before, the search traced micro-batches 1 and 4 as well (6 runs of training_step)
+    TRACED.clear()
+    module = CountsTraces(batch_size=8)
+    planner = MemoryPlanner(grow=False)
+    make_trainer([planner], max_steps=2).fit(module)
+    assert TRACED == [8, 8]
+    assert (planner.plan.micro_batch_size, planner.plan.gradient_checkpointing) == (8, False)
+    assert len(module.seen) == 2  # the training itself ran as without MemoryPlanner
