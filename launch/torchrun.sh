@@ -10,7 +10,7 @@
 #   2. CUDA_VISIBLE_DEVICES is narrowed to the GPUs the plan chose (the plan's `gpus` are CUDA indices,
 #      mapped through any CUDA_VISIBLE_DEVICES already set), and --trainer.devices to their count, since
 #      the planned config names the chosen indices, which the narrowing renumbers 0..N-1;
-#   3. torchrun --nproc-per-node=<plan world_size> --standalone launch/train.py fit --config <planned.yaml>.
+#   3. torchrun --nproc-per-node=<plan world_size> --standalone -m memplan.train fit --config <planned.yaml>.
 #
 # Without GPUs (or MEMPLAN_CPU=1) -- the CPU path, and why:
 #   memplan suggest plans for a GPU: its estimate adds CUDA context and allocator overheads and its budget
@@ -45,7 +45,7 @@
 # different plans; for several nodes use launch/slurm.sbatch, which plans once for all of them.
 #
 # Signals: the script ends as torchrun (exec), so a SIGTERM to it reaches torchrun, which stops every
-# rank; a SIGTERM to one rank ends that rank at once (launch/train.py) and torchrun stops the others.
+# rank; a SIGTERM to one rank ends that rank at once (memplan.train) and torchrun stops the others.
 #
 # Exit status: torchrun's; 2 for a usage error; 3 when the Python cannot run memplan; the failing step's
 # own status when a step before training fails (memplan suggest: 1 when nothing fits).
@@ -63,13 +63,12 @@ if [[ $# -gt 0 ]]; then
     shift
 fi
 CONFIG="$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")"
-TRAIN="$REPO/launch/train.py"
 source "$REPO/launch/python.sh"
 find_python "$REPO"
 
 run_torchrun() {  # NPROC, then train.py's arguments; the script becomes torchrun, its status the script's
     local nproc="$1"; shift
-    exec "$PYTHON" -m torch.distributed.run --nproc-per-node="$nproc" --standalone "$TRAIN" "$@"
+    exec "$PYTHON" -m torch.distributed.run --nproc-per-node="$nproc" --standalone -m memplan.train "$@"
 }
 
 GPU_COUNT=0

@@ -620,12 +620,12 @@ def test_lightning_cli_accepts_the_planned_config_with_the_memory_planner_callba
 def test_torchrun_command_for_one_node_and_for_several(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # paths come out absolute: the command runs from any directory
     one = torchrun_command(make_plan(world_size=4, micro_batch_size=2, accumulate_grad_batches=8), "planned.yaml")
-    assert one == ["torchrun", "--nproc-per-node=4", "--nnodes=1", "--standalone",
-                   str(Path(__file__).resolve().parent.parent / "launch" / "train.py"), "fit", "--config",
-                   str(tmp_path / "planned.yaml")]
+    # this interpreter, not a bare `torchrun` (not on PATH without an activated venv); the entry point in the package
+    assert one == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", "--nnodes=1", "--standalone",
+                   "-m", "memplan.train", "fit", "--config", str(tmp_path / "planned.yaml")]
     many = torchrun_command(make_plan(nodes=2, world_size=16, micro_batch_size=1, accumulate_grad_batches=4),
-                            Path("out/p.yaml"), entry_point="train.py", rdzv_endpoint="node0:29400")
-    assert many == ["torchrun", "--nproc-per-node=8", "--nnodes=2", "--rdzv-backend=c10d",
+                            Path("out/p.yaml"), entry_point="train.py", rdzv_endpoint="node0:29400", python="py")
+    assert many == ["py", "-m", "torch.distributed.run", "--nproc-per-node=8", "--nnodes=2", "--rdzv-backend=c10d",
                     "--rdzv-endpoint=node0:29400", str(tmp_path / "train.py"), "fit", "--config",
                     str(tmp_path / "out" / "p.yaml")]
 

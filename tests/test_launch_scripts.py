@@ -131,7 +131,7 @@ fi
     assert run.returncode == 3, run.stderr  # torchrun's exit status is the script's
     called = json.loads(record.read_text())
     assert called["cuda_visible_devices"] == "5,7"
-    assert called["argv"] == ["--nproc-per-node=2", "--standalone", str(ROOT / "launch" / "train.py"), "fit",
+    assert called["argv"] == ["--nproc-per-node=2", "--standalone", "-m", "memplan.train", "fit",
                               "--config", str(tmp_path / "mlp.planned.yaml"), "--trainer.devices=2",
                               "--trainer.max_steps=3"]
 
@@ -176,7 +176,7 @@ with open("{srun_calls}", "a") as f:
     assert len(sruns) == 1
     assert sruns[0]["argv"] == [
         "--nodes=2", f"--ntasks-per-node={per_node}", f"--ntasks={2 * per_node}", "--kill-on-bad-exit=1",
-        str(python), str(ROOT / "launch" / "train.py"), "fit", "--config", str(planned), "--trainer.max_steps=5",
+        str(python), "-m", "memplan.train", "fit", "--config", str(planned), "--trainer.max_steps=5",
     ]
     assert "torchrun" not in " ".join(sruns[0]["argv"])
     assert sruns[0]["env"]["MASTER_PORT"] == "29500" and sruns[0]["env"]["SLURM_NNODES"] == "2"
@@ -232,7 +232,7 @@ def test_torchrun_sh_runs_the_projects_venv_from_another_directory_without_activ
     assert run.returncode == 7, run.stderr  # the simulated torchrun's status, through the venv's python
     torchrun = [c for c in (tmp_path / "venv-calls.txt").read_text().splitlines()
                 if c.startswith("-m torch.distributed.run")]
-    assert len(torchrun) == 1 and f" {clone / 'launch' / 'train.py'} fit --config {MLP} " in torchrun[0]
+    assert len(torchrun) == 1 and f" -m memplan.train fit --config {MLP} " in torchrun[0]
 
 
 def test_memplan_python_wins_over_the_venv(tmp_path):
@@ -312,7 +312,7 @@ json.dump(sys.argv[1:], open("{srun_calls}", "w"))
     assert run.returncode == 0, run.stderr
     assert "-m memplan suggest" in (tmp_path / "venv-calls.txt").read_text()
     argv = json.loads(srun_calls.read_text())
-    assert argv[-5:] == [str(venv_python), str(clone / "launch" / "train.py"), "fit", "--config",
+    assert argv[-6:] == [str(venv_python), "-m", "memplan.train", "fit", "--config",
                          str(submit / "memplan-7" / "planned.yaml")]
 
 

@@ -1,31 +1,37 @@
 """What a launch needs from a config: the torchrun command, and a LightningCLI that accepts `memplan:`."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from memplan.plan import Plan
 
 
-TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "launch" / "train.py"
-"""This checkout's launch/train.py, by absolute path (scripts/install.py installs memplan editable)."""
+TRAIN_MODULE = "memplan.train"
+"""The LightningCLI entry point, shipped in the package: any install of memplan has it."""
 
 
-def torchrun_command(plan: Plan, config_path: str | Path, *, entry_point: str | Path = TRAIN_SCRIPT,
-                     rdzv_endpoint: str = "$MASTER_ADDR:29500") -> list[str]:
-    """argv that runs the planned config: `torchrun --nproc-per-node=G --nnodes=N ... ENTRY fit --config PATH`,
-    from any working directory: ENTRY and PATH are made absolute (relative ones against the current one).
+def torchrun_command(plan: Plan, config_path: str | Path, *, entry_point: str | Path | None = None,
+                     rdzv_endpoint: str = "$MASTER_ADDR:29500", python: str | Path | None = None) -> list[str]:
+    """argv that runs the planned config: `PYTHON -m torch.distributed.run --nproc-per-node=G --nnodes=N ...
+    -m memplan.train fit --config PATH`, from any working directory and without an activated environment:
+    PYTHON is this interpreter (`python`, default sys.executable), where torch and memplan are installed (a
+    bare `torchrun` is not on PATH outside an activated venv), and PATH is absolute. `entry_point`: a
+    training script to run instead of memplan.train (made absolute).
 
     One node uses torchrun's standalone rendezvous. Several nodes rendezvous at `rdzv_endpoint` (the
     first node's host:port; the default leaves $MASTER_ADDR for the shell, so print it with ' '.join,
     not shlex.join), and the same command runs on every node.
     """
-    argv = ["torchrun", f"--nproc-per-node={plan.gpus_per_node}", f"--nnodes={plan.nodes}"]
+    argv = [str(python or sys.executable), "-m", "torch.distributed.run", f"--nproc-per-node={plan.gpus_per_node}",
+            f"--nnodes={plan.nodes}"]
     if plan.nodes == 1:
         argv.append("--standalone")
     else:
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
-    return [*argv, str(Path(entry_point).absolute()), "fit", "--config", str(Path(config_path).absolute())]
+    entry = ["-m", TRAIN_MODULE] if entry_point is None else [str(Path(entry_point).absolute())]
+    return [*argv, *entry, "fit", "--config", str(Path(config_path).absolute())]
 
 
 def add_memplan_argument(parser: Any) -> None:
