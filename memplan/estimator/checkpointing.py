@@ -83,6 +83,26 @@ def find_repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def own_checkpointing(model: nn.Module) -> str | None:
+    """What the model checkpoints itself, in words, or None: transformers' switch
+    (`gradient_checkpointing_enable()` sets `gradient_checkpointing = True` on the layers it wraps),
+    torch's `checkpoint_wrapper` modules (FSDPStrategy's activation_checkpointing_policy, torchtitan), or
+    memplan's own wrapper applied earlier. A `torch.utils.checkpoint` call inside a forward leaves no
+    mark on the modules and is not found here (its memory is traced all the same)."""
+    found = []
+    switched = [n for n, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True
+                and not hasattr(m, "is_gradient_checkpointing")]  # the layers, not the PreTrainedModel property
+    if switched:
+        found.append(f"transformers' gradient_checkpointing on {len(switched)} module{'s' * (len(switched) > 1)}")
+    wrappers = [n for n, m in model.named_modules() if type(m).__name__ == "CheckpointWrapper"]
+    if wrappers:
+        found.append(f"torch's checkpoint_wrapper on {len(wrappers)} module{'s' * (len(wrappers) > 1)}")
+    ours = [n for n, m in model.named_modules() if getattr(m, _WRAPPED, False)]
+    if ours:
+        found.append(f"torch.utils.checkpoint on {len(ours)} block{'s' * (len(ours) > 1)} (memplan's wrapper)")
+    return "; ".join(found) or None
+
+
 def _has_parameters(module: nn.Module) -> bool:
     return any(True for _ in module.parameters())
 
