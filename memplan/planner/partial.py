@@ -77,8 +77,19 @@ def _option(search: _Search, full: Candidate, plain_group, blocks: int) -> Candi
                   and c.world_size == full.world_size and c.micro_batch_size == full.micro_batch_size), None)
     if plain is None:
         return None
+    _use_known_traces(search, plain_group)
     k = smallest_k(blocks, search.predicted_bytes(plain), search.predicted_bytes(full), full.budget_bytes)
     return None if k is None else _with_blocks(search, full, k)
+
+
+def _use_known_traces(search: _Search, group) -> None:
+    """Give the group's curve every trace the search holds for it (the step-time model's probe may not
+    have joined it: a group with no micro-batch-1 candidate stops after its first trace)."""
+    curve = search.curves[group]
+    key = (search.trace_precision(group), group.checkpointing, group.probe_world_size, group.sharding, group.offload)
+    for (micro, *rest), est in search.traces.items():
+        if tuple(rest) == key and micro not in curve.points:
+            curve.add(micro, est)
 
 
 def _with_blocks(search: _Search, c: Candidate, k: int) -> Candidate:
