@@ -7,6 +7,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from memplan.checkpoint_setting import FULL, NONE, Checkpointing
 from memplan.precision import PRECISIONS, Precision, canonical_precision
 
 PLAN_FORMAT = 1
@@ -71,8 +72,16 @@ class Alternative:
     """Predicted tokens per second over all ranks (None: the batch has no sequence dimension)."""
     mfu: float | None = None
     """Predicted model FLOPs utilisation (0..1) against the precision's dense peak."""
+    checkpointing: str | None = None
+    """The checkpointing setting in its text form ('none', 'full', 'blocks:4', 'op'); None: as
+    gradient_checkpointing says (a plan file from before settings)."""
 
     def __post_init__(self) -> None:
+        if self.checkpointing is not None:
+            setting = Checkpointing.parse(self.checkpointing, name="Alternative.checkpointing")
+            if bool(setting) != self.gradient_checkpointing:
+                raise ValueError(f"Alternative.checkpointing {str(setting)!r} disagrees with gradient_checkpointing="
+                                 f"{self.gradient_checkpointing}")
         for name in ("world_size", "micro_batch_size", "accumulate_grad_batches"):
             check_count(getattr(self, name), name=f"Alternative.{name}", low=1,
                         high=MAX_WORLD_SIZE if name == "world_size" else MAX_BATCH_SIZE)
@@ -151,8 +160,25 @@ class Plan:
     """Predicted model FLOPs utilisation (0..1) against the precision's dense peak."""
     speed_reason: str | None = None
     """Why the plan beats the runner-up, in one line (None: no runner-up fits)."""
+    checkpointing: Checkpointing | None = None
+    """Which blocks recompute, and how (memplan.checkpoint_setting: none, full, blocks:K, every:K, op).
+    None on input: full or none as gradient_checkpointing says (plan files before settings); always set
+    after construction. gradient_checkpointing is whether it recomputes anything."""
+    user_checkpointing: str | None = None
+    """What the model checkpoints itself (HF gradient_checkpointing_enable, torch's checkpoint_wrapper), in
+    words: kept as it is, and memplan adds none. None: the model checkpoints nothing of its own."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise ValueError(f"Plan.gradient_checkpointing must be true or false; got {self.gradient_checkpointing!r}")
+        if self.checkpointing is None:
+            object.__setattr__(self, "checkpointing", FULL if self.gradient_checkpointing else NONE)
+        object.__setattr__(self, "checkpointing", Checkpointing.parse(self.checkpointing, name="Plan.checkpointing"))
+        if bool(self.checkpointing) != self.gradient_checkpointing:
+            raise ValueError(f"Plan.checkpointing {str(self.checkpointing)!r} disagrees with gradient_checkpointing="
+                             f"{self.gradient_checkpointing}: write both from one plan (memplan suggest --output)")
+        if self.user_checkpointing is not None and not isinstance(self.user_checkpointing, str):
+            raise ValueError(f"Plan.user_checkpointing must be a string or null; got {self.user_checkpointing!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"Plan.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
         for name in ("nodes", "world_size", "micro_batch_size", "accumulate_grad_batches", "global_batch_size"):
@@ -222,6 +248,7 @@ class Plan:
         out["block_classes"] = list(self.block_classes)
         out["headroom_bytes"] = self.headroom_bytes
         out["alternatives"] = [dataclasses.asdict(a) for a in self.alternatives]
+        out["checkpointing"] = str(self.checkpointing)
         return out
 
     @classmethod

@@ -20,7 +20,8 @@ from memplan import compat
 from memplan.callback.framework import COMBINED_LOADERS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
 from memplan.callback.rewrites import checkpointing_is_on
-from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
+from memplan.checkpoint_setting import Checkpointing
+from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks, own_checkpointing
 from memplan.hardware import gpu_for_cuda_index, host_info, match_nvml_name
 from memplan.hardware.nvml import answers as nvml_answers
 from memplan.plan import Plan, model_class_name, model_fingerprint
@@ -169,9 +170,11 @@ def layout_from_plan(plan: Plan, *, world_size: int, loader_batch_size: int, set
             f"MemoryPlanner: the plan's global batch of {plan.global_batch_size} is not a multiple of the loader "
             f"batch {loader} x {world_size} rank(s) = {per_step}, so no accumulation keeps it: {fix}"
         )
+    setting = plan.checkpointing
     return Layout(loader_batch_size=loader, micro_batch_size=min(plan.micro_batch_size, loader),
                   accumulate_grad_batches=plan.global_batch_size // per_step, world_size=world_size,
-                  gradient_checkpointing=plan.gradient_checkpointing)
+                  gradient_checkpointing=plan.gradient_checkpointing,
+                  checkpointing=None if setting.mode in ("none", "full") else str(setting))
 
 
 def current_loader_batch_size(trainer: Any, module: Any, batch_arg_name: str | None) -> int:
@@ -228,7 +231,35 @@ def apply_layout(trainer: Any, module: Any, layout: Layout, batch_arg_name: str 
         lightning_setattr(module, batch_arg_name, layout.loader_batch_size)
     trainer.accumulate_grad_batches = layout.accumulate_grad_batches
     if layout.gradient_checkpointing and not checkpointing_is_on(module):
-        enable_checkpointing(module)
+        if layout.checkpointing:
+            apply_setting(module, Checkpointing.parse(layout.checkpointing, name="the plan's checkpointing"))
+        else:
+            enable_checkpointing(module)
+
+
+def checkpoint_facts(module: nn.Module) -> dict[str, Any]:
+    """The PlanRequest fields about the model's blocks: how many repeated blocks memplan can checkpoint,
+    and what the model checkpoints itself (then kept, and memplan plans no checkpointing of its own)."""
+    own = own_checkpointing(module)
+    facts: dict[str, Any] = dict(repeated_blocks=len(find_repeated_blocks(module)), user_checkpointing=own)
+    if own:
+        facts["allow_checkpointing"] = False
+    return facts
+
+
+def apply_setting(module: nn.Module, setting: Checkpointing) -> list[str]:
+    """Apply a partial or per-op setting by wrapping the repeated blocks it names (memplan's wrapper:
+    no model's own switch checkpoints part of its blocks or per op). A transformers model's KV cache is
+    turned off first (`config.use_cache = False`), as its own gradient_checkpointing_enable does in
+    training: a cache filled again by the recompute changes what the recompute runs."""
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if getattr(config, "use_cache", False) is True:
+            config.use_cache = False
+    try:
+        return apply_checkpointing(module, setting)
+    except ValueError as err:
+        raise MisconfigurationException(f"MemoryPlanner cannot apply checkpointing {str(setting)!r}: {err}") from None
 
 
 def can_checkpoint(module: nn.Module) -> bool:

@@ -28,6 +28,9 @@ class Layout:
     """Data-parallel ranks."""
     gradient_checkpointing: bool = False
     """Whether activation checkpointing is on."""
+    checkpointing: str | None = None
+    """The plan's partial or per-op setting ('blocks:4', 'every:2', 'op'), applied at fit start; None: full
+    or none, as gradient_checkpointing says (an OOM retry turns on full checkpointing of what is left)."""
 
     def __post_init__(self) -> None:
         for name in ("loader_batch_size", "micro_batch_size", "accumulate_grad_batches", "world_size"):
@@ -71,7 +74,8 @@ class Layout:
                f"{self.accumulate_grad_batches}" if self.chunks > 1 else f"accumulate {self.accumulate_grad_batches}")
         return (f"micro-batch {self.micro_batch_size} x {self.micro_batches_per_step} per step ({how}) x "
                 f"{self.world_size} rank(s) = global batch {self.global_batch_size}"
-                f"{', activation checkpointing on' if self.gradient_checkpointing else ''}")
+                f"{', activation checkpointing on' if self.gradient_checkpointing and not self.checkpointing else ''}"
+                f"{f', activation checkpointing {self.checkpointing}' if self.checkpointing else ''}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain scalars (for state_dict and the JSON-lines log), derived figures included."""
@@ -83,7 +87,8 @@ class Layout:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Layout:
         """Inverse of to_dict; derived figures are recomputed, not read."""
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: data[f.name] if f.default is dataclasses.MISSING else data.get(f.name, f.default)
+                      for f in dataclasses.fields(cls)})
 
 
 def loaded_batch_size(batch: Any) -> int | None:

@@ -20,7 +20,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from memplan import batching, compat
 from memplan.callback import fsdp_plan, sharded
 from memplan.callback.apply import (
-    apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
+    apply_layout, can_checkpoint, checkpoint_facts, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
     layout_from_plan, load_plan, plan_device_mismatch, plan_mismatches, plan_model_mismatch, planning_request,
     samples_per_rank, train_loader,
 )
@@ -477,6 +477,9 @@ class MemoryPlanner(*CALLBACKS):
                 host_available_bytes=host_info().budget_bytes if device.type == "cuda" else None,
                 largest_block=largest_block_bytes(pl_module), fsdp=request_fields,
             )
+            facts = checkpoint_facts(pl_module)  # repeated blocks; what the model checkpoints itself
+            request = dataclasses.replace(request, **{**facts, "allow_checkpointing": request.allow_checkpointing
+                                                      and facts.get("allow_checkpointing", True)})
             batch, on = self._batch_to_plan_for(trainer), "cpu" if device.type == "cpu" else None
             try:
                 if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings

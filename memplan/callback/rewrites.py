@@ -51,7 +51,7 @@ def layout_rewrites(trainer: Any, module: Any, layout: Layout, *, source: str, b
         found.append(Rewrite(setting="Trainer(accumulate_grad_batches=...)", before=trainer.accumulate_grad_batches,
                              after=layout.accumulate_grad_batches, why=why))
     if layout.gradient_checkpointing and not checkpointing_on:
-        found.append(Rewrite(setting="activation checkpointing", before="off", after="on", why=why))
+        found.append(Rewrite(setting="activation checkpointing", before="off", after=layout.checkpointing or "on", why=why))
     return found
 
 

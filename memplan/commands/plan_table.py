@@ -32,7 +32,8 @@ def changes_table(loaded: Any, plan: Plan) -> Table:
         (batch_key, _show(loaded.data_batch_size), _show(plan.micro_batch_size)),
         ("trainer.accumulate_grad_batches", _show(loaded.accumulate_grad_batches), _show(plan.accumulate_grad_batches)),
         ("global batch", _show(own_global), _show(plan.global_batch_size)),
-        ("activation checkpointing", "off", "on (by MemoryPlanner)" if plan.gradient_checkpointing else "off"),
+        ("activation checkpointing", "off" if plan.user_checkpointing is None else "the model's own",
+         _checkpointing_after(plan)),
         ("trainer.strategy", _show(trainer.get("strategy", "auto")),
          _show(trainer.get("strategy")) if plan.strategy == "ddp" and is_ddp_strategy(trainer.get("strategy"))
          else plan.strategy),
@@ -45,6 +46,19 @@ def changes_table(loaded: Any, plan: Plan) -> Table:
         changed = before != after
         table.add_row(key, Text(before), Text(after, style="bold" if changed else ""), style=None if changed else "dim")
     return table
+
+
+def _checkpointing_after(plan: Plan) -> str:
+    """The plan's checkpointing for people: 'off', 'on (by MemoryPlanner)', 'op: selective (per-op)
+    checkpointing (by MemoryPlanner)', or the model's own, kept."""
+    if plan.user_checkpointing is not None:
+        return f"the model's own, kept ({plan.user_checkpointing})"
+    setting = plan.checkpointing
+    if not setting:
+        return "off"
+    if setting.mode == "full":
+        return "on (by MemoryPlanner)"
+    return f"{setting}: {setting.describe()} (by MemoryPlanner)"
 
 
 def render_plan(plan: Plan, loaded: Any = None) -> Group:
@@ -64,7 +78,7 @@ def render_plan(plan: Plan, loaded: Any = None) -> Group:
         ("gradient accumulation", str(plan.accumulate_grad_batches)),
         ("global batch", f"{plan.global_batch_size} = {plan.micro_batch_size} x {plan.world_size} x "
                          f"{plan.accumulate_grad_batches}"),
-        ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
+        ("gradient checkpointing", _checkpointing_after(plan).removesuffix(" (by MemoryPlanner)")),
         (f"predicted per-{word} peak", format_bytes(plan.predicted_peak_bytes)
          + (" (NVML, context included)" if word == "GPU" else "")),
         (f"per-{word} budget", f"{format_bytes(plan.device_budget_bytes)} (free memory less the margin)"),
@@ -92,7 +106,7 @@ def render_plan(plan: Plan, loaded: Any = None) -> Group:
         for a in plan.alternatives:
             lines.append(
                 f"  {a.world_size} x {a.micro_batch_size} x {a.accumulate_grad_batches}, {a.strategy}, {a.precision}, "
-                f"checkpointing {'on' if a.gradient_checkpointing else 'off'}: "
+                f"checkpointing {a.checkpointing or ('on' if a.gradient_checkpointing else 'off')}: "
                 f"{format_bytes(a.predicted_peak_bytes)}, {_speed(a, word)}"
                 f"{'' if a.fits or a.why_not else ', does not fit'}{f' - {a.why_not}' if a.why_not else ''}"
             )

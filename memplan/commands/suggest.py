@@ -16,7 +16,7 @@ import torch
 from memplan.commands.devices import OFF_BOX_HINT
 from memplan.commands.progress import Progress
 from memplan.config import LoadedConfig
-from memplan.estimator.checkpointing import find_repeated_blocks
+from memplan.estimator.checkpointing import find_repeated_blocks, own_checkpointing
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.optimizer_state import elementwise_state_bytes
 from memplan.estimator.step import iter_tensors
@@ -190,7 +190,9 @@ def plan_config(
     with loaded.config_errors():  # a model that cannot be built is model.init_args' fault, named as such
         skeleton = fake_model(loaded.build_model, new_fake_mode(), device=torch.device("cpu"),
                               param_dtype=torch.float32)
-    has_blocks = bool(find_repeated_blocks(skeleton))
+    repeated = len(find_repeated_blocks(skeleton))
+    has_blocks = repeated > 0
+    own = own_checkpointing(skeleton)  # what the model checkpoints itself: kept, and nothing added
     progress.say("reading batches" + (" from memplan.batch_spec" if loaded.settings.batch_spec is not None
                                         else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))
     base = loaded.example_batch(loaded.data_batch_size or 1)
@@ -207,7 +209,9 @@ def plan_config(
             num_workers=hints.num_workers, prefetch_factor=hints.prefetch_factor, pin_memory=hints.pin_memory,
         ),
         precisions=wanted.precisions,
-        allow_checkpointing=wanted.allow_checkpointing and has_blocks,
+        allow_checkpointing=wanted.allow_checkpointing and has_blocks and own is None,
+        repeated_blocks=repeated,
+        user_checkpointing=own,
         margin=wanted.margin,
         largest_block_bytes=largest_block_bytes(skeleton),
         parameter_count=sum(p.numel() for p in skeleton.parameters()) if has_blocks else None,
@@ -237,18 +241,24 @@ def plan_config(
                                model_class=model_class_name(skeleton), model_fingerprint=model_fingerprint(skeleton))
 
 
+def _setting(checkpointing) -> str:
+    """'off', 'on' (full) or a setting's text form ('op', 'blocks:4')."""
+    return {False: "off", True: "on"}.get(checkpointing, str(checkpointing)) if isinstance(checkpointing, bool) \
+        else str(checkpointing)
+
+
 def _announced(estimator: Callable[..., Any], model_name: str, progress: Progress) -> Callable[..., Any]:
     """The estimator, saying on the progress line what each trace is (its `prefetch` and `cancel`,
     where it has them, passed through: planner/background.py)."""
     count = 0
 
-    def estimate_at(*, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int, fsdp=None):
+    def estimate_at(*, micro_batch_size: int, precision: str, checkpointing, world_size: int, fsdp=None):
         nonlocal count
         count += 1
         kind = "DDP" if fsdp is None else f"FSDP {fsdp.sharding_strategy}"
         ranks = "1 rank" if world_size == 1 else f"{kind}, {world_size} ranks"
         progress.say(f"tracing {model_name}: trace {count} ({TYPICAL_TRACES}), micro-batch {micro_batch_size}, "
-                     f"{precision}, checkpointing {'on' if checkpointing else 'off'}, {ranks}")
+                     f"{precision}, checkpointing {_setting(checkpointing)}, {ranks}")
         return estimator(micro_batch_size=micro_batch_size, precision=precision, checkpointing=checkpointing,
                          world_size=world_size, fsdp=fsdp)
 

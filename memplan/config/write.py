@@ -75,7 +75,8 @@ def write_planned_config(loaded: LoadedConfig, plan: Plan, path: str | Path, *,
     raw["trainer"] = _planned_trainer(dict(raw.get("trainer") or {}), plan, callback, loaded.model.cls)
     _set_batch_size(raw, loaded, plan.micro_batch_size)
     fsdp1 = plan.strategy == "fsdp" and raw["trainer"]["strategy"]["class_path"] == FSDP_CLASS_PATH
-    if plan.gradient_checkpointing and callback is None and not fsdp1:  # (FSDPStrategy checkpoints, by its policy)
+    by_policy = fsdp1 and plan.checkpointing.mode == "full"  # FSDPStrategy checkpoints whole blocks, by its policy
+    if plan.gradient_checkpointing and callback is None and not by_policy:
         warnings.warn("the plan checkpoints activations, which the MemoryPlanner callback applies, and no callback "
                       f"was given: {path} will not fit as planned unless the model checkpoints itself", stacklevel=2)
     plan_path = plan_path_for(path)
@@ -230,7 +231,7 @@ def fsdp_strategy(plan: Plan, model_class: type | None = None) -> dict[str, Any]
             "suggest, or set trainer.strategy.init_args.auto_wrap_policy to your model's block classes"))
     args: dict[str, Any] = {"sharding_strategy": plan.sharding_strategy,
                             "auto_wrap_policy": list(plan.block_classes), "cpu_offload": plan.cpu_offload}
-    if plan.gradient_checkpointing:
+    if plan.checkpointing.mode == "full":  # partial and per-op checkpointing: MemoryPlanner applies them
         args["activation_checkpointing_policy"] = list(plan.block_classes)
     if plan.sharding_strategy == "HYBRID_SHARD":
         args["device_mesh"] = [plan.nodes, plan.gpus_per_node]
@@ -271,13 +272,23 @@ def _set_batch_size(raw: dict[str, Any], loaded: LoadedConfig, micro_batch_size:
     raw[section]["init_args"] = {**(raw[section].get("init_args") or {}), name: micro_batch_size}
 
 
+def _checkpointing_words(plan: Plan) -> str:
+    """'off', 'on', or a partial / per-op setting with its text form ('op: selective (per-op) checkpointing')."""
+    if plan.user_checkpointing is not None:
+        return "the model's own, kept"
+    setting = plan.checkpointing
+    if setting.mode in ("none", "full"):
+        return "on" if setting else "off"
+    return f"{setting} ({setting.describe()}, applied by MemoryPlanner)"
+
+
 def _header(loaded: LoadedConfig, plan: Plan, plan_path: Path) -> str:
     lines = [
         f"Planned by memplan from {loaded.path}, for {plan.world_size} x {plan.gpu_name} "
         f"({plan.nodes} node(s) x {plan.gpus_per_node} GPU(s)).",
         f"Micro-batch {plan.micro_batch_size} x {plan.world_size} rank(s) x {plan.accumulate_grad_batches} "
         f"accumulation = global batch {plan.global_batch_size}; precision {plan.precision}; activation "
-        f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}"
+        f"checkpointing {_checkpointing_words(plan)}"
         + (f"; FSDP {plan.sharding_strategy}{' with CPU offload' if plan.cpu_offload else ''}."
            if plan.strategy == "fsdp" else "."),
         f"Predicted peak per GPU {format_bytes(plan.predicted_peak_bytes)} of "

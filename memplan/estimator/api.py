@@ -5,7 +5,7 @@ import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,7 +13,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.utils._python_dispatch import _disable_current_modes
 
-from memplan.estimator.checkpointing import _WRAPPED, apply_checkpointing, find_repeated_blocks, saved_rng_states
+from memplan.estimator.checkpointing import (
+    _WRAPPED, CheckpointArg, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
+)
 from memplan.estimator.composite import RealCompositePaths
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
@@ -46,7 +48,7 @@ def estimate(
     loss: LossFn | None = None,
     optimizer: str | Callable[..., torch.optim.Optimizer] | None = None,
     precision: str = "32-true",
-    checkpointing: bool | Collection[type[nn.Module]] = False,
+    checkpointing: CheckpointArg = False,
     device: str | None = None,
     strategy: str | None = None,
     world_size: int = 1,
@@ -62,7 +64,9 @@ def estimate(
     optimizer: "sgd", "sgd-momentum", "adam", "adamw", "rmsprop", "adagrad" or callable(params).
         Default: the LightningModule's configure_optimizers(), else "adamw".
     precision: Lightning's precision string.
-    checkpointing: False, True (each repeated block), or a set of module classes to checkpoint.
+    checkpointing: False, True (each repeated block), a memplan Checkpointing or its text form ('full',
+        'blocks:4' the first 4 repeated blocks, 'every:2' every 2nd, 'op' torchtitan's per-op policy on each
+        block), or a set of module classes to checkpoint.
     device: "cpu", a GPU model name ("A100-80GB"), a memplan.hardware GpuModel (custom_gpu("24GiB")),
         or None for the local GPU.
     strategy, world_size: None, or "ddp" / "fsdp" with the number of ranks (memory is per rank).
@@ -155,6 +159,8 @@ class _Trace:
         self.device = torch.device(target.trace_device)
         self.model = fake_model(model, self.fake_mode, device=self.device, param_dtype=policy.param_dtype)
         self.checkpointed = apply_checkpointing(self.model, checkpointing) if checkpointing else []
+        setting = as_setting(checkpointing) if checkpointing else None
+        self.checkpoint_mode = str(setting) if setting is not None else ("full" if self.checkpointed else "none")
         self.fsdp = fsdp if strategy == "fsdp" else None
         if self.fsdp is not None:
             shard_model(self.model, self.fsdp, world_size, self.fake_mode)
@@ -164,7 +170,7 @@ class _Trace:
         self.memory = _memory_model(target)
         self.tracker = StorageTracker(self.memory, self.fake_mode, cpu_kernels=not target.is_cuda, values=self.values)
         self.tracker.costs = CostCounter()
-        self.tracker.costs.watch_blocks(_blocks_of(self.model))
+        self.tracker.costs.watch_blocks(_blocks_of(self.model), [m for _, m in find_repeated_blocks(self.model)])
         self.overheads = _overheads(target)
 
     # --- the trace ---------------------------------------------------------------------------
@@ -325,7 +331,8 @@ class _Trace:
         if self.overheads is not None:
             notes.extend(self.overheads.notes)
         if self.checkpointed:
-            notes.append(f"checkpointed {len(self.checkpointed)} blocks")
+            notes.append(f"checkpointed {len(self.checkpointed)} blocks"
+                         f"{' (per-op policy: matmul and attention outputs kept)' if self.checkpoint_mode == 'op' else ''}")
         notes.extend(self.tracker.kernel_probe.notes())
         return MemoryEstimate(
             parameters=by[Category.PARAMETERS],
@@ -343,6 +350,7 @@ class _Trace:
             device=self.target.name,
             precision=self.policy.precision,
             checkpointing=bool(self.checkpointed),
+            checkpoint_mode=self.checkpoint_mode if self.checkpointed else "none",
             strategy=self.strategy,
             world_size=world_size,
             batch_size=_batch_size(self.batch),

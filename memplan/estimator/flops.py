@@ -15,7 +15,10 @@ tensors; `CostCounter.record` turns each into an `OpCost`:
 - Class: matmul (mm, addmm, bmm, convolutions), attention (the fused SDPA kernels), reduction
   (sums, norms, softmax, losses) or elementwise (the rest, copies and the optimizer's foreach ops).
 - Phase: forward, backward, recompute (a checkpointed block's forward run again in backward) or
-  optimizer. Ops inside a repeated block (what memplan checkpoints) are marked `in_block`.
+  optimizer. Ops inside a repeated block (what memplan checkpoints) are marked `in_block`, with the
+  block's index among the repeated blocks (`block`: partial checkpointing recomputes some blocks) and
+  whether the per-op policy would keep the op's output (`op_kept`: selective checkpointing recomputes
+  the others; estimator/checkpointing.OpPolicy, counted from each block's start as torch calls it).
 - dtype: the op's first floating input ('fp32', 'bf16', 'fp16'); fp32 convolutions are 'tf32'
   (cuDNN allows TF32 by default, cuBLAS matmuls do not).
 
@@ -53,6 +56,10 @@ class OpCost:
     """Run inside a repeated block (a transformer layer): what checkpointing recomputes."""
     convolution: bool = False
     """A convolution (or its backward): in fp32 it runs at the TF32 peak, as cuDNN allows TF32 by default."""
+    block: int = -1
+    """Index of the outermost repeated block the op ran in (-1: none, or a checkpointed module outside them)."""
+    op_kept: bool = False
+    """A forward op in a block whose output torchtitan's per-op policy keeps (not recomputed under 'op')."""
     count: int = 1
     """How many identical ops this record stands for."""
 
@@ -127,6 +134,8 @@ class CostCounter:
     def __init__(self) -> None:
         self._ops: list[OpCost] = []
         self._block_depth = 0
+        self._block = -1
+        self._policy = None
         self._counting = False
 
     def reset(self) -> None:
@@ -134,19 +143,26 @@ class CostCounter:
         self._ops.clear()
         self._counting = True
 
-    def watch_blocks(self, blocks: list[Any]) -> None:
+    def watch_blocks(self, blocks: list[Any], repeated: list[Any] = ()) -> None:
         """Mark ops run inside `blocks` (forward hooks) and inside a checkpointed block's recompute
-        (memplan's checkpoint wrapper calls the block's own forward again in backward)."""
+        (memplan's checkpoint wrapper calls the block's own forward again in backward); `repeated`, the
+        model's repeated blocks in order, numbers them (OpCost.block)."""
         from memplan.estimator.checkpointing import _checkpointed_forward
 
+        index = {id(b): i for i, b in enumerate(repeated)}
         for block in blocks:
-            block.register_forward_pre_hook(self._enter)
+            block.register_forward_pre_hook(functools.partial(self._enter, index.get(id(block), -1)))
             block.register_forward_hook(self._leave)
             forward = block.forward
             if isinstance(forward, functools.partial) and forward.func is _checkpointed_forward:
-                block.forward = functools.partial(forward.func, self._inside(forward.args[0]), *forward.args[1:])
+                block.forward = functools.partial(forward.func, self._inside(forward.args[0]), *forward.args[1:],
+                                                  **forward.keywords)
 
-    def _enter(self, *_: Any) -> None:
+    def _enter(self, index: int, *_: Any) -> None:
+        from memplan.estimator.checkpointing import OpPolicy
+
+        if self._block_depth == 0:
+            self._block, self._policy = index, OpPolicy()
         self._block_depth += 1
 
     def _leave(self, *_: Any) -> None:
@@ -191,9 +207,10 @@ class CostCounter:
         cast = name in ("_to_copy", "copy_") and bool(inputs) and bool(outputs) and inputs[-1].dtype != outputs[0].dtype
         in_block = self._block_depth > 0
         step_phase = "recompute" if phase == "backward" and in_block else _PHASE_NAMES[phase]
+        kept = in_block and step_phase == "forward" and self._policy is not None and self._policy.keeps(name)
         self._ops.append(OpCost(op_class=op_class, dtype=dtype, phase=step_phase, flops=flops,
                                 bytes=in_bytes + out_bytes, cast=cast, in_block=in_block,
-                                convolution=convolution))
+                                convolution=convolution, block=self._block if in_block else -1, op_kept=kept))
 
     def result(self) -> StepCosts:
         """The counted step, op by op in the order they ran."""

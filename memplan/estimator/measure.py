@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memplan.estimator.checkpointing import apply_checkpointing
+from memplan.estimator.checkpointing import CheckpointArg, apply_checkpointing
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.kernel_probe import memory_profile
 from memplan.estimator.step import PrecisionPolicy, map_tensors, run_training_step
@@ -36,7 +36,7 @@ def measure_cpu_peak(
     loss=None,
     optimizer=None,
     precision: str = "32-true",
-    checkpointing: bool | Collection[type[nn.Module]] = False,
+    checkpointing: CheckpointArg = False,
     steps: int = 2,
     loop: str = "lightning",
 ) -> int:
@@ -174,7 +174,7 @@ def measure_cuda_peak(
     loss=None,
     optimizer=None,
     precision: str = "32-true",
-    checkpointing: bool | Collection[type[nn.Module]] = False,
+    checkpointing: CheckpointArg = False,
     steps: int = 2,
 ) -> CudaMeasurement:
     """Run real training steps on the current CUDA device and read torch's and NVML's peaks. Use a

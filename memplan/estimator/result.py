@@ -51,6 +51,8 @@ class MemoryEstimate:
     """Lightning precision string the step was traced under."""
     checkpointing: bool = False
     """Whether activation checkpointing was applied."""
+    checkpoint_mode: str = "none"
+    """The checkpointing applied, in memplan.checkpoint_setting's text form ('full', 'blocks:4', 'op')."""
     strategy: str | None = None
     """None, 'ddp' or 'fsdp' (figures are rank 0's: FSDP gives it the largest shard)."""
     world_size: int = 1

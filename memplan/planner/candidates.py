@@ -2,8 +2,10 @@
 
 A candidate is one (precision, checkpointing, GPUs per node, micro-batch, strategy) with its
 accumulation set so that micro x world x accumulation is the global batch exactly. Candidates fall
-into groups that share one per-rank memory curve: (AMP or 32-true) x (checkpointing or not) x (one
-rank, DDP, or an FSDP sharding at one world size).
+into groups that share one per-rank memory curve: (AMP or 32-true) x (checkpointing: none, full, or
+torchtitan's per-op policy where the model has repeated blocks) x (one rank, DDP, or an FSDP sharding
+at one world size). Partial checkpointing (the first k blocks) is not enumerated: the search derives
+it from the none and full curves (search.py, partial.py).
 
 FSDP candidates use every usable GPU of each node: sharding over fewer ranks only holds more per GPU
 and trains fewer samples at once, so it never wins. They are searched with FULL_SHARD, SHARD_GRAD_OP,
@@ -15,6 +17,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from memplan.checkpoint_setting import FULL, NONE, OP, Checkpointing
 from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, MAX_NODES, check_count
 from memplan.planner.costs import OFFLOAD_BYTES_PER_PARAM, StepTime, host_bytes_per_rank
 from memplan.planner.request import AMP_PRECISIONS, SEARCHED_PRECISIONS, DeviceBudget, HostLoad, PlanRequest
@@ -25,6 +28,19 @@ SPEED_TIE = 0.01
 """Fits whose predicted speeds are within this fraction of the fastest tie: the simpler setting wins
 (preference_key: bf16, no checkpointing, DDP, no offload, the larger micro-batch). The step-time model
 cannot tell them apart (benchmarks/results/published_throughput.md)."""
+
+
+CHECKPOINT_PREFERENCE = {"full": 2, "op": 1}
+"""At equal predicted speed among checkpointed settings: full (one switch, the least memory), then the
+per-op policy, then partial."""
+
+
+def checkpoint_settings(request: PlanRequest) -> tuple[Checkpointing, ...]:
+    """The checkpointing groups searched: none; full when allowed; torchtitan's per-op policy too when the
+    model's repeated blocks are known (request.repeated_blocks)."""
+    if not request.allow_checkpointing:
+        return (NONE,)
+    return (NONE, FULL, OP) if request.repeated_blocks >= 1 else (NONE, FULL)
 
 
 def fastest(candidates: list[Candidate]) -> Candidate | None:
@@ -41,8 +57,8 @@ class Group:
 
     amp: bool
     """bf16-mixed / 16-mixed (same memory to within the GradScaler's scalars); False: 32-true."""
-    checkpointing: bool
-    """Activation checkpointing of repeated blocks."""
+    checkpointing: Checkpointing
+    """Activation checkpointing of the repeated blocks (false when none)."""
     multi: bool
     """More than one rank (DDP, or FSDP); False: a single GPU."""
     sharding: str | None = None
@@ -80,7 +96,7 @@ class Group:
         layout = mine[0] > theirs[0] or mine == theirs
         if self.sharding is not None and other.sharding is not None and self.world_size != other.world_size:
             layout = False
-        return (other.amp or not self.amp) and (other.checkpointing or not self.checkpointing) and layout
+        return (other.amp or not self.amp) and self.checkpointing.saves_no_less_than(other.checkpointing) and layout
 
     @property
     def strategy_label(self) -> str:
@@ -89,8 +105,7 @@ class Group:
         return f"FSDP {self.sharding}{' + CPU offload' if self.offload else ''}"
 
     def describe(self) -> str:
-        return (f"{'AMP' if self.amp else '32-true'}, {'checkpointing' if self.checkpointing else 'no checkpointing'}, "
-                f"{self.strategy_label}")
+        return f"{'AMP' if self.amp else '32-true'}, {self.checkpointing.describe()}, {self.strategy_label}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +140,7 @@ class Candidate:
     """Predicted step time, throughput and MFU (costs.predict_step); None until the search has the model."""
 
     @property
-    def checkpointing(self) -> bool:
+    def checkpointing(self) -> Checkpointing:
         return self.group.checkpointing
 
     @property
@@ -158,7 +173,7 @@ class Candidate:
         nodes), no offload, larger micro-batch."""
         speed = round(math.log(self.speed), 9) if self.speed > 0 else -math.inf  # equal to float noise: a tie
         return (speed, -PRECISION_PREFERENCE[self.precision], not self.checkpointing,
-                self.group.sharding is None, self.group.sharding == "HYBRID_SHARD", not self.group.offload,
+                CHECKPOINT_PREFERENCE.get(self.checkpointing.mode, 0), self.group.sharding is None, self.group.sharding == "HYBRID_SHARD", not self.group.offload,
                 self.micro_batch_size)
 
 
@@ -172,7 +187,7 @@ def divisors(n: int) -> list[int]:
 
 def enumerate_candidates(request: PlanRequest) -> Iterator[Candidate]:
     """Every candidate of the request: precisions allowed (bf16-mixed only on sm80+ GPUs),
-    checkpointing off/on, 1..len(devices) GPUs per node (those with the most free memory), each
+    checkpointing (checkpoint_settings), 1..len(devices) GPUs per node (those with the most free memory), each
     micro-batch dividing the per-rank batch (up to max_micro_batch_size), under DDP (or one GPU)
     and, when request.searches_fsdp, under each FSDP layout on every usable GPU of each node.
     Counts out of every plausible range are refused first (ValueError naming the request field)."""
@@ -182,7 +197,7 @@ def enumerate_candidates(request: PlanRequest) -> Iterator[Candidate]:
                 what="GPUs per node")
     for precision in (p for p in SEARCHED_PRECISIONS if p in request.precisions):
         usable = request.usable_device_indices(precision)
-        for checkpointing in ((False, True) if request.allow_checkpointing else (False,)):
+        for checkpointing in checkpoint_settings(request):
             amp = precision in AMP_PRECISIONS
             for gpus in range(len(usable) if request.all_devices else 1, len(usable) + 1):
                 world = gpus * request.nodes

@@ -80,6 +80,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memplan.checkpoint_setting import Checkpointing
 from memplan.hardware.catalog import INTER_NODE_BYTES_PER_S, GpuLinks, gpu_links
 from memplan.planner.request import HostLoad
 from memplan.units import GiB, MiB
@@ -232,7 +233,7 @@ def _busy_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tupl
     return max(ops_seconds(ops, links, compute_capability), sum(op.count for op in ops) * HOST_SECONDS_PER_OP)
 
 
-def predict_step(profile: CostProfile, *, precision: str, checkpointing: bool, micro_batch_size: int,
+def predict_step(profile: CostProfile, *, precision: str, checkpointing: bool | Checkpointing, micro_batch_size: int,
                  accumulate_grad_batches: int, world_size: int, gpus_per_node: int, nodes: int,
                  sharding: str | None, offload: bool, gpu_name: str, largest_block_bytes: int | None = None,
                  gather_bytes: int = 4, reduce_bytes: int = 4) -> StepTime:

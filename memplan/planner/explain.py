@@ -5,9 +5,12 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING
 
+from memplan.checkpoint_setting import FULL, NONE
 from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Alternative, Plan
 from memplan.planner.candidates import SPEED_TIE, Candidate, fastest
+from memplan.planner.checkpoint_reasons import checkpoint_speed_reason
+from memplan.planner.layout_reasons import strategy_reasons
 from memplan.planner.costs import StepTime
 from memplan.planner.request import PlanRequest
 from memplan.units import format_bytes
@@ -33,7 +36,9 @@ def describe_plan(request: PlanRequest, winner: Candidate, est: MemoryEstimate, 
         accumulate_grad_batches=winner.accumulate_grad_batches,
         global_batch_size=request.global_batch_size,
         precision=winner.precision,
-        gradient_checkpointing=winner.checkpointing,
+        gradient_checkpointing=bool(winner.checkpointing),
+        checkpointing=winner.checkpointing,
+        user_checkpointing=request.user_checkpointing,
         strategy="fsdp" if winner.sharding else ("ddp" if winner.world_size > 1 else "auto"),
         sharding_strategy=winner.sharding,
         cpu_offload=winner.offload,
@@ -45,7 +50,8 @@ def describe_plan(request: PlanRequest, winner: Candidate, est: MemoryEstimate, 
         reasons=tuple(_on_cpu(request, r) for r in _reasons(request, winner, est, search)),
         alternatives=tuple(_alternatives(winner, search)),
         **_figures(winner.timing),
-        speed_reason=_speed_reason(winner, search),
+        speed_reason=(checkpoint_speed_reason(winner, search, request.repeated_blocks)
+                      or _speed_reason(winner, search)),
     )
 
 
@@ -97,7 +103,7 @@ def format_seconds(seconds: float) -> str:
 
 def _describe(c: Candidate) -> str:
     return (f"{_n(c.world_size, 'rank')}, micro-batch {c.micro_batch_size}, {c.precision}, "
-            f"{'checkpointing' if c.checkpointing else 'no checkpointing'}, {c.group.strategy_label}")
+            f"{c.checkpointing.describe()}, {c.group.strategy_label}")
 
 
 def _winner_edge(w: Candidate, other: Candidate) -> str:
@@ -119,8 +125,8 @@ def _winner_edge(w: Candidate, other: Candidate) -> str:
         return f"{w.group.strategy_label} rather than {other.group.strategy_label}"
     if w.precision == "bf16-mixed" and other.precision == "16-mixed":
         return "bf16-mixed (no GradScaler)"
-    if w.checkpointing and not other.checkpointing:
-        return "checkpointing"
+    if w.checkpointing != other.checkpointing:
+        return w.checkpointing.describe()
     return "the predicted step time"
 
 
@@ -144,7 +150,7 @@ def _reasons(request: PlanRequest, w: Candidate, est: MemoryEstimate, search: _S
         _micro_reason(request, w, search),
         _precision_reason(request, w, search),
         _checkpointing_reason(request, w, search),
-        *_strategy_reasons(request, w, search),
+        *strategy_reasons(request, w, search),
     ]
     reasons.extend(_left_out_reasons(request, w, search))
     return reasons
@@ -228,18 +234,22 @@ def _amp_gain(w: Candidate, search: _Search) -> str:
 
 def _recompute_cost(w: Candidate, search: _Search) -> str:
     """How much slower (or faster) the winner's setting runs with checkpointing flipped."""
-    flipped = search.timed(dataclasses.replace(w, group=dataclasses.replace(w.group, checkpointing=not w.checkpointing)))
+    flipped = search.timed(dataclasses.replace(w, group=dataclasses.replace(
+        w.group, checkpointing=NONE if w.checkpointing else FULL)))
     with_it, without = (w, flipped) if w.checkpointing else (flipped, w)
     return f"{1 - with_it.speed / without.speed:.0%} of the speed at this setting"
 
 
 def _checkpointing_reason(request: PlanRequest, w: Candidate, search: _Search) -> str:
+    if request.user_checkpointing:
+        return (f"Keeps the model's own activation checkpointing ({request.user_checkpointing}), traced as it "
+                "runs; memplan adds none on top.")
     if not w.checkpointing:
         if not request.allow_checkpointing:
             return "No activation checkpointing (not allowed by the request)."
         return (f"No activation checkpointing: this setting fits without it, and recomputing each block's "
                 f"forward would cost {_recompute_cost(w, search)}.")
-    plain = _find(search, w, checkpointing=False)
+    plain = _find(search, w, checkpointing=NONE)
     unckpt = [c for c in search.candidates if c.precision == w.precision and not c.checkpointing and search.fits(c)]
     if unckpt:
         best = max(unckpt, key=Candidate.rank_key)
@@ -249,6 +259,11 @@ def _checkpointing_reason(request: PlanRequest, w: Candidate, search: _Search) -
         without = f"this setting {_miss(search, plain, request)}, and nothing without checkpointing fits"
     else:
         without = "nothing fits without it, not even at micro-batch 1"
+    if w.checkpointing.mode in ("blocks", "op"):
+        what = (f"the first {w.checkpointing.blocks} of {search.request.repeated_blocks} repeated blocks checkpointed, the "
+                "fewest that fit (partial.py)" if w.checkpointing.mode == "blocks" else
+                "each block keeps its matmul and attention outputs and recomputes the rest (torchtitan's op policy)")
+        return f"{w.checkpointing.describe(search.request.repeated_blocks).capitalize()}: {what}; without it {without}."
     return f"Activation checkpointing on, at {_recompute_cost(w, search)}: without it {without}."
 
 
@@ -361,7 +376,8 @@ def _alternative(c: Candidate, w: Candidate, search: _Search) -> Alternative:
     return Alternative(
         world_size=c.world_size, micro_batch_size=c.micro_batch_size,
         accumulate_grad_batches=c.accumulate_grad_batches, precision=c.precision,
-        gradient_checkpointing=c.checkpointing, predicted_peak_bytes=search.predicted_bytes(c),
+        gradient_checkpointing=bool(c.checkpointing), checkpointing=str(c.checkpointing),
+        predicted_peak_bytes=search.predicted_bytes(c),
         relative_speed=c.speed / w.speed, fits=fits, why_not=why, strategy=_layout(c), **_figures(c.timing))
 
 
@@ -381,54 +397,10 @@ def _differences(c: Candidate, w: Candidate) -> str:
         out.append(f"micro-batch {c.micro_batch_size} instead of {w.micro_batch_size}")
     if c.checkpointing and not w.checkpointing:
         out.append("activation checkpointing recomputes each block's forward")
+    elif c.checkpointing != w.checkpointing and c.checkpointing:
+        out.append(f"{c.checkpointing.describe()} instead of {w.checkpointing.describe()}")
     if c.precision == "32-true" and w.precision != "32-true":
         out.append("32-true forgoes AMP's tensor-core speed-up")
     if c.precision == "16-mixed" and w.precision == "bf16-mixed":
         out.append("16-mixed pays for a GradScaler; same memory as bf16-mixed")
     return "; ".join(out) or "ranked lower by the step-time model"
-
-
-# --- the data-parallel layout ----------------------------------------------------------------------
-def _strategy_reasons(request: PlanRequest, w: Candidate, search: _Search) -> list[str]:
-    """Why DDP or FSDP (and which sharding): the best fit of each other layout, or what it needs."""
-    if w.world_size == 1 or not request.searches_fsdp:
-        return []
-    others: dict[str, list[Candidate]] = {}
-    for c in search.candidates:
-        if c.group.strategy_label != w.group.strategy_label and c.world_size > 1:
-            others.setdefault(c.group.strategy_label, []).append(c)
-    lines = []
-    for label, cands in others.items():
-        fitting = [c for c in cands if search.fits(c)]
-        if fitting:
-            best = max(fitting, key=Candidate.rank_key)
-            lines.append(f"{label}: fits (micro-batch {best.micro_batch_size}"
-                         f"{', checkpointing' if best.checkpointing else ''}) but runs at {best.speed / w.speed:.0%} "
-                         f"of this speed.")
-            continue
-        explored = [c for c in cands if c.group in search.explored and c.micro_batch_size == 1]
-        ruled_out = [c for c in cands if c.micro_batch_size == 1]
-        if ruled_out and not any(search.possible(c) for c in ruled_out):  # floors grow with the micro-batch
-            least = min(ruled_out, key=search.floors.floor)
-            lines.append(f"{label} does not fit: {_miss(search, least, request)}, even at micro-batch 1"
-                         f"{' with checkpointing' if least.checkpointing else ''}.")
-        elif explored:
-            least = min(explored, key=search.predicted_bytes)
-            lines.append(f"{label} does not fit: {_miss(search, least, request)} even at micro-batch 1"
-                         f"{' with checkpointing' if least.checkpointing else ''}.")
-        elif cands:
-            lines.append(f"{label}: not traced; it could not beat this setting's predicted speed.")
-    if w.sharding is not None:
-        loss = 1 - w.speed / _ddp_speed(w, search)
-        cost = (f"cost {loss:.0%} of DDP's speed at this setting" if loss >= 0.005 else
-                "hide behind compute at this setting (no loss against DDP)")
-        lines.insert(0, f"FSDP {w.sharding}{' with CPU offload' if w.offload else ''}: parameters, gradients and "
-                        f"optimizer state sharded over {w.gpus_per_node if w.sharding == 'HYBRID_SHARD' else w.world_size} "
-                        f"ranks; its all-gathers and reduce-scatters {cost} (costs.py).")
-    return lines
-
-
-def _ddp_speed(w: Candidate, search: _Search) -> float:
-    """The winner's speed at the same setting under DDP (the step-time model, no trace)."""
-    ddp = dataclasses.replace(w, group=dataclasses.replace(w.group, sharding=None, offload=False, world_size=0))
-    return search.timed(ddp).speed

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.checkpoint_setting import Checkpointing
 from memplan.estimator.result import MemoryEstimate
 from memplan.planner.candidates import Candidate, Group
 from memplan.planner.request import AMP_PRECISIONS
@@ -57,7 +58,7 @@ class _Traced:
 
     amp: bool
     """Traced in an AMP precision (bf16-mixed / 16-mixed); False: 32-true."""
-    checkpointing: bool
+    checkpointing: Checkpointing
     """Activation checkpointing of the repeated blocks."""
     sharding: str | None
     """FSDP sharding strategy; None: DDP or one GPU."""
@@ -104,7 +105,7 @@ class Floors:
         """Stop counting the optimizer state that no trace has confirmed."""
         self.optimizer_claim, self.claim_checked = 0, True
 
-    def add(self, *, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int,
+    def add(self, *, micro_batch_size: int, precision: str, checkpointing: bool | Checkpointing, world_size: int,
             sharding: str | None, offload: bool, est: MemoryEstimate, shard_degree: int = 1) -> None:
         """Learn from one trace; `shard_degree`: the ranks its parameters are sharded over (1: DDP)."""
         if not self.claim_checked and not offload:
@@ -113,7 +114,7 @@ class Floors:
                 self.withdraw_claim()
             self.claim_checked = True
         self.traced.append(_Traced(
-            amp=precision in AMP_PRECISIONS, checkpointing=checkpointing, sharding=sharding, offload=offload,
+            amp=precision in AMP_PRECISIONS, checkpointing=Checkpointing.parse(checkpointing), sharding=sharding, offload=offload,
             world_size=world_size, micro_batch_size=micro_batch_size,
             resident=est.parameters + est.optimizer_state, forward_activations=est.forward_activations,
             beside_state=(est.peak_allocated - 2 * est.parameters - est.optimizer_state

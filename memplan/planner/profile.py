@@ -6,7 +6,10 @@ run in the same order at both micro-batches, so each op's FLOPs and bytes are a 
 micro-batch (a weight is read once per op whatever the batch; activations grow with it). The other
 settings are derived without another trace:
 
-- checkpointing: each forward op inside a repeated block runs again in backward (phase 'recompute');
+- checkpointing: each forward op inside a checkpointed repeated block runs again in backward (phase
+  'recompute'): every block under full, the first k under 'blocks:k', every k-th under 'every:k'
+  (OpCost.block), and under torchtitan's per-op policy only the ops whose outputs it does not keep
+  (OpCost.op_kept);
 - 32-true from an AMP trace: autocast's dtype casts go, and half-precision ops run in fp32 on twice
   the bytes;
 - a single trace (micro-batch 1 only, or traces whose ops do not line up): the forward and backward
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.checkpoint_setting import Checkpointing
 from memplan.estimator.flops import OpCost, StepCosts
 
 STEP_PHASES = ("forward", "backward")
@@ -71,6 +75,8 @@ class CostProfile:
         self.two_points = lined_up
         """Whether the costs are lines through two traced micro-batches (else proportional to one)."""
         self._cache: dict[tuple, list[ScaledOp]] = {}
+        self.repeated_blocks = 1 + max((op.block for op in low.ops), default=-1)
+        """Repeated blocks the traced ops ran in (OpCost.block): what 'blocks:k' and 'every:k' select from."""
 
     @classmethod
     def from_parameters(cls, parameter_count: int, *, tokens_per_sample: int = 1, amp: bool = True) -> CostProfile:
@@ -89,15 +95,27 @@ class CostProfile:
         return cls(costs(1), high=costs(2), high_micro=2, traced_amp=amp, parameter_count=n,
                    tokens_per_sample=tokens_per_sample)
 
-    def ops(self, micro: int, *, amp: bool, checkpointing: bool) -> list[ScaledOp]:
-        """The step's ops at micro-batch `micro` under AMP or 32-true, with or without checkpointing,
-        identical ops merged."""
-        key = (micro, amp, checkpointing)
+    def ops(self, micro: int, *, amp: bool, checkpointing: bool | Checkpointing) -> list[ScaledOp]:
+        """The step's ops at micro-batch `micro` under AMP or 32-true and a checkpointing setting (True:
+        full), identical ops merged."""
+        setting = Checkpointing.parse(checkpointing)
+        key = (micro, amp, setting)
         if key not in self._cache:
-            self._cache[key] = self._derive(micro, amp, checkpointing)
+            self._cache[key] = self._derive(micro, amp, setting)
         return self._cache[key]
 
-    def _derive(self, micro: int, amp: bool, checkpointing: bool) -> list[ScaledOp]:
+    def _recomputed(self, op: OpCost, setting: Checkpointing, selected: frozenset[int]) -> bool:
+        """Whether a traced op of the step runs again in backward under `setting`."""
+        if not setting or op.phase != "forward" or not op.in_block:
+            return False
+        if setting.mode == "full":
+            return True
+        if setting.per_op:
+            return not op.op_kept
+        return op.block in selected
+
+    def _derive(self, micro: int, amp: bool, checkpointing: Checkpointing) -> list[ScaledOp]:
+        selected = frozenset(checkpointing.selected(self.repeated_blocks))
         merged: dict[tuple, int] = {}
         for i, op in enumerate(self._low):
             flops, nbytes = self._at(i, op, micro)
@@ -107,7 +125,7 @@ class CostProfile:
                     continue
                 if dtype in ("bf16", "fp16"):
                     dtype, nbytes = ("tf32" if op.convolution else "fp32"), 2 * nbytes
-            phases = [op.phase] + (["recompute"] if checkpointing and op.phase == "forward" and op.in_block else [])
+            phases = [op.phase] + (["recompute"] if self._recomputed(op, checkpointing, selected) else [])
             for phase in phases:
                 k = (op.op_class, dtype, phase, flops, nbytes)
                 merged[k] = merged.get(k, 0) + op.count

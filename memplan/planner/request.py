@@ -169,6 +169,13 @@ class PlanRequest:
     """Whether the planner may choose FSDP with CPU offload (slow: only when nothing else fits)."""
     block_classes: tuple[str, ...] = ()
     """Import paths of the model's repeated block classes: FSDP's wrap policy in the planned config."""
+    repeated_blocks: int = 0
+    """How many repeated blocks the model has (estimator/checkpointing.find_repeated_blocks). With >= 1 the
+    planner also searches torchtitan's per-op policy and partial checkpointing (the first k blocks);
+    0 (unknown) searches none and full only."""
+    user_checkpointing: str | None = None
+    """What the model checkpoints itself, in words (HF gradient_checkpointing_enable, torch's
+    checkpoint_wrapper); the plan keeps it and adds none. None: nothing found."""
 
     def __post_init__(self) -> None:
         for name in ("devices", "precisions"):  # a list is as good as a tuple; store the tuple
@@ -202,6 +209,11 @@ class PlanRequest:
             _check_int("PlanRequest", "largest_block_bytes", self.largest_block_bytes, minimum=0,
                        fix="parameter bytes of the largest repeated block, or None")
         self._check_fsdp_fields()
+        _check_int("PlanRequest", "repeated_blocks", self.repeated_blocks, minimum=0,
+                   fix="the number of repeated blocks (find_repeated_blocks), 0 when unknown")
+        if self.user_checkpointing is not None and not isinstance(self.user_checkpointing, str):
+            raise ValueError(f"PlanRequest.user_checkpointing must be a description or None; got "
+                             f"{self.user_checkpointing!r}")
         if not any(self.global_batch_size % (self.nodes * g) == 0 for g in range(1, len(self.devices) + 1)):
             raise ValueError(
                 f"PlanRequest.global_batch_size ({self.global_batch_size}) must be divisible by the world size, "

@@ -50,6 +50,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from memplan.checkpoint_setting import FULL, NONE, Checkpointing
 from memplan.estimator.cuda import nccl_buffer_bytes
 from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Plan
@@ -58,6 +59,7 @@ from memplan.planner.costs import predict_step
 from memplan.planner.explain import describe_plan
 from memplan.planner.floors import Floors
 from memplan.planner.nofit import NoFit, fsdp_full_shard_bytes
+from memplan.planner.partial import partial_checkpointing
 from memplan.planner.profile import CostProfile
 from memplan.planner.request import PlanRequest
 from memplan.units import MiB, format_bytes
@@ -80,12 +82,13 @@ EXTRAPOLATION_SLACK = 0.02
 
 class Estimator(Protocol):
     """Per-GPU memory of one training step at a setting (memplan.estimate with the model bound).
-    `fsdp` (an estimator.fsdp.FsdpSettings) is passed only for FSDP candidates: an estimator for a
+    `checkpointing` is False / True for none / full, a memplan Checkpointing for the
+    others ('op', 'blocks:K': only for a request with repeated_blocks). `fsdp` (an estimator.fsdp.FsdpSettings) is passed only for FSDP candidates: an estimator for a
     search without FSDP (PlanRequest.searches_fsdp False) need not accept it. An estimator may also
     have `prefetch(**setting)` (a trace that may be asked for next: it may start it now, see
     planner/background.py) and `cancel(**setting)` (drop that one, or with no setting all of them)."""
 
-    def __call__(self, *, micro_batch_size: int, precision: str, checkpointing: bool,
+    def __call__(self, *, micro_batch_size: int, precision: str, checkpointing: bool | Checkpointing,
                  world_size: int, **fsdp) -> MemoryEstimate: ...
 
 
@@ -239,13 +242,13 @@ class _Search:
         precision, layout = self.trace_precision(base), (base.sharding, base.offload)
         probe = min(PROBE_MICRO, largest) if largest > 1 else None
         if probe is not None:
-            self.prefetch(probe, precision, False, base.probe_world_size, *layout)
-        low = self.trace(1, precision, False, base.probe_world_size, *layout)
+            self.prefetch(probe, precision, NONE, base.probe_world_size, *layout)
+        low = self.trace(1, precision, NONE, base.probe_world_size, *layout)
         high = None
         if probe is not None and low.device_total <= max(c.budget_bytes for c in own):
-            high = self.trace(probe, precision, False, base.probe_world_size, *layout)
+            high = self.trace(probe, precision, NONE, base.probe_world_size, *layout)
         elif probe is not None:
-            self.cancel_prefetch(probe, precision, False, base.probe_world_size, *layout)
+            self.cancel_prefetch(probe, precision, NONE, base.probe_world_size, *layout)
         request = self.request
         parameters = request.parameter_count or low.num_parameters
         if low.step_costs is None:  # an estimator that does not count costs
@@ -264,7 +267,7 @@ class _Search:
         return dataclasses.replace(c, speed=timing.samples_per_s, timing=timing)
 
     # --- estimator calls ------------------------------------------------------------------------
-    def setting(self, micro: int, precision: str, checkpointing: bool, world_size: int,
+    def setting(self, micro: int, precision: str, checkpointing: Checkpointing, world_size: int,
                 sharding: str | None = None, offload: bool = False) -> dict:
         """The estimator's keyword arguments for a trace key."""
         extra = {}
@@ -273,10 +276,11 @@ class _Search:
 
             shard_size = world_size // self.request.nodes if sharding == "HYBRID_SHARD" else None
             extra["fsdp"] = FsdpSettings(sharding_strategy=sharding, shard_size=shard_size, cpu_offload=offload)
-        return dict(micro_batch_size=micro, precision=precision, checkpointing=checkpointing,
-                    world_size=world_size, **extra)
+        # none and full go as False / True, what estimators took before settings; the rest as the setting
+        arg = bool(checkpointing) if checkpointing.mode in ("none", "full") else checkpointing
+        return dict(micro_batch_size=micro, precision=precision, checkpointing=arg, world_size=world_size, **extra)
 
-    def trace(self, micro: int, precision: str, checkpointing: bool, world_size: int,
+    def trace(self, micro: int, precision: str, checkpointing: Checkpointing, world_size: int,
               sharding: str | None = None, offload: bool = False) -> MemoryEstimate:
         key = (micro, precision, checkpointing, world_size, sharding, offload)
         if key not in self.traces:
@@ -393,10 +397,9 @@ class _Search:
             if best is None:
                 raise self.no_fit()
             if best.trace_key in self.traces:
-                return best, self.traces[best.trace_key]
+                return self.finish(best)
             if verifications >= MAX_VERIFICATIONS and verified:
-                top = fastest(verified)
-                return top, self.traces[top.trace_key]
+                return self.finish(fastest(verified))
             est = self.trace(*best.trace_key)
             verifications += 1
             # The measurement joins the curve (which removes this trace's own NCCL bytes, whatever
@@ -405,13 +408,28 @@ class _Search:
             if est.device_total <= best.budget_bytes and best.host_fits:
                 verified.append(best)
 
+    def finish(self, best: Candidate) -> tuple[Candidate, MemoryEstimate]:
+        """The verified best, or partial checkpointing where it is faster and a trace confirms it fits
+        (partial.py); a partial winner joins the search's candidates for the plan's account."""
+        partial = partial_checkpointing(self, best)
+        if partial is None:
+            return best, self.traces[best.trace_key]
+        group = partial.group
+        self.groups[group] = [partial]
+        self.curves[group] = _Curve()
+        self.curves[group].add(partial.micro_batch_size, self.traces[partial.trace_key])
+        self.explored.add(group)
+        self.candidates.append(partial)
+        return partial, self.traces[partial.trace_key]
+
     # --- nothing fits ---------------------------------------------------------------------------
     def no_fit(self) -> NoFit:
         """The error for an empty search, with DDP's and FSDP's per-GPU needs at the most frugal
         allowed setting (AMP and checkpointing when allowed), micro-batch 1, on every GPU allowed."""
         request = self.request
         amp = any(g.amp for g in self.groups)
-        frugal = [g for g in self.groups if g.amp == amp and g.checkpointing == request.allow_checkpointing
+        frugal = [g for g in self.groups if g.amp == amp and g.checkpointing == (FULL if request.allow_checkpointing
+                                                                                  else NONE)
                   and g.sharding is None] or list(self.groups)
         group = max(frugal, key=lambda g: g.multi)
         widest = max(self.groups[group], key=lambda c: c.world_size)
