@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from memplan.units import MiB, format_bytes
+from memplan.units import format_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GOALS = {"median_abs": 0.03, "worst_abs": 0.06, "most_under": -0.02}

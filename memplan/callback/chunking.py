@@ -11,8 +11,8 @@ share of `mean_over(batch)` (tokens, say), or 1 for a sum), by 1/accumulate_grad
 GradScaler's scale (16-mixed), exactly as Lightning scales the loss it backwards. The chunks' losses,
 so weighted, add up to the whole batch's loss, and their gradients to its gradient. What
 training_step returns is a *carrier*: a loss whose value is the whole batch's and whose backward
-hands every parameter the gradient already computed (`_CarryGradients`: the gradients are moved
-out of `.grad` before returning and given back, not copied, by Lightning's one backward). So:
+hands every parameter the gradient already computed (memplan.callback.carrier: the gradients are
+moved out of `.grad` before returning and given back, not copied, by Lightning's one backward). So:
   - Lightning's backward is the rank's one synchronised backward: DDP's hooks fire once per
     parameter and all-reduce the whole gradient, however many chunks each rank ran. Ranks may run
     different micro-batches (after an OOM on one) without a hang.
@@ -32,10 +32,8 @@ What it costs, and what it cannot do:
   - Under DDP, every gradient is ready only when the whole backward is done, so the step's
     all-reduce cannot overlap it.
   - DDP rebuilds its buckets once, from the order its hooks fire in the first synchronised
-    backward. A single carrier fires them in the autograd engine's heap order, which can put the
-    first layer in bucket 0 and hold back every all-reduce of the run (buckets go out in order).
-    So on that one backward the gradients go through a chain of carriers, one per parameter, in
-    the order this step's own backward made them.
+    backward: that one backward hands the gradients over in the order the step's own backward made
+    them (a chain of carriers, memplan.callback.carrier).
   - Parameter gradient hooks would run per chunk and again on the whole gradient: refused
     (checks.check_gradient_hooks).
   - Under DDP's gradient_as_bucket_view the handoff would copy the gradients out of DDP's buckets:
@@ -52,12 +50,8 @@ guarded path; a batch split into chunks always runs guarded. Ranks may differ: e
 synchronised backward either way.
 
 OOM: a `torch.OutOfMemoryError` in any chunk's forward or backward is caught here and the chunk is
-retried in halves: the same samples, none skipped. A forward touches no gradient. A backward that
-fails part-way has added the chunk's gradient to some parameters already (their `.grad` changed:
-another tensor or a newer version), so the retry runs with those frozen: every parameter gets each
-sample's gradient exactly once. At micro-batch 1 the rank turns checkpointing on (same math, less
-memory) and retries; with checkpointing on and still no room, it raises one error naming the rank,
-the step and the memory figures.
+retried smaller, the same samples, none skipped, each parameter's gradient added exactly once
+(memplan.callback.retry: which size next, which parameters a failed backward touched).
 
 Under FSDP (memplan.callback.sharded) the chunks but the last run with FSDP's gradient sync off and
 the last chunk's backward reduce-scatters; the carrier hands the sharded gradients over. No OOM is
@@ -74,93 +68,68 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from memplan import compat
-from memplan.callback.adjust import even_chunk, smaller_micro_batch
-from memplan.shapes import chunk_for, load_of
 from memplan.batching import batch_size_of, split_batch
+from memplan.callback.adjust import even_chunk
+from memplan.callback.carrier import Recording, carry
 from memplan.callback.layout import Layout, chunk_bounds
 from memplan.callback.logged import merge_logged
-from memplan.compat import tensor_version
+from memplan.callback.retry import (
+    NONE, Failure, Frozen, NothingFitsError, OomRetry, RetryState, gradient_versions, release_memory, touched,
+)
 from memplan.estimator.step import loss_from_output
+from memplan.shapes import chunk_for, load_of
 
-_NONE: frozenset[int] = frozenset()
+__all__ = ["MicroBatchRunner", "NothingFitsError", "OomRetry", "smaller_or_even"]
+
 _NO_OP = contextlib.nullcontext()
 
 
-class NothingFitsError(torch.OutOfMemoryError):
-    """Out of memory at micro-batch 1 with checkpointing on (or not allowed): nothing smaller fits.
-    A torch.OutOfMemoryError, so code that catches those catches it."""
+@dataclass(frozen=True, kw_only=True)
+class ChunkJob:
+    """One chunk to run: samples [start, stop) of a loaded batch of `size`."""
+
+    args: tuple
+    """training_step's positional arguments (the batch first, where given so)."""
+    kwargs: dict
+    """Its keyword arguments."""
+    batch: Any
+    """The loaded batch."""
+    size: int
+    """Its samples."""
+    start: int
+    stop: int
+    frozen: frozenset[int] = NONE
+    """Parameters that hold this chunk's gradient already (a retry after a failed backward): frozen."""
+    clear: bool = False
+    """No parameter holds a gradient yet (so a failed backward touched exactly those that hold one after it)."""
+    order: list[int] | None = None
+    """A list to record the parameters' indices in, as the backward makes their gradients (DDP's bucket rebuild)."""
+    total: float | None = None
+    """mean_over(batch), where a mean over something other than samples weighs the chunks."""
+    synced: bool = False
+    """Run with the strategy's gradient sync on (FSDP's last chunk; backwarded even at weight 0, since its
+    backward is the one that reduce-scatters)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class OomRetry:
-    """An OOM this rank caught and is retrying: what failed and what it does now."""
+class ChunkResult:
+    """What a chunk gave: training_step's output, its loss, its held `self.log` calls and weight; or what failed."""
 
-    phase: str
-    """'forward' or 'backward'."""
-    failed_micro_batch_size: int
-    """Samples in the chunk that ran out of memory."""
-    micro_batch_size: int
-    """The micro-batch this rank retries and goes on with."""
-    gradient_checkpointing: bool
-    """Whether checkpointing is on for the retry."""
-    message: str
-    """torch's error message."""
-
-
-@dataclass(frozen=True)
-class _Failure:
-    start: int
-    stop: int
-    phase: str
-    frozen: frozenset[int]  # indices of parameters that already hold this chunk's gradient
-    message: str
-
-
-class _Handoff:
-    """The gradients a carrier gives back, dropped as they are given (so autograd can take them
-    over without a copy), and dropped too if the carrier is never backwarded."""
-
-    def __init__(self, grads: list[torch.Tensor]) -> None:
-        self.grads: list[torch.Tensor] | None = grads
-
-    def take(self) -> list[torch.Tensor]:
-        grads, self.grads = self.grads, None
-        if grads is None:
-            raise RuntimeError("MemoryPlanner: a batch's loss was backwarded twice; its gradients were already "
-                               "given to the parameters by the first backward")
-        return grads
-
-
-class _CarryGradients(torch.autograd.Function):
-    """value -> value; its backward gives the parameters it was applied to the gradients in the
-    handoff, and passes the incoming gradient on to `value`.
-
-    The gradients were computed in training_step with the scale Lightning applies to the loss it
-    backwards (the batch share, 1/accumulate_grad_batches, the GradScaler's scale), so the incoming
-    gradient, which is that same scale, is not applied again. One carrier hands over every gradient at
-    once. A chain of carriers, one parameter each, hands them over one at a time in the chain's order:
-    when a link has run, the engine runs its parameter's AccumulateGrad (the highest priority it
-    knows) before the next link (MicroBatchRunner._carry, for DDP's bucket rebuild)."""
-
-    @staticmethod
-    def forward(ctx: Any, value: torch.Tensor, handoff: _Handoff, *params: torch.Tensor) -> torch.Tensor:
-        ctx.handoff = handoff
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grads = ctx.handoff.take()
-        ctx.handoff = None
-        return (grad_output, None, *grads)
+    output: Any = None
+    loss: torch.Tensor | None = None
+    logged: list = ()
+    weight: float = 0.0
+    """What its loss is multiplied by so the chunks add up to the whole batch's loss (MicroBatchRunner._weight)."""
+    failure: Failure | None = None
+    """The OOM, where it ran out of memory (every other field then empty)."""
 
 
 class MicroBatchRunner:
@@ -180,12 +149,8 @@ class MicroBatchRunner:
         """Samples per loaded batch; at or above it a micro-batch runs the batch whole."""
         self.gradient_checkpointing = layout.gradient_checkpointing
         """Whether checkpointing is on for this rank."""
-        self.oom_retries = 0
-        """OOMs recovered from."""
-        self.oom_micro_batch_size: int | None = None
-        """The smallest chunk that ran out of memory."""
-        self.largest_ok_micro_batch_size: int | None = None
-        """The largest chunk whose forward and backward ran here since the last OOM (None before any)."""
+        self.retries = RetryState()
+        """The sizes that ran and failed here, and the OOMs recovered from (memplan.callback.retry)."""
         self.lightning_backward = False
         """Whether the current batch's backward is Lightning's own (unguarded or unsplittable): an
         OOM in it is not retried."""
@@ -216,6 +181,16 @@ class MicroBatchRunner:
         self._planned_load = planned_load_per_sample  # (memplan.shapes)
         self.heavier_batches = 0
         """Batches heavier per sample than the one planned for, run as smaller chunks before they ran."""
+
+    @property
+    def oom_retries(self) -> int:
+        """OOMs recovered from."""
+        return self.retries.retries
+
+    @property
+    def oom_micro_batch_size(self) -> int | None:
+        """The smallest chunk that ran out of memory."""
+        return self.retries.smallest_failed
 
     @property
     def guarded(self) -> bool:
@@ -292,7 +267,7 @@ class MicroBatchRunner:
             self.lightning_backward = False
             batch, size, micro = heavier
             return self._run_guarded(args, kwargs, batch, size,
-                                     deque((lo, hi, _NONE) for lo, hi in chunk_bounds(0, size, micro)))
+                                     deque((lo, hi, NONE) for lo, hi in chunk_bounds(0, size, micro)))
         if not self.guarded and self.micro_batch_size >= self.loader_batch_size:
             # unguarded, a whole batch: its forward here, its backward Lightning's
             output, error = self._run_unguarded(args, kwargs)
@@ -310,9 +285,9 @@ class MicroBatchRunner:
             return self._original(*args, **kwargs)
         self.lightning_backward = False
         if error is not None:  # the unguarded forward ran out of memory: retry it guarded, smaller
-            pending = self._after_failure(_Failure(0, size, "forward", _NONE, error), deque(), batch)
+            pending = self._after_failure(Failure(0, size, "forward", NONE, error), deque(), batch)
         else:
-            pending = deque((lo, hi, _NONE) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
+            pending = deque((lo, hi, NONE) for lo, hi in chunk_bounds(0, size, self.micro_batch_size))
         return self._run_guarded(args, kwargs, batch, size, pending)
 
     def _heavier(self, batch: Any) -> tuple[Any, int, int] | None:
@@ -367,31 +342,30 @@ class MicroBatchRunner:
             if stop - start != size and self._on_first_split is not None:
                 self._on_first_split(size, stop - start)
                 self._on_first_split = None
-            output = loss = logged = None  # a chunk's output (logits, say) is not kept through the next
+            result = None  # a chunk's output (logits, say) is not kept through the next
             # FSDP reduce-scatters in the last chunk's own backward; DDP in Lightning's, of the carrier
-            synced = self._sharded_sync_off is not None and not pending
-            output, loss, logged, weight, failure = self._chunk(args, kwargs, batch, size, start, stop, frozen,
-                                                                clear, order if not order else None, total, synced)
-            if failure is not None:
-                clear = clear and failure.phase == "forward"
-                pending = self._after_failure(failure, pending, batch)
+            result = self._chunk(ChunkJob(args=args, kwargs=kwargs, batch=batch, size=size, start=start, stop=stop,
+                                          frozen=frozen, clear=clear, order=order if not order else None, total=total,
+                                          synced=self._sharded_sync_off is not None and not pending))
+            if result.failure is not None:
+                clear = clear and result.failure.phase == "forward"
+                pending = self._after_failure(result.failure, pending, batch)
                 if total is None and self._mean_over is not None:
                     total = float(self._mean_over(batch))
                 continue
             clear = False
-            if self.largest_ok_micro_batch_size is None or stop - start > self.largest_ok_micro_batch_size:
-                self.largest_ok_micro_batch_size = stop - start
-            held.append((weight, logged))
-            if loss is not None and weight:
-                share = loss.detach() if weight == 1.0 else loss.detach() * weight
+            self.retries.ran(stop - start)
+            held.append((result.weight, result.logged))
+            if result.loss is not None and result.weight:
+                share = result.loss.detach() if result.weight == 1.0 else result.loss.detach() * result.weight
                 value = share if value is None else value + share
             if not pending:  # the batch's last chunk succeeded: make the batch's `self.log` calls, once
                 _replay(self._module, held[0][1] if len(held) == 1 else merge_logged(held, self._sum))
-                if loss is None:  # no loss: Lightning skips this batch's backward
-                    return output
+                if result.loss is None:  # no loss: Lightning skips this batch's backward
+                    return result.output
         if value is None:  # every chunk weighed nothing (no token to average over): a zero loss
-            value = loss.detach() * 0.0
-        return self._carry(output, value, order)
+            value = result.loss.detach() * 0.0
+        return carry(result.output, value, self._params, order)
 
     def _weight(self, chunk: Any, size: int, start: int, stop: int, total: float | None) -> float:
         """What a chunk's loss is multiplied by so the chunks add up to the whole batch's loss: 1 for a
@@ -402,42 +376,36 @@ class MicroBatchRunner:
             return (stop - start) / size
         return float(self._mean_over(chunk)) / total
 
-    def _chunk(self, args, kwargs, batch, size, start, stop, frozen, clear: bool, order: list[int] | None,
-               total: float | None, synced: bool = False
-               ) -> tuple[Any, torch.Tensor | None, list[tuple[tuple, dict]], float, _Failure | None]:
-        """Forward and backward of samples [start, stop): (training_step's output, its loss, its
-        held `self.log` calls, its weight (`_weight`), None), or (None, None, [], 0, what failed).
-        `clear`: no parameter holds a gradient yet (so a failed backward touched exactly those that
-        hold one after it). `order`: a list to record the parameters' indices in, as the backward
-        makes their gradients. A chunk of weight 0 (no token to average over) is not backwarded.
-        `synced`: run with the strategy's gradient sync on (FSDP's last chunk; backwarded even at weight
-        0, since its backward is the one that reduce-scatters)."""
-        phase, before = "forward", None
+    def _chunk(self, job: ChunkJob) -> ChunkResult:
+        """Forward and backward of the job's samples; the OOM as a failure (its `frozen` those parameters whose
+        gradient it had touched). A chunk of weight 0 (no token to average over) is not backwarded."""
+        phase, before, args, kwargs = "forward", None, job.args, job.kwargs
         try:
-            with _NO_OP if synced else self._no_sync(), self._frozen(frozen), _HeldLogging(self._module) as logged:
-                chunk = batch
-                if stop - start != size:
-                    chunk = self._split(batch, start, stop, size)
+            with _NO_OP if job.synced else self._no_sync(), self._frozen(job.frozen), \
+                    _HeldLogging(self._module) as logged:
+                chunk = job.batch
+                if job.stop - job.start != job.size:
+                    chunk = self._split(job.batch, job.start, job.stop, job.size)
                     if args:
                         args = (chunk, *args[1:])
                     else:
                         kwargs = {**kwargs, "batch": chunk}
-                weight = self._weight(chunk, size, start, stop, total)
+                weight = self._weight(chunk, job.size, job.start, job.stop, job.total)
                 output = self._original(*args, **kwargs)
                 loss = loss_from_output(output)
-                if loss is None or not (weight or synced):  # (FSDP's last chunk reduce-scatters, weight or not)
-                    return output, loss, logged, weight, None
+                if loss is None or not (weight or job.synced):  # (FSDP's last chunk reduce-scatters, weight or not)
+                    return ChunkResult(output=output, loss=loss, logged=logged, weight=weight)
                 phase = "backward"
-                if not clear:
-                    before = [(g, tensor_version(g)) if (g := p.grad) is not None else (None, 0) for p in self._params]
+                if not job.clear:
+                    before = gradient_versions(self._params)
                 scale = weight / self._trainer.accumulate_grad_batches
-                with _Recording(self._params, order) if order is not None else _NO_OP:
+                with Recording(self._params, job.order) if job.order is not None else _NO_OP:
                     self._backward(loss if scale == 1.0 else loss * scale)
         except torch.OutOfMemoryError as err:
             # a failed forward touched no gradient; a failed backward may have added to some
-            touched = self._touched(before) if phase == "backward" else _NONE
-            return None, None, [], 0.0, _Failure(start, stop, phase, frozen | touched, str(err))
-        return output, loss, logged, weight, None
+            changed = touched(self._params, before) if phase == "backward" else NONE
+            return ChunkResult(failure=Failure(job.start, job.stop, phase, job.frozen | changed, str(err)))
+        return ChunkResult(output=output, loss=loss, logged=logged, weight=weight)
 
     def _rebuilds_buckets(self) -> bool:
         """Whether this batch's backward is the one DDP rebuilds its buckets from: the first
@@ -457,42 +425,6 @@ class MicroBatchRunner:
         else:
             self._module.backward(loss)
 
-    def _touched(self, before: list[tuple[torch.Tensor | None, int]] | None) -> frozenset[int]:
-        """Parameters whose gradient a failed backward changed (a new tensor, or one written to);
-        `before` None: no parameter had a gradient before it."""
-        if before is None:
-            return frozenset(i for i, param in enumerate(self._params) if param.grad is not None)
-        return frozenset(i for i, (param, (grad, version)) in enumerate(zip(self._params, before))
-                         if param.grad is not grad or (grad is not None and tensor_version(grad) != version))
-
-    def _carry(self, output: Any, value: torch.Tensor, order: list[int] | None) -> Any:
-        """training_step's output with its loss replaced by a carrier of the gradients (module
-        docstring): one carrier, or with `order` a chain of carriers handing them over in that order."""
-        params, grads = [], []
-        for param in self._params:
-            grad = param.grad
-            if grad is not None and param.requires_grad:
-                params.append(param)
-                grads.append(grad)
-                param.grad = None
-        if order is None:
-            carrier = _CarryGradients.apply(value, _Handoff(grads), *params)
-        else:
-            rank = {index: position for position, index in enumerate(dict.fromkeys(order))}
-            index = {id(param): i for i, param in enumerate(self._params)}
-            # the recorded order first; any other parameter after it, latest registered first
-            first = sorted(zip(params, grads), key=lambda pg: (rank.get(index[id(pg[0])], len(rank)),
-                                                               -index[id(pg[0])]))
-            carrier = value
-            for param, grad in reversed(first):  # the last link made runs first in the backward
-                carrier = _CarryGradients.apply(carrier, _Handoff([grad]), param)
-        if isinstance(output, torch.Tensor):
-            return carrier
-        if isinstance(output, Mapping):
-            return {**output, "loss": carrier}
-        raise TypeError(f"training_step returned {type(output).__name__}; MemoryPlanner chunks batches whose "
-                        "training_step returns a loss tensor or a dict with 'loss'")
-
     def _splits(self, batch: Any) -> bool:
         """Whether this batch may run as chunks, and with what weights: memplan.callback.exactness, asked
         the first time a batch would be split (a planned split, or an OOM retry)."""
@@ -501,22 +433,14 @@ class MicroBatchRunner:
             self._can_split, self._sum, self._mean_over = exactness.can_split, exactness.loss_sum, exactness.mean_over
         return self._can_split
 
-    def _after_failure(self, failure: _Failure, pending: deque, batch: Any) -> deque:
-        """Lower this rank's micro-batch (or turn checkpointing on) and re-cut what is left."""
+    def _after_failure(self, failure: Failure, pending: deque, batch: Any) -> deque:
+        """Lower this rank's micro-batch (or turn checkpointing on) and re-cut what is left (memplan.callback.retry)."""
         if not self._retry:
             raise torch.OutOfMemoryError(failure.message)
         self.guarded = True  # (where guarding can work)
-        _release_memory()
+        release_memory()
         failed = failure.stop - failure.start
-        self.oom_retries += 1
-        self.oom_micro_batch_size = failed if self.oom_micro_batch_size is None else min(failed, self.oom_micro_batch_size)
-        # back to the largest size that ran here, where it is below the one that failed; else about half,
-        # in even chunks of the loaded batch
-        ran = self.largest_ok_micro_batch_size
-        if ran is not None and ran >= failed:  # (that size ran before; it does not now)
-            self.largest_ok_micro_batch_size = ran = None
-        smaller = ran if ran is not None and ran < failed else smaller_micro_batch(
-            min(self.micro_batch_size, failed), self.loader_batch_size)
+        smaller = self.retries.failed(failed, self.micro_batch_size, self.loader_batch_size)
         smaller = smaller if smaller is not None and self._splits(batch) else None
         if smaller is not None:
             self.micro_batch_size = smaller
@@ -533,7 +457,7 @@ class MicroBatchRunner:
                      for lo, hi in chunk_bounds(start, stop, self.micro_batch_size))
 
     def _frozen(self, frozen: frozenset[int]) -> contextlib.AbstractContextManager:
-        return _Frozen([self._params[i] for i in frozen if self._params[i].requires_grad]) if frozen else _NO_OP
+        return Frozen([self._params[i] for i in frozen if self._params[i].requires_grad]) if frozen else _NO_OP
 
     def _no_sync(self) -> contextlib.AbstractContextManager:
         return self._block_sync() if self._block_sync is not None else _NO_OP  # DDP: model.no_sync()
@@ -566,46 +490,7 @@ class _HeldLogging:
         self._module.__dict__.pop("log", None)
 
 
-class _Recording:
-    """Record the order in which a backward makes the parameters' gradients (post-accumulate hooks,
-    on for this one backward only)."""
-
-    def __init__(self, params: list[torch.nn.Parameter], order: list[int]) -> None:
-        self._params, self._order, self._handles = params, order, []
-
-    def __enter__(self) -> None:
-        order = self._order
-        self._handles = [p.register_post_accumulate_grad_hook(lambda _, i=i: order.append(i))
-                         for i, p in enumerate(self._params) if p.requires_grad]
-
-    def __exit__(self, *exc: Any) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-class _Frozen:
-    """Parameters that already hold a chunk's gradient take no gradient in its retry."""
-
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
-        self._params = params
-
-    def __enter__(self) -> None:
-        for param in self._params:
-            param.requires_grad_(False)
-
-    def __exit__(self, *exc: Any) -> None:
-        for param in self._params:
-            param.requires_grad_(True)
-
-
 def _replay(module: Any, calls: list[tuple[tuple, dict]]) -> None:
     """Make the held `self.log` calls (through the class's `log`, a user's override included)."""
     for args, kwargs in calls:
         module.log(*args, **kwargs)
-
-
-def _release_memory() -> None:
-    """Free what the failed chunk held (its graph is gone with the exception) back to the device."""
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()

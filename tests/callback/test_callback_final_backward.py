@@ -19,7 +19,7 @@ from test_callback_chunking import assert_trained_like_full_batches
 from test_callback_ddp import check_trained_like_one_process, retries, run_logs
 
 from memplan.hardware import readings
-from memplan.callback import MemoryPlanner, chunking
+from memplan.callback import MemoryPlanner, carrier
 
 
 class Watched(Regression):
@@ -121,18 +121,18 @@ def test_chunks_with_accumulation_keep_every_gradient_when_a_backward_fails(make
 
 
 class Handoffs:
-    """Records what each carrier hands over (memplan.callback.chunking._Handoff): the gradients'
+    """Records what each carrier hands over (memplan.callback.carrier.Handoff): the gradients'
     buffers, per batch."""
 
     def __init__(self, monkeypatch) -> None:
         self.pointers: list[set[int]] = []
-        original = chunking._Handoff.__init__
+        original = carrier.Handoff.__init__
 
         def record(handoff, grads):
             self.pointers.append({g.data_ptr() for g in grads})
             original(handoff, grads)
 
-        monkeypatch.setattr(chunking._Handoff, "__init__", record)
+        monkeypatch.setattr(carrier.Handoff, "__init__", record)
 
 
 class GradPointers(Regression):
