@@ -80,6 +80,8 @@ class Layout:
     def to_dict(self) -> dict[str, Any]:
         """Plain scalars (for state_dict and the JSON-lines log), derived figures included."""
         out = dataclasses.asdict(self)
+        if out["checkpointing"] is None:  # (full or none: gradient_checkpointing says which)
+            del out["checkpointing"]
         out["micro_batches_per_step"] = self.micro_batches_per_step
         out["global_batch_size"] = self.global_batch_size
         return out

@@ -1,11 +1,8 @@
 """MemoryPlanner: apply a memory plan to a Lightning Trainer, watch every rank, keep the run fitting."""
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import os
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -13,47 +10,36 @@ from typing import Any, Literal
 from typing_extensions import override
 
 import pytorch_lightning as pl
-import torch
-from pytorch_lightning.utilities.parsing import lightning_hasattr
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from memplan import batching, compat
-from memplan.callback import fsdp_plan, sharded
+from memplan.callback import sharded
 from memplan.callback.apply import (
-    apply_layout, can_checkpoint, checkpoint_facts, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
-    layout_from_plan, load_plan, plan_device_mismatch, plan_mismatches, plan_model_mismatch, planning_request,
-    samples_per_rank, train_loader,
+    current_loader_batch_size, load_plan, plan_device_mismatch, plan_mismatches, plan_model_mismatch,
 )
 from memplan.callback.checks import (
-    ADJUST_FIX, CHUNKS_FIX, check_can_adjust, check_gradient_hooks, check_guard, restored_layout, split_caveats,
+    check_can_adjust,
 )
-from memplan.callback.chunking import MicroBatchRunner, NothingFitsError, OomRetry
-from memplan.callback.exactness import Exactness, decide, drop_last_blocks
-from memplan.callback.loss_reduction import LossReduction, LossWatcher, first_call_watched
-from memplan.shapes import SCAN_BATCHES, SCAN_SECONDS, declared, heaviest
-from memplan.callback.adjust import Adjuster, Change, RankStatus, gather_statuses
-from memplan.callback.collectives import decide_on_rank_zero, gather_objects, gather_rows
+from memplan.callback.exactness import Exactness
+from memplan.shapes import SCAN_BATCHES
+from memplan.callback.fit_start import FitStart
+from memplan.callback.watching import Watching
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
 from memplan.callback.layout import Layout
 from memplan.callback.rewrites import (
-    Rewrite, announce, checkpointing_is_on, checkpointing_rewrite, layout_rewrites, summary_lines,
+    Rewrite,
 )
-from memplan.callback.oom_site import oom_site
 from memplan.callback.session import FitSession
 from memplan.callback.sigterm import end_rank_on_sigterm
 from memplan.callback.settings import PlannerSettings
 from memplan.callback.runlog import (
-    RankLog, lightning_writes_row, logger_metrics, new_run_id, summary_line,
+    RankLog, new_run_id,
 )
-from memplan.estimator.errors import EstimateError
-from memplan.hardware import host_info, readings
 from memplan.plan import Plan
-from memplan.planner import Estimator, NoFit, PlanRequest, estimator_for, largest_block_bytes, make_plan
-from memplan.planner.tracing import block_classes
+from memplan.planner import Estimator, PlanRequest, make_plan
 
 log = logging.getLogger(__name__)
 
-RESTORED = "restored from the checkpoint"
 MANUAL_OPTIMIZATION = (
     "MemoryPlanner does not adjust micro-batches under manual optimization (automatic_optimization=False): "
     "training_step runs its own backwards and optimizer steps, so a batch cannot be split into micro-batch chunks "
@@ -62,7 +48,7 @@ MANUAL_OPTIMIZATION = (
 DEFAULT_EVERY_N_STEPS = 50
 """Steps between checks when the Trainer's log_every_n_steps is 0 (Lightning's own default interval)."""
 
-class MemoryPlanner(*CALLBACKS):
+class MemoryPlanner(FitStart, Watching, *CALLBACKS):
     r"""Apply a memory plan, watch every rank's memory, and lower the micro-batch before it runs out.
 
     Apply (at fit start): with ``plan`` (a :class:`memplan.plan.Plan` or the path of the JSON file
@@ -334,502 +320,4 @@ class MemoryPlanner(*CALLBACKS):
                 raise MisconfigurationException(f"MemoryPlanner(strict=True): {message}")
             rank_zero_warn(f"MemoryPlanner: {message}")
 
-    # --- apply -------------------------------------------------------------------------------
-    def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._fit.restored, self._restored = self._restored, None
-        # the batch size can be set where the model (hparams, datamodule) has it and builds the loader
-        settable = self._settable(trainer, pl_module)
-        layout, source = self._resolve_layout(trainer, pl_module, settable)
-        checkpointable = self.settings.allow_checkpointing and not self.settings.strict and can_checkpoint(pl_module)
-        if layout.gradient_checkpointing and not self.settings.allow_checkpointing:
-            raise MisconfigurationException("MemoryPlanner: the plan turns checkpointing on, which "
-                                            "allow_checkpointing=False forbids; allow it, or plan without it")
-        self.rewrites = layout_rewrites(
-            trainer, pl_module, layout, source=source, batch_arg_name=self.settings.batch_arg_name if settable else None,
-            loader_batch_size=current_loader_batch_size(trainer, pl_module, self.settings.batch_arg_name) if settable else 0,
-            checkpointing_on=checkpointing_is_on(pl_module))
-        announce(self.rewrites, strict=self.settings.strict)
-        apply_layout(trainer, pl_module, layout, self.settings.batch_arg_name if settable else None)
-        self.layout = layout
-        self._fit.adjuster = Adjuster(margin=self.settings.margin, grow=self.settings.grow, grow_margin=self.settings.grow_margin,
-                                  grow_patience=self.settings.grow_patience, can_checkpoint=checkpointable,
-                                  can_split=lambda: self._exactness(pl_module, self._fit.batch_now).can_split,
-                                  loader_batch_size=layout.loader_batch_size,
-                                  planned_micro_batch_size=self._fit.planned_micro_batch_size or layout.micro_batch_size)
-        if source == RESTORED:
-            self._fit.adjuster.load_state_dict(self._fit.restored)
-        if self._fit.adjusting or layout.chunks > 1:
-            self._install_runner(trainer, pl_module, layout, checkpointable)
-        self._fit.apply_record = dict(source=source, layout=layout.to_dict(),
-                                      plan=None if self.plan is None else self.plan.to_dict(),
-                                      rewrites=[r.to_dict() for r in self.rewrites],
-                                      planned_for=self._fit.scan.describe() if self._fit.scan is not None else None)
-        rank_zero_info(f"MemoryPlanner ({source}): {layout.describe()}")
-
-    def _record_apply(self, trainer: pl.Trainer) -> None:
-        """The apply record, at the step training starts from: Lightning restores a resumed fit's step
-        after on_fit_start (where the layout is applied, before the train loader is built)."""
-        self._fit.last_step = trainer.global_step  # a resumed fit counts from its checkpoint's step
-        if self._fit.apply_record is not None:
-            self._fit.log.write("apply", trainer.global_step, **self._fit.apply_record)
-            self._fit.apply_record = None
-
-    def _settable(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
-        return lightning_hasattr(pl_module, self.settings.batch_arg_name) and compat.train_data_source(trainer).is_module()
-
-    def _resolve_layout(self, trainer: pl.Trainer, pl_module: pl.LightningModule, settable: bool
-                        ) -> tuple[Layout, str]:
-        restored = restored_layout(self._fit.restored, trainer.world_size)
-        if restored is not None:
-            self.plan = self._fit.given_plan
-            self._fit.planned_micro_batch_size = int(self._fit.restored.get("planned_micro_batch_size", 0))
-            if restored.chunks > 1 and not self._exactness(pl_module, first_train_batch(trainer)).can_split:
-                raise MisconfigurationException(
-                    f"MemoryPlanner: the checkpoint's layout runs each loaded batch of {restored.loader_batch_size} as "
-                    f"chunks of {restored.micro_batch_size}, which changes what training computes: "
-                    f"{self.exactness.no_split}")
-            return restored, RESTORED
-        loader_batch = current_loader_batch_size(trainer, pl_module, self.settings.batch_arg_name if settable else None)
-        if self._fit.given_plan is not None:
-            self.plan, source = self._fit.given_plan, "plan"
-        elif self._fit.setup_plan is not None:
-            self.plan, source = self._fit.setup_plan, "planned from an estimate"
-        else:
-            self.plan, source = self._plan_now(trainer, pl_module, loader_batch), "planned from an estimate"
-        self._fit.planned_micro_batch_size = self.plan.micro_batch_size
-        layout = self._layout(trainer, pl_module, loader_batch, settable)
-        if not pl_module.automatic_optimization and layout.accumulate_grad_batches > 1:
-            rank_zero_warn(f"MemoryPlanner: the plan's global batch of {layout.global_batch_size} needs "
-                           f"{layout.accumulate_grad_batches} batches per optimizer step, which Lightning does not "
-                           "accumulate under manual optimization: each optimizer step sees one loaded batch per rank, "
-                           f"{layout.loader_batch_size} x {layout.world_size} rank(s) = "
-                           f"{layout.loader_batch_size * layout.world_size} samples")
-            layout = dataclasses.replace(layout, accumulate_grad_batches=1)
-        if layout.micro_batch_size < self.plan.micro_batch_size:
-            rank_zero_warn(f"MemoryPlanner: the plan's micro-batch of {self.plan.micro_batch_size} is above the "
-                           f"{loader_batch} samples the train loader yields per batch; clamped to {loader_batch}")
-        return layout, source
-
-    def _exactness(self, pl_module: pl.LightningModule, batch: Any) -> Exactness:
-        """What this fit may change (memplan.callback.exactness), decided once, when first needed: from the
-        reduction planning recognised, else from a trace of its own on `batch` (this rank's; no collective,
-        so an OOM retry on one rank may ask). A fit that never splits nor rewrites never traces for it."""
-        if self.exactness is None:
-            if self._fit.reduction is None:
-                self._fit.reduction = self._recognise(pl_module, batch)
-            self.exactness = decide(self._fit.reduction, pl_module, exact=self.settings.exact,
-                                    manual=not pl_module.automatic_optimization)
-        return self.exactness
-
-    def _layout(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader_batch: int, settable: bool) -> Layout:
-        """The plan on this Trainer, making only the changes `self.exactness` allows: the loader's batch and
-        accumulation kept where a rewrite is not exact (drop_last included), and a plan that would then
-        split the batch refused where a split is not exact. A plan that changes nothing asks nothing."""
-        layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
-                                  settable=settable)
-        if (layout.loader_batch_size, layout.accumulate_grad_batches, layout.chunks) == (
-                loader_batch, trainer.accumulate_grad_batches, 1):
-            return layout
-        exactness = self._exactness(pl_module, first_train_batch(trainer))
-        if not exactness.can_rewrite:
-            layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
-                                      settable=settable, keep_accumulation=trainer.accumulate_grad_batches)
-        if self.settings.exact and layout.loader_batch_size != loader_batch:
-            loader = train_loader(trainer)
-            why = drop_last_blocks(loader, samples_per_rank(loader, trainer.world_size), loader_batch,
-                                   layout.loader_batch_size)
-            if why is not None:
-                self.exactness = exactness = dataclasses.replace(
-                    exactness, can_rewrite=False, no_rewrite=f"{why}. Pass MemoryPlanner(exact=False) to allow it")
-                layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
-                                          settable=settable, keep_accumulation=trainer.accumulate_grad_batches)
-        if not pl_module.automatic_optimization and not exactness.can_rewrite and layout.loader_batch_size < loader_batch:
-            raise MisconfigurationException(
-                f"MemoryPlanner: the plan's global batch of {self.plan.global_batch_size} would set the loader's batch "
-                f"from {loader_batch} to {layout.loader_batch_size}: {exactness.no_rewrite}")
-        if layout.chunks > 1 and not exactness.can_split:
-            why = "; ".join(dict.fromkeys(w for w in (exactness.no_split, exactness.no_rewrite) if w))
-            raise MisconfigurationException(
-                f"MemoryPlanner: the plan's micro-batch of {layout.micro_batch_size} would run each loaded batch of "
-                f"{layout.loader_batch_size} as {layout.chunks} chunks, which changes what training computes: {why}. "
-                "Or plan at the loader's batch (e.g. with activation checkpointing)")
-        return layout
-
-    def _plan_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader_batch: int) -> Plan:
-        """Estimate and plan on rank 0 with every rank's budget; every rank gets the same plan. Under
-        an FSDP strategy: at setup, before configure_model shards the model (callback.fsdp_plan)."""
-        device = trainer.strategy.root_device
-        fsdp, request_fields = None, None
-        if sharded.is_sharded(trainer.strategy):
-            fsdp, assumed = fsdp_plan.planning_settings(trainer.strategy, pl_module)
-            for line in assumed:
-                rank_zero_warn(f"MemoryPlanner: {line}")
-            request_fields = dict(strategies=("fsdp",), parameter_count=fsdp_plan.parameter_count(pl_module),
-                                  block_classes=block_classes(pl_module), allow_cpu_offload=fsdp.cpu_offload)
-        budgets = gather_objects(device_budget(device, trainer.num_devices))
-        global_batch = self.settings.global_batch_size or loader_batch * trainer.world_size * trainer.accumulate_grad_batches
-
-        def plan() -> Plan:
-            request = planning_request(
-                budgets, world_size=trainer.world_size, nodes=trainer.num_nodes, global_batch_size=global_batch,
-                precision=str(trainer.precision), margin=min(0.5, 2 * self.settings.margin),
-                allow_checkpointing=self.settings.allow_checkpointing and can_checkpoint(pl_module),
-                host_available_bytes=host_info().budget_bytes if device.type == "cuda" else None,
-                largest_block=largest_block_bytes(pl_module), fsdp=request_fields,
-            )
-            facts = checkpoint_facts(pl_module)  # repeated blocks; what the model checkpoints itself
-            request = dataclasses.replace(request, **{**facts, "allow_checkpointing": request.allow_checkpointing
-                                                      and facts.get("allow_checkpointing", True)})
-            batch, on = self._batch_to_plan_for(trainer), "cpu" if device.type == "cpu" else None
-            try:
-                if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings
-                    made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._plan_with, on)
-                    reduction = self._recognise(pl_module, batch)
-                else:
-                    estimator = estimator_for(pl_module, batch, device=on, resize=self._planning_batch)
-                    made, reduction = self._plan_exactly(pl_module, request, estimator, loader_batch,
-                                                         self._settable(trainer, pl_module))
-            except EstimateError as err:  # the model or its batch cannot be traced: the message names why
-                raise MisconfigurationException(f"MemoryPlanner: {err}") from err
-            if made.world_size != trainer.world_size:
-                rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "
-                               f"{trainer.world_size}, so its micro-batch runs on {trainer.world_size} with the "
-                               "accumulation recomputed")
-            return made, reduction, None if self._fit.scan is None else dataclasses.replace(self._fit.scan, batch=None)
-
-        made, self._fit.reduction, self._fit.scan = decide_on_rank_zero(trainer, plan)
-        if self._fit.scan is not None:
-            rank_zero_info(f"MemoryPlanner: {self._fit.scan.describe()}")
-        return made
-
-    def _batch_to_plan_for(self, trainer: pl.Trainer) -> Any:
-        """The first batch grown to the declared max_shape, the heaviest batch by the dataset's lengths or of a
-        bounded scan of the train loader (memplan.shapes), or the first."""
-        if self.settings.max_shape is not None:
-            batch = first_train_batch(trainer)
-            try:
-                self._fit.scan = declared(batch, self.batch_size_of(batch), self.settings.max_shape)
-            except ValueError as err:
-                raise MisconfigurationException(str(err)) from None
-            return self._fit.scan.batch
-        if not self.settings.scan_batches:
-            return first_train_batch(trainer)
-        try:
-            self._fit.scan = heaviest(train_loader(trainer), self.batch_size_of, max_batches=self.settings.scan_batches,
-                              seconds=SCAN_SECONDS)
-        except ValueError:  # a batch MemoryPlanner cannot size: the first one, as it comes
-            return first_train_batch(trainer)
-        return self._fit.scan.batch
-
-    def _plan_exactly(self, pl_module: pl.LightningModule, request: PlanRequest, estimator: Estimator,
-                      loader_batch: int, settable: bool) -> tuple[Plan, LossReduction]:
-        """The planner's plan, the loss's reduction recognised from its first trace (no extra trace); and
-        where that plan would split the loader's batch and a split is not exact, the plan at the loader's
-        batch (checkpointing the only lever left), or an error naming why and the argument that allows it."""
-        if self.settings.declared is None and pl_module.automatic_optimization:
-            self._fit.watcher = LossWatcher()
-            estimator = first_call_watched(estimator, self._fit.watcher)
-        try:
-            made = self._plan_with(request, estimator)
-            reduction = self.settings.declared or (self._fit.watcher.reduction() if self._fit.watcher is not None
-                                           else LossReduction(kind="unknown", describe="manual optimization"))
-        finally:
-            self._fit.watcher = None
-        exactness = decide(reduction, pl_module, exact=self.settings.exact, manual=not pl_module.automatic_optimization)
-        keeps_loader = not exactness.can_rewrite or not settable
-        if made.micro_batch_size >= loader_batch or exactness.can_split or not keeps_loader \
-                or request.global_batch_size % loader_batch:
-            return made, reduction
-        try:
-            return self._plan_with(dataclasses.replace(request, min_micro_batch_size=loader_batch), estimator), reduction
-        except NoFit as err:
-            raise MisconfigurationException(
-                f"MemoryPlanner: nothing fits a loaded batch of {loader_batch} per rank whole (activation "
-                f"checkpointing included where allowed), and running it as smaller chunks would change what training "
-                f"computes: {exactness.no_split}. ({err})") from None
-
-    def _recognise(self, pl_module: pl.LightningModule, batch: Any) -> LossReduction:
-        """The loss's reduction from a trace of its own (a plan given, a resumed fit, FSDP's planning in a
-        process of its own): one estimate at up to 2 samples, under a LossWatcher."""
-        if self.settings.declared is not None:
-            return self.settings.declared
-        if not pl_module.automatic_optimization:
-            return LossReduction(kind="unknown", describe="manual optimization")
-        from memplan.estimator import estimate
-
-        try:
-            size = min(2, self.batch_size_of(batch))
-            small = self._planning_batch(batch, size)
-        except ValueError as err:  # (a batch MemoryPlanner cannot cut; the layout check names the fix)
-            return LossReduction(kind="unknown", describe=f"the batch cannot be cut to trace its step: {err}")
-        watcher = LossWatcher()
-        watcher.watch(small, size)
-        try:
-            with self._fit.runner.unwrapped() if self._fit.runner is not None else contextlib.nullcontext(), watcher:
-                estimate(pl_module, small, device="cpu")
-        except EstimateError as err:
-            return LossReduction(kind="unknown", describe=f"its training step could not be traced: {err}")
-        return watcher.reduction()
-
-    def _install_runner(self, trainer, pl_module, layout: Layout, checkpointable: bool) -> None:
-        fix = None if self._fit.adjusting else CHUNKS_FIX  # (with adjust, setup checked the Trainer already)
-        if fix is not None:
-            check_can_adjust(trainer, pl_module, fix)
-        check_gradient_hooks(pl_module, fix or ADJUST_FIX)
-        fsdp = sharded.is_sharded(trainer.strategy)
-        blocker = check_guard(trainer, self.settings.guard) if not fsdp else None
-        if blocker is not None and self._fit.adjusting:
-            rank_zero_warn(f"MemoryPlanner: backwards are not guarded under {blocker}; an OOM in a backward is not "
-                           "retried (forwards still are), and a batch split into micro-batches holds that copy too")
-        self._fit.runner = MicroBatchRunner(
-            trainer, pl_module, layout=layout, can_checkpoint=checkpointable and self._fit.adjusting,
-            retry=self._fit.adjusting and not fsdp, can_guard=blocker is None and not fsdp,
-            enable_checkpointing=lambda: enable_checkpointing(pl_module),
-            on_retry=lambda retry: self._record_retry(trainer, retry),
-            out_of_memory=lambda message, size: self._out_of_memory(trainer, message, size),
-            exactness=lambda batch: self._exactness(pl_module, batch), size_of=self.batch_size_of,
-            split=self.split_batch, on_first_split=lambda size, chunk: self._warn_split(pl_module, size, chunk),
-            sharded_sync_off=sharded.gradient_sync_off(trainer.strategy, pl_module) if fsdp else None,
-            planned_load_per_sample=self._fit.scan.load_per_sample if self._fit.scan is not None else None,
-        )
-        self._fit.runner.install()
-
-    def _check_first_batch(self, trainer: pl.Trainer, batch: Any) -> None:
-        """The first batch tells whether the loader yields the batch size the layout has: a loader
-        that does not read the batch-size attribute keeps its own, and the chunks follow it."""
-        if self._fit.first_batch_seen or self.layout is None:
-            return
-        self._fit.first_batch_seen = True
-        try:
-            size = self.batch_size_of(batch)
-        except ValueError as err:
-            self._unsplittable(err)
-            return
-        if size == self.layout.loader_batch_size:
-            return
-        before = self.layout
-        self.layout = before.with_loader_batch(size)
-        clamped = (f"; the planned micro-batch of {before.micro_batch_size} is clamped to it"
-                   if before.micro_batch_size > size else "")
-        why = (f"a dataset of fewer samples than the batch, or a loader that does not read `{self.settings.batch_arg_name}`"
-               if size < before.loader_batch_size else f"it does not read `{self.settings.batch_arg_name}`")
-        rank_zero_warn(f"MemoryPlanner: the train loader yields {size} samples per batch, not the "
-                       f"{before.loader_batch_size} of the layout ({why}){clamped}; micro-batches are cut from its "
-                       f"{size}, and the global batch is {self.layout.global_batch_size}")
-        if self._fit.runner is not None:
-            self._fit.runner.loader_batch_size = size
-            self._fit.runner.micro_batch_size = min(self._fit.runner.micro_batch_size, size)
-        if self._fit.adjuster is not None:  # growth stops at the batch the loader yields
-            self._fit.adjuster.planned_micro_batch_size = min(self._fit.adjuster.planned_micro_batch_size, size)
-            self._fit.adjuster.loader_batch_size = size
-        self._fit.log.write("loader", trainer.global_step, layout=self.layout.to_dict())
-
-    def _unsplittable(self, err: ValueError) -> None:
-        """A batch MemoryPlanner cannot split: refused where the layout splits it, else a warning
-        that an OOM cannot be retried smaller."""
-        fix = "or override MemoryPlanner.batch_size_of and split_batch (subclass MemoryPlanner)"
-        if self.layout.chunks > 1:
-            raise MisconfigurationException(
-                f"MemoryPlanner runs each loaded batch of {self.layout.loader_batch_size} as chunks of "
-                f"{self.layout.micro_batch_size}, and cannot split this one: {err}. Give the loader the batch-size "
-                f"attribute MemoryPlanner sets (batch_arg_name={self.settings.batch_arg_name!r}), {fix}") from None
-        if self._fit.runner is not None:
-            rank_zero_warn(f"MemoryPlanner cannot split this train batch, so an OOM in it is not retried smaller: "
-                           f"{err}")
-
-    def _warn_split(self, pl_module: pl.LightningModule, size: int, chunk: int) -> None:
-        """Once, on the rank that first splits a batch: what splitting does not keep exact."""
-        warnings.warn(f"MemoryPlanner: a batch of {size} samples runs as chunks of {chunk} from now on (rank "
-                      f"{pl_module.global_rank}). {split_caveats(pl_module, self._exactness(pl_module, None))}",
-                      stacklevel=2)
-
-    # --- watch and adjust --------------------------------------------------------------------
-    def _maybe_check(self, trainer: pl.Trainer, batch: Any = None) -> None:
-        """A reading every `every` steps, then a shared decision; recorded only: the first step, the
-        step after a change, and each step Lightning writes a logger row (so every row has fresh
-        figures). Every rank takes the same branch: the gather is a collective."""
-        step = trainer.global_step
-        if step == self._fit.last_step or self.layout is None:
-            return
-        due = step % self._fit.every == 0
-        row = self._fit.has_loggers and lightning_writes_row(trainer, self._fit.row_step())
-        if not (due or row or self._fit.record_next):
-            return
-        self._fit.last_step, self._fit.record_next = step, False
-        statuses = gather_statuses(trainer.strategy, self._status(trainer), trainer.world_size)
-        self._record_sample(trainer, statuses[trainer.global_rank])
-        if row:  # into Lightning's own row for this step (its loggers write from rank 0, which has all ranks)
-            predicted = None if self.plan is None else self.plan.predicted_peak_bytes
-            on_gpu = trainer.strategy.root_device.type == "cuda"
-            self._fit.rows.add(logger_metrics(statuses, self.layout, predicted, on_gpu), self._fit.row_step(), trainer.loggers)
-        if not self._fit.adjusting:
-            return
-        if not due:  # a reading between decisions still tells whether this layout fits
-            self._update_guard(statuses[trainer.global_rank])
-            return
-        self._fit.batch_now = batch  # (for a first decision whether a split is exact; not kept past the check)
-        try:
-            change = self._fit.adjuster.decide(statuses, self.layout.micro_batch_size, self.layout.gradient_checkpointing)
-        finally:
-            self._fit.batch_now = None
-        if change is not None:
-            self._apply_change(trainer, change)  # guards every rank: the new layout is untried
-        else:
-            self._update_guard(statuses[trainer.global_rank])
-
-    def _update_guard(self, status: RankStatus) -> None:
-        """Unguard this rank's backwards once a reading at the current layout shows the margin free
-        and no OOM since the last check: those steps fit, and steps of the same shapes will. A change
-        of layout guards it again (set_layout), as does an OOM (memplan.callback.chunking)."""
-        retried = status.oom_retries > self._fit.oom_retries_seen
-        self._fit.oom_retries_seen = status.oom_retries
-        self._fit.runner.guarded = self.settings.guard == "always" or retried or not self._fit.adjuster.has_margin(status.reading)
-
-    def _status(self, trainer: pl.Trainer) -> RankStatus:
-        return dataclasses.replace(self._status_without_reading(trainer),
-                                   reading=readings.read_memory(trainer.strategy.root_device))
-
-    def _status_without_reading(self, trainer: pl.Trainer) -> RankStatus:
-        runner, layout = self._fit.runner, self.layout
-        return RankStatus(
-            rank=trainer.global_rank, reading=readings.MemoryReading(),
-            micro_batch_size=runner.micro_batch_size if runner else layout.micro_batch_size,
-            gradient_checkpointing=runner.gradient_checkpointing if runner else layout.gradient_checkpointing,
-            oom_retries=runner.oom_retries if runner else 0,
-            oom_micro_batch_size=runner.oom_micro_batch_size if runner else None,
-        )
-
-    def _record_sample(self, trainer: pl.Trainer, status: RankStatus) -> None:
-        reading = status.reading
-        self._fit.sampled = True
-        peak = reading.process_bytes if reading.process_peak_bytes is None else reading.process_peak_bytes
-        if peak is not None:
-            self._fit.peak_process_bytes = max(peak, self._fit.peak_process_bytes or 0)
-        if reading.headroom_bytes is not None:
-            low = self._fit.min_headroom_bytes
-            self._fit.min_headroom_bytes = reading.headroom_bytes if low is None else min(low, reading.headroom_bytes)
-        self._fit.log.write("sample", trainer.global_step, **reading.to_dict(), **self._runs_as(status))
-
-    def _runs_as(self, status: RankStatus) -> dict[str, Any]:
-        layout = self.layout.with_micro_batch(status.micro_batch_size, status.gradient_checkpointing)
-        return {"micro_batch_size": layout.micro_batch_size, "loader_batch_size": layout.loader_batch_size,
-                "accumulate_grad_batches": layout.micro_batches_per_step,
-                "trainer_accumulate_grad_batches": layout.accumulate_grad_batches,
-                "gradient_checkpointing": layout.gradient_checkpointing,
-                "global_batch_size": layout.global_batch_size, "oom_retries": status.oom_retries,
-                "guarded": self._fit.runner.guarded if self._fit.runner is not None else None}
-
-    def _apply_change(self, trainer: pl.Trainer, change: Change) -> None:
-        before = self.layout
-        self.layout = before.with_micro_batch(change.micro_batch_size, change.gradient_checkpointing)
-        self._fit.runner.set_layout(change.micro_batch_size, change.gradient_checkpointing)
-        record = self._fit.log.write("change", trainer.global_step, cause=change.cause, ranks=list(change.ranks),
-                                 reason=change.reason, before=before.to_dict(), after=self.layout.to_dict())
-        self.changes.append(record)
-        if self.layout.gradient_checkpointing and not before.gradient_checkpointing:
-            self.rewrites.append(checkpointing_rewrite(trainer.global_step, change.reason))
-            rank_zero_warn(f"MemoryPlanner changes {self.rewrites[-1].describe()}")
-        self._fit.record_next = True  # the new layout's first step is recorded
-        rank_zero_info(f"MemoryPlanner at step {trainer.global_step}: {change.reason}; now {self.layout.describe()}")
-
-    def _record_retry(self, trainer: pl.Trainer, retry: OomRetry) -> None:
-        reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
-        self._fit.log.write("oom_retry", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
-                        phase=retry.phase, failed_micro_batch_size=retry.failed_micro_batch_size,
-                        micro_batch_size=retry.micro_batch_size, gradient_checkpointing=retry.gradient_checkpointing,
-                        error=retry.message, **reading.to_dict())
-        log.warning("MemoryPlanner: rank %d ran out of memory at step %d in a %s of %d samples; retrying the same "
-                    "samples with micro-batch %d%s", trainer.global_rank, trainer.global_step, retry.phase,
-                    retry.failed_micro_batch_size, retry.micro_batch_size,
-                    " and checkpointing" if retry.gradient_checkpointing else "")
-
-    def _out_of_memory(self, trainer: pl.Trainer, message: str, size: int) -> NothingFitsError:
-        reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
-        checkpointing = self._fit.runner is not None and self._fit.runner.gradient_checkpointing
-        self._fit.log.write("fatal", trainer.global_step, batch=trainer.fit_loop.epoch_loop.batch_idx,
-                        micro_batch_size=size, gradient_checkpointing=checkpointing, error=message,
-                        **reading.to_dict())
-        return NothingFitsError(
-            f"MemoryPlanner: rank {trainer.global_rank} ran out of memory at step {trainer.global_step} (batch "
-            f"{trainer.fit_loop.epoch_loop.batch_idx}) with micro-batch {size}"
-            f"{' and activation checkpointing on' if checkpointing else ''}, and "
-            f"{'nothing smaller fits' if self.exactness is None or self.exactness.can_split else 'MemoryPlanner does not run it smaller: ' + self.exactness.no_split}. "
-            f"{reading.describe()}. Use GPUs with more memory, more of them, a lower precision or shorter "
-            f"samples. torch: {message}"
-        )
-
-    def _record_exception(self, trainer: pl.Trainer, exception: BaseException) -> None:
-        """An OOM MemoryPlanner did not raise itself happened outside the chunks it retries: log it,
-        with the rank, the step and the memory figures. Then take the training_step wrapper off, as
-        teardown would (Lightning skips it after an error)."""
-        if self._fit is None:  # (before setup: nothing of this fit to record)
-            return
-        if self._fit.log is not None and isinstance(exception, torch.OutOfMemoryError) \
-                and not isinstance(exception, NothingFitsError):
-            reading = readings.read_memory(trainer.strategy.root_device, new_interval=False)
-            site = oom_site(trainer, exception, lightning_backward=self._fit.runner is not None
-                            and self._fit.runner.lightning_backward)
-            self._fit.log.write("fatal", trainer.global_step, error=str(exception), where=site.where, fix=site.fix,
-                                **reading.to_dict())
-            log.error("MemoryPlanner: rank %d ran out of memory at step %d, %s, where MemoryPlanner does not retry. "
-                      "%s. What can help: %s.", trainer.global_rank, trainer.global_step, site.where,
-                      reading.describe(), site.fix)
-        self._close(f"failed: {type(exception).__name__}: {str(exception)[:200]}")
-
     # --- end of fit --------------------------------------------------------------------------
-    def _finish(self, trainer: pl.Trainer) -> None:
-        """The last step's reading, when no check took it (every rank: a collective), then the summary."""
-        if self.layout is None:
-            return
-        if trainer.global_step != self._fit.last_step or not self._fit.sampled:
-            self._fit.last_step = trainer.global_step
-            statuses = gather_statuses(trainer.strategy, self._status(trainer), trainer.world_size)
-            self._record_sample(trainer, statuses[trainer.global_rank])
-        self._summarize(trainer)
-
-    def _summarize(self, trainer: pl.Trainer) -> None:
-        """Every rank's peak, least headroom and how it ran at the end, gathered, printed on rank 0."""
-        if self.layout is None:
-            return
-        status = self._status_without_reading(trainer)
-        mine = [-1 if self._fit.peak_process_bytes is None else self._fit.peak_process_bytes,
-                -1 if self._fit.min_headroom_bytes is None else self._fit.min_headroom_bytes,
-                status.micro_batch_size, status.gradient_checkpointing, status.oom_retries, self._fit.log.dropped]
-        rows = gather_rows(trainer.strategy, [float(v) for v in mine], trainer.world_size)
-        self._fit.log.write("summary", trainer.global_step, peak_process_bytes=self._fit.peak_process_bytes,
-                        min_headroom_bytes=self._fit.min_headroom_bytes, oom_retries=status.oom_retries,
-                        heavier_batches=self._fit.runner.heavier_batches if self._fit.runner is not None else 0,
-                        dropped_lines=self._fit.log.dropped, layout=self.layout.to_dict())
-        lines = []
-        for rank, (peak, low, micro, checkpointing, ooms, dropped) in enumerate(rows):
-            runs = self.layout.with_micro_batch(int(micro), bool(checkpointing))
-            lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low),
-                                      runs.micro_batch_size, runs.micro_batches_per_step, runs.gradient_checkpointing,
-                                      int(ooms), int(dropped)))
-        rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines + summary_lines(self.rewrites, self._fit.mismatches)))
-
-    def _close(self, status: str) -> None:
-        if self._fit is None:
-            return
-        if self._fit.apply_record is not None and self._fit.log is not None:  # ended before training started
-            self._fit.log.write("apply", self._fit.last_step, **self._fit.apply_record)
-            self._fit.apply_record = None
-        self._fit.rows.remove()
-        if self._fit.runner is not None:
-            self._fit.runner.remove()
-            self._fit.runner = None
-        if self._fit.log is not None:
-            rank_log, self._fit.log = self._fit.log, None
-            rank_log.write("end", self._fit.last_step, status=status, dropped_lines=rank_log.dropped)
-            rank_log.close()
-            if rank_log.dropped:
-                warnings.warn(f"MemoryPlanner: rank {rank_log.rank} could not write {rank_log.dropped} of "
-                              f"{rank_log.dropped + rank_log.written} lines of its log {rank_log.path}", stacklevel=2)
-
-    def _state_dict(self) -> dict[str, Any]:
-        if self.layout is None or self._fit is None:
-            return {}
-        state = {**self.layout.to_dict(), "planned_micro_batch_size": self._fit.planned_micro_batch_size}
-        if self._fit.adjuster is not None:
-            state.update(self._fit.adjuster.state_dict())
-        return state
