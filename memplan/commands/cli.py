@@ -111,9 +111,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))
     else:
-        from rich.console import Console
+        from memplan.commands.output import console as output_console
 
-        Console().print(est)
+        output_console().print(est)
     return EXIT_OK
 
 
@@ -131,9 +131,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(devices_dict(gpus, host), indent=2))
     else:
-        from rich.console import Console
+        from memplan.commands.output import console as output_console
 
-        Console().print(devices_table(gpus, host))
+        output_console().print(devices_table(gpus, host))
     return EXIT_OK
 
 
@@ -156,7 +156,7 @@ def _add_run_choice(p) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from memplan.commands.output import console as output_console
 
     from memplan.commands.report import output_path, plot, summary_renderables
     from memplan.commands.run_logs import NoRankLogs, load_run
@@ -169,7 +169,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         path, note = output_path(args.output, args.log_dir)
     except OSError as err:
         return _usage_error(str(err))
-    console = Console()
+    console = output_console()
     for renderable in summary_renderables(logs):
         console.print(renderable)
     if note:
@@ -203,7 +203,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         return _watch_plain(args, watcher, waiting)
     import time
 
-    from rich.console import Console
+    from memplan.commands.output import console as output_console
     from rich.live import Live
     from rich.markup import escape
 
@@ -222,7 +222,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     except NoRankLogs as err:
         return _usage_error(str(err))
     if args.once:
-        Console().print(first)
+        output_console().print(first)
         return EXIT_OK
     try:
         with _sigterm_ends_watch(), Live(first, refresh_per_second=4) as live:
@@ -521,11 +521,11 @@ def cmd_suggest(args: argparse.Namespace) -> int:
             print(f"memplan: note: the plan uses {plan.gpus_per_node} of the {args.gpus} GPUs per node --gpus gives. "
                   f"{why}", file=sys.stderr)
     else:
-        from rich.console import Console
+        from memplan.commands.output import console as output_console
 
         from memplan.commands.plan_table import render_plan
 
-        Console().print(render_plan(plan, loaded))
+        output_console().print(render_plan(plan, loaded))
     if args.output:
         write_output(loaded, plan, args.output, force=args.force, stream=sys.stderr if args.json else sys.stdout)
     return EXIT_OK

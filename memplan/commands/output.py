@@ -6,8 +6,26 @@ import importlib.util
 import os
 import shlex
 from pathlib import Path
+from typing import Any
 
 from memplan.commands.args import UsageError
+
+
+PIPED_WIDTH = 240
+"""Columns a table may take when output is piped or redirected (there is no terminal width to fit)."""
+
+
+def console() -> Any:
+    """The rich Console a command prints through: on a terminal, rich's own (fitted to its width); piped or
+    redirected, lines are not wrapped (a sentence stays on one line for grep and for a log file) and tables
+    are laid out up to PIPED_WIDTH columns instead of rich's 80."""
+    import sys
+
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console()
+    return Console(soft_wrap=True, width=PIPED_WIDTH)
 
 
 def check_output(output: str, config: str, *, force: bool) -> None:

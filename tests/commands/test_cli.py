@@ -53,7 +53,7 @@ def test_suggest_output_writes_a_planned_config_and_the_plan(capsys, tmp_path):
     assert planned["trainer"]["precision"] == plan.precision == "16-mixed"  # V100: no bf16
     assert planned["trainer"]["accumulate_grad_batches"] == plan.accumulate_grad_batches
     assert planned["data"]["init_args"]["batch_size"] == plan.micro_batch_size
-    assert "torchrun --nproc-per-node=2" in out
+    assert "-m torch.distributed.run --nproc-per-node=2" in out and " -m memplan.train fit --config " in out
     assert "Changes to" in out and "trainer.accumulate_grad_batches" in out  # the before -> after table
 
     code, _, err = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, *big, "--output", str(out_path))
@@ -113,7 +113,7 @@ def test_suggest_json_with_output_keeps_stdout_pure_json(capsys, tmp_path):
     code, out, err = run(capsys, "suggest", "--gpu", "A100-80GB", MLP, "--json", "--output", str(tmp_path / "p.yaml"))
     assert code == 0
     assert json.loads(out)["world_size"] >= 1
-    assert "launch with: torchrun" in err
+    assert "launch with: " in err and "-m torch.distributed.run" in err
 
 
 def test_fewer_gpus_than_given_is_never_silent(capsys):
