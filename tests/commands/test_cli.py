@@ -144,3 +144,13 @@ def test_estimate_passes_the_loop_and_the_data_dependent_policy_to_the_trace(cap
     code, out, _ = run(capsys, "estimate", "--demo", "mlp", "--batch-size", "2", "--device", "cpu", *flags)
     assert code == 0 and "peak" in out.lower()
     assert (seen["loop"], seen["data_dependent"]) == expected
+
+
+def test_piped_output_keeps_each_sentence_on_one_line(capsys):
+    # stdout here is not a terminal (as with `| tee plan.txt` or `> plan.txt`): rich wrapped it at 80 columns,
+    # mid-sentence; now each reason is one line, whole
+    code, out, _ = run(capsys, "suggest", "--gpu-memory", "24GiB", MLP)
+    assert code == 0
+    why = next(line for line in out.splitlines() if line.startswith("Why: "))
+    assert len(why) > 200 and why.rstrip().endswith(".")
+    assert all(len(line) <= 240 for line in out.splitlines() if line.startswith(("┃", "│", "┏", "└")))
