@@ -1,0 +1,122 @@
+"""The log reader's fast path: `sample` lines checked and taken apart by one regular expression per
+chunk, with no JSON object built for them.
+
+A rank log is almost all `sample` records, each written by the same code with the same keys in the
+same order (memplan.callback.runlog.RankLog.write). The first one parsed the slow way gives the
+shape: a pattern of that exact line, key by key, that admits only what json.loads would read to the
+same values and what memplan.commands.log_reader's checks would accept (byte figures within +-1 PiB,
+a step up to 10^12, a time from 1970 to 5138, no nested value, no escape in a string, bounded
+lengths). A line that does not match is read the slow way, so the fast path changes no result; it
+only skips building ~20-key dicts for a million lines, and decodes none of them until shown.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memplan.callback.runlog import DICT_FIELDS
+
+FIGURES = ("step", "time", "process_bytes", "reserved_bytes", "peak_bytes", "headroom_bytes", "device_total_bytes")
+"""The values a shape's pattern captures, in this order: all RankHistory.add_samples folds."""
+MAX_KEYS = 64
+"""A record with more keys is read the slow way (a shape's lines stay far below MAX_LINE_BYTES)."""
+
+_INT = rb"-?(?:0|[1-9]\d{0,99})"  # (json.loads refuses ints past 4300 digits: bounded well below)
+_NUMBER = rb"-?(?:0|[1-9]\d{0,99})(?:\.\d{1,100})?(?:[eE][-+]?\d{1,3})?"
+_STRING = rb'"[ !#-\[\]-~]{0,4096}"'  # printable ASCII, no quote, no backslash: the text json.loads gives
+_SCALAR = rb"(?:" + _NUMBER + rb"|" + _STRING + rb"|true|false|null)"
+_BYTES = rb"(?:null|0|[1-9]\d{0,14})"  # < 10^15 < 1 PiB (log_reader.MAX_LOGGED_BYTES)
+_SIGNED_BYTES = rb"(?:null|-?(?:0|[1-9]\d{0,14}))"  # headroom may be negative
+_STEP = rb"(?:0|[1-9]\d{0,11})"  # < 10^12 (log_reader.MAX_STEP)
+_TIME = rb"(?:0|[1-9]\d{0,10})(?:\.\d{1,9})?"  # 0 <= time < 10^11
+_KEY = re.compile(r"[ !#-\[\]-~]{1,200}")
+
+
+@dataclass(frozen=True)
+class SampleShape:
+    """One layout of `sample` lines: its keys in order, its run id, and the pattern of a chunk's lines
+    (one match a line: the FIGURES of a line of this shape, or all empty for any other line)."""
+
+    signature: tuple[Any, ...]
+    run: str
+    pattern: re.Pattern[bytes]
+    order: tuple[int, ...]
+    """Where each of FIGURES is among a match's groups."""
+
+    def matches(self, data: bytes, end: int, lines: int) -> list[tuple[bytes, ...]] | None:
+        """One tuple of groups per line of data[:end] (`lines` lines without their newline, joined by
+        b"\\n"): all empty for a line of another shape. None if the lines and matches do not pair up."""
+        found = self.pattern.findall(data, 0, end)
+        return found if len(found) == lines else None
+
+    def figures(self, rows: list[tuple[bytes, ...]]) -> list[tuple[bytes, ...]]:
+        """The FIGURES of matched `rows` as columns, in FIGURES' order."""
+        columns = list(zip(*rows))
+        return [columns[i] for i in self.order]
+
+
+_SHAPES: dict[tuple[Any, ...], SampleShape | None] = {}
+
+
+def sample_shape(record: dict[str, Any]) -> SampleShape | None:
+    """The shape of `record`'s line (a `sample` record that passed the slow path's checks), or None
+    where its lines cannot take the fast path (a nested value, no time, a key with odd characters)."""
+    keys = tuple(record)
+    run = record.get("run")
+    types = tuple(type(v).__name__ for v in record.values())
+    signature = (keys, types, run)
+    if signature in _SHAPES:
+        return _SHAPES[signature]
+    if len(_SHAPES) > 256:
+        _SHAPES.clear()
+    _SHAPES[signature] = shape = _build(record, signature)
+    return shape
+
+
+def _build(record: dict[str, Any], signature: tuple[Any, ...]) -> SampleShape | None:
+    run = record.get("run")
+    if record.get("event") != "sample" or type(run) is not str or "time" not in record or len(record) > MAX_KEYS:
+        return None
+    if not all(f in record for f in FIGURES[2:]):
+        return None
+    parts = []
+    for key, value in record.items():
+        if not _KEY.fullmatch(key):
+            return None
+        name = json.dumps(key).encode() + b": "
+        if key == "event":
+            parts.append(name + b'"sample"')
+        elif key == "run":
+            if not re.fullmatch(_STRING, json.dumps(run).encode()):
+                return None
+            parts.append(name + re.escape(json.dumps(run).encode()))
+        elif key in FIGURES:
+            kind = {"step": _STEP, "time": _TIME, "headroom_bytes": _SIGNED_BYTES}.get(key, _BYTES)
+            parts.append(name + b"(" + kind + b")")
+        elif key[-6:] == "_bytes":
+            parts.append(name + (_SIGNED_BYTES if key[-14:] == "headroom_bytes" else _BYTES))
+        elif key in DICT_FIELDS:
+            parts.append(name + b"null")  # (an object there is not a sample of this shape)
+        elif isinstance(value, (dict, list)):
+            return None
+        else:
+            parts.append(name + _typed(value))
+    line = rb"\{" + rb", ".join(parts) + rb"\}"
+    groups = [k for k in record if k in FIGURES]  # findall gives the groups in the line's order
+    order = tuple(groups.index(f) for f in FIGURES)
+    return SampleShape(signature, run, re.compile(rb"^(?:" + line + rb")$|^.*$", re.M), order)
+
+
+def _typed(value: Any) -> bytes:
+    """A value like the shape's first one (null allowed too), any scalar where it was null."""
+    if type(value) is bool:
+        return rb"(?:true|false|null)"
+    if type(value) is int:
+        return rb"(?:" + _INT + rb"|null)"
+    if type(value) is float:
+        return rb"(?:" + _NUMBER + rb"|null)"
+    if type(value) is str:
+        return rb"(?:" + _STRING + rb"|null)"
+    return _SCALAR
