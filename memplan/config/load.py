@@ -24,6 +24,7 @@ import yaml
 from torch import nn
 
 from memplan.batching import resize_batch
+from memplan.config.blame import blamed
 from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
 from memplan.config.errors import ConfigError
 from memplan.config.sections import check_sections
@@ -220,10 +221,18 @@ class LoadedConfig:
                                   f"model's own sizes) and {fix}") from err
             if message.startswith("model: the callable that builds"):
                 what = message.split("raised ", 1)[-1].split(". Check that calling it", 1)[0]
+                found = blamed(what, self.raw, f"{self.model.class_path}(**init_args) failed: {what}")
+                if found is not None:
+                    raise found from err
                 named = [name for name in self.model.init_args if re.search(rf"\b{re.escape(str(name))}\b", what)]
                 key = f"model.init_args.{named[0]}" if len(named) == 1 else "model.init_args"
                 raise ConfigError(key, f"{key}: {self.model.class_path}(**init_args) failed: {what}; fix {key}"
                                   ) from err
+            if message.startswith("model:"):  # the step failed in the model: on config values that do not fit?
+                what = message.removeprefix("model: ").split(". Check that", 1)[0]
+                found = blamed(what, self.raw, f"{self.model.class_path}'s training step failed: {what}")
+                if found is not None:
+                    raise found from err
             raise
 
     @property
