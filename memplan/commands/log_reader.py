@@ -81,12 +81,13 @@ class FolderReader:
         self.unreadable: dict[str, str] = {}
         self.ignored: dict[str, str] = {}
 
-    def update(self, on_record: Callable[[int, dict[str, Any]], None] | None = None) -> None:
+    def update(self, on_record: Callable[[int, dict[str, Any]], None] | None = None, *,
+               meanwhile: Callable[[], None] | None = None) -> None:
         """Read what was appended to each rank log since the last update; `on_record(rank, record)` sees
-        each new record."""
+        each new record. `meanwhile` is called once here, while worker processes read, where they do."""
         self.unreadable = {}
         paths = sorted(self.folder.glob(LOG_GLOB))
-        if not self.files and on_record is None and self._read_in_parallel(paths):
+        if not self.files and on_record is None and self._read_in_parallel(paths, meanwhile):
             return
         self._update(paths, on_record)
 
@@ -123,7 +124,7 @@ class FolderReader:
                 if fd >= 0:
                     os.close(fd)
 
-    def _read_in_parallel(self, paths: list[Path]) -> bool:
+    def _read_in_parallel(self, paths: list[Path], meanwhile: Callable[[], None] | None = None) -> bool:
         """The first read of a large folder, one process per rank log (up to the CPUs): each folds its
         file, the folded histories (small) come back. False where it does not pay or cannot run."""
         ranked = [p for p in paths if rank_of(p) is not None]
@@ -131,7 +132,8 @@ class FolderReader:
             size = sum(p.stat().st_size for p in ranked)
         except OSError:
             return False
-        workers = min(len(ranked), os.cpu_count() or 1)
+        affinity = getattr(os, "sched_getaffinity", None)  # the CPUs this process may use (taskset, cpusets)
+        workers = min(len(ranked), len(affinity(0)) if affinity is not None else os.cpu_count() or 1)
         if workers < 2 or size < PARALLEL_MIN_BYTES:
             return False
         import multiprocessing
@@ -142,7 +144,10 @@ class FolderReader:
         except ValueError:  # no fork here (Windows): one process reads them all
             return False
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            parts = list(pool.map(_read_one, [self.folder] * len(paths), [[p] for p in paths]))
+            results = pool.map(_read_one, [self.folder] * len(paths), [[p] for p in paths])  # (workers forked now)
+            if meanwhile is not None:
+                meanwhile()
+            parts = list(results)
         for part in parts:
             for run, state in part.runs.items():
                 mine = self.runs.get(run)

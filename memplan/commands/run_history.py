@@ -14,9 +14,9 @@ from operator import add, sub
 from pathlib import Path
 from typing import Any
 
-PLOT_POINTS = 2048
-"""Samples kept per rank for the plot: every k-th, k doubling as the run grows (the figures in the
-summary are taken from every sample)."""
+PLOT_POINTS = 1024
+"""Samples kept per rank for the plot (1024 to 2048): every k-th, k doubling as the run grows. The PNG
+is ~1200 pixels wide, so more would not show (the figures in the summary are taken from every sample)."""
 EVENTS_KEPT = 256
 """Records of one kind (changes, OOM retries, ...) kept per rank; past it they are counted, and the
 latest replaces the last one kept."""
@@ -166,12 +166,12 @@ class RankHistory:
         if NULL in process or NULL in reserved or NULL in peak:
             highest = max((p for p in map(_peak, *(_ints(c) for c in (process, reserved, peak))) if p is not None),
                           default=None)
-        else:
-            k = list(map(int, peak))
-            highest = max(map(add, map(int, process), map(max, [0] * len(k), map(sub, k, map(int, reserved)))))
+        else:  # process + max(0, peak - reserved) is max(process, process + peak - reserved): no call a line
+            p = list(map(int, process))
+            highest = max(max(p), max(map(add, p, map(sub, map(int, peak), map(int, reserved)))))
         lowest = min(_ints(headroom, skip_null=True), default=None)
         self._fold(highest, lowest)
-        largest = max(_ints(total, skip_null=True), default=None)
+        largest = max(_ints(tuple(set(total)), skip_null=True), default=None)  # (one total, a million times)
         if largest and (self.device_total_bytes is None or largest > self.device_total_bytes):
             self.device_total_bytes = largest
         self._thin_in(lines)

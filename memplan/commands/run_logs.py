@@ -112,7 +112,8 @@ class RunWatcher:
         self.run = run
         self._reader: FolderReader | None = None
 
-    def logs(self, on_record: Callable[[int, dict[str, Any]], None] | None = None) -> RunLogs:
+    def logs(self, on_record: Callable[[int, dict[str, Any]], None] | None = None, *,
+             meanwhile: Callable[[], None] | None = None) -> RunLogs:
         root, version = self.root, self.version
         versions = log_folders(root)
         if version is not None:
@@ -127,7 +128,7 @@ class RunWatcher:
         if self._reader is None or self._reader.folder != folder:
             self._reader = FolderReader(folder)
         reader = self._reader
-        reader.update(on_record)
+        reader.update(on_record, meanwhile=meanwhile)
         skipped = _merged(reader.skipped, {n: {"unfinished last line": 1} for n in reader.unfinished()})
         runs = reader.run_infos()
         if not runs:
@@ -156,10 +157,11 @@ class RunWatcher:
                        unreadable=dict(reader.unreadable), ignored=dict(reader.ignored))
 
 
-def load_run(directory: str | Path, *, version: int | None = None, run: str | None = None) -> RunLogs:
+def load_run(directory: str | Path, *, version: int | None = None, run: str | None = None,
+             meanwhile: Callable[[], None] | None = None) -> RunLogs:
     """One run's logs: in the folder of `version` (lightning_logs/version_N) or the newest folder,
     the run whose id starts with `run`, or the newest run there."""
-    return RunWatcher(directory, version=version, run=run).logs()
+    return RunWatcher(directory, version=version, run=run).logs(meanwhile=meanwhile)
 
 
 def _merged(a: dict[str, dict[str, int]], b: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:

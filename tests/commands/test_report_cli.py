@@ -414,11 +414,11 @@ def test_a_parallel_first_read_folds_the_same_as_one_process(tmp_path, monkeypat
     (tmp_path / "memplan" / "rank01.jsonl").write_text("")
     one = run_logs.load_run(tmp_path / "memplan")
     monkeypatch.setattr(log_reader, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(log_reader.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(log_reader.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     spread = []
     real = log_reader.FolderReader._read_in_parallel
     monkeypatch.setattr(log_reader.FolderReader, "_read_in_parallel",
-                        lambda self, paths: spread.append(real(self, paths)) or spread[-1])
+                        lambda self, paths, meanwhile=None: spread.append(real(self, paths, meanwhile)) or spread[-1])
     many = run_logs.load_run(tmp_path / "memplan")
     assert spread == [True]
     assert [(h.rank, h.sample_count, h.peak_process_bytes, h.min_headroom_bytes, h.ended, len(h.samples))
