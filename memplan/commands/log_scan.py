@@ -101,8 +101,8 @@ def _build(record: dict[str, Any], signature: tuple[Any, ...]) -> SampleShape | 
             parts.append(name + b"null")  # (an object there is not a sample of this shape)
         elif isinstance(value, (dict, list)):
             return None
-        else:
-            parts.append(name + _typed(value))
+        else:  # this line's own value first (most repeat line after line: a fifth less matching), then any
+            parts.append(name + b"(?:" + re.escape(json.dumps(value).encode()) + b"|" + _typed(value)[3:])
     line = rb"\{" + rb", ".join(parts) + rb"\}"
     groups = [k for k in record if k in FIGURES]  # findall gives the groups in the line's order
     order = tuple(groups.index(f) for f in FIGURES)
@@ -110,7 +110,8 @@ def _build(record: dict[str, Any], signature: tuple[Any, ...]) -> SampleShape | 
 
 
 def _typed(value: Any) -> bytes:
-    """A value like the shape's first one (null allowed too), any scalar where it was null."""
+    """A value like the shape's first one (null allowed too), any scalar where it was null: a
+    non-capturing group, `(?:...)`."""
     if type(value) is bool:
         return rb"(?:true|false|null)"
     if type(value) is int:
