@@ -11,7 +11,6 @@ names them (rank01.jsonl) are named, not read.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -20,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memplan.callback.runlog import DICT_FIELDS, LOG_GLOB
-from memplan.commands.log_scan import SampleShape, sample_shape
+from memplan.callback.runlog import LOG_GLOB
+from memplan.commands.log_scan import BAD, SampleShape, parse_many, parse_one, problem, sample_shape
 from memplan.commands.run_history import RankHistory, RunInfo
 from memplan.files import NotAFile, open_regular
 from memplan.units import format_bytes
@@ -32,10 +31,6 @@ MAX_LINE_BYTES = 1 << 20
 """A log line longer than this is skipped unread (a record is well under 4 KiB)."""
 CHUNK_BYTES = 4 << 20
 """Bytes read from a log file at a time."""
-MAX_STEP = 10**12
-"""A step above this is not a step a run reached: the line is skipped as impossible."""
-MAX_LOGGED_BYTES = 1 << 50
-"""A byte figure beyond +-1 PiB is not a reading: the line is skipped as impossible."""
 PARALLEL_MIN_BYTES = 64 << 20
 """A folder's first read is spread over processes from this many bytes of logs."""
 FAST_PATH = True
@@ -265,17 +260,17 @@ class FolderReader:
             for _ in range(sum(len(line) > MAX_LINE_BYTES for line in lines)):
                 self._skip(name, f"line longer than {format_bytes(MAX_LINE_BYTES)}")
             lines = [line for line in lines if len(line) <= MAX_LINE_BYTES]
-        records = _parse_many(lines)
+        records = parse_many(lines)
         name = state.path.name
         for i, record in enumerate(records):
-            if record is _BAD:
-                record = _parse_one(lines[i])
+            if record is BAD:
+                record = parse_one(lines[i])
                 if isinstance(record, str):
                     self._skip(name, record)
                     continue
-            problem = _problem(record)
-            if problem is not None:
-                self._skip(name, problem)
+            why = problem(record)
+            if why is not None:
+                self._skip(name, why)
                 continue
             run = record.get("run")
             run = run if isinstance(run, str) else NO_RUN_ID
@@ -320,73 +315,6 @@ def _read_one(folder: Path, paths: list[Path]) -> FolderReader:
         for history in state.ranks.values():
             history.decode()  # here, in parallel, rather than where they are shown
     return reader
-
-
-_BAD = object()
-
-
-def _parse_many(lines: list[bytes]) -> list[Any]:
-    """Each line's JSON value, parsed in one call where every line is one object (the common case:
-    about half the cost of a call per line); _BAD marks the lines to parse one by one."""
-    if all(line[:1] == b"{" and line.rstrip()[-1:] == b"}" for line in lines):
-        try:
-            values = json.loads(b"[" + b",".join(lines) + b"]")
-        except (ValueError, RecursionError):
-            values = None
-        if values is not None and len(values) == len(lines) and all(type(v) is dict for v in values):
-            return values
-    return [_BAD] * len(lines)
-
-
-def _parse_one(line: bytes) -> Any:
-    """A line's JSON value, or why it is not one (a str)."""
-    try:
-        return json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError:
-        return "not UTF-8"
-    except (ValueError, RecursionError):  # json.JSONDecodeError, and numbers Python cannot hold
-        return "not JSON"
-
-
-_NAMED: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
-
-
-def _problem(record: Any) -> str | None:
-    """Why a parsed line is not a record memplan can show, or None: runlog.record_problem's schema
-    checks (the same reasons, in one pass, for speed on long logs), then values no run can log: a
-    10^30-byte peak, negative bytes, a step of 10^20, a time before 1970 or after 5138."""
-    if type(record) is not dict:
-        return "not a JSON object"
-    step = record.get("step")
-    if type(step) is not int or step < 0:
-        return "no integer step"
-    if type(record.get("event")) is not str:
-        return "no event"
-    when = record.get("time")
-    if when is not None and type(when) is not float and type(when) is not int:
-        return "time is not a number"
-    keys = tuple(record)
-    named = _NAMED.get(keys)
-    if named is None:  # the byte and object fields of records with these keys (one event's records share them)
-        if len(_NAMED) > 4096:
-            _NAMED.clear()
-        named = _NAMED[keys] = (tuple(k for k in keys if k[-6:] == "_bytes"), tuple(k for k in keys if k in DICT_FIELDS))
-    byte_fields, dict_fields = named
-    for name in byte_fields:
-        value = record[name]
-        if value is not None:
-            if type(value) is not int:
-                return f"{name} is not a byte count"
-            if not (-MAX_LOGGED_BYTES if name[-14:] == "headroom_bytes" else 0) <= value <= MAX_LOGGED_BYTES:
-                return f"impossible {name}"
-    for name in dict_fields:
-        if record[name] is not None and type(record[name]) is not dict:
-            return "a layout or plan field is not an object"
-    if step > MAX_STEP:
-        return "impossible step"
-    if when is not None and not 0 <= when < 1e11:
-        return "impossible time"
-    return None
 
 
 _RANK = re.compile(r"^rank(0|[1-9]\d{0,8})\.jsonl$")

@@ -1,10 +1,11 @@
-"""The log reader's fast path: `sample` lines checked and taken apart by one regular expression per
+"""Log lines into what the reader folds: any line the slow way (json.loads, then the checks a record
+must pass), and `sample` lines on a fast path: checked and taken apart by one regular expression per
 chunk, with no JSON object built for them.
 
 A rank log is almost all `sample` records, each written by the same code with the same keys in the
 same order (memplan.callback.runlog.RankLog.write). The first one parsed the slow way gives the
 shape: a pattern of that exact line, key by key, that admits only what json.loads would read to the
-same values and what memplan.commands.log_reader's checks would accept (byte figures within +-1 PiB,
+same values and what the slow way's checks (`problem`) would accept (byte figures within +-1 PiB,
 a step up to 10^12, a time from 1970 to 5138, no nested value, no escape in a string, bounded
 lengths). A line that does not match is read the slow way, so the fast path changes no result; it
 only skips building ~20-key dicts for a million lines, and decodes none of them until shown.
@@ -18,6 +19,10 @@ from typing import Any
 
 from memplan.callback.runlog import DICT_FIELDS
 
+MAX_STEP = 10**12
+"""A step above this is not a step a run reached: the line is skipped as impossible."""
+MAX_LOGGED_BYTES = 1 << 50
+"""A byte figure beyond +-1 PiB is not a reading: the line is skipped as impossible."""
 FIGURES = ("step", "time", "process_bytes", "reserved_bytes", "peak_bytes", "headroom_bytes", "device_total_bytes")
 """The values a shape's pattern captures, in this order: all RankHistory.add_samples folds."""
 MAX_KEYS = 64
@@ -27,9 +32,9 @@ _INT = rb"-?(?:0|[1-9]\d{0,99})"  # (json.loads refuses ints past 4300 digits: b
 _NUMBER = rb"-?(?:0|[1-9]\d{0,99})(?:\.\d{1,100})?(?:[eE][-+]?\d{1,3})?"
 _STRING = rb'"[ !#-\[\]-~]{0,4096}"'  # printable ASCII, no quote, no backslash: the text json.loads gives
 _SCALAR = rb"(?:" + _NUMBER + rb"|" + _STRING + rb"|true|false|null)"
-_BYTES = rb"(?:null|0|[1-9]\d{0,14})"  # < 10^15 < 1 PiB (log_reader.MAX_LOGGED_BYTES)
+_BYTES = rb"(?:null|0|[1-9]\d{0,14})"  # < 10^15 < 1 PiB (MAX_LOGGED_BYTES)
 _SIGNED_BYTES = rb"(?:null|-?(?:0|[1-9]\d{0,14}))"  # headroom may be negative
-_STEP = rb"(?:0|[1-9]\d{0,11})"  # < 10^12 (log_reader.MAX_STEP)
+_STEP = rb"(?:0|[1-9]\d{0,11})"  # < 10^12 (MAX_STEP)
 _TIME = rb"(?:0|[1-9]\d{0,10})(?:\.\d{1,9})?"  # 0 <= time < 10^11
 _KEY = re.compile(r"[ !#-\[\]-~]{1,200}")
 
@@ -121,3 +126,72 @@ def _typed(value: Any) -> bytes:
     if type(value) is str:
         return rb"(?:" + _STRING + rb"|null)"
     return _SCALAR
+
+
+# --- the slow way: any line ------------------------------------------------------------------------
+BAD = object()
+"""parse_many's mark for a line to parse alone."""
+
+
+def parse_many(lines: list[bytes]) -> list[Any]:
+    """Each line's JSON value, parsed in one call where every line is one object (the common case:
+    about half the cost of a call per line); BAD marks the lines to parse one by one."""
+    if all(line[:1] == b"{" and line.rstrip()[-1:] == b"}" for line in lines):
+        try:
+            values = json.loads(b"[" + b",".join(lines) + b"]")
+        except (ValueError, RecursionError):
+            values = None
+        if values is not None and len(values) == len(lines) and all(type(v) is dict for v in values):
+            return values
+    return [BAD] * len(lines)
+
+
+def parse_one(line: bytes) -> Any:
+    """A line's JSON value, or why it is not one (a str)."""
+    try:
+        return json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "not UTF-8"
+    except (ValueError, RecursionError):  # json.JSONDecodeError, and numbers Python cannot hold
+        return "not JSON"
+
+
+_NAMED: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def problem(record: Any) -> str | None:
+    """Why a parsed line is not a record memplan can show, or None: runlog.record_problem's schema
+    checks (the same reasons, in one pass, for speed on long logs), then values no run can log: a
+    10^30-byte peak, negative bytes, a step of 10^20, a time before 1970 or after 5138."""
+    if type(record) is not dict:
+        return "not a JSON object"
+    step = record.get("step")
+    if type(step) is not int or step < 0:
+        return "no integer step"
+    if type(record.get("event")) is not str:
+        return "no event"
+    when = record.get("time")
+    if when is not None and type(when) is not float and type(when) is not int:
+        return "time is not a number"
+    keys = tuple(record)
+    named = _NAMED.get(keys)
+    if named is None:  # the byte and object fields of records with these keys (one event's records share them)
+        if len(_NAMED) > 4096:
+            _NAMED.clear()
+        named = _NAMED[keys] = (tuple(k for k in keys if k[-6:] == "_bytes"), tuple(k for k in keys if k in DICT_FIELDS))
+    byte_fields, dict_fields = named
+    for name in byte_fields:
+        value = record[name]
+        if value is not None:
+            if type(value) is not int:
+                return f"{name} is not a byte count"
+            if not (-MAX_LOGGED_BYTES if name[-14:] == "headroom_bytes" else 0) <= value <= MAX_LOGGED_BYTES:
+                return f"impossible {name}"
+    for name in dict_fields:
+        if record[name] is not None and type(record[name]) is not dict:
+            return "a layout or plan field is not an object"
+    if step > MAX_STEP:
+        return "impossible step"
+    if when is not None and not 0 <= when < 1e11:
+        return "impossible time"
+    return None

@@ -232,9 +232,9 @@ def test_a_live_watch_waits_for_logs_and_survives_a_bad_line(tmp_path, capsys, m
 
 
 def test_the_readers_fast_check_gives_runlogs_reasons():
-    """run_logs._problem is runlog.record_problem in one pass (plus impossible values): same reasons."""
+    """log_scan.problem is runlog.record_problem in one pass (plus impossible values): same reasons."""
     from memplan.callback.runlog import record_problem
-    from memplan.commands.log_reader import _problem
+    from memplan.commands.log_scan import problem as _problem
 
     good = {"event": "sample", "step": 3, "time": 1.5, "process_bytes": 5, "headroom_bytes": -4, "layout": {}}
     cases = [good, [1], {"event": "x"}, {"event": "x", "step": -1}, {"event": "x", "step": True}, {"step": 1},
