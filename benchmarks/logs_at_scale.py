@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,10 @@ import time
 from pathlib import Path
 
 RANKS = 8
+REFRESHES = 21
+"""Refreshes timed, one line appended before each: the median time and the most bytes read are kept."""
+SHORT_LINES = 10_000
+"""A second, short log: a watch refresh should cost the same on it as on the long one."""
 GiB = 1 << 30
 RUN = "20261125-120000-abcdef"
 LAYOUT = {"loader_batch_size": 8, "micro_batch_size": 8, "accumulate_grad_batches": 1, "world_size": RANKS,
@@ -64,17 +69,21 @@ def generate(folder: Path, lines: int) -> int:
 
 def run_report(folder: Path, png: Path, code: str | None = None) -> dict:
     """`memplan report` in a fresh process (memplan from the checkout `code`, default this one): wall
-    seconds, peak RSS (wait4), exit code."""
+    seconds, CPU seconds (user + system, its worker processes included: what the wall time comes to
+    on an idle machine with as many cores as it uses), peak RSS, exit code."""
     checkout = Path(code or Path(__file__).parents[1]).resolve()
     env = dict(os.environ, PYTHONPATH=str(checkout))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(folder), str(png)], capture_output=True, env=env,
                           cwd=checkout)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # its workers' too (reaped by it)
     err = proc.stderr.decode()
     peaks = [int(line.split()[1]) for line in err.splitlines() if line.startswith("VmHWM:")]
     children = [int(line.split()[1]) for line in err.splitlines() if line.startswith("children_maxrss:")]
-    return {"wall_s": round(wall, 2), "peak_rss_mib": round(peaks[-1] / 1024, 1) if peaks else None,
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "peak_rss_mib": round(peaks[-1] / 1024, 1) if peaks else None,
             "worker_peak_rss_mib": round(children[-1] / 1024, 1) if children and children[-1] else None,
             "exit_code": proc.returncode, "stdout_tail": proc.stdout.decode()[-400:], "stderr_tail": err[-400:]}
 
@@ -97,8 +106,9 @@ sys.exit(code)
 
 
 def watch_refresh(folder: Path) -> dict:
-    """Bytes a `watch` refresh reads: the whole log at its first view, then one appended line."""
-    from memplan.commands import run_logs
+    """Bytes a `watch` refresh reads, and its time: the whole log at its first view, then one appended
+    line at each of REFRESHES refreshes (the median time, the most bytes)."""
+    from memplan.commands import log_reader, run_logs
 
     read = []
     real_pread = os.pread
@@ -108,25 +118,29 @@ def watch_refresh(folder: Path) -> dict:
         read.append(len(data))
         return data
 
-    run_logs.os.pread = counting_pread
+    log_reader.os.pread = counting_pread
     try:
         watcher = run_logs.RunWatcher(folder)
         t0 = time.perf_counter()
         watcher.logs()
         first_s = time.perf_counter() - t0
         first_bytes = sum(state.offset for state in watcher._reader.files.values())  # workers read it, where parallel
-        read.clear()
-        line = json.dumps({"event": "sample", "step": 10**6, "rank": 0, "run": RUN, "time": time.time(),
-                           "process_bytes": GiB}) + "\n"
-        with open(folder / "rank0.jsonl", "a") as f:
-            f.write(line)
-        t0 = time.perf_counter()
-        logs = watcher.logs()
-        refresh_s, refresh_bytes = time.perf_counter() - t0, sum(read)
+        times, sizes = [], []
+        for i in range(REFRESHES):  # one line appended before each refresh
+            line = json.dumps({"event": "sample", "step": 10**6 + i, "rank": 0, "run": RUN, "time": time.time(),
+                               "process_bytes": GiB}) + "\n"
+            with open(folder / "rank0.jsonl", "a") as f:
+                f.write(line)
+            read.clear()
+            t0 = time.perf_counter()
+            logs = watcher.logs()
+            times.append(time.perf_counter() - t0)
+            sizes.append(sum(read))
+        refresh_s, refresh_bytes = sorted(times)[len(times) // 2], max(sizes)
     finally:
-        run_logs.os.pread = real_pread
-    return {"first_view_s": round(first_s, 2), "first_view_bytes": first_bytes, "refresh_s": round(refresh_s, 4),
-            "refresh_bytes": refresh_bytes, "appended_bytes": len(line),
+        log_reader.os.pread = real_pread
+    return {"first_view_s": round(first_s, 2), "first_view_bytes": first_bytes, "refreshes": REFRESHES,
+            "refresh_s": round(refresh_s, 4), "refresh_bytes": refresh_bytes, "appended_bytes": len(line),
             "latest_step_seen": logs.histories[0].last_sample["step"]}
 
 
@@ -144,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         report = run_report(folder, Path(tmp) / "report.png")
         baseline = run_report(folder, Path(tmp) / "baseline.png", args.baseline) if args.baseline else None
         watch = watch_refresh(folder)
+        short = Path(tmp) / "short"
+        generate(short, SHORT_LINES)
+        watch_short = watch_refresh(short)
     result = {"lines": lines, "log_bytes": size, "ranks": RANKS, "report": report, "watch": watch,
+              "watch_on_a_short_log": {"lines": SHORT_LINES, **watch_short},
               **({"baseline": {"checkout": args.baseline, **baseline}} if baseline else {}),
               "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "load_avg_1min": round(os.getloadavg()[0], 2)}

@@ -519,19 +519,53 @@ def test_two_writers_leave_one_writers_pair(tmp_path, monkeypatch):
     assert yaml.safe_load(out.read_text())["trainer"]["devices"] == written.gpus_per_node
 
 
-def test_the_planned_config_finds_its_plan_from_any_directory(tmp_path, monkeypatch):
+def test_the_planned_config_finds_its_plan_from_any_directory_and_after_the_pair_moved(tmp_path, monkeypatch):
     from memplan.callback.apply import load_plan
 
     loaded = load_text(tmp_path, MLP_CONFIG)
     (tmp_path / "runs").mkdir()
     monkeypatch.chdir(tmp_path)
-    write_planned_config(loaded, make_plan(), "runs/planned.yaml", callback=planner_callback(plan_path_for("runs/planned.yaml")))
+    out = "runs/planned.yaml"
+    write_planned_config(loaded, make_plan(), out, callback=planner_callback(plan_path_for(out), config_path=out))
+    entry = yaml.safe_load((tmp_path / "runs" / "planned.yaml").read_text())["trainer"]["callbacks"][-1]
+    assert entry["init_args"]["plan"] == "planned.plan.json"  # relative to the config's folder
+    moved = tmp_path / "moved" / "here"
+    moved.parent.mkdir()
+    (tmp_path / "runs").rename(moved)  # the pair moved together
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)  # training started from another directory
-    entry = yaml.safe_load((tmp_path / "runs" / "planned.yaml").read_text())["trainer"]["callbacks"][-1]
-    assert Path(entry["init_args"]["plan"]).is_absolute()
+    monkeypatch.chdir(elsewhere)  # training started from another directory, as LightningCLI is started
+    monkeypatch.setattr(sys, "argv", ["train.py", "fit", "--config", str(moved / "planned.yaml")])
     assert load_plan(entry["init_args"]["plan"]) == make_plan()
+    monkeypatch.setattr(sys, "argv", ["train.py", "fit", f"--config={moved / 'planned.yaml'}", "--trainer.max_steps=3"])
+    assert load_plan(entry["init_args"]["plan"]) == make_plan()
+
+
+def test_a_plan_named_by_absolute_path_is_still_read(tmp_path, monkeypatch):
+    from memplan.callback.apply import load_plan
+
+    loaded = load_text(tmp_path, MLP_CONFIG)
+    out = tmp_path / "runs" / "planned.yaml"
+    write_planned_config(loaded, make_plan(), out, callback=planner_callback(plan_path_for(out)))
+    entry = yaml.safe_load(out.read_text())["trainer"]["callbacks"][-1]
+    assert Path(entry["init_args"]["plan"]).is_absolute()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["train.py", "fit", "--config", str(tmp_path / "config.yaml")])
+    assert load_plan(entry["init_args"]["plan"]) == make_plan()
+
+
+def test_a_plan_not_beside_its_config_names_where_it_was_looked_for(tmp_path, monkeypatch):
+    from memplan.callback.apply import load_plan
+    from memplan.callback.framework import MisconfigurationException
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "planned.yaml").write_text("trainer: {}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["train.py", "fit", "-c", "a/planned.yaml"])
+    with pytest.raises(MisconfigurationException, match=r"MemoryPlanner\(plan='planned.plan.json'\): no such file "
+                       rf"\(looked for {tmp_path}/a/planned.plan.json and {tmp_path}/planned.plan.json\); a planned "
+                       "config names its plan relative to its own folder: keep the two together"):
+        load_plan("planned.plan.json")
 
 
 def test_write_planned_config_choices(tmp_path, user_module):

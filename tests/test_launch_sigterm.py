@@ -1,6 +1,6 @@
 """SIGTERM to one rank of a 2-process CPU (gloo) run started by launch/torchrun.sh: the whole job ends
 within 30 s, and every rank's memplan log is whole. Lightning's own handler would hang both ranks in a
-broadcast (for the process group's 30-minute timeout); launch/train.py installs
+broadcast (for the process group's 30-minute timeout); memplan.train installs
 memplan.callback.sigterm, which ends the signalled rank at once and lets torchrun stop the other."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """From plan to running job on CPU: memplan suggest --output, then the torchrun command it prints, run
-as printed from another directory, with 2 CPU processes (gloo) on launch/train.py, the MemoryPlanner
+as printed from another directory, with 2 CPU processes (gloo) on memplan.train, the MemoryPlanner
 callback applying the plan."""
 from __future__ import annotations
 

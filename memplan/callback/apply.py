@@ -19,6 +19,7 @@ from torch import nn
 from memplan import compat
 from memplan.callback.framework import COMBINED_LOADERS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
+from memplan.callback.plan_file import find_plan_file
 from memplan.callback.rewrites import checkpointing_is_on
 from memplan.checkpoint_setting import Checkpointing
 from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks, own_checkpointing
@@ -76,17 +77,22 @@ def device_budget(device: torch.device, local_world_size: int) -> DeviceBudget:
 
 
 def load_plan(plan: Plan | str | os.PathLike) -> Plan:
-    """A Plan object as is, or a plan JSON file (`memplan suggest --output plan.json`)."""
+    """A Plan object as is, or a plan JSON file (`memplan suggest --output planned.yaml` writes
+    planned.plan.json beside it): a relative path is looked for beside the config given on the
+    command line first, then in the working directory."""
     if isinstance(plan, Plan):
         return plan
     from memplan.files import PLAN_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
 
     name = f"MemoryPlanner(plan={str(plan)!r}):"
+    path, looked = find_plan_file(plan)  # a relative path: beside the config first (memplan.callback.plan_file)
     try:  # a regular file of a plan's size at most: a FIFO or /dev/zero is refused, not read forever
-        data = json.loads(read_bounded(plan, limit_bytes=PLAN_MAX_BYTES, name=name).decode("utf-8"))
+        data = json.loads(read_bounded(path, limit_bytes=PLAN_MAX_BYTES, name=name).decode("utf-8"))
     except FileNotFoundError:
-        raise MisconfigurationException(f"{name} no such file; write one with "
-                                        "`memplan suggest ... --output plan.json`") from None
+        where = f" (looked for {' and '.join(str(p.absolute()) for p in looked)})" if len(looked) > 1 else ""
+        raise MisconfigurationException(f"{name} no such file{where}; a planned config names its plan relative to "
+                                        "its own folder: keep the two together, or write a plan with "
+                                        "`memplan suggest ... --output planned.yaml`") from None
     except (NotAFile, FileTooLarge) as err:
         raise MisconfigurationException(str(err)) from None
     except json.JSONDecodeError as err:

@@ -319,5 +319,3 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
             if self.settings.strict:
                 raise MisconfigurationException(f"MemoryPlanner(strict=True): {message}")
             rank_zero_warn(f"MemoryPlanner: {message}")
-
-    # --- end of fit --------------------------------------------------------------------------

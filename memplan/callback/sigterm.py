@@ -18,7 +18,7 @@ other worker (SIGTERM, then SIGKILL 30 s later) as soon as one exits with an err
 - a forked child (a DataLoader worker inherits the handler): the signal's default action.
 
 MemoryPlanner installs it at setup in every multi-rank fit, so a training script of your own gets it
-with the callback alone, whatever launched it; launch/train.py installs it too (once is enough: a
+with the callback alone, whatever launched it; memplan.train installs it too (once is enough: a
 second call is a no-op). Without MemoryPlanner, call it after building the Trainer.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def end_rank_on_sigterm(trainer: Any, *, grace_s: int = GRACE_S) -> bool:
         raise ValueError(f"end_rank_on_sigterm: grace_s must be at least 1 second; got {grace_s}")
     connector = getattr(trainer, "_signal_connector", None)
     lightning_handler = getattr(connector, "_sigterm_notifier_fn", None)
-    if isinstance(lightning_handler, _SigtermHandler):  # installed already (launch/train.py, then MemoryPlanner)
+    if isinstance(lightning_handler, _SigtermHandler):  # installed already (memplan.train, then MemoryPlanner)
         return True
     if lightning_handler is None:
         rank_zero_warn("memplan: this Lightning has no `Trainer._signal_connector._sigterm_notifier_fn` "

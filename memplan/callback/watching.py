@@ -193,20 +193,24 @@ class Watching:
         if self.layout is None:
             return
         status = self._status_without_reading(trainer)
+        fallbacks = readings.reading_fallbacks(trainer.strategy.root_device)  # NVML lost mid-run, ...
         mine = [-1 if self._fit.peak_process_bytes is None else self._fit.peak_process_bytes,
                 -1 if self._fit.min_headroom_bytes is None else self._fit.min_headroom_bytes,
-                status.micro_batch_size, status.gradient_checkpointing, status.oom_retries, self._fit.log.dropped]
+                status.micro_batch_size, status.gradient_checkpointing, status.oom_retries, self._fit.log.dropped,
+                readings.fallback_mask(fallbacks)]
         rows = gather_rows(trainer.strategy, [float(v) for v in mine], trainer.world_size)
         self._fit.log.write("summary", trainer.global_step, peak_process_bytes=self._fit.peak_process_bytes,
                         min_headroom_bytes=self._fit.min_headroom_bytes, oom_retries=status.oom_retries,
                         heavier_batches=self._fit.runner.heavier_batches if self._fit.runner is not None else 0,
-                        dropped_lines=self._fit.log.dropped, layout=self.layout.to_dict())
+                        dropped_lines=self._fit.log.dropped, layout=self.layout.to_dict(),
+                        reading_fallbacks=list(fallbacks))
         lines = []
-        for rank, (peak, low, micro, checkpointing, ooms, dropped) in enumerate(rows):
+        for rank, (peak, low, micro, checkpointing, ooms, dropped, _) in enumerate(rows):
             runs = self.layout.with_micro_batch(int(micro), bool(checkpointing))
             lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low),
                                       runs.micro_batch_size, runs.micro_batches_per_step, runs.gradient_checkpointing,
                                       int(ooms), int(dropped)))
+        lines += readings.fallback_lines([int(row[-1]) for row in rows])
         rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines + summary_lines(self.rewrites, self._fit.mismatches)))
 
     def _close(self, status: str) -> None:

@@ -158,11 +158,11 @@ def _add_run_choice(p) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from memplan.commands.output import console as output_console
 
-    from memplan.commands.report import output_path, plot, summary_renderables
+    from memplan.commands.report import output_path, plot, prepare_plot, summary_renderables
     from memplan.commands.run_logs import NoRankLogs, load_run
 
-    try:
-        logs = load_run(args.log_dir, version=args.version, run=args.run_id)
+    try:  # (matplotlib imported while worker processes read a large folder)
+        logs = load_run(args.log_dir, version=args.version, run=args.run_id, meanwhile=prepare_plot)
     except NoRankLogs as err:
         return _usage_error(str(err))
     try:  # before anything prints: a read-only folder is one clear line, not a crash after the summary

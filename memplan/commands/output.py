@@ -59,7 +59,7 @@ def write_output(loaded, plan, output: str, *, force: bool, stream) -> None:
     from memplan.config import plan_path_for, planner_callback, torchrun_command, write_planned_config
 
     has_lightning = importlib.util.find_spec("pytorch_lightning") is not None
-    callback = planner_callback(plan_path_for(output)) if has_lightning else None
+    callback = planner_callback(plan_path_for(output), config_path=output) if has_lightning else None
     try:
         write_planned_config(loaded, plan, output, callback=callback, force=force)
     except FileExistsError:

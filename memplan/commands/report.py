@@ -110,14 +110,20 @@ def _fmt(num_bytes: int | None) -> str:
 
 # --- plot --------------------------------------------------------------------------------------
 
-def plot(histories: list[RankHistory], output: str | Path) -> Path:
-    """A PNG of each rank's process and device memory (GiB) over steps, with the device limit, the
-    plan's budget, the shared changes (vertical lines) and OOM retries / fatal errors (markers)."""
+def prepare_plot() -> None:
+    """Import matplotlib (Agg) ahead of `plot`: half a second, spent while the logs are read."""
     try:
         import matplotlib
     except ImportError as err:  # a declared dependency; only a broken install lands here
         raise ImportError("memplan report draws with matplotlib: pip install 'matplotlib>=3.7'") from err
     matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+
+
+def plot(histories: list[RankHistory], output: str | Path) -> Path:
+    """A PNG of each rank's process and device memory (GiB) over steps, with the device limit, the
+    plan's budget, the shared changes (vertical lines) and OOM retries / fatal errors (markers)."""
+    prepare_plot()
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(11, 6), dpi=110)

@@ -24,8 +24,10 @@ import yaml
 from torch import nn
 
 from memplan.batching import resize_batch
+from memplan.config.blame import blamed
 from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
 from memplan.config.errors import ConfigError
+from memplan.config.sections import check_sections
 from memplan.files import CONFIG_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
 from memplan.config.settings import MAX_PREFETCH_FACTOR, MAX_WORKERS, MemplanSettings, normalize_precision
 from memplan.estimator import EstimateError, MemoryEstimate, estimate
@@ -219,10 +221,18 @@ class LoadedConfig:
                                   f"model's own sizes) and {fix}") from err
             if message.startswith("model: the callable that builds"):
                 what = message.split("raised ", 1)[-1].split(". Check that calling it", 1)[0]
+                found = blamed(what, self.raw, f"{self.model.class_path}(**init_args) failed: {what}")
+                if found is not None:
+                    raise found from err
                 named = [name for name in self.model.init_args if re.search(rf"\b{re.escape(str(name))}\b", what)]
                 key = f"model.init_args.{named[0]}" if len(named) == 1 else "model.init_args"
                 raise ConfigError(key, f"{key}: {self.model.class_path}(**init_args) failed: {what}; fix {key}"
                                   ) from err
+            if message.startswith("model:"):  # the step failed in the model: on config values that do not fit?
+                what = message.removeprefix("model: ").split(". Check that", 1)[0]
+                found = blamed(what, self.raw, f"{self.model.class_path}'s training step failed: {what}")
+                if found is not None:
+                    raise found from err
             raise
 
     @property
@@ -258,7 +268,7 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     raw = _read_yaml(path)
     if overrides:
         raw = _merge(raw, _expand_dotted(overrides))
-    _check_sections(raw)
+    check_sections(raw, path)
     if "model" not in raw:
         raise ConfigError("model", (
             f"{path}: no model: section; memplan reads the YAML you pass to LightningCLI's `fit --config`, "
@@ -311,21 +321,6 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     if optimizer is not None:  # its own checks (a negative lr ...) before any trace: on one parameter
         loaded._build_optimizer([nn.Parameter(torch.zeros(1))])
     return loaded
-
-
-def _check_sections(raw: Mapping[str, Any]) -> None:
-    """A top-level key that misspells a LightningCLI section (`modle:`, `trainr:`) is refused, naming it;
-    other unknown keys may be a LightningCLI subclass's own arguments and are left to it."""
-    for key in raw:
-        if str(key) in _SECTIONS:
-            continue
-        close = difflib.get_close_matches(str(key), _SECTIONS, n=1, cutoff=0.8)  # modle, trainr; not optimizer_config
-        if close:
-            raise ConfigError(str(key), f"{key}: is not a LightningCLI section (did you mean {close[0]!r}?); the "
-                              f"sections are {', '.join(_SECTIONS)}")
-
-
-_SECTIONS = ("seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler", "ckpt_path", "memplan")
 
 
 # --- YAML -------------------------------------------------------------------------------------------

@@ -27,10 +27,15 @@ def plan_path_for(config_path: str | Path) -> Path:
     return Path(config_path).with_suffix(".plan.json")
 
 
-def planner_callback(plan_path: str | Path) -> dict[str, Any]:
+def planner_callback(plan_path: str | Path, *, config_path: str | Path | None = None) -> dict[str, Any]:
     """The trainer.callbacks entry that applies a plan file (checkpointing included) and watches memory.
-    The path is made absolute, so training finds the plan from any working directory."""
-    return {"class_path": PLANNER_CLASS_PATH, "init_args": {"plan": str(Path(plan_path).resolve())}}
+    With `config_path` (the planned config it goes into), the plan is named relative to that config's
+    folder, so the pair can be moved together; MemoryPlanner looks for it beside the config LightningCLI
+    was given (memplan.callback.plan_file), from any working directory. Without, by absolute path."""
+    plan = Path(plan_path).resolve()
+    if config_path is not None:
+        plan = Path(os.path.relpath(plan, Path(config_path).resolve().parent))
+    return {"class_path": PLANNER_CLASS_PATH, "init_args": {"plan": plan.as_posix()}}
 
 
 class OutputExists(FileExistsError):

@@ -94,6 +94,8 @@ class _CudaReader:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.fallbacks: set[str] = set()
+        """The FALLBACKS readings of this device have taken."""
         self.gpu = gpu_for_cuda_index(device.index if device.index is not None else torch.cuda.current_device())
         self.pid = os.getpid()
         self.previous: tuple[int, int] | None = None
@@ -106,6 +108,7 @@ class _CudaReader:
         try:
             stats = torch.cuda.memory_stats(device)  # one call: the counters below, never reset
         except RuntimeError as err:
+            self.fallbacks.add("stats")
             _say_once("stats", "torch.cuda.memory_stats(%s) failed (%s): torch's counters are missing from the "
                       "readings", device, err)
             stats = None
@@ -123,6 +126,7 @@ class _CudaReader:
         if total is not None and total > 0:
             process = process_gpu_bytes(self.pid, self.gpu)
         else:  # no NVML: the driver's free/total through CUDA itself
+            self.fallbacks.add("nvml")
             _say_once("nvml", "NVML gives no memory reading for %s (%s): device figures come from CUDA's "
                       "mem_get_info from now on, and this process's own share is not available", device,
                       nvml_unavailable_reason() or "the query failed")
@@ -130,6 +134,7 @@ class _CudaReader:
                 free, total = (int(v) for v in torch.cuda.mem_get_info(device))
                 used = total - free
             except RuntimeError as err:
+                self.fallbacks.add("cuda")
                 _say_once("cuda", "torch.cuda.mem_get_info(%s) failed too (%s): the device's memory figures are "
                           "missing from the readings", device, err)
                 total = used = None
@@ -140,6 +145,38 @@ class _CudaReader:
             process_bytes=process, device_used_bytes=used, device_total_bytes=total, allocated_bytes=allocated,
             reserved_bytes=reserved, peak_bytes=peak, headroom_bytes=headroom,
         )
+
+
+FALLBACKS = {
+    "nvml": "NVML gave no memory reading, so the device's figures came from CUDA's mem_get_info and this "
+            "process's own share was not available",
+    "cuda": "NVML and CUDA's mem_get_info both failed, so the device's figures were missing",
+    "stats": "torch.cuda.memory_stats failed, so torch's counters were missing",
+}
+"""What a GPU's readings fell back on when a source failed mid-run, by code (the warning says it once
+when it happens; the end-of-fit summary says it again)."""
+
+
+def reading_fallbacks(device: torch.device) -> tuple[str, ...]:
+    """The FALLBACKS codes the readings of `device` have taken in this process (none on CPU)."""
+    reader = _READERS.get(device)
+    taken = reader.fallbacks if isinstance(reader, _CudaReader) else set()
+    return tuple(code for code in FALLBACKS if code in taken)
+
+
+def fallback_mask(codes: tuple[str, ...]) -> int:
+    """`codes` as bits (for the end-of-fit gather of every rank's figures)."""
+    return sum(1 << i for i, code in enumerate(FALLBACKS) if code in codes)
+
+
+def fallback_lines(masks: list[int]) -> list[str]:
+    """The end-of-fit summary's lines for the ranks whose readings fell back: 'ranks 0, 1: NVML gave ...'."""
+    lines = []
+    for i, (code, text) in enumerate(FALLBACKS.items()):
+        ranks = [rank for rank, mask in enumerate(masks) if mask >> i & 1]
+        if ranks:
+            lines.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {text} during this fit")
+    return lines
 
 
 _said: set[str] = set()

@@ -55,6 +55,25 @@ def test_the_step_after_a_change_is_recorded(make_trainer):
     assert after["micro_batch_size"] == 4  # the reading at the new layout
 
 
+def test_readings_that_fell_back_mid_run_are_named_in_the_summary_and_the_log(make_trainer, caplog, monkeypatch):
+    """(On CPU no reading falls back: the codes a GPU's readings would report are given.)"""
+    from memplan.hardware import readings
+
+    planner = MemoryPlanner(make_plan(4, 1))
+    with caplog.at_level(logging.INFO):
+        make_trainer([planner], max_steps=3).fit(Regression())
+    assert "NVML" not in summary(caplog)
+    assert [e["reading_fallbacks"] for e in read_jsonl(planner.log_path) if e["event"] == "summary"] == [[]]
+    caplog.clear()
+    monkeypatch.setattr(readings, "reading_fallbacks", lambda device: ("nvml",))
+    planner = MemoryPlanner(make_plan(4, 1))
+    with caplog.at_level(logging.INFO):
+        make_trainer([planner], max_steps=3).fit(Regression())
+    assert ("rank 0: NVML gave no memory reading, so the device's figures came from CUDA's mem_get_info and this "
+            "process's own share was not available during this fit") in summary(caplog)
+    assert [e["reading_fallbacks"] for e in read_jsonl(planner.log_path) if e["event"] == "summary"][-1] == ["nvml"]
+
+
 # --- a log that cannot be written --------------------------------------------------------------
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")

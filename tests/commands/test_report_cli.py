@@ -232,9 +232,9 @@ def test_a_live_watch_waits_for_logs_and_survives_a_bad_line(tmp_path, capsys, m
 
 
 def test_the_readers_fast_check_gives_runlogs_reasons():
-    """run_logs._problem is runlog.record_problem in one pass (plus impossible values): same reasons."""
+    """log_scan.problem is runlog.record_problem in one pass (plus impossible values): same reasons."""
     from memplan.callback.runlog import record_problem
-    from memplan.commands.run_logs import _problem
+    from memplan.commands.log_scan import problem as _problem
 
     good = {"event": "sample", "step": 3, "time": 1.5, "process_bytes": 5, "headroom_bytes": -4, "layout": {}}
     cases = [good, [1], {"event": "x"}, {"event": "x", "step": -1}, {"event": "x", "step": True}, {"step": 1},
@@ -362,10 +362,10 @@ def test_twenty_thousand_runs_in_one_folder_print_a_short_line(tmp_path, capsys)
 def test_a_long_log_is_folded_in_bounded_memory_and_watch_reads_only_what_was_appended(tmp_path, monkeypatch):
     """Every sample counts in the figures; the plot keeps at most 2 x PLOT_POINTS of them; a refresh
     reads the appended bytes only."""
-    from memplan.commands import run_logs
+    from memplan.commands import log_reader, run_history, run_logs
 
-    monkeypatch.setattr(run_logs, "PLOT_POINTS", 16)
-    monkeypatch.setattr(run_logs, "CHUNK_BYTES", 4096)  # many chunks: lines cut across chunk edges
+    monkeypatch.setattr(run_history, "PLOT_POINTS", 16)
+    monkeypatch.setattr(log_reader, "CHUNK_BYTES", 4096)  # many chunks: lines cut across chunk edges
     log_dir = tmp_path / "memplan"
     log = RankLog(log_dir, 0, "20261124-050000-aaaaaa")
     for step in range(1, 1001):
@@ -384,7 +384,7 @@ def test_a_long_log_is_folded_in_bounded_memory_and_watch_reads_only_what_was_ap
         assert watcher.logs().histories[0].samples[-1]["step"] == last
     read = []
     real = os.pread
-    monkeypatch.setattr(run_logs.os, "pread", lambda fd, n, off: read.append(n) or real(fd, n, off))
+    monkeypatch.setattr(log_reader.os, "pread", lambda fd, n, off: read.append(n) or real(fd, n, off))
     log.write("sample", 2001, **reading(MiB, GiB), **runs_as(LAYOUT_8, 0))
     history = watcher.logs().histories[0]
     assert history.last_sample["step"] == 2001
@@ -393,10 +393,10 @@ def test_a_long_log_is_folded_in_bounded_memory_and_watch_reads_only_what_was_ap
 
 @pytest.mark.parametrize("chunk", [1 << 10, 1 << 20], ids=["across-chunks", "within-a-chunk"])
 def test_an_over_long_line_is_skipped_and_the_next_ones_read(tmp_path, capsys, monkeypatch, chunk):
-    from memplan.commands import run_logs
+    from memplan.commands import log_reader, run_logs
 
-    monkeypatch.setattr(run_logs, "MAX_LINE_BYTES", 1 << 12)
-    monkeypatch.setattr(run_logs, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(log_reader, "MAX_LINE_BYTES", 1 << 12)
+    monkeypatch.setattr(log_reader, "CHUNK_BYTES", chunk)
     write_run(tmp_path / "memplan")
     with (tmp_path / "memplan" / "rank0.jsonl").open("ab") as f:
         f.write(b'{"event": "sample", "x": "' + b"y" * 20_000 + b'"}\n')
@@ -408,17 +408,17 @@ def test_an_over_long_line_is_skipped_and_the_next_ones_read(tmp_path, capsys, m
 
 
 def test_a_parallel_first_read_folds_the_same_as_one_process(tmp_path, monkeypatch):
-    from memplan.commands import run_logs
+    from memplan.commands import log_reader, run_logs
 
     write_run(tmp_path / "memplan")
     (tmp_path / "memplan" / "rank01.jsonl").write_text("")
     one = run_logs.load_run(tmp_path / "memplan")
-    monkeypatch.setattr(run_logs, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(run_logs.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(log_reader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(log_reader.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     spread = []
-    real = run_logs.FolderReader._read_in_parallel
-    monkeypatch.setattr(run_logs.FolderReader, "_read_in_parallel",
-                        lambda self, paths: spread.append(real(self, paths)) or spread[-1])
+    real = log_reader.FolderReader._read_in_parallel
+    monkeypatch.setattr(log_reader.FolderReader, "_read_in_parallel",
+                        lambda self, paths, meanwhile=None: spread.append(real(self, paths, meanwhile)) or spread[-1])
     many = run_logs.load_run(tmp_path / "memplan")
     assert spread == [True]
     assert [(h.rank, h.sample_count, h.peak_process_bytes, h.min_headroom_bytes, h.ended, len(h.samples))
@@ -428,10 +428,10 @@ def test_a_parallel_first_read_folds_the_same_as_one_process(tmp_path, monkeypat
 
 
 def test_thinned_samples_keep_every_kth_and_the_latest_last(monkeypatch):
-    from memplan.commands import run_logs
+    from memplan.commands import run_history
 
-    monkeypatch.setattr(run_logs, "PLOT_POINTS", 4)
-    history = run_logs.RankHistory(rank=0, path=Path("rank0.jsonl"))
+    monkeypatch.setattr(run_history, "PLOT_POINTS", 4)
+    history = run_history.RankHistory(rank=0, path=Path("rank0.jsonl"))
     for step in range(1, 300):
         history.add({"event": "sample", "step": step, "process_bytes": step})
         steps = [s["step"] for s in history.samples]

@@ -71,8 +71,9 @@ def test_an_output_folder_that_fails_at_write_time_is_named_not_a_temp_file(caps
     assert ".tmp" not in err
 
 
-def test_a_top_level_key_that_is_no_near_miss_is_left_to_a_lightningcli_subclass(capsys, tmp_path, monkeypatch):
-    from memplan.config import load_config
-
-    loaded = load_config(write_config(tmp_path, config_with({"optimizer_config": {"warmup": 10}})))
-    assert loaded.model.cls.__name__ == "MLP"
+def test_a_top_level_key_that_is_no_near_miss_is_refused_as_lightningcli_refuses_it(capsys, tmp_path):
+    """(It was left to a LightningCLI subclass; memplan's launch, LightningCLI itself, refused the planned config.)"""
+    config = write_config(tmp_path, config_with({"optimizer_config": {"warmup": 10}}))
+    got, _, err = run(capsys, ["suggest", "--gpu", "A100-80GB", config])
+    assert_refused(got, err, 2, "optimizer_config: in")
+    assert "is not a key LightningCLI's fit accepts at the top level" in err

@@ -138,3 +138,15 @@ def test_nvml_lost_mid_run_falls_back_to_cuda_and_says_so_once(nvml_sim, monkeyp
     assert (reading.device_total_bytes, reading.device_used_bytes, reading.process_bytes) == (80 * GiB, 20 * GiB, None)
     said = [r.getMessage() for r in caplog.records if r.name == "memplan.hardware.readings"]
     assert len(said) == 1 and "device figures come from CUDA's mem_get_info" in said[0]
+    # ... and the end-of-fit summary says so again (memplan.callback gathers the codes from every rank)
+    assert readings.reading_fallbacks(torch.device("cuda", 0)) == ("nvml",)
+    assert readings.reading_fallbacks(torch.device("cpu")) == ()
+
+
+def test_the_summary_names_the_ranks_whose_readings_fell_back():
+    masks = [readings.fallback_mask(("nvml",)), 0, readings.fallback_mask(("nvml", "stats"))]
+    assert readings.fallback_lines(masks) == [
+        "ranks 0, 2: NVML gave no memory reading, so the device's figures came from CUDA's mem_get_info and this "
+        "process's own share was not available during this fit",
+        "rank 2: torch.cuda.memory_stats failed, so torch's counters were missing during this fit"]
+    assert readings.fallback_lines([0, 0]) == []

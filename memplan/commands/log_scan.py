@@ -1,0 +1,197 @@
+"""Log lines into what the reader folds: any line the slow way (json.loads, then the checks a record
+must pass), and `sample` lines on a fast path: checked and taken apart by one regular expression per
+chunk, with no JSON object built for them.
+
+A rank log is almost all `sample` records, each written by the same code with the same keys in the
+same order (memplan.callback.runlog.RankLog.write). The first one parsed the slow way gives the
+shape: a pattern of that exact line, key by key, that admits only what json.loads would read to the
+same values and what the slow way's checks (`problem`) would accept (byte figures within +-1 PiB,
+a step up to 10^12, a time from 1970 to 5138, no nested value, no escape in a string, bounded
+lengths). A line that does not match is read the slow way, so the fast path changes no result; it
+only skips building ~20-key dicts for a million lines, and decodes none of them until shown.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memplan.callback.runlog import DICT_FIELDS
+
+MAX_STEP = 10**12
+"""A step above this is not a step a run reached: the line is skipped as impossible."""
+MAX_LOGGED_BYTES = 1 << 50
+"""A byte figure beyond +-1 PiB is not a reading: the line is skipped as impossible."""
+FIGURES = ("step", "time", "process_bytes", "reserved_bytes", "peak_bytes", "headroom_bytes", "device_total_bytes")
+"""The values a shape's pattern captures, in this order: all RankHistory.add_samples folds."""
+MAX_KEYS = 64
+"""A record with more keys is read the slow way (a shape's lines stay far below MAX_LINE_BYTES)."""
+
+_INT = rb"-?(?:0|[1-9]\d{0,99})"  # (json.loads refuses ints past 4300 digits: bounded well below)
+_NUMBER = rb"-?(?:0|[1-9]\d{0,99})(?:\.\d{1,100})?(?:[eE][-+]?\d{1,3})?"
+_STRING = rb'"[ !#-\[\]-~]{0,4096}"'  # printable ASCII, no quote, no backslash: the text json.loads gives
+_SCALAR = rb"(?:" + _NUMBER + rb"|" + _STRING + rb"|true|false|null)"
+_BYTES = rb"(?:null|0|[1-9]\d{0,14})"  # < 10^15 < 1 PiB (MAX_LOGGED_BYTES)
+_SIGNED_BYTES = rb"(?:null|-?(?:0|[1-9]\d{0,14}))"  # headroom may be negative
+_STEP = rb"(?:0|[1-9]\d{0,11})"  # < 10^12 (MAX_STEP)
+_TIME = rb"(?:0|[1-9]\d{0,10})(?:\.\d{1,9})?"  # 0 <= time < 10^11
+_KEY = re.compile(r"[ !#-\[\]-~]{1,200}")
+
+
+@dataclass(frozen=True)
+class SampleShape:
+    """One layout of `sample` lines: its keys in order, its run id, and the pattern of a chunk's lines
+    (one match a line: the FIGURES of a line of this shape, or all empty for any other line)."""
+
+    signature: tuple[Any, ...]
+    run: str
+    pattern: re.Pattern[bytes]
+    order: tuple[int, ...]
+    """Where each of FIGURES is among a match's groups."""
+
+    def matches(self, data: bytes, end: int, lines: int) -> list[tuple[bytes, ...]] | None:
+        """One tuple of groups per line of data[:end] (`lines` lines without their newline, joined by
+        b"\\n"): all empty for a line of another shape. None if the lines and matches do not pair up."""
+        found = self.pattern.findall(data, 0, end)
+        return found if len(found) == lines else None
+
+    def figures(self, rows: list[tuple[bytes, ...]]) -> list[tuple[bytes, ...]]:
+        """The FIGURES of matched `rows` as columns, in FIGURES' order."""
+        columns = list(zip(*rows))
+        return [columns[i] for i in self.order]
+
+
+_SHAPES: dict[tuple[Any, ...], SampleShape | None] = {}
+
+
+def sample_shape(record: dict[str, Any]) -> SampleShape | None:
+    """The shape of `record`'s line (a `sample` record that passed the slow path's checks), or None
+    where its lines cannot take the fast path (a nested value, no time, a key with odd characters)."""
+    keys = tuple(record)
+    run = record.get("run")
+    types = tuple(type(v).__name__ for v in record.values())
+    signature = (keys, types, run)
+    if signature in _SHAPES:
+        return _SHAPES[signature]
+    if len(_SHAPES) > 256:
+        _SHAPES.clear()
+    _SHAPES[signature] = shape = _build(record, signature)
+    return shape
+
+
+def _build(record: dict[str, Any], signature: tuple[Any, ...]) -> SampleShape | None:
+    run = record.get("run")
+    if record.get("event") != "sample" or type(run) is not str or "time" not in record or len(record) > MAX_KEYS:
+        return None
+    if not all(f in record for f in FIGURES[2:]):
+        return None
+    parts = []
+    for key, value in record.items():
+        if not _KEY.fullmatch(key):
+            return None
+        name = json.dumps(key).encode() + b": "
+        if key == "event":
+            parts.append(name + b'"sample"')
+        elif key == "run":
+            if not re.fullmatch(_STRING, json.dumps(run).encode()):
+                return None
+            parts.append(name + re.escape(json.dumps(run).encode()))
+        elif key in FIGURES:
+            kind = {"step": _STEP, "time": _TIME, "headroom_bytes": _SIGNED_BYTES}.get(key, _BYTES)
+            parts.append(name + b"(" + kind + b")")
+        elif key[-6:] == "_bytes":
+            parts.append(name + (_SIGNED_BYTES if key[-14:] == "headroom_bytes" else _BYTES))
+        elif key in DICT_FIELDS:
+            parts.append(name + b"null")  # (an object there is not a sample of this shape)
+        elif isinstance(value, (dict, list)):
+            return None
+        else:  # this line's own value first (most repeat line after line: a fifth less matching), then any
+            parts.append(name + b"(?:" + re.escape(json.dumps(value).encode()) + b"|" + _typed(value)[3:])
+    line = rb"\{" + rb", ".join(parts) + rb"\}"
+    groups = [k for k in record if k in FIGURES]  # findall gives the groups in the line's order
+    order = tuple(groups.index(f) for f in FIGURES)
+    return SampleShape(signature, run, re.compile(rb"^(?:" + line + rb")$|^.*$", re.M), order)
+
+
+def _typed(value: Any) -> bytes:
+    """A value like the shape's first one (null allowed too), any scalar where it was null: a
+    non-capturing group, `(?:...)`."""
+    if type(value) is bool:
+        return rb"(?:true|false|null)"
+    if type(value) is int:
+        return rb"(?:" + _INT + rb"|null)"
+    if type(value) is float:
+        return rb"(?:" + _NUMBER + rb"|null)"
+    if type(value) is str:
+        return rb"(?:" + _STRING + rb"|null)"
+    return _SCALAR
+
+
+# --- the slow way: any line ------------------------------------------------------------------------
+BAD = object()
+"""parse_many's mark for a line to parse alone."""
+
+
+def parse_many(lines: list[bytes]) -> list[Any]:
+    """Each line's JSON value, parsed in one call where every line is one object (the common case:
+    about half the cost of a call per line); BAD marks the lines to parse one by one."""
+    if all(line[:1] == b"{" and line.rstrip()[-1:] == b"}" for line in lines):
+        try:
+            values = json.loads(b"[" + b",".join(lines) + b"]")
+        except (ValueError, RecursionError):
+            values = None
+        if values is not None and len(values) == len(lines) and all(type(v) is dict for v in values):
+            return values
+    return [BAD] * len(lines)
+
+
+def parse_one(line: bytes) -> Any:
+    """A line's JSON value, or why it is not one (a str)."""
+    try:
+        return json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "not UTF-8"
+    except (ValueError, RecursionError):  # json.JSONDecodeError, and numbers Python cannot hold
+        return "not JSON"
+
+
+_NAMED: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def problem(record: Any) -> str | None:
+    """Why a parsed line is not a record memplan can show, or None: runlog.record_problem's schema
+    checks (the same reasons, in one pass, for speed on long logs), then values no run can log: a
+    10^30-byte peak, negative bytes, a step of 10^20, a time before 1970 or after 5138."""
+    if type(record) is not dict:
+        return "not a JSON object"
+    step = record.get("step")
+    if type(step) is not int or step < 0:
+        return "no integer step"
+    if type(record.get("event")) is not str:
+        return "no event"
+    when = record.get("time")
+    if when is not None and type(when) is not float and type(when) is not int:
+        return "time is not a number"
+    keys = tuple(record)
+    named = _NAMED.get(keys)
+    if named is None:  # the byte and object fields of records with these keys (one event's records share them)
+        if len(_NAMED) > 4096:
+            _NAMED.clear()
+        named = _NAMED[keys] = (tuple(k for k in keys if k[-6:] == "_bytes"), tuple(k for k in keys if k in DICT_FIELDS))
+    byte_fields, dict_fields = named
+    for name in byte_fields:
+        value = record[name]
+        if value is not None:
+            if type(value) is not int:
+                return f"{name} is not a byte count"
+            if not (-MAX_LOGGED_BYTES if name[-14:] == "headroom_bytes" else 0) <= value <= MAX_LOGGED_BYTES:
+                return f"impossible {name}"
+    for name in dict_fields:
+        if record[name] is not None and type(record[name]) is not dict:
+            return "a layout or plan field is not an object"
+    if step > MAX_STEP:
+        return "impossible step"
+    if when is not None and not 0 <= when < 1e11:
+        return "impossible time"
+    return None
