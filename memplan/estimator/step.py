@@ -124,6 +124,10 @@ def run_training_step(
     check_loss(loss)
     phase("forward_end")
     if loop == "lightning":
+        # Lightning's ClosureResult: `closure_loss / accumulate_grad_batches` (out of place, even by 1)
+        # and a detached clone of it for logging, both alive until the step ends.
+        loss = loss / 1
+        logged = loss.detach().clone()  # noqa: F841
         optimizer.zero_grad(set_to_none=True)
     phase("backward")
     (loss * grad_scale if grad_scale is not None else loss).backward()

@@ -100,7 +100,7 @@ class GroupedExperts(torch.nn.Module):
 
 def test_float32_grouped_mm_model_estimates_exactly():
     from memplan.estimator.api import estimate
-    from memplan.estimator.measure import measure_cpu_peak
+    from memplan.truth import measure_cpu_peak
 
     def build():
         torch.manual_seed(0)
