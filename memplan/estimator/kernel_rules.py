@@ -72,6 +72,25 @@ def _like_in_dtype(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty_strided(tuple(out.shape), strides, dtype=dtype, device=out.device)
 
 
+def _same_dtype_matmul(func, args, kwargs):
+    """The real matmul kernels (CPU and CUDA) refuse floating operands of different dtypes (a bf16
+    activation times a float32 weight outside autocast raises "expected m1 and m2 to have the same
+    dtype"); the meta kernels return the first operand's dtype, so a step that cannot run would be
+    estimated. Raise as the real kernel does: the estimate's error then names the op and the dtypes."""
+    dtypes = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if len(set(dtypes)) > 1:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise RuntimeError(
+            f"{func.__name__} got operands of different dtypes ({names}): the real kernel refuses them, so this step "
+            "cannot run. Cast one operand (or run the op under autocast, e.g. precision='bf16-mixed')")
+    return func(*args, **kwargs)
+
+
+_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.mv.default)
+"""Matmuls whose real kernels require one dtype for all floating operands and whose fake kernels do not
+(torch 2.13; bmm, baddbmm, addmv and dot refuse mixed dtypes in their fake kernels too)."""
+
+
 RULES: dict[torch._ops.OpOverload, KernelRule] = {
     rule.op: rule
     for rule in (
@@ -81,6 +100,12 @@ RULES: dict[torch._ops.OpOverload, KernelRule] = {
             "(transformers' default MoE experts path calls it in float32 on CPU)",
             run=_grouped_mm,
         ),
+        *(KernelRule(
+            op=op,
+            disagreement="the fake kernel takes floating operands of different dtypes (bf16 @ float32) and returns "
+            "the first one's dtype; the real kernel raises",
+            run=_same_dtype_matmul,
+        ) for op in _MATMULS),
     )
 }
 
