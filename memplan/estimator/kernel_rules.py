@@ -112,3 +112,39 @@ RULES: dict[torch._ops.OpOverload, KernelRule] = {
 
 def rule_for(func) -> KernelRule | None:
     return RULES.get(func)
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU output layouts: where the real CPU kernel lays its output out differently from the meta kernel.
+# The bytes are the same; what differs is whether a later view needs a copy (a transposed batch-norm
+# output feeding a Linear is reshaped by a copy in the real run, by a view on the fakes).
+
+aten = torch.ops.aten
+
+_BATCH_NORMS = {  # op -> index of the argument whose layout the CPU kernel suggests for output 0
+    aten.native_batch_norm.default: 0,
+    aten._native_batch_norm_legit.default: 0,
+    aten._native_batch_norm_legit.no_stats: 0,
+    aten._native_batch_norm_legit_no_training.default: 0,
+    aten._native_batch_norm_legit_functional.default: 0,
+    aten.native_batch_norm_backward.default: 1,
+}
+"""CPU batch norm (aten/src/ATen/native/Normalization.cpp) makes its output, and the backward its grad_input,
+with `at::empty_like(input, input.suggest_memory_format())`: channels-last stays channels-last, any other
+layout (a transposed (N, L, C) activation) comes out contiguous. The meta kernels keep the input's strides."""
+
+CPU_LAYOUT_OPS = frozenset(_BATCH_NORMS)
+
+
+def cpu_output_layout(func, args: tuple, out):
+    """`out` with output 0 re-made in the layout the real CPU kernel gives it (same bytes), where it differs."""
+    index = _BATCH_NORMS.get(func)
+    if index is None or not isinstance(out, tuple) or not isinstance(out[0], torch.Tensor):
+        return out
+    from torch._prims_common import suggest_memory_format
+
+    first, source = out[0], args[index]
+    fmt = suggest_memory_format(source)
+    if first.is_contiguous(memory_format=fmt):
+        return out
+    return (torch.empty_like(first, memory_format=fmt), *out[1:])

@@ -28,6 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from memplan.estimator.composite import linear_bias_add_in_place
 from memplan.estimator.kernel_probe import KernelScratchProbe
+from memplan.estimator.kernel_rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels import (
     ctc_backward_scratch_bytes, cuda_contiguous_copy_bytes, promotion_scratch_bytes, rnn_workspace_bytes,
 )
@@ -299,6 +300,8 @@ class StorageTracker(TorchDispatchMode):
             if not tensors:
                 out = self._maybe_realize_factory(func, args, kwargs, out)
             out = self._fill_library_workspace(func, args, out)
+            if self.cpu_kernels and func in CPU_LAYOUT_OPS:
+                out = cpu_output_layout(func, args, out)
         accumulation = self._accumulation_inputs(func, args, kwargs, out)
         if accumulation:
             self._defer_peak = True
