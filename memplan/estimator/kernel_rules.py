@@ -133,16 +133,27 @@ _BATCH_NORMS = {  # op -> index of the argument whose layout the CPU kernel sugg
 with `at::empty_like(input, input.suggest_memory_format())`: channels-last stays channels-last, any other
 layout (a transposed (N, L, C) activation) comes out contiguous. The meta kernels keep the input's strides."""
 
-CPU_LAYOUT_OPS = frozenset(_BATCH_NORMS)
+_LOG_SIGMOIDS = (aten.log_sigmoid_forward.default, aten.log_sigmoid_backward.default)
+"""CPU log_sigmoid (aten/src/ATen/native/Activation.cpp) makes its output and buffer contiguous whatever the
+input's layout (it computes on a contiguous copy of a non-contiguous input: scratch the kernel probe
+measures); its backward's grad_input follows grad_output's layout, where the meta kernel follows the input's."""
+
+CPU_LAYOUT_OPS = frozenset(_BATCH_NORMS) | frozenset(_LOG_SIGMOIDS)
 
 
 def cpu_output_layout(func, args: tuple, out):
-    """`out` with output 0 re-made in the layout the real CPU kernel gives it (same bytes), where it differs."""
+    """`out` re-made in the layout the real CPU kernel gives it (same bytes), where it differs."""
+    from torch._prims_common import suggest_memory_format
+
+    if func is aten.log_sigmoid_forward.default:
+        return tuple(t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+                     for t in out)
+    if func is aten.log_sigmoid_backward.default:
+        grad_output = args[0]
+        return out if out.stride() == grad_output.stride() else torch.empty_like(grad_output, dtype=out.dtype)
     index = _BATCH_NORMS.get(func)
     if index is None or not isinstance(out, tuple) or not isinstance(out[0], torch.Tensor):
         return out
-    from torch._prims_common import suggest_memory_format
-
     first, source = out[0], args[index]
     fmt = suggest_memory_format(source)
     if first.is_contiguous(memory_format=fmt):

@@ -47,7 +47,7 @@ OPS = {
 
 
 def test_every_layout_rule_has_its_cases():
-    assert CPU_LAYOUT_OPS == set(OPS)
+    assert CPU_LAYOUT_OPS == set(OPS) | {aten.log_sigmoid_forward.default, aten.log_sigmoid_backward.default}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -93,3 +93,66 @@ def test_a_transposed_batch_norm_before_a_linear_matches_a_real_run(monkeypatch)
     monkeypatch.setattr(tracker, "CPU_LAYOUT_OPS", frozenset())  # the meta kernel's strides: the copy is missed
     meta = estimate(TransposedBatchNorm, _batch(), loss=_ce, device="cpu")
     assert (meta.peak_allocated - truth) / truth < -0.05
+
+
+def _log_sigmoid_cases():
+    """(op, args builder) for log_sigmoid's forward and backward, grad_output contiguous or like the input."""
+    def backward(grad_like_input):
+        def build(x):
+            out, buffer = aten.log_sigmoid_forward(x)
+            grad = torch.ones_like(x) if grad_like_input else torch.ones(x.shape)
+            return grad, x, buffer
+        return build
+    return {
+        "forward": (aten.log_sigmoid_forward.default, lambda x: (x,)),
+        "backward, grad_output contiguous": (aten.log_sigmoid_backward.default, backward(False)),
+        "backward, grad_output like the input": (aten.log_sigmoid_backward.default, backward(True)),
+    }
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("case", list(_log_sigmoid_cases()))
+def test_log_sigmoid_output_layout_is_the_real_cpu_kernels(case, layout):
+    op, build = _log_sigmoid_cases()[case]
+    torch.manual_seed(0)
+    real = op(*build(LAYOUTS[layout]()))
+    mode = FakeTensorMode()
+    torch.manual_seed(0)
+    x = LAYOUTS[layout]()
+    real_args = build(x)  # built for real (the backward's buffer from a real forward), then faked
+    with mode:
+        args = tuple(mode.from_tensor(a) for a in real_args)
+        ruled = cpu_output_layout(op, args, op(*args))
+    for r, f in zip(real if isinstance(real, tuple) else (real,), ruled if isinstance(ruled, tuple) else (ruled,)):
+        assert (f.shape, f.stride(), f.dtype) == (r.shape, r.stride(), r.dtype)
+
+
+class TransposedLogSigmoid(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+
+    def forward(self, x):
+        return F.logsigmoid(self.fc(x).t()).mean()
+
+
+def _features():
+    return (torch.randn(512, 256, generator=torch.Generator().manual_seed(0)),)
+
+
+def test_log_sigmoid_of_a_transposed_activation_matches_a_real_run(monkeypatch):
+    from memplan.estimator import kernel_probe
+
+    loss = lambda m, b: m(b[0])  # noqa: E731
+    truth = measure_cpu_peak(TransposedLogSigmoid, _features, loss=loss)
+    est = estimate(TransposedLogSigmoid, _features(), loss=loss, device="cpu")
+    assert abs(est.peak_allocated - truth) / truth < 0.001, (est.peak_allocated, truth)
+    # without the rule and the probe: the kernel's contiguous copy of its input is missed
+    monkeypatch.setattr(tracker, "CPU_LAYOUT_OPS", frozenset())
+    monkeypatch.setattr(kernel_probe, "_LAYOUT_OPS", kernel_probe._LAYOUT_OPS - set(_LOG_SIGMOID_OPS))
+    kernel_probe._CACHE.clear()
+    missed = estimate(TransposedLogSigmoid, _features(), loss=loss, device="cpu")
+    assert (missed.peak_allocated - truth) / truth < -0.05
+
+
+_LOG_SIGMOID_OPS = (aten.log_sigmoid_forward.default, aten.log_sigmoid_backward.default)
