@@ -8,6 +8,7 @@ allocator while it runs:
 - an LSTM layer (`mkldnn_rnn_layer` and its backward): oneDNN's RNN scratchpad (gates of one step,
   per-thread GEMM buffers) besides the workspace it returns (11 % of a 2-layer LSTM's);
 - flash attention (forward and backward): per-thread blocks of scores and accumulators;
+- batch norm's backward: a buffer the size of its input (its forward: a few per-channel buffers);
 - a float16 or bfloat16 matmul (mm, addmm, bmm, baddbmm): its operands converted or packed for the
   GEMM (0.87 MiB for a 256 x 512 x 512 float16 addmm on a 2-core AMX Xeon, 32 % of a small MLP's
   16-true peak; float32 matmuls take none), and the mean of a half-precision tensor, a float32 copy;
@@ -61,10 +62,15 @@ _ATTENTION = frozenset({
 })
 """CPU flash attention keeps per-thread blocks of scores, sums and outputs (and in backward, gradient
 accumulators) while it runs: 8.7 % of a small MultiheadAttention model's fp32 peak."""
+_BATCH_NORMS = frozenset({
+    torch.ops.aten.native_batch_norm.default, torch.ops.aten.native_batch_norm_backward.default,
+})
+"""CPU batch norm's backward takes a buffer the size of its input while it runs (its forward a few
+per-channel buffers): a BatchNorm3d after a depthwise Conv3d peaks there (-14.9 % unprobed)."""
 _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
-    *_ATTENTION,
+    *_ATTENTION, *_BATCH_NORMS,
 })
 _MATMULS = frozenset({
     torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
