@@ -5,7 +5,7 @@
 
 Each case runs twice, each time in a fresh process, one after the other (2 cores: no parallelism):
 the truth (`python -m benchmarks.cpu_truth CASE`, the profiler's peak of allocated bytes over build +
-2 real steps) and the estimate (`memplan.estimate` on the same case, device="cpu", with the trace's
+2 real steps of a Lightning `Trainer.fit`, or of a plain loop for a `loop="torch"` case) and the estimate (`memplan.estimate` on the same case, device="cpu", with the trace's
 wall time and the process's peak RSS). error = (estimate.peak_allocated - truth) / truth.
 
 The issue's two rules of thumb are scored the same way:
@@ -144,7 +144,8 @@ def render_markdown(report: dict) -> str:
         f"{report['date']} · torch {report['machine']['torch']} · transformers {report['machine']['transformers']}"
         f" · {report['machine']['cpu']} ({report['machine']['cpu_count']} cores)",
         "",
-        "Truth: the profiler's peak of allocated bytes over a real run (build + 2 steps) in a fresh process "
+        "Truth: the profiler's peak of allocated bytes over a real run (build + 2 steps of a Lightning "
+        "`Trainer.fit`, or of a plain loop for loop='torch' cases) in a fresh process "
         "(benchmarks/cpu_truth.py). Error = (estimate - truth) / truth. MiB = 2^20 bytes. "
         "Scratch = bytes allocated and freed inside one kernel (oneDNN workspaces etc.) live at the "
         "truth's peak: in the truth, invisible to fake tensors.",

@@ -112,7 +112,7 @@ def render_markdown(report: dict) -> str:
         "",
         "Truth: each rank's profiler peak of allocated bytes over a real run (build + 2 steps; "
         "benchmarks/fsdp_truth.py), with c10's allocator counting every thread's frees (gloo's workers free "
-        "collective buffers; memplan.estimator.measure.allocator_counts_every_thread). memplan: `estimate(strategy='fsdp', world_size=N, device='cpu')`, one "
+        "collective buffers; memplan.truth.allocator_counts_every_thread). memplan: `estimate(strategy='fsdp', world_size=N, device='cpu')`, one "
         "figure per rank. Error = (estimate - truth) / truth, per rank. MiB = 2^20 bytes.",
         "",
         "| case (zoo case : ranks) | memplan MiB | truth MiB per rank | error per rank | truth peak in | estimate s |",

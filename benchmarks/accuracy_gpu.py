@@ -65,11 +65,11 @@ def all_cases() -> dict:
 def _measure(name: str, cpu: bool = False) -> dict:
     """The truth in this process: real steps on the GPU (with `cpu`: the profiler's peak on CPU, the dry run)."""
     from benchmarks.zoo import make_optimizer
-    from memplan.estimator.measure import measure_cpu_peak, measure_cuda_peak
+    from memplan.truth import measure_cpu_peak, measure_cuda_peak
 
     case = all_cases()[name]
     kwargs = dict(loss=case.loss, optimizer=lambda params: make_optimizer(case.optimizer, params),
-                  precision=case.precision, checkpointing=case.checkpointing)
+                  precision=case.precision, checkpointing=case.checkpointing, loop=case.loop)
     if cpu:
         peak = measure_cpu_peak(case.build, lambda: case.make_batch(case.batch_size), **kwargs)
         return {"device": "cpu", "max_allocated": peak, "max_reserved": None, "nvml_process_peak": None}

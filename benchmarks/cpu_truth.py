@@ -3,9 +3,12 @@
     python -m benchmarks.cpu_truth CASE     # prints one JSON object
 
 Run each case in a fresh process. The profiler starts before anything is built, so every tensor the
-case ever allocates passes through it; the run is: build the model (+ checkpointing, + '-true'
-conversion), the batch and the optimizer, then 2 training steps through memplan's own
-`run_training_step` (the step the estimator traces).
+case ever allocates passes through it. The run is the one a user writes, not the step memplan traces
+(memplan.truth.runs): the model is built (+ each repeated block wrapped in non-reentrant
+torch.utils.checkpoint), the batch made, then a real `Trainer.fit` trains 2 steps for a case in
+Lightning's order (its precision plugin converts, autocasts and scales), and a plain PyTorch loop for
+a `loop="torch"` case (autocast with its weight cache on, as torch defaults it; a GradScaler for
+'16-mixed').
 
 How the figure is read: with `profile_memory=True`, c10's CPU allocator reports every allocation and
 free to the profiler together with its running total of bytes allocated (`ProfiledCPUMemoryReporter`,
@@ -18,11 +21,12 @@ event missing from the trace would show (as a counter mismatch). Only CPU events
 The profiler records events only on its own threads, and c10 keeps the total only on those threads
 unless told otherwise: a tensor freed on another thread (gloo's workers free collective buffers) would
 stay in "Total Allocated" for good. Measuring therefore sets c10's flag that makes every thread count
-(memplan.estimator.measure.allocator_counts_every_thread); an allocation or free on an unrecorded
+(memplan.truth.allocator_counts_every_thread); an allocation or free on an unrecorded
 thread then moves the total with no event of its own, and shows as a counter mismatch.
 
-Besides the peak this reports the peak of each phase (build, step 1, step 2: the steps are marked with
-`record_function`), the op running at the peak, and "scratch": bytes allocated and freed inside one
+Besides the peak this reports the peak of each phase (build, step 1, step 2: marked with
+`record_function`; "build" runs from the start to the first step, so it holds the Trainer's setup),
+the op running at the peak, and "scratch": bytes allocated and freed inside one
 kernel (oneDNN/MKL workspaces and other buffers a kernel takes through c10's allocator), which are in
 the truth but invisible to an estimate made on fake tensors, since fake tensors never run kernels.
 """
@@ -35,22 +39,53 @@ import resource
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks.zoo import CASES, SEED, Case, make_optimizer
-from memplan.estimator.checkpointing import apply_checkpointing
-from memplan.estimator.measure import allocator_counts_every_thread
-from memplan.estimator.step import PrecisionPolicy, run_training_step
+from memplan.truth import Training, allocator_counts_every_thread, train
+from memplan.truth.runs import preload
 
 STEPS = 2
 PHASES = ("build", *(f"step{i}" for i in range(1, STEPS + 1)))
 _MARK = "memplan.truth."
 _FACTORY_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_"})
 """Ops that only allocate: their allocation belongs to the op that called them."""
+
+
+def training(case: Case, batch_size: int | None = None, steps: int = STEPS) -> Training:
+    """The case as memplan.truth trains it: its model, batch, loss, optimizer, precision and checkpointing."""
+    return Training(
+        build=case.build, make_batch=lambda: case.make_batch(batch_size or case.batch_size), loss=case.loss,
+        optimizer=lambda params: make_optimizer(case.optimizer, params), precision=case.precision,
+        checkpointing=case.checkpointing, steps=steps,
+    )
+
+
+class _Marks:
+    """record_function spans "build" (start to the first step) and "step{i}", entered from the run's hooks."""
+
+    def __init__(self, wall: dict[str, float]) -> None:
+        self._open: tuple[str, record_function, float] | None = None
+        self._wall = wall
+
+    def enter(self, name: str) -> None:
+        mark = record_function(_MARK + name)
+        mark.__enter__()
+        self._open = (name, mark, time.perf_counter())
+
+    def exit(self) -> None:
+        if self._open is not None:
+            name, mark, start = self._open
+            mark.__exit__(None, None, None)
+            self._wall[name] = time.perf_counter() - start
+            self._open = None
+
+    def step_start(self, step: int) -> None:
+        self.exit()
+        self.enter(f"step{step}")
 
 
 def measure(case: Case) -> dict:
@@ -62,19 +97,16 @@ def measure(case: Case) -> dict:
     torch.manual_seed(SEED)
     torch.set_num_threads(2)
     wall: dict[str, float] = {}
+    marks = _Marks(wall)
+    run = replace(training(case), on_step_start=marks.step_start, on_step_end=lambda step: marks.exit())
+    preload(case.loop)
     with allocator_counts_every_thread() as every_thread, profile(
         activities=[ProfilerActivity.CPU], profile_memory=True
     ) as prof:
-        start = time.perf_counter()
-        with record_function(_MARK + "build"):
-            run = prepare(case)
-        wall["build"] = time.perf_counter() - start
-        for i in range(1, STEPS + 1):
-            start = time.perf_counter()
-            with record_function(f"{_MARK}step{i}"):
-                run.step()
-            wall[f"step{i}"] = time.perf_counter() - start
-    num_parameters = sum(p.numel() for p in run.model.parameters())
+        marks.enter("build")
+        model = train(run, loop=case.loop)
+        marks.exit()
+    num_parameters = sum(p.numel() for p in model.parameters())
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
@@ -85,6 +117,7 @@ def measure(case: Case) -> dict:
     wall["export_and_read"] = time.perf_counter() - start
     return {
         "case": case.name,
+        "loop": "Trainer.fit" if case.loop == "lightning" else "plain torch loop",
         "num_parameters": num_parameters,
         **result,
         "allocator_counts_every_thread": every_thread,
@@ -92,44 +125,6 @@ def measure(case: Case) -> dict:
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "torch": torch.__version__,
     }
-
-
-@dataclass(frozen=True, kw_only=True)
-class PreparedRun:
-    """A case made ready to train: model, batch and optimizer as the real run holds them."""
-
-    case: Case
-    model: torch.nn.Module
-    batch: Any
-    optimizer: torch.optim.Optimizer
-    policy: PrecisionPolicy
-    grad_scale: torch.Tensor | None
-    """The loss scale for '16-mixed', else None."""
-
-    def step(self) -> torch.Tensor:
-        """One training step, through the function memplan's tracer runs; returns the detached loss."""
-        return run_training_step(
-            self.model, self.batch, loss_fn=self.case.loss, optimizer=self.optimizer, policy=self.policy,
-            device_type="cpu", grad_scale=self.grad_scale, loop=self.case.loop,
-        )
-
-
-def prepare(case: Case, batch_size: int | None = None) -> PreparedRun:
-    """Build the case as Lightning would train it: the model (+ checkpointing on every repeated block,
-    + conversion to the half type for '-true' precisions), the batch (floating inputs converted the
-    same way), the optimizer, and for '16-mixed' a loss scale (GradScaler's initial 2**16)."""
-    policy = PrecisionPolicy.from_string(case.precision)
-    model = case.build()
-    if case.checkpointing:
-        apply_checkpointing(model, True)
-    if policy.param_dtype != torch.float32:
-        model.to(policy.param_dtype)
-    batch = policy.convert_batch(case.make_batch(batch_size or case.batch_size))
-    optimizer = make_optimizer(case.optimizer, model.parameters())
-    grad_scale = torch.tensor(65536.0) if policy.grad_scaling else None
-    return PreparedRun(
-        case=case, model=model, batch=batch, optimizer=optimizer, policy=policy, grad_scale=grad_scale,
-    )
 
 
 @dataclass(frozen=True)

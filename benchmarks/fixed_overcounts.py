@@ -2,7 +2,7 @@
 
     PYTHONPATH=<tree> python -m benchmarks.fixed_overcounts     # one line per case: estimate, truth, error %
 
-Truth is memplan.estimator.measure.measure_cpu_peak (torch.profiler "Total Allocated" peak over
+Truth is memplan.truth.measure_cpu_peak (torch.profiler "Total Allocated" peak over
 building the model and batch and 2 real steps), oneDNN off so that no in-kernel scratch is in it.
 Bytes, not timings: the figures do not depend on the machine's load. Run it against an older tree to
 get the "before" figures (its estimate() may lack loop=; the torch-order rows then estimate in
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from memplan.estimator.api import estimate
-from memplan.estimator.measure import measure_cpu_peak
+from memplan.truth import measure_cpu_peak
 
 
 def transformer_encoder() -> nn.Module:

@@ -9,7 +9,7 @@ the strategy's data-parallel mesh; `Trainer(strategy=ModelParallelStrategy(...),
 accelerator="cpu", precision=...)` trains 2 steps. Lightning starts the other ranks by re-running this
 command. Each rank profiles its whole run (build + 2 steps) and reads its peak "Total Allocated" as
 benchmarks.cpu_truth does (build and steps are marked with the same `record_function` names), with
-the allocator counting every thread's frees (memplan.estimator.measure.allocator_counts_every_thread):
+the allocator counting every thread's frees (memplan.truth.allocator_counts_every_thread):
 gloo's worker threads free collective buffers the profiler would otherwise count forever.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from benchmarks.cpu_truth import _MARK, STEPS, analyze_trace
 from benchmarks.zoo import CASES, SEED, Case, make_optimizer
 from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
-from memplan.estimator.measure import allocator_counts_every_thread
+from memplan.truth import allocator_counts_every_thread
 
 
 def lightning_module(case: Case):

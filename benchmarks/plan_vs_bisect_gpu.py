@@ -62,7 +62,7 @@ def _child_probe(name: str, micro: int, precision: str, checkpointing: bool, cpu
     import torch
 
     from memplan.config import load_config
-    from memplan.estimator.measure import measure_cpu_peak, measure_cuda_peak
+    from memplan.truth import measure_cpu_peak, measure_cuda_peak
 
     loaded = load_config(config_path(name))
     kwargs = dict(optimizer=loaded.optimizer, precision=precision, checkpointing=checkpointing)

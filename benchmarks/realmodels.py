@@ -5,11 +5,11 @@
 
 None of these models is in memplan's own zoo (benchmarks/zoo.py): they are what users bring. Each is
 built from a config class at a small size (no weights, no hub access) by a zero-argument callable,
-trained as Lightning orders the step (benchmarks/zoo.Case + benchmarks/cpu_truth.measure: profiler
+trained by a real `Trainer.fit` (benchmarks/zoo.Case + benchmarks/cpu_truth.measure: profiler
 "Total Allocated" peak over build + 2 steps, in a fresh process, seeds fixed), and estimated with
 `memplan.estimate(build, batch, device="cpu")` in another fresh process. A subset (`-torch` cases)
-runs in plain PyTorch order instead (zero_grad(set_to_none=True) after the optimizer step), truth and
-estimate alike (`loop="torch"`).
+runs in a plain PyTorch loop instead (zero_grad(set_to_none=True) after the optimizer step), estimated
+with `loop="torch"`.
 
 The `-experts-peak` MoE cases have a small vocabulary and long sequences, so that the peak falls
 inside the experts (not at the loss's logits) and routing decides it; they report the error with
@@ -562,10 +562,10 @@ def render_markdown(report: dict) -> str:
         "",
         "Each model built from a transformers config class (small sizes, no weights) or plain torch, by a "
         "zero-argument callable. Truth: profiler \"Total Allocated\" peak over build + 2 steps in a fresh "
-        "process, Lightning order (benchmarks/cpu_truth.py, seed 0). Estimate: `memplan.estimate(build, batch, "
+        "process, trained by a real Lightning `Trainer.fit` (benchmarks/cpu_truth.py, seed 0). Estimate: `memplan.estimate(build, batch, "
         "device='cpu', data_dependent='balanced')` in another fresh process. Error = (estimate - truth) / truth. "
-        "Cases marked 'torch order' run zero_grad(set_to_none=True) after the optimizer step, truth and estimate "
-        "alike (`loop='torch'`). "
+        "Cases marked 'torch order' are trained by a plain PyTorch loop (zero_grad(set_to_none=True) after the "
+        "optimizer step) and estimated with `loop='torch'`. "
         "CPU convolutions and LSTM layers: the estimate measures oneDNN's in-kernel scratch by running each op "
         "shape once on real zeros (memplan.estimator.kernel_probe; the column 'scratch at peak' is the truth's). "
         "MoE truth routes with the seeded random router; the estimate assumes balanced routing (its notes say so).",

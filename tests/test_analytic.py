@@ -221,7 +221,7 @@ def test_closed_form_within_2_percent_of_real_cpu_step(name, optimizer, precisio
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "lm"])
 def test_closed_form_within_2_percent_of_the_allocator_on_fp32(name):
-    from memplan.estimator.measure import measure_cpu_peak
+    from memplan.truth import measure_cpu_peak
 
     layers, shape, batch_size = MODELS[name]
     est = analytic_estimate(layers, shape, batch_size=batch_size, optimizer="adamw")

@@ -6,7 +6,7 @@ the host's RAM (psutil's `available`, within the cgroup's limit) and, on a GPU, 
 
 The measurement runs in a fresh process (`python -m memplan.commands.validate --measure ...`) so that the
 caching allocator and the CUDA context start clean. On a GPU it reads torch's max_memory_allocated /
-reserved and NVML's per-process peak (memplan.estimator.measure.measure_cuda_peak), and saves the
+reserved and NVML's per-process peak (memplan.truth.measure_cuda_peak), and saves the
 measured CUDA context as a calibration (memplan.estimator.calibration); on CPU it reads the profiler's peak
 allocation (measure_cpu_peak), and there is no context to calibrate.
 
@@ -256,7 +256,7 @@ def _measure(setting: Setting) -> Measurement:
     import torch
 
     from memplan.config import load_config
-    from memplan.estimator.measure import measure_cpu_peak, measure_cuda_peak
+    from memplan.truth import measure_cpu_peak, measure_cuda_peak
     from memplan.estimator.step import map_tensors
 
     loaded = load_config(setting.config)

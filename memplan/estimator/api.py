@@ -221,7 +221,15 @@ class _Trace:
             for p in self.model.parameters():
                 tracker.forget(p)
                 p.register_post_accumulate_grad_hook(lambda q: tracker.forget(q.grad))
+        self._loader_batch = self.batch
         self.batch = self._prepare_batch(self.batch)
+        if self.loop == "lightning" and self.device.type == "cpu" and self.policy.param_dtype != torch.float32:
+            # Lightning's '-true' precision converts each step's batch (training_epoch_loop: precision_plugin.
+            # convert_input); the loader's float32 batch stays referenced beside the copy, in CPU memory.
+            for t in iter_tensors(self._loader_batch):
+                tracker.track(t, Category.BATCH)
+            self.notes.append("'-true' precision in Lightning's loop: the loader's float32 batch stays alive "
+                              "beside the converted copy Lightning makes each step")
         for t in iter_tensors(self.batch):
             tracker.track(t, Category.BATCH)
         self.manual = None

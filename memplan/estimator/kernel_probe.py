@@ -8,10 +8,11 @@ allocator while it runs:
 - an LSTM layer (`mkldnn_rnn_layer` and its backward): oneDNN's RNN scratchpad (gates of one step,
   per-thread GEMM buffers) besides the workspace it returns (11 % of a 2-layer LSTM's);
 - flash attention (forward and backward): per-thread blocks of scores and accumulators;
+- batch norm's backward: a buffer the size of its input (its forward: a few per-channel buffers);
 - a float16 or bfloat16 matmul (mm, addmm, bmm, baddbmm): its operands converted or packed for the
   GEMM (0.87 MiB for a 256 x 512 x 512 float16 addmm on a 2-core AMX Xeon, 32 % of a small MLP's
   16-true peak; float32 matmuls take none), and the mean of a half-precision tensor, a float32 copy;
-- softmax, log_softmax, their backwards, layer_norm and an erf gelu_backward given a non-contiguous
+- softmax, log_softmax, their backwards, layer_norm, log_sigmoid and an erf gelu_backward given a non-contiguous
   input: a contiguous copy of it (MLP-Mixer's token mixing read 27 % under without it).
 Their size depends on the algorithm the library picks for the shape, the ISA and the thread count,
 so no rule predicts it.
@@ -61,10 +62,15 @@ _ATTENTION = frozenset({
 })
 """CPU flash attention keeps per-thread blocks of scores, sums and outputs (and in backward, gradient
 accumulators) while it runs: 8.7 % of a small MultiheadAttention model's fp32 peak."""
+_BATCH_NORMS = frozenset({
+    torch.ops.aten.native_batch_norm.default, torch.ops.aten.native_batch_norm_backward.default,
+})
+"""CPU batch norm's backward takes a buffer the size of its input while it runs (its forward a few
+per-channel buffers): a BatchNorm3d after a depthwise Conv3d peaks there (-14.9 % unprobed)."""
 _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
-    *_ATTENTION,
+    *_ATTENTION, *_BATCH_NORMS,
 })
 _MATMULS = frozenset({
     torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
@@ -78,10 +84,12 @@ _LAYOUT_OPS = frozenset({
     torch.ops.aten._softmax_backward_data.default, torch.ops.aten._log_softmax_backward_data.default,
     torch.ops.aten.native_layer_norm.default, torch.ops.aten.native_layer_norm_backward.default,
     torch.ops.aten.gelu_backward.default,
+    torch.ops.aten.log_sigmoid_forward.default, torch.ops.aten.log_sigmoid_backward.default,
 })
 """CPU kernels that copy a non-contiguous input to a contiguous one (or compute into a contiguous
 buffer and copy out): 2 x the tensor for an erf gelu_backward whose gradient is transposed, 1 x for
-softmax, log_softmax, their backwards and layer_norm. Probed only when an input is non-contiguous."""
+softmax, log_softmax, their backwards, layer_norm and log_sigmoid (forward and backward). Probed only
+when an input is non-contiguous."""
 _CACHE: dict[tuple, int] = {}
 """Scratch bytes by op signature, for the life of the process."""
 

@@ -72,6 +72,25 @@ def _like_in_dtype(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty_strided(tuple(out.shape), strides, dtype=dtype, device=out.device)
 
 
+def _same_dtype_matmul(func, args, kwargs):
+    """The real matmul kernels (CPU and CUDA) refuse floating operands of different dtypes (a bf16
+    activation times a float32 weight outside autocast raises "expected m1 and m2 to have the same
+    dtype"); the meta kernels return the first operand's dtype, so a step that cannot run would be
+    estimated. Raise as the real kernel does: the estimate's error then names the op and the dtypes."""
+    dtypes = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if len(set(dtypes)) > 1:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise RuntimeError(
+            f"{func.__name__} got operands of different dtypes ({names}): the real kernel refuses them, so this step "
+            "cannot run. Cast one operand (or run the op under autocast, e.g. precision='bf16-mixed')")
+    return func(*args, **kwargs)
+
+
+_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.mv.default)
+"""Matmuls whose real kernels require one dtype for all floating operands and whose fake kernels do not
+(torch 2.13; bmm, baddbmm, addmv and dot refuse mixed dtypes in their fake kernels too)."""
+
+
 RULES: dict[torch._ops.OpOverload, KernelRule] = {
     rule.op: rule
     for rule in (
@@ -81,9 +100,62 @@ RULES: dict[torch._ops.OpOverload, KernelRule] = {
             "(transformers' default MoE experts path calls it in float32 on CPU)",
             run=_grouped_mm,
         ),
+        *(KernelRule(
+            op=op,
+            disagreement="the fake kernel takes floating operands of different dtypes (bf16 @ float32) and returns "
+            "the first one's dtype; the real kernel raises",
+            run=_same_dtype_matmul,
+        ) for op in _MATMULS),
     )
 }
 
 
 def rule_for(func) -> KernelRule | None:
     return RULES.get(func)
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU output layouts: where the real CPU kernel lays its output out differently from the meta kernel.
+# The bytes are the same; what differs is whether a later view needs a copy (a transposed batch-norm
+# output feeding a Linear is reshaped by a copy in the real run, by a view on the fakes).
+
+aten = torch.ops.aten
+
+_BATCH_NORMS = {  # op -> index of the argument whose layout the CPU kernel suggests for output 0
+    aten.native_batch_norm.default: 0,
+    aten._native_batch_norm_legit.default: 0,
+    aten._native_batch_norm_legit.no_stats: 0,
+    aten._native_batch_norm_legit_no_training.default: 0,
+    aten._native_batch_norm_legit_functional.default: 0,
+    aten.native_batch_norm_backward.default: 1,
+}
+"""CPU batch norm (aten/src/ATen/native/Normalization.cpp) makes its output, and the backward its grad_input,
+with `at::empty_like(input, input.suggest_memory_format())`: channels-last stays channels-last, any other
+layout (a transposed (N, L, C) activation) comes out contiguous. The meta kernels keep the input's strides."""
+
+_LOG_SIGMOIDS = (aten.log_sigmoid_forward.default, aten.log_sigmoid_backward.default)
+"""CPU log_sigmoid (aten/src/ATen/native/Activation.cpp) makes its output and buffer contiguous whatever the
+input's layout (it computes on a contiguous copy of a non-contiguous input: scratch the kernel probe
+measures); its backward's grad_input follows grad_output's layout, where the meta kernel follows the input's."""
+
+CPU_LAYOUT_OPS = frozenset(_BATCH_NORMS) | frozenset(_LOG_SIGMOIDS)
+
+
+def cpu_output_layout(func, args: tuple, out):
+    """`out` re-made in the layout the real CPU kernel gives it (same bytes), where it differs."""
+    from torch._prims_common import suggest_memory_format
+
+    if func is aten.log_sigmoid_forward.default:
+        return tuple(t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+                     for t in out)
+    if func is aten.log_sigmoid_backward.default:
+        grad_output = args[0]
+        return out if out.stride() == grad_output.stride() else torch.empty_like(grad_output, dtype=out.dtype)
+    index = _BATCH_NORMS.get(func)
+    if index is None or not isinstance(out, tuple) or not isinstance(out[0], torch.Tensor):
+        return out
+    first, source = out[0], args[index]
+    fmt = suggest_memory_format(source)
+    if first.is_contiguous(memory_format=fmt):
+        return out
+    return (torch.empty_like(first, memory_format=fmt), *out[1:])

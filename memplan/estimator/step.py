@@ -6,6 +6,8 @@ sequence of ops, or the estimate would be exact for a step nobody runs. Two orde
     "lightning"  forward + loss (under autocast) -> zero_grad(set_to_none=True) -> backward -> optimizer update
     "torch"      forward + loss (under autocast) -> backward -> optimizer update -> zero_grad(set_to_none=True)
 
+Lightning's autocast runs with the weight cache off; a plain loop's `torch.autocast` keeps it on.
+
 "lightning" is Lightning's automatic optimization (pytorch_lightning/loops/optimization/automatic.py,
 `Closure.closure`): it zeroes gradients *after* the forward, so the previous step's gradients are
 still alive while the next forward builds its activations. "torch" is the plain PyTorch loop, whose
@@ -61,12 +63,14 @@ class PrecisionPolicy:
             grad_scaling=precision == "16-mixed",
         )
 
-    def forward_context(self, device_type: str) -> contextlib.AbstractContextManager:
+    def forward_context(self, device_type: str, *, loop: Loop = "lightning") -> contextlib.AbstractContextManager:
         """Lightning's `precision_plugin.forward_context()`: autocast with the weight cache off
         (plugins/precision/amp.py: `torch.autocast(device, dtype=dtype, cache_enabled=False)`), or the
-        default dtype set to the half type for the '-true' precisions (plugins/precision/half.py)."""
+        default dtype set to the half type for the '-true' precisions (plugins/precision/half.py).
+        A plain loop (`loop="torch"`) writes `torch.autocast(device, dtype=dtype)`, whose weight cache is
+        on: each parameter's cast is made once and held until the autocast block exits."""
         if self.autocast_dtype is not None:
-            return torch.autocast(device_type, dtype=self.autocast_dtype, cache_enabled=False)
+            return torch.autocast(device_type, dtype=self.autocast_dtype, cache_enabled=loop == "torch")
         if self.param_dtype != torch.float32:
             return _default_dtype(self.param_dtype)
         return contextlib.nullcontext()
@@ -119,11 +123,15 @@ def run_training_step(
     """
     phase = on_phase or (lambda _: None)
     phase("forward")
-    with policy.forward_context(device_type):
+    with policy.forward_context(device_type, loop=loop):
         loss = loss_fn(model, batch)
     check_loss(loss)
     phase("forward_end")
     if loop == "lightning":
+        # Lightning's ClosureResult: `closure_loss / accumulate_grad_batches` (out of place, even by 1)
+        # and a detached clone of it for logging, both alive until the step ends.
+        loss = loss / 1
+        logged = loss.detach().clone()  # noqa: F841
         optimizer.zero_grad(set_to_none=True)
     phase("backward")
     (loss * grad_scale if grad_scale is not None else loss).backward()

@@ -28,6 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from memplan.estimator.composite import linear_bias_add_in_place
 from memplan.estimator.kernel_probe import KernelScratchProbe
+from memplan.estimator.kernel_rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels import (
     ctc_backward_scratch_bytes, cuda_contiguous_copy_bytes, promotion_scratch_bytes, rnn_workspace_bytes,
 )
@@ -66,6 +67,8 @@ class _Record:
     live: bool = True
     node: int | None = None
     """id() of the autograd node whose backward made the storage (None outside backward)."""
+    storage_bytes: int = -1
+    """The storage's own size when last counted: a sighting at another size means it was resized in place."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,14 +110,19 @@ class StorageTracker(TorchDispatchMode):
 
     # --- allocation bookkeeping ------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: Category = Category.TEMPORARIES) -> None:
-        """Count a tensor's storage if it is not counted yet; otherwise leave it as it is."""
+        """Count a tensor's storage if it is not counted yet; recount it if it was resized in place since it
+        was last counted (`torch.cat(..., out=buffer)` grows a buffer, as `resize_` does; torch's
+        MemTracker re-checks every sighting the same way); otherwise leave it as it is."""
         storage = _local(tensor).untyped_storage()
-        if storage in self._records:
+        record = self._records.get(storage)
+        if record is not None:
+            if record.live and storage.nbytes() != record.storage_bytes:
+                self._recount(record, storage.nbytes())
             return
         handle = self.memory.malloc(storage.nbytes())
         node = torch._C._current_autograd_node() if self.phase is Phase.BACKWARD else None
         record = _Record(handle, self.memory.block_bytes(handle), category, self.phase,
-                         node=None if node is None else id(node))
+                         node=None if node is None else id(node), storage_bytes=storage.nbytes())
         self._records[storage] = record
         weakref.finalize(storage, self._on_free, record)
         self._by_category[category] += record.nbytes
@@ -166,10 +174,21 @@ class StorageTracker(TorchDispatchMode):
             self._on_free(record)
         if storage.nbytes():
             record.handle = self.memory.malloc(storage.nbytes())
-            record.nbytes = self.memory.block_bytes(record.handle)
+            record.nbytes, record.storage_bytes = self.memory.block_bytes(record.handle), storage.nbytes()
             record.category, record.phase, record.live = Category.TEMPORARIES, self.phase, True
             self._by_category[record.category] += record.nbytes
             self._update_peak()
+
+    def _recount(self, record: _Record, nbytes: int) -> None:
+        """A live storage now `nbytes` long: its old block freed, a new one taken, its category kept (the
+        allocator frees the old block after copying into the new one; the new one is taken first)."""
+        old_handle, old_bytes = record.handle, record.nbytes
+        record.handle = self.memory.malloc(nbytes)
+        record.nbytes, record.storage_bytes = self.memory.block_bytes(record.handle), nbytes
+        self._by_category[record.category] += record.nbytes
+        self._update_peak()
+        self._by_category[record.category] -= old_bytes
+        self.memory.free(old_handle)
 
     def forget(self, tensor: torch.Tensor) -> None:
         """The storage lives off the device from now on (FSDP's CPU offload): stop counting it."""
@@ -281,6 +300,8 @@ class StorageTracker(TorchDispatchMode):
             if not tensors:
                 out = self._maybe_realize_factory(func, args, kwargs, out)
             out = self._fill_library_workspace(func, args, out)
+            if self.cpu_kernels and func in CPU_LAYOUT_OPS:
+                out = cpu_output_layout(func, args, out)
         accumulation = self._accumulation_inputs(func, args, kwargs, out)
         if accumulation:
             self._defer_peak = True

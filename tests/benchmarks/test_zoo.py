@@ -5,15 +5,17 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks.cpu_truth import analyze_trace, prepare
+from benchmarks.cpu_truth import analyze_trace, training
 from benchmarks.zoo import CASES, OPTIMIZERS
 from memplan.estimator.checkpointing import find_repeated_blocks
 from memplan.estimator.result import PRECISIONS
+from memplan.truth import train
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,11 +25,14 @@ PARAMS = 1000 * 1000 * 4 + 1000 * 4  # weight + bias = 4_004_000
 BATCH = 64 * 1000 * 4 + 64 * 8  # x + y = 256_512
 LOGITS = 64 * 1000 * 4  # addmm output; log_softmax's output and every [64, 1000] gradient are this size
 LOSS_AND_TOTAL_WEIGHT = 4 + 4  # nll_loss_forward's scalar output and its total_weight (saved for backward)
-# build: parameters, then the batch.
-BUILD_PEAK = PARAMS + BATCH  # 4_260_512
+# The truth trains through a real Trainer.fit, which adds bytes of its own:
+RNG_STATES = 5056  # isolate_rng's copy of the CPU generator's state while Trainer.fit starts (freed)
+CLOSURE_LOSS = 4  # the closure's `loss / accumulate_grad_batches`, alive through the backward
+# build: parameters, then the batch; then Trainer.fit's setup.
+BUILD_PEAK = PARAMS + BATCH + RNG_STATES  # 4_265_568
 # step 1 peaks in backward at the bias gradient: the logits' gradient (log_softmax backward) is still
 # alive while mm writes grad W and sum writes grad b.
-STEP1_PEAK = PARAMS + BATCH + LOSS_AND_TOTAL_WEIGHT + LOGITS + PARAMS  # 8_520_520
+STEP1_PEAK = PARAMS + BATCH + LOSS_AND_TOTAL_WEIGHT + CLOSURE_LOSS + LOGITS + PARAMS  # 8_520_524
 # between steps: parameters, gradients (set_to_none happens after the next forward), batch.
 STEP2_START = PARAMS + PARAMS + BATCH  # 8_264_512
 # step 2 peaks in forward, Lightning's order: last step's gradients are alive while the logits
@@ -44,6 +49,7 @@ def test_truth_of_one_linear_layer_is_the_hand_worked_figure():
     assert truth["phase_peaks"] == {"build": BUILD_PEAK, "step1": STEP1_PEAK, "step2": STEP2_PEAK}
     assert truth["phase_start_allocated"]["step2"] == STEP2_START
     assert truth["peak_allocated"] == STEP2_PEAK == 8_776_520
+    assert truth["loop"] == "Trainer.fit"
     assert truth["peak_phase"] == "step2"
     assert truth["end_allocated"] == STEP2_START
     assert truth["baseline_allocated"] == 0
@@ -112,21 +118,29 @@ def test_zoo_covers_the_families_and_settings_the_benchmark_promises():
 def test_every_case_trains_one_real_step_at_batch_size_2(name):
     case = CASES[name]
     torch.manual_seed(0)
-    run = prepare(case, batch_size=2)
-    assert run.model.training
-    config = getattr(run.model, "config", None)
-    if config is not None:
-        assert config._attn_implementation == "sdpa"
     batch_again = case.make_batch(2)
     for a, b in zip(_tensors(case.make_batch(2)), _tensors(batch_again)):
         assert torch.equal(a, b)
-    got_grad = set()  # seen as the gradient lands: a plain loop (loop="torch") sets .grad to None after its step
-    for n, p in run.model.named_parameters():
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(lambda _, n=n: got_grad.add(n))
-    loss = run.step()
-    assert loss.dim() == 0 and math.isfinite(loss.item())
-    untrained = [n for n, p in run.model.named_parameters() if p.requires_grad and n not in got_grad]
+    losses, got_grad, models = [], set(), []
+
+    def loss(model, batch):
+        if not models:  # before the first backward: watch every gradient land
+            models.append(model)
+            for n, p in model.named_parameters():
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(lambda _, n=n: got_grad.add(n))
+        out = case.loss(model, batch)
+        losses.append(out.detach())
+        return out
+
+    train(replace(training(case, batch_size=2, steps=1), loss=loss), loop=case.loop)
+    (model,) = models
+    assert model.training
+    config = getattr(model, "config", None)
+    if config is not None:
+        assert config._attn_implementation == "sdpa"
+    assert len(losses) == 1 and losses[0].dim() == 0 and math.isfinite(losses[0].item())
+    untrained = [n for n, p in model.named_parameters() if p.requires_grad and n not in got_grad]
     assert untrained == []
 
 

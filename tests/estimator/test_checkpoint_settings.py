@@ -11,7 +11,7 @@ import torch
 from memplan.checkpoint_setting import Checkpointing
 from memplan.estimator import estimate
 from memplan.estimator.checkpointing import OpPolicy, apply_checkpointing, find_repeated_blocks
-from memplan.estimator.measure import measure_cpu_peak
+from memplan.truth.measure import measure_cpu_peak
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from memplan.demos import GPTLM, MLP
 from memplan.estimator.api import estimate
-from memplan.estimator.measure import measure_cpu_peak
+from memplan.truth import measure_cpu_peak
 from memplan.units import MiB
 
 
@@ -83,19 +83,37 @@ def test_checkpointing_cuts_saved_activations():
     assert "checkpointed 3 blocks" in ckpt.notes
 
 
+class _ForwardPeak(nn.Module):
+    """A step whose peak is in the forward, by construction: a no-grad 16x fan-out of the batch (16 MiB,
+    freed before the forward ends, saved by nothing) dwarfs everything the backward holds (a 4 MiB weight
+    gradient beside the 4 MiB weight, 1 MiB activations)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(1024, 1024)
+
+    def forward(self, x):
+        with torch.no_grad():
+            scale = x.repeat(1, 16).abs().amax()
+        return (self.fc(x) * scale).mean()
+
+
 def test_lightning_zeroes_grads_after_forward_so_forward_peak_holds_last_grads():
-    # Activation-heavy step: the peak falls at the end of the forward, where Lightning's order keeps
-    # the previous step's gradients alive (zero_grad runs between forward and backward).
-    build = lambda: nn.Sequential(nn.Linear(64, 4096), nn.ReLU(), nn.Linear(4096, 64))  # noqa: E731
-    batch = (torch.randn(2048, 64), torch.randn(2048, 64))
-    loss = lambda m, b: F.mse_loss(m(b[0]), b[1])  # noqa: E731
-    est = estimate(build, batch, loss=loss, optimizer="sgd", device="cpu")
-    n_params = sum(p.numel() for p in build().parameters())
-    assert est.peak_phase in ("forward", "backward")
-    truth = measure_cpu_peak(build, lambda: batch, loss=loss, optimizer="sgd")
-    assert relative_error(est.peak_allocated, truth) < 0.01
-    if est.peak_phase == "forward":
-        assert est.gradients == 4 * n_params
+    make_batch = lambda: (torch.randn(256, 1024),)  # noqa: E731  (fresh tensors: allocated inside the truth)
+    loss = lambda m, b: m(b[0])  # noqa: E731
+    n_params = sum(p.numel() for p in _ForwardPeak().parameters())
+    lightning = estimate(_ForwardPeak, make_batch(), loss=loss, optimizer="sgd", device="cpu")
+    plain = estimate(_ForwardPeak, make_batch(), loss=loss, optimizer="sgd", device="cpu", loop="torch")
+    assert lightning.peak_phase == plain.peak_phase == "forward"  # the property below holds only there
+    # Lightning's closure runs zero_grad between forward and backward: the last step's gradients are
+    # alive at the forward's peak; a plain loop zeroed them after its last step.
+    assert lightning.gradients == 4 * n_params and plain.gradients == 0
+    assert lightning.peak_allocated - plain.peak_allocated == 4 * n_params
+    # ... and both orders are what the real loops do: a Trainer.fit, and a plain loop.
+    fit = measure_cpu_peak(_ForwardPeak, make_batch, loss=loss, optimizer="sgd", loop="lightning")
+    loop = measure_cpu_peak(_ForwardPeak, make_batch, loss=loss, optimizer="sgd", loop="torch")
+    assert relative_error(lightning.peak_allocated, fit) < 0.001, (lightning.peak_allocated, fit)
+    assert relative_error(plain.peak_allocated, loop) < 0.001, (plain.peak_allocated, loop)
 
 
 def test_configure_optimizers_is_the_default_optimizer():
@@ -752,7 +770,7 @@ def test_16_mixed_on_a_cpu_target_is_estimated_as_lightning_runs_it():
     from torch.profiler import ProfilerActivity, profile
     from torch.utils.data import DataLoader
 
-    from memplan.estimator.measure import allocator_counts_every_thread, peak_total_allocated
+    from memplan.truth import allocator_counts_every_thread, peak_total_allocated
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:

@@ -19,7 +19,7 @@ from memplan.demos import GPTLM
 from memplan.estimator.api import estimate
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fsdp import FsdpSettings
-from memplan.estimator.measure import allocator_counts_every_thread, peak_total_allocated
+from memplan.truth import allocator_counts_every_thread, peak_total_allocated
 from memplan.estimator.step import run_training_step
 
 

@@ -12,7 +12,7 @@ from torch.nn.utils import parametrizations
 
 from memplan.estimator.api import estimate
 from memplan.estimator.fake import fake_model, new_fake_mode
-from memplan.estimator.measure import measure_cpu_peak
+from memplan.truth import measure_cpu_peak
 
 torchmetrics = pytest.importorskip("torchmetrics")
 

@@ -81,7 +81,8 @@ def test_every_rule_is_still_needed():
         f"torch {torch.__version__}: the fake _grouped_mm now agrees with the real kernel in float32; "
         "drop or narrow its rule in memplan/estimator/kernel_rules.py"
     )
-    assert set(RULES) == {GROUPED_MM}, "a new rule needs its cases in this file"
+    matmuls = {getattr(torch.ops.aten, case.split(",")[0]).default for case in MATMUL_CASES}
+    assert set(RULES) <= {GROUPED_MM} | matmuls, "a new rule needs its cases in this file"
 
 
 class GroupedExperts(torch.nn.Module):
@@ -100,7 +101,7 @@ class GroupedExperts(torch.nn.Module):
 
 def test_float32_grouped_mm_model_estimates_exactly():
     from memplan.estimator.api import estimate
-    from memplan.estimator.measure import measure_cpu_peak
+    from memplan.truth import measure_cpu_peak
 
     def build():
         torch.manual_seed(0)
@@ -112,3 +113,52 @@ def test_float32_grouped_mm_model_estimates_exactly():
     loss = lambda m, b: m(b[0]).square().mean()  # noqa: E731
     est = estimate(build, batch(), loss=loss, device="cpu")
     assert est.peak_allocated == measure_cpu_peak(build, batch, loss=loss)
+
+
+MATMUL_CASES = {  # op -> builder(dtype_a, dtype_b) -> args: the second operand's dtype varies
+    "mm": lambda a, b: (torch.randn(4, 8, dtype=a), torch.randn(8, 3, dtype=b)),
+    "bmm": lambda a, b: (torch.randn(2, 4, 8, dtype=a), torch.randn(2, 8, 3, dtype=b)),
+    "addmm": lambda a, b: (torch.randn(3, dtype=a), torch.randn(4, 8, dtype=a), torch.randn(8, 3, dtype=b)),
+    "addmm, bias differs": lambda a, b: (torch.randn(3, dtype=b), torch.randn(4, 8, dtype=a), torch.randn(8, 3, dtype=a)),
+    "baddbmm": lambda a, b: (torch.randn(2, 4, 3, dtype=a), torch.randn(2, 4, 8, dtype=a), torch.randn(2, 8, 3, dtype=b)),
+    "mv": lambda a, b: (torch.randn(4, 8, dtype=a), torch.randn(8, dtype=b)),
+    "addmv": lambda a, b: (torch.randn(4, dtype=a), torch.randn(4, 8, dtype=a), torch.randn(8, dtype=b)),
+    "dot": lambda a, b: (torch.randn(8, dtype=a), torch.randn(8, dtype=b)),
+}
+
+
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
+                                    (torch.float16, torch.bfloat16)], ids=str)
+@pytest.mark.parametrize("case", list(MATMUL_CASES))
+def test_matmul_rules_refuse_mixed_dtypes_as_the_real_kernel_does(case, dtypes):
+    op = getattr(torch.ops.aten, case.split(",")[0]).default
+    args = MATMUL_CASES[case](*dtypes)
+    real = _run(lambda: op(*args))
+    mode = FakeTensorMode()
+    fake_args, _ = _fake(mode, args, {})
+    rule = RULES.get(op)
+    with mode:
+        plain_fake = _run(lambda: op(*fake_args))
+        ruled = _run(lambda: rule.run(op, fake_args, {})) if rule is not None else plain_fake
+    assert ruled == real  # with the rule where there is one, the fake kernel's own verdict elsewhere
+    if dtypes[0] != dtypes[1]:
+        assert not real[0]
+        assert plain_fake[0] == (rule is not None), "the fake kernel changed its verdict on mixed dtypes: update RULES"
+
+
+def test_a_step_that_cannot_run_is_reported_not_estimated():
+    from memplan.estimator.api import estimate
+    from memplan.estimator.errors import EstimateError
+
+    class HalfInput(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.fc(x.bfloat16())  # a float32 weight: the real addmm raises
+
+    with pytest.raises(RuntimeError, match="same dtype"):
+        HalfInput()(torch.randn(4, 8))
+    with pytest.raises(EstimateError, match=r"addmm.*different dtypes \(float32, bfloat16, float32\).*cannot run"):
+        estimate(HalfInput, (torch.randn(4, 8),), loss=lambda m, b: m(b[0]).float().sum(), device="cpu")

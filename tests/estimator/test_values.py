@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.estimator.api import estimate
 from memplan.estimator.errors import EstimateError
-from memplan.estimator.measure import measure_cpu_peak
+from memplan.truth import measure_cpu_peak
 from memplan.estimator.values import ValueResolver
 
 

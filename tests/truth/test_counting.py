@@ -6,7 +6,7 @@ import threading
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from memplan.estimator.measure import _c10_count_flag, allocator_counts_every_thread, peak_total_allocated
+from memplan.truth.counting import _c10_count_flag, allocator_counts_every_thread, peak_total_allocated
 
 MIB4 = 1 << 20  # float32 elements in 4 MiB
 
