@@ -126,7 +126,7 @@ def test_free_coalesces_neighbours_so_a_larger_request_reuses_the_segment():
 
 def test_a_free_block_between_live_ones_does_not_merge():
     a = caching()
-    h3, h5, h7 = a.malloc(3 * MiB), a.malloc(5 * MiB), a.malloc(7 * MiB)  # [3][5][7][5 free]
+    h3, _h5, h7 = a.malloc(3 * MiB), a.malloc(5 * MiB), a.malloc(7 * MiB)  # [3][5][7][5 free]
     a.free(h3)
     a.free(h7)  # merges with the 5 MiB tail -> 12 MiB; the 3 MiB block stays apart
     a.malloc(13 * MiB)  # no free block of 13 MiB: new 14 MiB segment

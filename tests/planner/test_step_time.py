@@ -166,7 +166,7 @@ def test_a_plan_without_checkpointing_beats_one_with_it_when_both_fit():
     plan = make_plan(roomy_request(precisions=("bf16-mixed",)), RoomyStep())
     assert not plan.gradient_checkpointing
     # recompute: the in-block forward again, a third of the FLOPs of a step that is mostly matmuls
-    sim, request = RoomyStep(), roomy_request(precisions=("bf16-mixed",))
+    sim = RoomyStep()
     profile = CostProfile(sim.costs(1, "16-mixed"), high=sim.costs(4, "16-mixed"), high_micro=4, traced_amp=True,
                           parameter_count=sim.params, tokens_per_sample=1024)
     setting = dict(precision="bf16-mixed", micro_batch_size=plan.micro_batch_size, world_size=4, gpus_per_node=4,
