@@ -22,7 +22,7 @@ from memplan.callback.layout import Layout, loaded_batch_size
 from memplan.callback.plan_file import find_plan_file
 from memplan.callback.rewrites import checkpointing_is_on
 from memplan.checkpoint_setting import Checkpointing
-from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks, own_checkpointing
+from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
 from memplan.hardware import gpu_for_cuda_index, host_info, match_nvml_name
 from memplan.hardware.nvml import answers as nvml_answers
 from memplan.plan import Plan, model_class_name, model_fingerprint
@@ -35,12 +35,12 @@ CPU_CAPABILITY = (8, 0)
 
 
 def planning_request(budgets: Sequence[DeviceBudget], *, world_size: int, nodes: int, global_batch_size: int,
-                     precision: str, allow_checkpointing: bool, margin: float,
-                     host_available_bytes: int | None, largest_block: int | None,
-                     fsdp: Mapping[str, Any] | None = None) -> PlanRequest:
+                     precision: str, margin: float, host_available_bytes: int | None,
+                     facts: Mapping[str, Any]) -> PlanRequest:
     """The memplan.planner request for this Trainer: its precision only, the devices of one node
-    (each the tightest of its local index over the nodes), its global batch. `fsdp`: the PlanRequest
-    fields of an FSDP strategy (strategies=('fsdp',), parameter_count, ...), None for DDP."""
+    (each the tightest of its local index over the nodes), its global batch. `facts`: the PlanRequest
+    fields from the model (memplan.planner.tracing.model_facts) and, under FSDP, the strategy's (its
+    strategies=('fsdp',)); otherwise the Trainer's strategy is DDP's (or one device), never FSDP."""
     if precision not in SEARCHED_PRECISIONS:
         raise MisconfigurationException(
             f"MemoryPlanner plans for precision {', '.join(SEARCHED_PRECISIONS)}; the Trainer runs {precision!r}: "
@@ -52,9 +52,8 @@ def planning_request(budgets: Sequence[DeviceBudget], *, world_size: int, nodes:
         for i, b in enumerate(budgets[:per_node])
     )
     return PlanRequest(global_batch_size=global_batch_size, devices=devices, nodes=nodes, all_devices=True,
-                       host_available_bytes=host_available_bytes, precisions=(precision,),
-                       allow_checkpointing=allow_checkpointing, margin=margin, largest_block_bytes=largest_block,
-                       **(fsdp or {}))
+                       host_available_bytes=host_available_bytes, precisions=(precision,), margin=margin,
+                       **{"strategies": ("ddp",), **facts})
 
 
 def device_budget(device: torch.device, local_world_size: int) -> DeviceBudget:
@@ -241,16 +240,6 @@ def apply_layout(trainer: Any, module: Any, layout: Layout, batch_arg_name: str 
             apply_setting(module, Checkpointing.parse(layout.checkpointing, name="the plan's checkpointing"))
         else:
             enable_checkpointing(module)
-
-
-def checkpoint_facts(module: nn.Module) -> dict[str, Any]:
-    """The PlanRequest fields about the model's blocks: how many repeated blocks memplan can checkpoint,
-    and what the model checkpoints itself (then kept, and memplan plans no checkpointing of its own)."""
-    own = own_checkpointing(module)
-    facts: dict[str, Any] = dict(repeated_blocks=len(find_repeated_blocks(module)), user_checkpointing=own)
-    if own:
-        facts["allow_checkpointing"] = False
-    return facts
 
 
 def apply_setting(module: nn.Module, setting: Checkpointing) -> list[str]:

@@ -19,7 +19,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from memplan import compat
 from memplan.callback import fsdp_plan, sharded
 from memplan.callback.apply import (
-    apply_layout, can_checkpoint, checkpoint_facts, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
+    apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
     layout_from_plan, planning_request,
     samples_per_rank, train_loader,
 )
@@ -42,8 +42,8 @@ from memplan.callback.settings import PlannerSettings
 from memplan.estimator.errors import EstimateError
 from memplan.hardware import host_info
 from memplan.plan import Plan
-from memplan.planner import Estimator, NoFit, PlanRequest, estimator_for, largest_block_bytes
-from memplan.planner.tracing import block_classes
+from memplan.planner import Estimator, NoFit, PlanRequest, estimator_for
+from memplan.planner.tracing import block_classes, model_facts
 
 RESTORED = "restored from the checkpoint"
 
@@ -196,13 +196,10 @@ class FitStart:
             request = planning_request(
                 budgets, world_size=trainer.world_size, nodes=trainer.num_nodes, global_batch_size=global_batch,
                 precision=str(trainer.precision), margin=min(0.5, 2 * self.settings.margin),
-                allow_checkpointing=self.settings.allow_checkpointing and can_checkpoint(pl_module),
                 host_available_bytes=host_info().budget_bytes if device.type == "cuda" else None,
-                largest_block=largest_block_bytes(pl_module), fsdp=request_fields,
+                facts={**model_facts(pl_module, allow_checkpointing=self.settings.allow_checkpointing
+                                     and can_checkpoint(pl_module)), **(request_fields or {})},
             )
-            facts = checkpoint_facts(pl_module)  # repeated blocks; what the model checkpoints itself
-            request = dataclasses.replace(request, **{**facts, "allow_checkpointing": request.allow_checkpointing
-                                                      and facts.get("allow_checkpointing", True)})
             batch, on = self._batch_to_plan_for(trainer), "cpu" if device.type == "cpu" else None
             try:
                 if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings

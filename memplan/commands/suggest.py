@@ -16,16 +16,16 @@ import torch
 from memplan.commands.devices import OFF_BOX_HINT
 from memplan.commands.progress import Progress
 from memplan.config import LoadedConfig
-from memplan.estimator.checkpointing import find_repeated_blocks, own_checkpointing
+from memplan.estimator.checkpointing import find_repeated_blocks
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.optimizer_state import elementwise_state_bytes
 from memplan.estimator.step import iter_tensors
 from memplan.hardware import GpuModel, host_info, nvml_unavailable_reason, visible_gpus
 from memplan.hardware.nvml import answers, visibility_problem, why_silent
 from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, Plan, model_class_name, model_fingerprint
-from memplan.planner import DeviceBudget, HostLoad, NoFit, PlanRequest, estimator_for, largest_block_bytes, make_plan
+from memplan.planner import DeviceBudget, HostLoad, NoFit, PlanRequest, estimator_for, make_plan
 from memplan.planner.background import BackgroundEstimator, can_fork
-from memplan.planner.tracing import block_classes, tokens_per_sample
+from memplan.planner.tracing import model_facts, tokens_per_sample
 from memplan.planner.request import SEARCHED_PRECISIONS
 from memplan.units import GiB, TiB, format_bytes
 
@@ -190,9 +190,7 @@ def plan_config(
     with loaded.config_errors():  # a model that cannot be built is model.init_args' fault, named as such
         skeleton = fake_model(loaded.build_model, new_fake_mode(), device=torch.device("cpu"),
                               param_dtype=torch.float32)
-    repeated = len(find_repeated_blocks(skeleton))
-    has_blocks = repeated > 0
-    own = own_checkpointing(skeleton)  # what the model checkpoints itself: kept, and nothing added
+    has_blocks = bool(find_repeated_blocks(skeleton))  # (model_facts: what the model checkpoints itself is kept)
     progress.say("reading batches" + (" from memplan.batch_spec" if loaded.settings.batch_spec is not None
                                         else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))
     base = loaded.example_batch(loaded.data_batch_size or 1)
@@ -209,16 +207,10 @@ def plan_config(
             num_workers=hints.num_workers, prefetch_factor=hints.prefetch_factor, pin_memory=hints.pin_memory,
         ),
         precisions=wanted.precisions,
-        allow_checkpointing=wanted.allow_checkpointing and has_blocks and own is None,
-        repeated_blocks=repeated,
-        user_checkpointing=own,
         margin=wanted.margin,
-        largest_block_bytes=largest_block_bytes(skeleton),
-        parameter_count=sum(p.numel() for p in skeleton.parameters()) if has_blocks else None,
-        parameter_bytes=parameter_bytes,
         optimizer_state_bytes=elementwise_state_bytes(skeleton, loaded.optimizer),
         tokens_per_sample=tokens_per_sample(base),
-        block_classes=block_classes(skeleton),
+        **model_facts(skeleton, allow_checkpointing=wanted.allow_checkpointing and has_blocks),
     )
     estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device)
     if isinstance(hardware.estimate_device, GpuModel) and can_fork():  # fake tensors only: safe to fork

@@ -65,3 +65,20 @@ def tokens_per_sample(batch: Any) -> int:
         if t.dim() >= 2 and not t.is_floating_point() and t.dtype != torch.bool:
             return int(t.shape[1])
     return 1
+
+
+def model_facts(model: Any, *, allow_checkpointing: bool) -> dict[str, Any]:
+    """The PlanRequest fields that come from the model itself, for `suggest` (a fake skeleton) and MemoryPlanner
+    (the user's module) alike: its repeated blocks (how many, their classes, the largest one's parameter bytes),
+    what it checkpoints itself (then kept, and no checkpointing of memplan's allowed), its parameter count and
+    bytes. `allow_checkpointing`: whether the caller allows checkpointing at all."""
+    from memplan.estimator.checkpointing import find_repeated_blocks, own_checkpointing
+
+    blocks = find_repeated_blocks(model)
+    own = own_checkpointing(model)
+    parameters = list(model.parameters())
+    return dict(repeated_blocks=len(blocks), user_checkpointing=own,
+                allow_checkpointing=allow_checkpointing and own is None,
+                largest_block_bytes=largest_block_bytes(model), block_classes=block_classes(model),
+                parameter_count=sum(p.numel() for p in parameters) if blocks else None,
+                parameter_bytes=sum(p.numel() * p.element_size() for p in parameters))

@@ -11,7 +11,7 @@ from callback_sim import make_plan
 from torch.utils.data import DataLoader, TensorDataset
 
 from memplan.callback import MemoryPlanner
-from memplan.callback.apply import checkpoint_facts
+from memplan.planner.tracing import model_facts
 from memplan.checkpoint_setting import Checkpointing
 from memplan.estimator.checkpointing import _WRAPPED, apply_checkpointing
 from memplan.plan import Plan
@@ -86,14 +86,15 @@ def test_an_old_plan_file_reads_as_full_or_none():
 
 def test_a_model_that_checkpoints_itself_is_kept_and_said():
     module = TinyLlama()
-    assert checkpoint_facts(module) == {"repeated_blocks": 4, "user_checkpointing": None}
+    facts = model_facts(module, allow_checkpointing=True)
+    assert (facts["repeated_blocks"], facts["user_checkpointing"], facts["allow_checkpointing"]) == (4, None, True)
     module.lm.gradient_checkpointing_enable()
-    facts = checkpoint_facts(module)
+    facts = model_facts(module, allow_checkpointing=True)
     assert facts["allow_checkpointing"] is False
     assert facts["user_checkpointing"] == "transformers' gradient_checkpointing on 4 modules"
     wrapped = TinyLlama()
     apply_checkpointing(wrapped.lm, "blocks:1")
-    assert "memplan's wrapper" in checkpoint_facts(wrapped)["user_checkpointing"]
+    assert "memplan's wrapper" in model_facts(wrapped, allow_checkpointing=True)["user_checkpointing"]
 
 
 def test_a_plan_made_by_the_callback_for_a_self_checkpointing_model_keeps_it(make_trainer):
