@@ -35,10 +35,9 @@ from memplan.callback.collectives import decide_on_rank_zero, gather_objects
 from memplan.callback.framework import MisconfigurationException
 from memplan.callback.layout import Layout
 from memplan.callback.rewrites import (
-    Rewrite, announce, checkpointing_is_on, layout_rewrites,
+    announce, checkpointing_is_on, layout_rewrites,
 )
-from memplan.callback.session import FitSession
-from memplan.callback.settings import PlannerSettings
+from memplan.callback.session import CallbackState
 from memplan.estimator.errors import EstimateError
 from memplan.hardware import host_info
 from memplan.plan import Plan
@@ -48,15 +47,8 @@ from memplan.planner.tracing import block_classes, model_facts
 RESTORED = "restored from the checkpoint"
 
 
-class FitStart:
+class FitStart(CallbackState):
     """Fit-start planning and applying (module docstring)."""
-
-    settings: PlannerSettings
-    _fit: FitSession
-    plan: Plan | None
-    layout: Layout | None
-    exactness: Exactness | None
-    rewrites: list[Rewrite]
 
     def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fit.restored, self._restored = self._restored, None

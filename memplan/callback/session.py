@@ -62,3 +62,15 @@ class FitSession:
     """The apply record, made at fit start, written when training starts (at its real step)."""
     mismatches: list[str] = field(default_factory=list)
     """How the Trainer differs from the given plan, in words."""
+
+
+class CallbackState:
+    """What MemoryPlanner's parts (callback.fit_start, callback.watching) read and set on the callback: its
+    settings, this fit's session, and the public results."""
+
+    settings: Any  # memplan.callback.settings.PlannerSettings
+    _fit: FitSession
+    plan: Plan | None
+    layout: Any  # memplan.callback.layout.Layout | None
+    exactness: Any  # memplan.callback.exactness.Exactness | None
+    rewrites: list[Any]  # memplan.callback.rewrites.Rewrite

@@ -17,34 +17,23 @@ import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from memplan.callback.chunking import NothingFitsError, OomRetry
-from memplan.callback.exactness import Exactness
 from memplan.callback.adjust import Change, RankStatus, gather_statuses
 from memplan.callback.collectives import gather_rows
-from memplan.callback.layout import Layout
 from memplan.callback.rewrites import (
-    Rewrite, checkpointing_rewrite, summary_lines,
+    checkpointing_rewrite, summary_lines,
 )
 from memplan.callback.oom_site import oom_site
-from memplan.callback.session import FitSession
-from memplan.callback.settings import PlannerSettings
+from memplan.callback.session import CallbackState
 from memplan.callback.runlog import (
     lightning_writes_row, logger_metrics, summary_line,
 )
 from memplan.hardware import readings
-from memplan.plan import Plan
 
 log = logging.getLogger("memplan.callback.memory_planner")  # (one logger for the callback's lines, as before)
 
 
-class Watching:
+class Watching(CallbackState):
     """Watching and adjusting (module docstring)."""
-
-    settings: PlannerSettings
-    _fit: FitSession
-    plan: Plan | None
-    layout: Layout | None
-    exactness: Exactness | None
-    rewrites: list[Rewrite]
 
     def _maybe_check(self, trainer: pl.Trainer, batch: Any = None) -> None:
         """A reading every `every` steps, then a shared decision; recorded only: the first step, the
