@@ -15,7 +15,7 @@ the case describes), SIGTERM during `suggest --output`. Each outcome is one of
                  temporary file left behind
 
 Run from the repository root: `.venv/bin/python -m benchmarks.faults [--only ID ...] [--write]`
-(--write stores results/faults.{json,md}). About 5 minutes on 2 CPU cores.
+(--write stores results/faults.{json,md}). About 10 minutes on 2 CPU cores shared with other work.
 """
 from __future__ import annotations
 
