@@ -15,7 +15,7 @@ the case describes), SIGTERM during `suggest --output`. Each outcome is one of
                  temporary file left behind
 
 Run from the repository root: `.venv/bin/python -m benchmarks.faults [--only ID ...] [--write]`
-(--write stores results/faults.{json,md}). About 5 minutes on 2 CPU cores.
+(--write stores results/faults.{json,md}). About 10 minutes on 2 CPU cores shared with other work.
 """
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+CHECKOUT = {"code": ROOT}
+"""The memplan checkout under test (--code), for setups that run memplan themselves."""
 TIME_LIMIT_S = 120
 OUTCOMES = ("clear", "unclear", "traceback", "hang", "silent wrong", "data loss")
 
@@ -106,7 +108,7 @@ class Case:
     sigterm_after_s: float | None = None
     """Send SIGTERM this long after the start (the run's own folder is checked after)."""
     command: list[str] | None = None
-    """Run this instead of memplan (a launch script)."""
+    """Run this instead of memplan (a launch script); PYTHON, ROOT (the checkout), CONFIG and DIR are replaced."""
 
 
 def with_changes(changes: dict) -> dict:
@@ -140,6 +142,34 @@ def fifo(name: str) -> Callable[[Path], None]:
     def setup(folder: Path) -> None:
         os.mkfifo(folder / name)
     return setup
+
+
+def anchored() -> dict:
+    """BASE with a top-level anchor holder: `defaults: &id001 {...}`, used by model.init_args as *id001."""
+    config = json.loads(json.dumps(BASE))
+    config["defaults"] = config["model"]["init_args"]  # one object twice: YAML writes an anchor and an alias
+    return config
+
+
+def planned_then_moved(folder: Path) -> None:
+    """`memplan suggest --output DIR/a/planned.yaml`, then the pair moved to DIR/b (the planned config
+    named its plan by absolute path: training from DIR/b then failed)."""
+    (folder / "a").mkdir()
+    subprocess.run([sys.executable, "-m", "memplan", "suggest", *GPU, "--gpus", "1", str(folder / "config.yaml"),
+                    "--output", str(folder / "a" / "planned.yaml")], check=True, capture_output=True, cwd=folder,
+                   env=dict(os.environ, PYTHONPATH=str(CHECKOUT["code"])), timeout=TIME_LIMIT_S)
+    (folder / "a").rename(folder / "b")
+
+
+GPT_HEADS = {"trainer": {"devices": 1, "precision": "32-true"},
+             "model": {"class_path": "memplan.demos.GPTLM",
+                       "init_args": {"vocab_size": 128, "context": 16, "d_model": 100, "n_layers": 1, "n_heads": 3}},
+             "data": {"class_path": "memplan.demos.RandomTokens",
+                      "init_args": {"batch_size": 2, "vocab_size": 128, "context": 16, "num_samples": 64}},
+             "memplan": {"global_batch_size": 8}}
+LLAMA_HEADS = {**GPT_HEADS, "model": {"class_path": "memplan.demos.LlamaLM", "init_args": {
+    "vocab_size": 128, "hidden_size": 100, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 3,
+    "num_key_value_heads": 3, "context": 16}}}
 
 
 # --- run logs -------------------------------------------------------------------------------------
@@ -279,9 +309,23 @@ def cases() -> list[Case]:
         ("yaml-global-batch-string", {"memplan.global_batch_size": "64"}, "memplan.global_batch_size must be a positive int"),
         ("yaml-margin-1.5", {"memplan.margin": 1.5}, "memplan.margin must be a fraction"),
         ("yaml-section-typo", {"modle": {"class_path": "x"}}, "modle: is not a LightningCLI section (did you mean 'model'?)"),
+        ("yaml-extra-top-level-key", {"notes": "run 3"}, "notes: in"),
+        ("yaml-fit-subcommand-section", {"fit": {"trainer": {"devices": 1}}}, "fit: in"),
     ]:
         c.append(Case(id=cid, kind="absurd size (YAML)", argv=["suggest", *GPU, "CONFIG"], config=with_changes(changes),
                       fragment=fragment))
+    # 1b'. configs LightningCLI would refuse, and config values that do not fit together
+    c += [
+        Case(id="yaml-anchor-holder", kind="absurd size (YAML)", argv=["suggest", *GPU, "CONFIG"], config=anchored(),
+             fragment="defaults: in", check=says("is not a key LightningCLI's fit accepts at the top level",
+                                                 "define each anchor where its value is first used")),
+        Case(id="heads-not-dividing-width", kind="config values", argv=["estimate", "CONFIG", "--batch-size", "2"],
+             config=GPT_HEADS, fragment="model.init_args.n_heads (3) does not divide model.init_args.d_model (100)",
+             check=says("set model.init_args.n_heads to a divisor of 100 (2, 4, 5)")),
+        Case(id="heads-not-dividing-width-transformers", kind="config values", argv=["suggest", *GPU, "CONFIG"],
+             config=LLAMA_HEADS,
+             fragment="model.init_args.num_attention_heads (3) does not divide model.init_args.hidden_size (100)"),
+    ]
     # 1c. files that are not (small) files
     c += [
         Case(id="config-dev-zero", kind="not a file", argv=["suggest", *GPU, "/dev/zero"], config=None,
@@ -329,7 +373,8 @@ def cases() -> list[Case]:
              fragment="the plan uses 1 of the 3 GPUs per node --gpus gives"),
         Case(id="gpus-48-global-1024", kind="implausible plan", expect="answer",
              argv=["suggest", *GPU, "--gpus", "48", "--json", "CONFIG"], config=with_changes({"memplan.global_batch_size": 1024}),
-             fragment="the plan uses 32 of the 48 GPUs per node"),
+             fragment="of the 48 GPUs per node --gpus gives",  # (1 since the step-time model: more are no faster)
+             check=says("no setting is predicted faster", "does not split evenly over")),
         Case(id="more-ranks-than-batch", kind="implausible plan", argv=["suggest", *GPU, "--gpus", "8", "--nodes", "16",
                                                                         "CONFIG"],
              fragment="--gpus 8 x --nodes 16 = 128 ranks, more than the global batch of 64"),
@@ -344,6 +389,11 @@ def cases() -> list[Case]:
         Case(id="output-plan-json", kind="output", argv=["suggest", *GPU, "CONFIG", "--output", "DIR/x.plan.json"],
              fragment="names a plan file; --output names the planned config"),
     ]
+    c.append(Case(id="planned-pair-moved", kind="output", expect="answer", setup=planned_then_moved, argv=[],
+                  command=["PYTHON", "ROOT/launch/train.py", "fit", "--config", "DIR/b/planned.yaml",
+                           "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.logger=false",
+                           "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false"],
+                  env={"CUDA_VISIBLE_DEVICES": ""}, fragment="MemoryPlanner summary"))
     for delay in (0.5, 2.0, 3.5, 5.0, 6.5):
         c.append(Case(id=f"sigterm-suggest-output-{delay:g}s", kind="preemption", expect="signal",
                       argv=["suggest", *GPU, "CONFIG", "--output", "DIR/planned.yaml"], sigterm_after_s=delay,
@@ -419,6 +469,7 @@ def run_case(case: Case, folder: Path, code: Path = ROOT) -> dict:
     if case.config is not None:
         (folder / "config.yaml").write_text(yaml.safe_dump(case.config, sort_keys=False))
     if case.setup is not None:
+        CHECKOUT["code"] = code
         case.setup(folder)
     argv = [a.replace("CONFIG", str(folder / "config.yaml")).replace("DIR", str(folder)) for a in case.argv]
     spec = {"argv": argv, "gpus": case.gpus, "fake_nvml_dir": str(ROOT / "tests" / "hardware"), **case.nvml}
@@ -426,8 +477,11 @@ def run_case(case: Case, folder: Path, code: Path = ROOT) -> dict:
     if "CUDA_VISIBLE_DEVICES" not in case.env:
         env.pop("CUDA_VISIBLE_DEVICES", None)
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, json.dumps(spec)], cwd=folder, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv_run = [sys.executable, "-c", RUNNER, json.dumps(spec)]
+    if case.command is not None:
+        argv_run = [a.replace("CONFIG", str(folder / "config.yaml")).replace("DIR", str(folder))
+                    .replace("PYTHON", sys.executable).replace("ROOT", str(code)) for a in case.command]
+    proc = subprocess.Popen(argv_run, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         if case.sigterm_after_s is not None:
             try:

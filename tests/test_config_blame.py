@@ -97,5 +97,7 @@ def test_values_are_blamed_only_on_evidence():
     # the same numbers, without a quotient or words about dividing: no blame
     assert blame("RuntimeError: expected 3 dims, got a tensor of [2, 16, 100]", values) is None
     assert blame("index 7 is out of bounds", values) is None
+    small = [("data.init_args.batch_size", 2), ("model.init_args.num_classes", 3)]
+    assert blame("Expected input batch_size (2) to match target batch_size (3) at dim 1", small, by_name=False) is None
     named = blame("RuntimeError: the width must be even", values)
     assert named is not None and named.keys == ("model.init_args.width",)

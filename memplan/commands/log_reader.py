@@ -262,6 +262,7 @@ class FolderReader:
             lines = [line for line in lines if len(line) <= MAX_LINE_BYTES]
         records = parse_many(lines)
         name = state.path.name
+        latest = None
         for i, record in enumerate(records):
             if record is BAD:
                 record = parse_one(lines[i])
@@ -289,9 +290,11 @@ class FolderReader:
             if on_record is not None:
                 on_record(state.rank, record)
             if learn and record["event"] == "sample":
-                shape = sample_shape(record)
-                if shape is not None:
-                    state.shape = shape
+                latest = record
+        if learn and latest is not None:  # the latest sample's shape (one pattern built, however many runs)
+            shape = sample_shape(latest)
+            if shape is not None:
+                state.shape = shape
 
     def _skip(self, name: str, why: str) -> None:
         bad = self.skipped.setdefault(name, {})

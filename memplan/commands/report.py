@@ -87,6 +87,7 @@ def summary_renderables(logs: RunLogs) -> list[Any]:
         table.add_row(str(h.rank), _fmt(h.peak_process_bytes), _fmt(h.min_headroom_bytes), _fmt(h.device_total_bytes),
                       str(h.sample_count), str(h.oom_retry_count), str(len(h.fatals)) if h.fatals else "-")
     out: list[Any] = [escape(line) for line in context_lines(logs)] + [table]
+    out += [escape(line) for line in fallback_notes(histories)]
     changes = shared_changes(histories)
     out.append(f"changes: {len(changes)}" if changes else "changes: none")
     out += [escape(f"  step {c['step']}: {change_label(c)} ({c.get('cause')}): {c.get('reason', '')}") for c in changes]
@@ -102,6 +103,18 @@ def summary_renderables(logs: RunLogs) -> list[Any]:
                                             f"{' (' + str(e['where']) + ')' if e.get('where') else ''}")
             for r, e in fatals]
     return out
+
+
+def fallback_notes(histories: list[RankHistory]) -> list[str]:
+    """The ranks whose readings fell back mid-run (NVML lost ...), from their end-of-fit summary records."""
+    from memplan.hardware.fallbacks import fallback_lines, fallback_mask
+
+    masks: dict[int, int] = {}
+    for h in histories:
+        codes = h.summaries[-1].get("reading_fallbacks") if h.summaries else None
+        if isinstance(codes, list) and codes:
+            masks[h.rank] = fallback_mask(tuple(c for c in codes if isinstance(c, str)))
+    return fallback_lines([masks.get(r, 0) for r in range(max(masks, default=-1) + 1)])
 
 
 def _fmt(num_bytes: int | None) -> str:

@@ -7,8 +7,10 @@ hidden size (100) is not a multiple of the number of attention heads (3)"). The 
 values (and often the words of their names), so the keys can be named as the user wrote them:
 
 - a divisor that does not divide: two int values d and n of the config, n % d != 0, both in the
-  message, with n // d there too (the view's head size) or the words multiple / divisible / divide;
-- else the keys whose names are in the message as words ("hidden size", "attention heads").
+  message, with n // d there too (the view's head size, when 2 or more) or the words multiple /
+  divisible / divide;
+- else, for a failure to build, the keys whose names are in the message as words ("hidden size",
+  "attention heads").
 
 Nothing is named without that evidence: None, and the failure is reported as it was.
 """
@@ -36,11 +38,12 @@ class Blame:
     fix: str
 
 
-def blamed(message: str, raw: Mapping[str, Any], failed: str) -> ConfigError | None:
+def blamed(message: str, raw: Mapping[str, Any], failed: str, *, by_name: bool = True) -> ConfigError | None:
     """A ConfigError naming the model: / data: values `message` comes from (with `failed`, what failed,
-    in words), or None without evidence."""
+    in words), or None without evidence. `by_name=False`: only a divisor that does not divide (a step's
+    messages name arguments of ops, not of the config)."""
     values = [*int_values(raw.get("model"), "model"), *int_values(raw.get("data"), "data")]
-    found = blame(message, values)
+    found = blame(message, values, by_name=by_name)
     if found is None:
         return None
     return ConfigError(found.keys[0], " ".join(f"{found.what}: {failed}; {found.fix}".split()))  # one line
@@ -59,7 +62,7 @@ def int_values(section: Any, prefix: str, depth: int = 0) -> Iterator[tuple[str,
             yield from int_values(value, path, depth + 1)
 
 
-def blame(message: str, values: list[tuple[str, int]]) -> Blame | None:
+def blame(message: str, values: list[tuple[str, int]], *, by_name: bool = True) -> Blame | None:
     """The keys among `values` that `message` (a failure's text) shows it comes from, or None."""
     numbers = {int(n) for n in re.findall(r"(?<![\w.])\d{1,12}(?![\w.])", message)}
     text = " " + re.sub(r"[^a-z0-9]+", " ", message.lower()) + " "
@@ -68,7 +71,8 @@ def blame(message: str, values: list[tuple[str, int]]) -> Blame | None:
     says_divide = re.search(r"multiple|divisible|divide", text) is not None
     for d_key, d in values:
         for n_key, n in values:
-            if d >= 2 and n > d and n % d and d in numbers and n in numbers and (says_divide or n // d in numbers):
+            quotient = n // d >= 2 and n // d in numbers  # (a 1 is in too many messages to tell anything)
+            if d >= 2 and n > d and n % d and d in numbers and n in numbers and (says_divide or quotient):
                 pairs.append((named[d_key] + named[n_key], d_key, d, n_key, n))
     if pairs:
         best = max(p[0] for p in pairs)
@@ -82,7 +86,7 @@ def blame(message: str, values: list[tuple[str, int]]) -> Blame | None:
                          what=f"{shown} does not divide {n_key} ({n})",
                          fix=f"set {divisors[0][0]} to a divisor of {n} ({', '.join(map(str, near))}) or {n_key} "
                              f"to a multiple of {divisors[0][1]}")
-    keys = tuple(key for key, _ in values if named[key])
+    keys = tuple(key for key, _ in values if named[key]) if by_name else ()
     if keys:
         return Blame(keys=keys, what=f"the failure names {', '.join(keys)}", fix=f"fix {', '.join(keys)}")
     return None

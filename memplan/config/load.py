@@ -230,7 +230,8 @@ class LoadedConfig:
                                   ) from err
             if message.startswith("model:"):  # the step failed in the model: on config values that do not fit?
                 what = message.removeprefix("model: ").split(". Check that", 1)[0]
-                found = blamed(what, self.raw, f"{self.model.class_path}'s training step failed: {what}")
+                found = blamed(what, self.raw, f"{self.model.class_path}'s training step failed: {what}",
+                               by_name=False)
                 if found is not None:
                     raise found from err
             raise

@@ -20,6 +20,7 @@ import psutil
 import torch
 
 from memplan.hardware import NA, gpu_for_cuda_index, nvml_query, nvml_unavailable_reason, process_gpu_bytes
+from memplan.hardware.fallbacks import FALLBACKS, fallback_lines, fallback_mask  # noqa: F401 (re-exported)
 from memplan.hardware.nvml import memory_bytes
 from memplan.hardware.host import cgroup_memory_files
 from memplan.units import format_bytes
@@ -147,36 +148,11 @@ class _CudaReader:
         )
 
 
-FALLBACKS = {
-    "nvml": "NVML gave no memory reading, so the device's figures came from CUDA's mem_get_info and this "
-            "process's own share was not available",
-    "cuda": "NVML and CUDA's mem_get_info both failed, so the device's figures were missing",
-    "stats": "torch.cuda.memory_stats failed, so torch's counters were missing",
-}
-"""What a GPU's readings fell back on when a source failed mid-run, by code (the warning says it once
-when it happens; the end-of-fit summary says it again)."""
-
-
 def reading_fallbacks(device: torch.device) -> tuple[str, ...]:
     """The FALLBACKS codes the readings of `device` have taken in this process (none on CPU)."""
     reader = _READERS.get(device)
     taken = reader.fallbacks if isinstance(reader, _CudaReader) else set()
     return tuple(code for code in FALLBACKS if code in taken)
-
-
-def fallback_mask(codes: tuple[str, ...]) -> int:
-    """`codes` as bits (for the end-of-fit gather of every rank's figures)."""
-    return sum(1 << i for i, code in enumerate(FALLBACKS) if code in codes)
-
-
-def fallback_lines(masks: list[int]) -> list[str]:
-    """The end-of-fit summary's lines for the ranks whose readings fell back: 'ranks 0, 1: NVML gave ...'."""
-    lines = []
-    for i, (code, text) in enumerate(FALLBACKS.items()):
-        ranks = [rank for rank, mask in enumerate(masks) if mask >> i & 1]
-        if ranks:
-            lines.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {text} during this fit")
-    return lines
 
 
 _said: set[str] = set()

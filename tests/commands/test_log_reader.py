@@ -123,3 +123,24 @@ def test_a_long_log_decodes_only_the_samples_it_shows(tmp_path, monkeypatch):
     assert history.sample_count == 20_000 and history.peak_process_bytes == max(peaks)
     assert [s["step"] for s in history.samples][-1] == 20_000 and history.last_sample["step"] == 20_000
     assert sum(decoded) < 100, f"{sum(decoded)} records decoded of 20,000"
+
+
+def test_a_run_id_on_every_line_builds_a_few_patterns_not_one_a_line(tmp_path, monkeypatch):
+    """20,000 runs of one line each (each a new shape): the lines are read the slow way, and a pattern is
+    built for a few of them per chunk, not for each."""
+    from memplan.commands import log_scan
+
+    folder = tmp_path / "memplan"
+    folder.mkdir()
+    rng = random.Random(1)
+    (folder / "rank0.jsonl").write_text("".join(json.dumps(sample(0, 1, f"2026-{i:06d}", rng)) + "\n"
+                                                for i in range(20_000)))
+    built = []
+    real = log_scan._build
+    monkeypatch.setattr(log_scan, "_build", lambda *a: built.append(1) or real(*a))
+    log_scan._SHAPES.clear()
+    reader = log_reader.FolderReader(folder)
+    reader.update()
+    assert len(reader.runs) == 20_000
+    chunks = (folder / "rank0.jsonl").stat().st_size // log_reader.CHUNK_BYTES + 1
+    assert len(built) <= chunks * (log_reader.MAX_NEW_SHAPES + 1), f"{len(built)} patterns built"

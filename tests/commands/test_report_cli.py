@@ -438,3 +438,20 @@ def test_thinned_samples_keep_every_kth_and_the_latest_last(monkeypatch):
         assert steps[-1] == step and len(steps) <= 2 * 4 + 1
         assert all((s - 1) % history.sample_stride == 0 for s in steps[:-1]), (step, steps)
     assert history.peak_process_bytes == 299 and history.sample_count == 299
+
+
+def test_report_names_the_ranks_whose_readings_fell_back_mid_run(tmp_path, capsys):
+    """(The summary record's reading_fallbacks, as MemoryPlanner writes it when NVML was lost mid-run.)"""
+    log_dir = tmp_path / "memplan"
+    for rank, codes in ((0, []), (1, ["nvml"])):
+        log = RankLog(log_dir, rank, "20261124-050000-aaaaaa")
+        log.write("sample", 1, **reading(GiB, 2 * GiB), **runs_as(LAYOUT_8, 0))
+        log.write("summary", 1, peak_process_bytes=GiB, min_headroom_bytes=None, oom_retries=0, layout=LAYOUT_8,
+                  reading_fallbacks=codes)
+        log.close()
+    code, out, _ = run(capsys, "report", log_dir, "--output", tmp_path / "r.png")
+    assert code == 0
+    assert ("rank 1: NVML gave no memory reading, so the device's figures came from CUDA's mem_get_info and this "
+            "process's own share was not available during this fit") in " ".join(out.split())
+    assert "rank 0: NVML" not in out
+
