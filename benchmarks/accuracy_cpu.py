@@ -186,12 +186,33 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _report(rows: list[dict]) -> dict:
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "rules_of_thumb": RULES,
+        "rows": rows,
+        "summary": summarize(rows),
+    }
+
+
+def _previous_rows(cases) -> dict[str, dict]:
+    """The committed rows by case name (--only --write replaces just the cases it runs)."""
+    from benchmarks.results_io import RESULTS
+
+    path = RESULTS / "accuracy_cpu.json"
+    if not path.exists():
+        return {}
+    return {r["case"]: r for r in json.loads(path.read_text())["rows"] if r["case"] in cases}
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.zoo import CASES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=sorted(CASES), metavar="CASE", help="run these cases only")
-    parser.add_argument("--write", action="store_true", help="write benchmarks/results/ also with --only")
+    parser.add_argument("--write", action="store_true",
+                        help="with --only: replace those cases' rows in the committed benchmarks/results/ and re-summarise")
     parser.add_argument("--estimate-one", choices=sorted(CASES), metavar="CASE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.estimate_one:
@@ -206,17 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         status = _pct(row["error"]) if "error" in row else f"FAILED ({row['failed']})"
         print(f"{name:34s} truth {row['truth_process_seconds']:6.1f} s  estimate "
               f"{row['estimate_process_seconds']:6.1f} s  error {status}", flush=True)
-    report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "rules_of_thumb": RULES,
-        "rows": rows,
-        "summary": summarize(rows),
-    }
-    markdown = render_markdown(report)
-    print(markdown)
+    report = _report(rows)
+    print(render_markdown(report))
     if args.write or not args.only:
-        write_results("accuracy_cpu", report, markdown, indent=1)
+        kept = _previous_rows(CASES) if args.only else {}
+        kept.update({r["case"]: r for r in rows})
+        merged = _report([kept[name] for name in CASES if name in kept])
+        write_results("accuracy_cpu", merged, render_markdown(merged), indent=1)
     return 0 if all("error" in r for r in rows) else 1
 
 

@@ -156,3 +156,37 @@ def test_log_sigmoid_of_a_transposed_activation_matches_a_real_run(monkeypatch):
 
 
 _LOG_SIGMOID_OPS = (aten.log_sigmoid_forward.default, aten.log_sigmoid_backward.default)
+
+
+AGREEING = {  # ops with no layout rule: their meta kernels already lay non-contiguous inputs out as CPU does
+    "gelu": lambda x: aten.gelu(x), "gelu_backward": lambda x: aten.gelu_backward(torch.ones(x.shape), x),
+    "silu": lambda x: aten.silu(x), "silu_backward": lambda x: aten.silu_backward(torch.ones(x.shape), x),
+    "sigmoid": lambda x: aten.sigmoid(x), "tanh": lambda x: aten.tanh(x), "relu": lambda x: aten.relu(x),
+    "threshold_backward": lambda x: aten.threshold_backward(torch.ones(x.shape), x, 0.0),
+    "softmax": lambda x: aten._softmax(x, -1, False), "log_softmax": lambda x: aten._log_softmax(x, -1, False),
+    "softplus": lambda x: aten.softplus(x, 1, 20), "elu": lambda x: aten.elu(x), "mish": lambda x: aten.mish(x),
+    "native_dropout": lambda x: aten.native_dropout(x, 0.1, True), "clone": lambda x: aten.clone(x),
+    "add": lambda x: aten.add(x, torch.ones(x.shape)), "mul": lambda x: aten.mul(x, 2.0), "exp": lambda x: aten.exp(x),
+    "where": lambda x: aten.where(x > 0, x, torch.zeros(x.shape)),
+    "layer_norm": lambda x: aten.native_layer_norm(x, [x.shape[-1]], None, None, 1e-5),
+    "glu": lambda x: aten.glu(x, 1), "cumsum": lambda x: aten.cumsum(x, -1),
+    "logsumexp": lambda x: aten.logsumexp(x, [-1], True), "hardtanh": lambda x: aten.hardtanh(x),
+}
+
+
+@pytest.mark.parametrize("layout", ["2d transposed", "3d transposed (N, L, C) -> (N, C, L)", "4d channels_last",
+                                    "4d H and W swapped"])
+def test_ops_without_a_rule_lay_out_their_outputs_as_the_real_cpu_kernel(layout):
+    differ = []
+    for name, op in AGREEING.items():
+        torch.manual_seed(0)
+        real = op(LAYOUTS[layout]())
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        torch.manual_seed(0)
+        x = LAYOUTS[layout]()
+        with mode:
+            fake = op(mode.from_tensor(x))
+        strides = lambda out: [t.stride() for t in (out if isinstance(out, tuple) else (out,))]  # noqa: E731
+        if strides(real) != strides(fake):
+            differ.append(name)
+    assert differ == [], "these ops need a rule in kernel_rules.cpu_output_layout"
