@@ -1,0 +1,169 @@
+"""Every benchmark figure README.md quotes is the committed results JSON's, so none can go stale.
+
+Each claim is a pattern in README.md whose groups are figures, and the figures the committed
+benchmarks/results/*.json give for them. A claim that no longer matches fails (the sentence changed:
+update the claim), and so does a figure that differs from the JSON (a benchmark was re-run: update the
+README). So that a new figure cannot slip in unchecked, every percentage in the README's accuracy
+paragraphs (from "## Accuracy" to "### What the trace cannot see", and the FSDP accuracy paragraph)
+must lie inside a claim, unless it is a goal ("<= 1 %").
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"
+NUM = r"([-+]?[\d,]*\.?\d+)"
+
+
+@cache
+def results(name: str) -> dict:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def pct(x: float, places: int = 3) -> str:
+    return f"{100 * x:.{places}f}"
+
+
+def signed_pct(x: float, places: int = 2) -> str:
+    return f"{100 * x:+.{places}f}"
+
+
+def _worst(rows: list[dict], key: str) -> dict:
+    return max(rows, key=lambda r: abs(r[key]))
+
+
+def _cpu_table() -> tuple[str, ...]:
+    s, rows = results("accuracy_cpu")["summary"], results("accuracy_cpu")["rows"]
+    whole, step2 = _worst(rows, "error"), _worst(rows, "error_vs_step2")
+    step2_bytes = step2["estimate"]["peak_allocated"] - step2["truth"]["phase_peaks"]["step2"]
+    return (
+        pct(s["memplan"]["median_abs_error"]), pct(s["memplan"]["worst_abs_error"]), whole["case"],
+        f"{abs(whole['error_bytes']):,}", "under" if whole["error_bytes"] < 0 else "over",
+        pct(s["memplan_vs_step2"]["median_abs_error"]), pct(s["memplan_vs_step2"]["worst_abs_error"]), step2["case"],
+        f"{abs(step2_bytes):,}", "under" if step2_bytes < 0 else "over",
+        pct(s["rule_3p_2act"]["median_abs_error"], 1), pct(s["rule_3p_2act"]["worst_abs_error"], 1),
+        pct(s["rule_4x_weights"]["median_abs_error"], 1), pct(s["rule_4x_weights"]["worst_abs_error"], 1),
+    )
+
+
+def _cpu_counts() -> tuple[str, ...]:
+    report = results("accuracy_cpu")
+    rows = report["rows"]
+    return (
+        report["machine"]["cpu"], report["date"][:10], str(sum(1 for r in rows if r["error_bytes"] == 0)),
+        str(len(rows)), str(sum(1 for r in rows if abs(r["error"]) <= 1e-4)),
+    )
+
+
+def _realmodels() -> tuple[str, ...]:
+    report = results("realmodels")
+    s, rows = report["summary"], [r for r in report["rows"] if "error" in r]
+    worst = _worst(rows, "error")
+    torch_order = sum(1 for r in report["rows"] if r.get("loop") == "torch")
+    return (
+        str(s["cases"]), str(torch_order), report["date"][:10], report["machine"]["cpu"], str(s["all"]["measured"]),
+        pct(s["all"]["median_abs_error"]), signed_pct(worst["error"], 3), worst["case"],
+    )
+
+
+def _fsdp() -> tuple[str, ...]:
+    s = results("accuracy_fsdp_cpu")["summary"]
+    rows = results("accuracy_fsdp_cpu")["rows"]
+    errors = [e for r in rows for e in r["errors"]]
+    rest = sorted(abs(e) for e in errors if abs(e) > 1e-5)
+    return (
+        str(s["cases"]), str(s["rank_figures"]), pct(s["median_abs_error"]), signed_pct(max(errors, key=abs)),
+        str(len(errors) - len(rest)), str(s["rank_figures"]), str(len(rest)), pct(rest[0], 2), pct(rest[-1], 2),
+    )
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    pattern: str
+    expected: Callable[[], tuple[str, ...]]
+
+
+CLAIMS = [
+    Claim("accuracy_cpu table",
+          r"\| memplan \(vs the whole run\) \| NUM % \| NUM % \(`([\w.-]+)`, NUM B (under|over)[^|]*\|\n"
+          r"\| memplan \(vs the steady-state step\) \| NUM % \| NUM % \(`([\w.-]+)`, NUM B (under|over)\) \|\n"
+          r"\| 4 B x \(3 x params \+ 2 x activations x batch\) \| NUM % \| NUM % \|\n"
+          r"\| 4 x model size \| NUM % \| NUM % \|", _cpu_table),
+    Claim("accuracy_cpu counts",
+          r"Measured on a 2-core ([\w ]+) \((\d{4}-\d\d-\d\d)[^)]*\)\. (\d+) of (\d+)\s+cases match the truth to the "
+          r"byte and (\d+) within 0\.01 %", _cpu_counts),
+    Claim("realmodels",
+          r"`benchmarks/results/realmodels\.md`\): (\d+) cases from transformers\s+config classes and plain torch "
+          r"\([^)]*; (\d+) trained by a plain PyTorch loop\)\. Last run \((\d{4}-\d\d-\d\d), 2-core ([\w ]+),\s+"
+          r"(\d+) compared with a truth\): median \|error\| NUM %, worst NUM %\s+\(`([\w.-]+)`", _realmodels),
+    Claim("accuracy_fsdp_cpu",
+          r"`benchmarks/results/accuracy_fsdp_cpu\.md`, (\d+) cases:[^;]*;\s+(\d+) rank\s+figures, each rank's profiled "
+          r"peak over build \+ 2 steps\) the median error is NUM % and the worst\s+NUM %: the goal \(median <= 1 %, "
+          r"worst <= 3 %\) is met\. (\d+) of the (\d+) rank figures match to 0\.001 %;\s+the other (\d+) \([^)]*\) peak "
+          r"[\d.]+ KB below the estimate \(NUM-NUM %", _fsdp),
+]
+
+
+def _readme() -> str:
+    return README.read_text()
+
+
+def _match(claim: Claim) -> re.Match:
+    found = list(re.finditer(claim.pattern.replace("NUM", NUM), _readme()))
+    assert len(found) == 1, f"README.md: the {claim.name} sentence is {'gone or reworded' if not found else 'repeated'}"
+    return found[0]
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=lambda c: c.name)
+def test_readme_quotes_the_committed_results(claim):
+    assert _match(claim).groups() == claim.expected()
+
+
+def _checked_sections(text: str) -> list[tuple[int, int]]:
+    """The accuracy paragraphs: "## Accuracy" up to "### What the trace cannot see", and the FSDP one."""
+    start = text.index("## Accuracy")
+    spans = [(start, text.index("### What the trace cannot see", start))]
+    fsdp = text.index("against real 2- and 4-rank runs on CPU")
+    spans.append((fsdp, text.index("\n\n", fsdp)))
+    return spans
+
+
+def test_every_percentage_in_the_accuracy_paragraphs_is_checked():
+    text = _readme()
+    claimed = [_match(c).span() for c in CLAIMS]
+    unchecked = []
+    for lo, hi in _checked_sections(text):
+        for m in re.finditer(r"[-+]?\d[\d.,]* ?%", text[lo:hi]):
+            at = lo + m.start()
+            if any(a <= at < b for a, b in claimed) or re.search(r"<= ?$", text[max(0, at - 4):at]):
+                continue
+            unchecked.append(text[max(0, at - 60):at + len(m.group())].replace("\n", " "))
+    assert unchecked == [], "figures in README.md's accuracy paragraphs that no claim checks"
+
+
+def test_a_stale_figure_fails():
+    claim = CLAIMS[0]
+    m = _match(claim)
+    stale = _readme()[: m.start(1)] + "9.999" + _readme()[m.end(1):]
+    again = re.search(claim.pattern.replace("NUM", NUM), stale)
+    assert again is not None and again.groups() != claim.expected()
+
+
+def test_the_summaries_are_the_rows():
+    """The JSON's own summary agrees with its rows, so a claim built on either reads the same run."""
+    s = results("realmodels")["summary"]
+    errors = [abs(r["error"]) for r in results("realmodels")["rows"] if "error" in r]
+    assert s["all"]["measured"] == len(errors)
+    assert s["all"]["median_abs_error"] == statistics.median(errors)
+    assert s["all"]["worst_abs_error"] == max(errors)
