@@ -78,10 +78,10 @@ _flag_before = False
 
 def peak_total_allocated(prof: torch.profiler.profile) -> int:
     """Max of the "[memory]" events' "Total Allocated" for the CPU in a finished profile, less the
-    counter's value when the profile began.
+    counter's value when the profile began, frees of memory allocated before it not counted.
 
     The CPU counter (c10 ProfiledCPUMemoryReporter) is process-global and moves only while a profiler
-    records memory: tensors allocated under an earlier profile and freed after it stay counted. The
+    records memory: tensors allocated under an earlier profile and freed in this one would lower it. The
     first event's "Total Allocated" minus its "Bytes" is where this profile started.
     """
     fd, path = tempfile.mkstemp(suffix=".json")
@@ -98,8 +98,21 @@ def peak_total_allocated(prof: torch.profiler.profile) -> int:
     )
     if not memory:
         raise RuntimeError("the profile has no CPU memory events; was profile_memory=True set?")
+    # The counter counts every thread's allocations and frees (allocator_counts_every_thread), but it also drops
+    # where this thread frees memory allocated before the profile began (an earlier test's tensor that the
+    # garbage collector releases now): not this run's, and counted it read a run's peak low (by half, once in a
+    # long test session). Such a free is one whose address no event of this profile allocated: added back.
     baseline = memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]
-    return int(max(e["args"]["Total Allocated"] for e in memory) - baseline)
+    allocated: set = set()
+    earlier = peak = 0
+    for event in memory:
+        args = event["args"]
+        if args["Bytes"] >= 0:
+            allocated.add(args.get("Addr"))
+        elif args.get("Addr") not in allocated:
+            earlier += -args["Bytes"]
+        peak = max(peak, args["Total Allocated"] - baseline + earlier)
+    return int(peak)
 
 
 @contextmanager

@@ -53,3 +53,17 @@ def test_overlapping_measurements_keep_counting_until_the_last_ends():
     assert flag.value  # the second measurement is still running
     second.__exit__(None, None, None)
     assert flag.value == before
+
+
+def test_a_free_of_a_tensor_from_an_earlier_measurement_is_not_this_runs():
+    # an earlier measurement's tensor, still alive, freed during this one (as the garbage collector does between
+    # tests): the process-global counter drops by it; read as it was, a run's peak came out low (by half, once)
+    from memplan.truth.counting import counted_profile
+
+    with counted_profile():
+        earlier = [torch.empty(4 * MIB4)]  # 16 MiB, allocated under the earlier measurement
+    with counted_profile() as prof:
+        earlier.clear()
+        run = torch.empty(MIB4)  # this run's 4 MiB
+        del run
+    assert peak_total_allocated(prof) == 4 * MIB4
