@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,6 @@ def console() -> Any:
     """The rich Console a command prints through: on a terminal, rich's own (fitted to its width); piped or
     redirected, lines are not wrapped (a sentence stays on one line for grep and for a log file) and tables
     are laid out up to PIPED_WIDTH columns instead of rich's 80."""
-    import sys
-
     from rich.console import Console
 
     if sys.stdout.isatty():

@@ -16,7 +16,6 @@ import torch
 from memplan.commands.devices import OFF_BOX_HINT
 from memplan.commands.progress import Progress
 from memplan.config import LoadedConfig
-from memplan.estimator.checkpointing import find_repeated_blocks
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.optimizer_state import elementwise_state_bytes
 from memplan.estimator.step import iter_tensors
@@ -190,19 +189,20 @@ def plan_config(
     with loaded.config_errors():  # a model that cannot be built is model.init_args' fault, named as such
         skeleton = fake_model(loaded.build_model, new_fake_mode(), device=torch.device("cpu"),
                               param_dtype=torch.float32)
-    has_blocks = bool(find_repeated_blocks(skeleton))  # (model_facts: what the model checkpoints itself is kept)
+    facts = model_facts(skeleton, allow_checkpointing=wanted.allow_checkpointing)  # (its own checkpointing is kept)
+    has_blocks = facts["repeated_blocks"] > 0
+    facts["allow_checkpointing"] = facts["allow_checkpointing"] and has_blocks
     progress.say("reading batches" + (" from memplan.batch_spec" if loaded.settings.batch_spec is not None
                                         else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))
     base = loaded.example_batch(loaded.data_batch_size or 1)
     hints = loaded.loader
-    parameter_bytes = sum(p.numel() * p.element_size() for p in skeleton.parameters())
     request = PlanRequest(
         global_batch_size=wanted.global_batch_size,
         devices=hardware.devices,
         nodes=nodes,
         host_available_bytes=hardware.host_available_bytes,
         host_load=HostLoad(
-            model_init_bytes=parameter_bytes,
+            model_init_bytes=facts["parameter_bytes"],
             sample_bytes=_sample_bytes(loaded),
             num_workers=hints.num_workers, prefetch_factor=hints.prefetch_factor, pin_memory=hints.pin_memory,
         ),
@@ -210,7 +210,7 @@ def plan_config(
         margin=wanted.margin,
         optimizer_state_bytes=elementwise_state_bytes(skeleton, loaded.optimizer),
         tokens_per_sample=tokens_per_sample(base),
-        **model_facts(skeleton, allow_checkpointing=wanted.allow_checkpointing and has_blocks),
+        **facts,
     )
     estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device)
     if isinstance(hardware.estimate_device, GpuModel) and can_fork():  # fake tensors only: safe to fork

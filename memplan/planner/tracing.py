@@ -37,7 +37,10 @@ def largest_block_bytes(model: Any) -> int | None:
     PlanRequest.largest_block_bytes; None when the model has no repeated blocks. Works on a meta model."""
     from memplan.estimator.checkpointing import find_repeated_blocks
 
-    blocks = find_repeated_blocks(model)
+    return _largest(find_repeated_blocks(model))
+
+
+def _largest(blocks: list) -> int | None:
     if not blocks:
         return None
     return max(sum(p.numel() * p.element_size() for p in block.parameters()) for _, block in blocks)
@@ -48,10 +51,11 @@ def block_classes(model: Any) -> tuple[str, ...]:
     PlanRequest.block_classes; empty when the model has none. Works on a meta model."""
     from memplan.estimator.checkpointing import find_repeated_blocks
 
-    seen: dict[str, None] = {}
-    for _, block in find_repeated_blocks(model):
-        seen[f"{type(block).__module__}.{type(block).__qualname__}"] = None
-    return tuple(seen)
+    return _classes(find_repeated_blocks(model))
+
+
+def _classes(blocks: list) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(f"{type(block).__module__}.{type(block).__qualname__}" for _, block in blocks))
 
 
 def tokens_per_sample(batch: Any) -> int:
@@ -79,6 +83,6 @@ def model_facts(model: Any, *, allow_checkpointing: bool) -> dict[str, Any]:
     parameters = list(model.parameters())
     return dict(repeated_blocks=len(blocks), user_checkpointing=own,
                 allow_checkpointing=allow_checkpointing and own is None,
-                largest_block_bytes=largest_block_bytes(model), block_classes=block_classes(model),
+                largest_block_bytes=_largest(blocks), block_classes=_classes(blocks),
                 parameter_count=sum(p.numel() for p in parameters) if blocks else None,
                 parameter_bytes=sum(p.numel() * p.element_size() for p in parameters))
