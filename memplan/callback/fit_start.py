@@ -55,7 +55,8 @@ class FitStart(CallbackState):
         # the batch size can be set where the model (hparams, datamodule) has it and builds the loader
         settable = self._settable(trainer, pl_module)
         layout, source = self._resolve_layout(trainer, pl_module, settable)
-        checkpointable = self.settings.allow_checkpointing and not self.settings.strict and can_checkpoint(pl_module)
+        checkpointable = (self.settings.allow_checkpointing and not self.settings.strict and can_checkpoint(pl_module)
+                          and not (self.plan is not None and self.plan.user_checkpointing))  # the model's own: kept
         if layout.gradient_checkpointing and not self.settings.allow_checkpointing:
             raise MisconfigurationException("MemoryPlanner: the plan turns checkpointing on, which "
                                             "allow_checkpointing=False forbids; allow it, or plan without it")

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import _disable_current_modes
 
 from memplan.estimator.checkpointing import (
-    _WRAPPED, CheckpointArg, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
+    _WRAPPED, CheckpointArg, OwnCheckpointCalls, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
 )
 from memplan.estimator.composite import RealCompositePaths
 from memplan.estimator.ddp import ddp_bucket_bytes
@@ -159,6 +159,7 @@ class _Trace:
         self.device = torch.device(target.trace_device)
         self.model = fake_model(model, self.fake_mode, device=self.device, param_dtype=policy.param_dtype)
         self.checkpointed = apply_checkpointing(self.model, checkpointing) if checkpointing else []
+        self.own_checkpoints = OwnCheckpointCalls()
         setting = as_setting(checkpointing) if checkpointing else None
         self.checkpoint_mode = str(setting) if setting is not None else ("full" if self.checkpointed else "none")
         self.fsdp = fsdp if strategy == "fsdp" else None
@@ -179,11 +180,12 @@ class _Trace:
         try:
             follow = follow_storage(tracker) if self.fsdp else contextlib.nullcontext()
             with self._emulation(), self.values.watching(self.model), self.fake_mode, tracker, self._rng_states(), \
-                    RealCompositePaths(), follow:
+                    RealCompositePaths(), follow, self.own_checkpoints:
                 self._setup()
                 for step in range(TRACED_STEPS):
                     if step == TRACED_STEPS - 1:
                         tracker.reset_peak()
+                        self.own_checkpoints.calls = 0
                     self._step()
         except (DataDependentOutputException, DynamicOutputShapeException) as err:
             raise EstimateError(
@@ -363,6 +365,7 @@ class _Trace:
             world_size=world_size,
             batch_size=_batch_size(self.batch),
             num_parameters=sum(p.numel() for p in self.model.parameters()),
+            own_checkpoint_calls=self.own_checkpoints.calls,
             forward_activations=self.tracker.forward_activations,
             peak_phase=peak.phase.value,
             peak_allocated_by_phase=tuple((phase.value, value) for phase, value in self.tracker.phase_peaks.items()

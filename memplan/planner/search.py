@@ -182,10 +182,22 @@ def _dominant(request: PlanRequest, candidates: list[Candidate]) -> Candidate | 
     return max(plain, key=lambda c: c.micro_batch_size) if plain else None
 
 
+class _OwnCheckpointing(Exception):
+    """A trace found the model calling torch.utils.checkpoint inside its forward, which the request did
+    not know (it leaves no mark on the modules): plan again, keeping it and adding none of memplan's."""
+
+    def __init__(self, calls: int, traces: dict[tuple, MemoryEstimate]) -> None:
+        super().__init__(calls)
+        self.calls, self.traces = calls, traces
+
+
 class _Search:
-    def __init__(self, request: PlanRequest, estimator: Estimator) -> None:
+    def __init__(self, request: PlanRequest, estimator: Estimator,
+                 known: dict[tuple, MemoryEstimate] | None = None) -> None:
         self.request = request
         self.estimator = estimator
+        self.known = known or {}
+        """Traces made by an earlier search of the same request (_OwnCheckpointing), reused."""
         self.traces: dict[tuple, MemoryEstimate] = {}
         self.floors = Floors(request.parameter_bytes, request.optimizer_state_bytes)
         self.calls = 0
@@ -284,9 +296,15 @@ class _Search:
               sharding: str | None = None, offload: bool = False) -> MemoryEstimate:
         key = (micro, precision, checkpointing, world_size, sharding, offload)
         if key not in self.traces:
-            self.calls += 1
             setting = self.setting(*key)
-            self.traces[key] = self.estimator(**setting)
+            if key in self.known:
+                self.traces[key] = self.known[key]
+            else:
+                self.calls += 1
+                self.traces[key] = self.estimator(**setting)
+            calls = getattr(self.traces[key], "own_checkpoint_calls", 0)
+            if calls and self.request.user_checkpointing is None:
+                raise _OwnCheckpointing(calls, {**self.known, **self.traces})
             shard_size = getattr(setting.get("fsdp"), "shard_size", None)  # HYBRID_SHARD's, else None
             self.floors.add(micro_batch_size=micro, precision=precision, checkpointing=checkpointing,
                             world_size=world_size, sharding=sharding, offload=offload, est=self.traces[key],
@@ -496,9 +514,27 @@ def make_plan(request: PlanRequest, estimator: Estimator) -> Plan:
     request (checked when the PlanRequest is built)."""
     if not isinstance(request, PlanRequest):
         raise ValueError(f"make_plan: request must be a PlanRequest; got {type(request).__name__}")
-    search = _Search(request, estimator)
-    try:
-        winner, est = search.run()
-    finally:
-        search.cancel_prefetch()
+    known: dict[tuple, MemoryEstimate] = {}
+    while True:  # twice at most: a second search has user_checkpointing set and does not raise
+        search = None
+        try:
+            search = _Search(request, estimator, known)
+            winner, est = search.run()
+            break
+        except _OwnCheckpointing as found:
+            request = dataclasses.replace(
+                request, allow_checkpointing=False, user_checkpointing=(
+                    f"torch.utils.checkpoint called {found.calls} times a step inside the model's forward"))
+            known = found.traces
+        finally:
+            if search is not None:
+                search.cancel_prefetch()
+            else:
+                _cancel_prefetches(estimator)
     return describe_plan(request, winner, est, search)
+
+
+def _cancel_prefetches(estimator: Estimator) -> None:
+    cancel = getattr(estimator, "cancel", None)
+    if cancel is not None:
+        cancel()
