@@ -37,7 +37,7 @@ What it costs, and what it cannot do:
   - Parameter gradient hooks would run per chunk and again on the whole gradient: refused
     (checks.check_gradient_hooks).
   - Under DDP's gradient_as_bucket_view the handoff would copy the gradients out of DDP's buckets:
-    not guarded (checks.check_guard).
+    not guarded (checks.guard_blocker).
   - DDP's static_graph counts each parameter's hooks over the first iteration, the chunks' no_sync
     backwards included, and then skips the all-reduce of later steps: refused (checks.check_can_adjust).
 

@@ -24,7 +24,7 @@ from memplan.callback.apply import (
     samples_per_rank, train_loader,
 )
 from memplan.callback.checks import (
-    ADJUST_FIX, CHUNKS_FIX, check_can_adjust, check_gradient_hooks, check_guard, restored_layout, split_caveats,
+    ADJUST_FIX, CHUNKS_FIX, check_can_adjust, check_gradient_hooks, guard_blocker, restored_layout, split_caveats,
 )
 from memplan.callback.chunking import MicroBatchRunner
 from memplan.callback.exactness import Exactness, decide, drop_last_blocks
@@ -290,7 +290,7 @@ class FitStart(CallbackState):
             check_can_adjust(trainer, pl_module, fix)
         check_gradient_hooks(pl_module, fix or ADJUST_FIX)
         fsdp = sharded.is_sharded(trainer.strategy)
-        blocker = check_guard(trainer, self.settings.guard) if not fsdp else None
+        blocker = guard_blocker(trainer, self.settings.guard) if not fsdp else None
         if blocker is not None and self._fit.adjusting:
             rank_zero_warn(f"MemoryPlanner: backwards are not guarded under {blocker}; an OOM in a backward is not "
                            "retried (forwards still are), and a batch split into micro-batches holds that copy too")

@@ -99,9 +99,9 @@ def test_model_parallel_without_fully_shard_is_refused_by_name():
 
 @pytest.mark.parametrize("strategy", [simulated_fsdp1_strategy(), ModelParallelStrategy()], ids=["FSDP1", "FSDP2"])
 def test_guard_always_is_refused_under_fsdp(strategy):
-    sharded.check_guard(strategy, "auto")
+    sharded.refuse_guard_always(strategy, "auto")
     with pytest.raises(MisconfigurationException, match=r"guard='always'.*use guard='auto'"):
-        sharded.check_guard(strategy, "always")
+        sharded.refuse_guard_always(strategy, "always")
 
 
 def test_simulated_fsdp1_settings_are_read_for_planning():
