@@ -4,7 +4,9 @@ histories (memplan.commands.run_history) as it goes.
 The logs are streamed, never held: each file is read in chunks from where the last read stopped, so
 memory stays bounded however long the run, and `memplan watch` reads only what was appended since
 its last refresh. `sample` lines, almost all of a log, take a fast path (memplan.commands.log_scan):
-checked and taken apart by one regular expression per chunk, decoded only when shown. Nothing here
+checked and taken apart by one regular expression per chunk, their figures folded as columns,
+decoded only when shown. A large folder's first read is spread over worker processes, one rank log
+each at a time. Nothing here
 raises on what a log holds: bad lines (not JSON, impossible values, longer than MAX_LINE_BYTES) are
 skipped and counted by reason; files that are not regular files (a FIFO) or not named as MemoryPlanner
 names them (rank01.jsonl) are named, not read.
