@@ -10,9 +10,9 @@ a step up to 10^12, a time from 1970 to 5138 written with a decimal point, no ne
 escape in a string, bounded lengths). A line that does not match is read the slow way, so the fast
 path changes no result; it only skips building ~20-key dicts for a million lines, and decodes none
 of them until shown. The figures a batch of lines adds (the highest peak, the least headroom, ...)
-are taken from all its captured numbers at once: one numpy parse of their text where none is null,
-exact (every captured number is an integer under 10^15, and the earliest time is parsed by Python
-from its own text).
+are taken from all its captured numbers at once: one numpy parse of their text, exact (every
+captured number is an integer under 10^15, a null stands in as -2^62, and the earliest time is parsed
+by Python from its own text).
 """
 from __future__ import annotations
 
@@ -79,11 +79,12 @@ class SampleShape:
     def fold(self, groups: list[tuple[bytes, ...]]) -> SampleFigures:
         """The figures of lines of this shape (checked by its pattern), from their matches' `groups`
         (zip(*matches): one tuple per group, the lines themselves first), folded."""
-        text = b" ".join(map(b" ".join, groups[1:1 + len(COLUMNS)]))
-        if b"n" not in text:  # no null: every figure a JSON integer (the decimals too, as digits)
-            values = _integers(text, len(COLUMNS), len(groups[0]))
-            if values is not None:
-                return self._fold_array(values, groups)
+        text = b" ".join(map(b" ".join, groups[1:1 + len(COLUMNS)]))  # JSON integers (the decimals as digits)
+        if b"n" in text:  # a null byte figure (CPU runs have no device figures): as an integer no figure is
+            text = text.replace(NULL, _NULL_TEXT)
+        values = _integers(text, len(COLUMNS), len(groups[0]))
+        if values is not None:
+            return self._fold_array(values, groups)
         return self._fold_columns(groups)
 
     def _fold_array(self, values, groups: list[tuple[bytes, ...]]) -> SampleFigures:
@@ -93,13 +94,18 @@ class SampleShape:
         whole, decimals = groups[self.order[1]], groups[self.order[2]]
         first = np.flatnonzero(seconds == seconds.min()).tolist()  # the earliest second's lines, read exactly
         started = min(float(whole[i] + b"." + decimals[i]) for i in first)
-        # process + max(0, peak - reserved) is max(process, process + peak - reserved); each under 3 * 10^15
-        highest = np.maximum(process, process + (peak - reserved)).max()
-        return SampleFigures(last_step=int(step.max()), started=started, peak_bytes=int(highest),
-                             min_headroom_bytes=int(headroom.min()), device_total_bytes=int(total.max()))
+        # run_history.peak_of, a line at a time: with a null figure, the peak or the process figure (null if
+        # that is); else process + max(0, peak - reserved), which is max(process, process + peak - reserved).
+        # (Each figure is under 2^50 and a null -2^62: no sum here leaves int64.)
+        no_reserved, no_peak = reserved == _NULL_VALUE, peak == _NULL_VALUE
+        known = ~no_reserved & ~no_peak & (process != _NULL_VALUE)
+        peaks = np.where(no_reserved, np.where(no_peak, process, peak),
+                         np.where(known, np.maximum(process, process + (peak - reserved)), process))
+        return SampleFigures(last_step=int(step.max()), started=started, peak_bytes=_highest(peaks),
+                             min_headroom_bytes=_lowest(headroom), device_total_bytes=_highest(total))
 
     def _fold_columns(self, groups: list[tuple[bytes, ...]]) -> SampleFigures:
-        """As _fold_array, one value at a time (where a figure is null)."""
+        """As _fold_array, one value at a time (without numpy)."""
         from memplan.commands.run_history import peak_of
 
         step, seconds, decimals, process, reserved, peak, headroom, total = (groups[i] for i in self.order)
@@ -113,6 +119,20 @@ class SampleShape:
 
 
 NULL = b"null"
+_NULL_VALUE = -(1 << 62)
+"""A null byte figure in SampleShape.fold's array: below any figure a line of a shape can hold (+-2^50)."""
+_NULL_TEXT = str(_NULL_VALUE).encode()
+
+
+def _highest(column) -> int | None:
+    """The largest of a column of SampleShape.fold's array, nulls left out (None if all are)."""
+    known = column[column != _NULL_VALUE]
+    return int(known.max()) if known.size else None
+
+
+def _lowest(column) -> int | None:
+    known = column[column != _NULL_VALUE]
+    return int(known.min()) if known.size else None
 
 
 def _integer(text: bytes) -> int | None:
@@ -120,8 +140,8 @@ def _integer(text: bytes) -> int | None:
 
 
 def _integers(text: bytes, rows: int, columns: int):
-    """The integers of `text` (JSON integers, space-separated) as a rows x columns int64 array (each
-    under 10^15, exact), or None without numpy (or where they do not make rows x columns)."""
+    """The integers of `text` (space-separated, each within +-2^62) as a rows x columns int64 array,
+    exact, or None without numpy (or where they do not make rows x columns)."""
     try:
         import numpy as np
     except ImportError:  # (a dependency of matplotlib's: only a broken install lands here)

@@ -263,7 +263,7 @@ def test_the_fast_path_reads_every_kind_of_line_as_json_loads_does(tmp_path, mon
 
 @pytest.mark.parametrize("numpy_parse", [True, False])
 def test_a_shape_folds_its_lines_as_each_record_folds(monkeypatch, numpy_parse):
-    """SampleShape.fold against the records json.loads gives, on batches with nulls, negative headroom,
+    """SampleShape.fold against the records json.loads gives, on batches with nulls (none to all), negative headroom,
     peaks under what is reserved, times that share their whole seconds (decimals 5 and 25 and 05) and
     steps out of order: numpy's parse and the one-by-one fold both."""
     from memplan.commands import log_scan
@@ -273,16 +273,15 @@ def test_a_shape_folds_its_lines_as_each_record_folds(monkeypatch, numpy_parse):
     rng = random.Random(3)
     for trial in range(200):
         n = rng.randrange(1, 40)
+        nulls = rng.choice([0.0, 0.2, 0.6, 1.0])  # (a CPU run logs no device figures)
         records = []
         for _ in range(n):
-            over = {}
-            if rng.random() < 0.2:
-                over[rng.choice(["process_bytes", "reserved_bytes", "peak_bytes", "headroom_bytes",
-                                 "device_total_bytes"])] = None
-            if rng.random() < 0.3:
+            over = {name: None for name in ("process_bytes", "reserved_bytes", "peak_bytes", "headroom_bytes",
+                                            "device_total_bytes") if rng.random() < nulls}
+            if rng.random() < 0.3 and "headroom_bytes" not in over:
                 over["headroom_bytes"] = -rng.randrange(10**15)
             if rng.random() < 0.5:  # a peak under what is reserved now (the interval's peak was earlier)
-                over["reserved_bytes"], over["peak_bytes"] = rng.randrange(10**15), rng.randrange(10**15)
+                over.update({name: rng.randrange(10**15) for name in ("reserved_bytes", "peak_bytes") if name not in over})
             record = sample(0, rng.randrange(10**rng.randrange(1, 13)), RUN_A, rng, **over)
             record["time"] = rng.choice([1.7e9 + rng.choice([0.5, 0.25, 0.05, 0.125, 0.0]), 1.7e9 + rng.random(),
                                          1.7e9 + rng.randrange(3)])
