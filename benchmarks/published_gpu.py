@@ -627,7 +627,9 @@ WHY = """## Where the figures are off, and why (our reading)
 - bert-large (2022, V100, NVML used): torch 1.10's softmax kept its input (one more 16 x 512 x 512 float32
   tensor per layer and sample: 0.4 GB per sample); the CUDA context under EAGER loading is memplan's
   assumption (1536 MiB) against the page's own reading (1343 MiB), +1.3 % of these figures. Gradient clipping
-  (max_grad_norm 1.0) is not traced.
+  (max_grad_norm 1.0) is not traced. Without the context (the list above) five of the seven are within
+  0.6 %; fp16 at batch 4 (-3.5 %) and Adafactor + fp16 + checkpointing (-7.1 %) are still under, not
+  explained here (torch 1.10's autocast and matmul paths were not reproduced op by op).
 - torchtitan 8B (FSDP2): the reserved figure misses FSDP2's per-stream pools (another change models them).
 """
 
