@@ -6,7 +6,9 @@ to plan for a GPU this machine does not have.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from memplan.commands import args as arg
 from memplan.hardware.catalog import match_nvml_name
 from memplan.hardware.host import HostInfo
 from memplan.hardware.nvml import GpuInfo, nvml_unavailable_reason, visibility_problem
@@ -115,4 +118,23 @@ def devices_table(gpus: Sequence[GpuInfo], host: HostInfo, *,
     return table
 
 
-__all__ = ["OFF_BOX_HINT", "devices_dict", "devices_table"]
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("devices", help="the GPUs (NVML) and host memory memplan sees")
+    p.add_argument("--json", action="store_true", help="print as JSON (bytes as ints)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from memplan.hardware import host_info, visible_gpus
+
+    gpus, host = visible_gpus(), host_info()
+    if args.json:
+        print(json.dumps(devices_dict(gpus, host), indent=2))
+    else:
+        from memplan.commands.output import console as output_console
+
+        output_console().print(devices_table(gpus, host))
+    return arg.EXIT_OK
+
+
+__all__ = ["OFF_BOX_HINT", "add_parser", "devices_dict", "devices_table", "run"]
