@@ -13,14 +13,15 @@ from typing import Any
 
 import torch
 
-from memplan.commands.devices import OFF_BOX_HINT
+from memplan.commands.device_table import OFF_BOX_HINT
 from memplan.commands.progress import Progress
 from memplan.config import LoadedConfig
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.optimizer_state import elementwise_state_bytes
 from memplan.estimator.step import iter_tensors
 from memplan.hardware import GpuModel, host_info, nvml_unavailable_reason, visible_gpus
-from memplan.hardware.nvml import answers, visibility_problem, why_silent
+from memplan.hardware.nvml import answers, why_silent
+from memplan.hardware.visible import visibility_problem
 from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, Plan, model_class_name, model_fingerprint
 from memplan.planner import DeviceBudget, HostLoad, NoFit, PlanRequest, estimator_for, make_plan
 from memplan.planner.background import BackgroundEstimator, can_fork

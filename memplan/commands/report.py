@@ -10,11 +10,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memplan.commands import args as arg
-from memplan.commands.run_logs import OTHER_RUNS_SHOWN, RankHistory, RunLogs, age, describe_skipped
 from memplan.units import GiB, format_bytes
+
+if TYPE_CHECKING:  # (run_logs loads when a command reads logs, not for `memplan --help`)
+    from memplan.commands.run_logs import RankHistory, RunLogs
 
 
 def shared_changes(histories: list[RankHistory]) -> list[dict[str, Any]]:
@@ -44,6 +46,8 @@ def change_label(change: dict[str, Any]) -> str:
 
 def context_lines(logs: RunLogs) -> list[str]:
     """Which run and folder are shown, what else is there, and what could not be read (plain text)."""
+    from memplan.commands.run_logs import OTHER_RUNS_SHOWN, describe_skipped
+
     run = logs.run
     ranks = len(logs.histories)
     lines = [f"run {run.run} in {logs.folder}: {ranks} rank{'s' if ranks != 1 else ''}, up to step {run.last_step}, "
@@ -276,6 +280,8 @@ def watch_view(logs: RunLogs, now: float | None = None):
     from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
+
+    from memplan.commands.run_logs import age
 
     now = time.time() if now is None else now
     histories = logs.histories
