@@ -5,6 +5,8 @@ nothing is imported, and lazy imports inside functions count as imports."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,6 +192,16 @@ def test_no_import_circle():
         if v not in index:
             visit(v)
     assert circles == []
+
+
+def test_the_parser_loads_no_verb_module_s_heavy_work():
+    """cli.py imports every verb module to register it: each keeps its own work (tables, NVML, psutil, the
+    run logs; torch is checked in tests/commands/test_fast_start.py) out of import time."""
+    code = ("import sys\nfrom memplan.commands.cli import build_parser\nbuild_parser()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'psutil', 'pynvml')"
+            " or m in ('memplan.commands.run_logs', 'memplan.hardware', 'memplan.commands.planning')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 @pytest.mark.parametrize("source, imported", [
