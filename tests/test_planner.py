@@ -23,6 +23,7 @@ from memplan.planner import (
     HostLoad,
     NoFit,
     PlanRequest,
+    StepSetting,
     estimator_for,
     host_bytes_per_rank,
     make_plan,
@@ -128,9 +129,10 @@ def speed(request: PlanRequest, sim: SimulatedStep, *, world: int, micro: int, p
           checkpointing: bool, gpu: str = "A100-80GB") -> float:
     """Predicted samples/s of one setting under the planner's step-time model (DDP or one GPU)."""
     per_rank = request.global_batch_size // world
-    return predict_step(sim.profile(request), precision=precision, checkpointing=checkpointing, micro_batch_size=micro,
-                        accumulate_grad_batches=per_rank // micro, world_size=world, gpus_per_node=world // request.nodes,
-                        nodes=request.nodes, sharding=None, offload=False, gpu_name=gpu).samples_per_s
+    return predict_step(sim.profile(request), StepSetting(
+        precision=precision, checkpointing=checkpointing, micro_batch_size=micro,
+        accumulate_grad_batches=per_rank // micro, world_size=world, gpus_per_node=world // request.nodes,
+        nodes=request.nodes, sharding=None, offload=False, gpu_name=gpu)).samples_per_s
 
 
 def brute_force_speed(request: PlanRequest, sim: SimulatedStep, *, slack: int = 0) -> float:

@@ -26,6 +26,7 @@ from memplan.callback.apply import (
 from memplan.callback.checks import (
     ADJUST_FIX, CHUNKS_FIX, check_can_adjust, check_gradient_hooks, guard_blocker, restored_layout, split_caveats,
 )
+from memplan.callback.chunk_job import RunnerOptions
 from memplan.callback.chunking import MicroBatchRunner
 from memplan.callback.exactness import Exactness, decide, drop_last_blocks
 from memplan.callback.loss_reduction import LossReduction, LossWatcher, first_call_watched
@@ -294,8 +295,8 @@ class FitStart(CallbackState):
         if blocker is not None and self._fit.adjusting:
             rank_zero_warn(f"MemoryPlanner: backwards are not guarded under {blocker}; an OOM in a backward is not "
                            "retried (forwards still are), and a batch split into micro-batches holds that copy too")
-        self._fit.runner = MicroBatchRunner(
-            trainer, pl_module, layout=layout, can_checkpoint=checkpointable and self._fit.adjusting,
+        self._fit.runner = MicroBatchRunner(trainer, pl_module, RunnerOptions(
+            layout=layout, can_checkpoint=checkpointable and self._fit.adjusting,
             retry=self._fit.adjusting and not fsdp, can_guard=blocker is None and not fsdp,
             enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
@@ -304,7 +305,7 @@ class FitStart(CallbackState):
             split=self.split_batch, on_first_split=lambda size, chunk: self._warn_split(pl_module, size, chunk),
             sharded_sync_off=sharded.gradient_sync_off(trainer.strategy, pl_module) if fsdp else None,
             planned_load_per_sample=self._fit.scan.load_per_sample if self._fit.scan is not None else None,
-        )
+        ))
         self._fit.runner.install()
 
     def _check_first_batch(self, trainer: pl.Trainer, batch: Any) -> None:
