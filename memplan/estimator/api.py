@@ -31,9 +31,11 @@ from memplan.estimator import manual
 from memplan.estimator.step import (
     LossFn, Loop, PrecisionPolicy, check_loop, iter_tensors, map_tensors, run_training_step,
 )
+from memplan.estimator.streams import DEFAULT_STREAM, StreamNumbers
 from memplan.estimator.target import GENERIC_CUDA, Target, resolve_target
 from memplan.estimator.tracker import Category, Phase, StorageTracker
 from memplan.estimator.values import DataDependent, ValueResolver
+from memplan.units import MiB
 
 TRACED_STEPS = 2
 """Step 1 creates the optimizer state lazily; step 2 is the steady state the peak is taken from."""
@@ -170,6 +172,8 @@ class _Trace:
         self.memory = _memory_model(target)
         self.tracker = StorageTracker(self.memory, self.fake_mode, cpu_kernels=not target.is_cuda, values=self.values)
         self.tracker.costs = CostCounter()
+        if target.is_cuda:
+            self.tracker.streams = StreamNumbers(self.device.type)
         self.tracker.costs.watch_blocks(_blocks_of(self.model), [m for _, m in find_repeated_blocks(self.model)])
         self.overheads = _overheads(target)
 
@@ -342,6 +346,7 @@ class _Trace:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks"
                          f"{' (per-op policy: matmul and attention outputs kept)' if self.checkpoint_mode == 'op' else ''}")
         notes.extend(self.tracker.kernel_probe.notes())
+        notes.extend(_side_stream_notes(self.memory, fsdp=self.fsdp is not None))
         return MemoryEstimate(
             parameters=by[Category.PARAMETERS],
             gradients=by[Category.GRADIENTS],
@@ -396,6 +401,18 @@ def _blocks_of(model: nn.Module) -> list[nn.Module]:
     blocks = {id(m): m for _, m in find_repeated_blocks(model)}
     blocks.update((id(m), m) for m in model.modules() if getattr(m, _WRAPPED, False))
     return list(blocks.values())
+
+
+def _side_stream_notes(memory, *, fsdp: bool) -> list[str]:
+    """What streams other than the default one hold of the reserved memory, when any does."""
+    by_stream = getattr(memory, "reserved_by_stream", {})
+    side = sum(n for stream, n in by_stream.items() if stream != DEFAULT_STREAM)
+    if not side:
+        return []
+    whose = " (FSDP2's all-gather copy-in and reduce-scatter streams)" if fsdp else ""
+    return [f"{side / MiB:.0f} MiB of the reserved memory is cached by {len(by_stream) - 1} side stream(s){whose}: "
+            "the caching allocator keeps a stream's freed blocks for that stream, so the default stream "
+            "cannot reuse them"]
 
 
 def _memory_model(target: Target):
