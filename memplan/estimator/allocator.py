@@ -19,8 +19,10 @@ reduce-scatter outputs (the sharded gradients) on its reduce-scatter stream. Str
 
 Left out on purpose:
 - Stream uses (record_stream): a block used on another stream would wait for an event at its free
-  before it is reused. FSDP2 does not call it (it keeps references and waits on events), and
-  ProcessGroupNCCL stashes its tensors instead since torch 2.7, so the free is immediate here.
+  before it is reused, for as long as the GPU lags the CPU. FSDP2 does not call it (it keeps
+  references and waits on events); ProcessGroupNCCL skips it for synchronous all_gather_into_tensor
+  and reduce_scatter_tensor, FSDP2's collectives, since pytorch/pytorch#111431 (2023) and for every
+  collective since #148590 (torch 2.7), stashing the tensors instead. So a free is immediate here.
 - Running out of memory. The device is infinite: cudaMalloc never fails, so cached blocks are
   never released to retry (release_available_cached_blocks / release_cached_blocks),
   expandable pages are never unmapped, and garbage_collection_threshold (active only with

@@ -346,7 +346,12 @@ class _Trace:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks"
                          f"{' (per-op policy: matmul and attention outputs kept)' if self.checkpoint_mode == 'op' else ''}")
         notes.extend(self.tracker.kernel_probe.notes())
-        notes.extend(_side_stream_notes(self.memory, fsdp=self.fsdp is not None))
+        side = _side_stream_bytes(self.memory)
+        if side:
+            whose = " (FSDP2's all-gather copy-in and reduce-scatter streams)" if self.fsdp is not None else ""
+            notes.append(f"{side / MiB:.0f} MiB of the reserved memory is cached by side streams{whose}: the "
+                         "caching allocator keeps a stream's freed blocks for that stream, so the default stream "
+                         "cannot reuse them")
         return MemoryEstimate(
             parameters=by[Category.PARAMETERS],
             gradients=by[Category.GRADIENTS],
@@ -357,6 +362,7 @@ class _Trace:
             workspaces=by[Category.WORKSPACES],
             peak_allocated=peak.total,
             peak_reserved=max(peak_reserved, peak.total),
+            side_stream_reserved=side,
             device_total=max(peak_reserved, peak.total) + context + communication,
             cuda_context=context,
             communication=communication,
@@ -403,16 +409,10 @@ def _blocks_of(model: nn.Module) -> list[nn.Module]:
     return list(blocks.values())
 
 
-def _side_stream_notes(memory, *, fsdp: bool) -> list[str]:
-    """What streams other than the default one hold of the reserved memory, when any does."""
+def _side_stream_bytes(memory) -> int:
+    """Reserved bytes held by streams other than the default one (reserved only grows: this is at the peak)."""
     by_stream = getattr(memory, "reserved_by_stream", {})
-    side = sum(n for stream, n in by_stream.items() if stream != DEFAULT_STREAM)
-    if not side:
-        return []
-    whose = " (FSDP2's all-gather copy-in and reduce-scatter streams)" if fsdp else ""
-    return [f"{side / MiB:.0f} MiB of the reserved memory is cached by {len(by_stream) - 1} side stream(s){whose}: "
-            "the caching allocator keeps a stream's freed blocks for that stream, so the default stream "
-            "cannot reuse them"]
+    return sum(n for stream, n in by_stream.items() if stream != DEFAULT_STREAM)
 
 
 def _memory_model(target: Target):

@@ -87,6 +87,14 @@ def _fsdp() -> tuple[str, ...]:
     )
 
 
+def _torchtitan() -> tuple[str, ...]:
+    report = results("torchtitan_memory")
+    rows = {(r["checkpointing"], r["pools"]): r for r in report["rows"]}
+    op, one_pool, s = rows["op", "per stream"], rows["op", "one pool"], report["summary"]
+    return (f"{op['peak_reserved_gib']:.2f}", f"{s['published_gib']}", signed_pct(s["relative_error"], 1),
+            f"{100 * s['goal']:.0f}", f"{op['side_stream_reserved_gib']:.2f}", f"{one_pool['peak_reserved_gib']:.2f}")
+
+
 @dataclass(frozen=True)
 class Claim:
     name: str
@@ -112,6 +120,10 @@ CLAIMS = [
           r"peak over build \+ 2 steps\) the median error is NUM % and the worst\s+NUM %: the goal \(median <= 1 %, "
           r"worst <= 3 %\) is met\. (\d+) of the (\d+) rank figures match to 0\.001 %;\s+the other (\d+) \([^)]*\) peak "
           r"[\d.]+ KB below the estimate \(NUM-NUM %", _fsdp),
+    Claim("torchtitan_memory",
+          r"estimates NUM GiB `max_memory_reserved` against the published NUM GiB \(NUM %, within\s+the goal of "
+          r"NUM %\), of which NUM GiB is cached by FSDP2's[^:]*:[^;]*one pool for all streams\s+gives NUM GiB",
+          _torchtitan),
 ]
 
 

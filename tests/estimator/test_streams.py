@@ -70,7 +70,7 @@ class Stack(torch.nn.Module):
         return x
 
 
-def _fsdp_on_h100(monkeypatch=None):
+def _fsdp_on_h100():
     batch = (torch.randn(8, 512, 256), torch.randn(8, 512, 256))
     return estimate(Stack, batch, loss=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
                     optimizer="adamw", device="H100-80GB", strategy="fsdp", world_size=4)
@@ -93,5 +93,7 @@ def test_fsdp2_side_streams_reserve_beside_the_default_stream_and_allocated_is_u
     one_stream = _fsdp_on_h100()
     assert fsdp_streams.peak_allocated == one_stream.peak_allocated
     assert fsdp_streams.peak_reserved > one_stream.peak_reserved
-    assert any("side stream" in n for n in fsdp_streams.notes)
-    assert not any("side stream" in n for n in one_stream.notes)
+    assert 0 < fsdp_streams.side_stream_reserved < fsdp_streams.peak_reserved
+    assert one_stream.side_stream_reserved == 0
+    assert any("side streams (FSDP2's" in n for n in fsdp_streams.notes)
+    assert not any("side streams" in n for n in one_stream.notes)
