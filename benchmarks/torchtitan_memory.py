@@ -35,10 +35,12 @@ pools, to show what the streams account for.
 Known differences: torchtitan clips gradients (max_norm 1.0: per-parameter norms, MiB); the GPUs were
 96 GB H100s (Grand Teton, HBM2e), traced here as the catalog's H100-80GB (sm90: the same kernels and
 allocator; the budget is not used by an estimate); the run used the torch of 2024-12-23, traced here
-with the installed torch's FSDP2 (its streams and buffers are the same: all-gather output and copy-in
-on the copy-in stream, the reduce-scatter input on the default stream, its output on the
-reduce-scatter stream; both torches' ProcessGroupNCCL leave FSDP2's synchronous collectives' tensors
-without record_stream, pytorch/pytorch#111431).
+with the installed torch's FSDP2. Its stream layout, in torch 2.13: the all-gather output and copy-in
+on the copy-in stream, the reduce-scatter input on the default stream (moved there from the
+reduce-scatter stream by pytorch/pytorch#129721, June 2024, "to avoid fragmenting that memory across
+stream memory pools"), the reduce-scatter output (the sharded gradients) on the reduce-scatter
+stream; a torch of 2024-12 with another layout would reserve differently. ProcessGroupNCCL leaves
+FSDP2's synchronous collectives' tensors without record_stream in both (pytorch/pytorch#111431).
 
     .venv/bin/python -m benchmarks.torchtitan_memory [--settings op op-one-pool none full]
 
