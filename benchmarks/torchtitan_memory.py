@@ -12,27 +12,44 @@ The setting, from torchtitan at the end of 2024 (the commit before the benchmark
   torchtitan/models/llama/__init__.py (dim 4096, 32 layers, 32 heads, 8 KV heads, multiple_of 1024,
   ffn_dim_multiplier 1.3, vocabulary 128256, rope_theta 500000). The blocks sit in an nn.ModuleList
   (torchtitan: an nn.ModuleDict keyed by layer id, the same modules).
-- sequence 8192 (train_configs/llama3_8b.toml), local batch 2, 8 ranks, FSDP2 fully_shard on each
-  block and the root, MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32).
+- sequence 8192 (train_configs/llama3_8b.toml), local batch 2, 8 ranks, FSDP2 applied as torchtitan's
+  parallelize_llama.py `apply_fsdp` does, through the model's configure_model (memplan's
+  FsdpSettings(configure_model=True)): fully_shard on each block with reshard_after_forward=True except
+  the last block (False: "FSDP would prefetch it immediately"), then on the root, whose parameters stay
+  unsharded from forward to backward (the torch of that date ignored the root's reshard_after_forward
+  and never resharded it; torch 2.13 does the same when it is left unset, as here);
+  MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32).
 - activation checkpointing: selective, option 'op' (parallelize_llama.py `_save_list`: every
   second aten.mm recomputed, the rest of mm and the SDPA outputs kept): memplan's Checkpointing 'op'.
 - AdamW with foreach=True (torchtitan/optimizer.py: fused=False -> foreach), loss
-  cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1)) (train.py).
+  cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1)) (train.py); train.py calls
+  optimizers.zero_grad() before each forward: memplan's loop="torch" (zero_grad after the step).
 - PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (run_llama_train.sh).
 
-Known differences: torchtitan keeps the last block unsharded after its forward
-(reshard_after_forward=False for the last layer), memplan reshards every block (one block's bf16
-parameters, 0.4 GiB, less); torchtitan clips gradients (max_norm 1.0: per-parameter norms, MiB);
-the GPUs were 96 GB H100s (Grand Teton, HBM2e), traced here as the catalog's H100-80GB (sm90: the
-same kernels and allocator; the budget is not used by an estimate).
+The caching allocator keeps each stream's freed blocks for that stream. FSDP2 all-gathers into buffers
+it allocates on its all-gather copy-in stream and reduce-scatters into the sharded gradients, allocated
+on its reduce-scatter stream; memplan keeps those pools apart (memplan.estimator.allocator). The row
+"op, one pool" traces the same step with every block shared by all streams, the model before per-stream
+pools, to show what the streams account for.
 
-    .venv/bin/python -m benchmarks.torchtitan_memory [--settings op none full]
+Known differences: torchtitan clips gradients (max_norm 1.0: per-parameter norms, MiB); the GPUs were
+96 GB H100s (Grand Teton, HBM2e), traced here as the catalog's H100-80GB (sm90: the same kernels and
+allocator; the budget is not used by an estimate); the run used the torch of 2024-12-23, traced here
+with the installed torch's FSDP2. Its stream layout, in torch 2.13: the all-gather output and copy-in
+on the copy-in stream, the reduce-scatter input on the default stream (moved there from the
+reduce-scatter stream by pytorch/pytorch#129721, June 2024, "to avoid fragmenting that memory across
+stream memory pools"), the reduce-scatter output (the sharded gradients) on the reduce-scatter
+stream; a torch of 2024-12 with another layout would reserve differently. ProcessGroupNCCL leaves
+FSDP2's synchronous collectives' tensors without record_stream in both (pytorch/pytorch#111431).
+
+    .venv/bin/python -m benchmarks.torchtitan_memory [--settings op op-one-pool none full]
 
 writes benchmarks/results/torchtitan_memory.{json,md}. Traces run on CPU fake tensors (no GPU).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -126,6 +143,17 @@ class Transformer(nn.Module):
             h = layer(h, self.freqs_cis)
         return self.output(self.norm(h))
 
+    def configure_model(self):
+        """torchtitan's apply_fsdp (parallelize_llama.py, 2024-12) on memplan's fake mesh."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = self._device_mesh["data_parallel"]  # set by memplan, as Lightning's ModelParallelStrategy does
+        config = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                  reduce_dtype=torch.float32)}
+        for layer_id, block in enumerate(self.layers):
+            fully_shard(block, **config, reshard_after_forward=layer_id < len(self.layers) - 1)
+        fully_shard(self, **config)  # the root: kept unsharded after forward, as torch did then
+
 
 def loss(model, batch):
     tokens, labels = batch
@@ -136,21 +164,40 @@ def adamw(params):
     return torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
 
 
+@contextlib.contextmanager
+def one_pool():
+    """Every allocation counted on the default stream: one pool for all streams (memplan before it kept
+    the caching allocator's per-stream pools)."""
+    import memplan.estimator.api as api
+
+    class DefaultStreamOnly(api.StreamNumbers):
+        def current(self) -> int:
+            return 0
+
+    original, api.StreamNumbers = api.StreamNumbers, DefaultStreamOnly
+    try:
+        yield
+    finally:
+        api.StreamNumbers = original
+
+
 def estimate(setting: str = "op"):
-    """memplan's estimate of torchtitan's step with memplan checkpointing `setting` ('op' is torchtitan's)."""
+    """memplan's estimate of torchtitan's step: `setting` is memplan's checkpointing ('op' is torchtitan's),
+    with '-one-pool' for every allocation on the default stream's pool."""
     from memplan.estimator import estimate as memplan_estimate
     from memplan.estimator.fsdp import FsdpSettings
 
+    checkpointing, _, pools = setting.partition("-")
     with torch.device("meta"):
         model = Transformer()
     batch = (torch.randint(0, VOCAB, (LOCAL_BATCH, SEQ)), torch.randint(0, VOCAB, (LOCAL_BATCH, SEQ)))
     previous = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # run_llama_train.sh's, for this trace only
     try:
-        return memplan_estimate(model, batch, loss=loss, optimizer=adamw, precision="32-true", checkpointing=setting,
-                                device="H100-80GB", strategy="fsdp", world_size=WORLD,
-                                fsdp=FsdpSettings(sharding_strategy="FULL_SHARD", param_dtype="bfloat16",
-                                                  reduce_dtype="float32"))
+        with one_pool() if pools == "one-pool" else contextlib.nullcontext():
+            return memplan_estimate(model, batch, loss=loss, optimizer=adamw, precision="32-true",
+                                    checkpointing=checkpointing, device="H100-80GB", strategy="fsdp",
+                                    world_size=WORLD, loop="torch", fsdp=FsdpSettings(configure_model=True))
     finally:
         if previous is None:
             os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
@@ -161,21 +208,26 @@ def estimate(setting: str = "op"):
 def run(setting: str) -> dict:
     started = time.perf_counter()
     est = estimate(setting)
-    return {"checkpointing": setting, "peak_reserved_bytes": est.peak_reserved,
-            "peak_reserved_gib": round(est.peak_reserved / GiB, 2), "peak_allocated_gib": round(est.peak_allocated / GiB, 2),
+    checkpointing, _, pools = setting.partition("-")
+    return {"checkpointing": checkpointing, "pools": "one pool" if pools == "one-pool" else "per stream",
+            "peak_reserved_bytes": est.peak_reserved, "peak_reserved_gib": round(est.peak_reserved / GiB, 2),
+            "side_stream_reserved_gib": round(est.side_stream_reserved / GiB, 2),
+            "peak_allocated_gib": round(est.peak_allocated / GiB, 2),
             "peak_phase": est.peak_phase, "parameters": est.num_parameters,
             "trace_seconds": round(time.perf_counter() - started, 1)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", nargs="+", default=["op", "none", "full"],
-                        help="memplan checkpointing settings to trace ('op' is torchtitan's; the others bracket it)")
+    parser.add_argument("--settings", nargs="+", default=["op", "op-one-pool", "none", "full"],
+                        help="memplan checkpointing settings to trace ('op' is torchtitan's; the others bracket it); "
+                             "'-one-pool' traces with one allocator pool for all streams")
     args = parser.parse_args()
-    rows = [run(s) for s in args.settings]
-    for row in rows:
-        print(row, flush=True)
-    op = next((r for r in rows if r["checkpointing"] == "op"), None)
+    rows = []
+    for setting in args.settings:
+        rows.append(run(setting))
+        print(rows[-1], flush=True)
+    op = next((r for r in rows if r["checkpointing"] == "op" and r["pools"] == "per stream"), None)
     summary = {}
     if op is not None:
         error = op["peak_reserved_gib"] / PUBLISHED_GIB - 1
@@ -183,10 +235,11 @@ def main() -> int:
                    "relative_error": round(error, 4), "goal": GOAL, "met": abs(error) <= GOAL}
     lines = ["# torchtitan Llama 3.1 8B (8 x H100, FSDP2, local batch 2, seq 8192, selective op AC): memory",
              "", f"Source: {SOURCE}", "", f"Quote: {QUOTE}", "",
-             "| memplan checkpointing | estimated max_memory_reserved (GiB) | peak allocated (GiB) | peak phase |",
-             "| --- | ---: | ---: | --- |"]
-    lines += [f"| {r['checkpointing']} | {r['peak_reserved_gib']} | {r['peak_allocated_gib']} | {r['peak_phase']} |"
-              for r in rows]
+             "| memplan checkpointing | allocator pools | estimated max_memory_reserved (GiB) | of it, side streams "
+             "(GiB) | peak allocated (GiB) | peak phase |",
+             "| --- | --- | ---: | ---: | ---: | --- |"]
+    lines += [f"| {r['checkpointing']} | {r['pools']} | {r['peak_reserved_gib']} | {r['side_stream_reserved_gib']} | "
+              f"{r['peak_allocated_gib']} | {r['peak_phase']} |" for r in rows]
     if summary:
         lines += ["", f"Published {PUBLISHED_GIB} GiB; estimated {summary['estimated_gib']} GiB "
                       f"({summary['relative_error']:+.1%}); goal within {GOAL:.0%}: {'met' if summary['met'] else 'not met'}."]

@@ -8,8 +8,21 @@ try_allocate_expandable_block), with settings parsed as c10/core/AllocatorConfig
 Its `allocated_bytes` / `reserved_bytes` and peaks are what `torch.cuda.memory_allocated`,
 `memory_reserved`, `max_memory_allocated` and `max_memory_reserved` return.
 
+Streams: every block belongs to the stream it was allocated on (Block::stream), and a free block is
+reused only by a request on that stream: get_free_block searches the pool's blocks ordered by
+(stream, size, address) from the requesting stream's lower bound and stops at another stream's; a
+segment, expandable ones included (find_expandable_block), serves one stream. So each (stream, small
+or large) pair is a pool of its own here, and memory one stream has cached is reserved but never
+reused by another: FSDP2 allocates its all-gather buffers on its all-gather copy-in stream and the
+reduce-scatter outputs (the sharded gradients) on its reduce-scatter stream. Stream 0 is the default
+(compute) stream; the caller numbers the others.
+
 Left out on purpose:
-- Streams. The tracer sees one stream; no block waits on CUDA events (record_stream).
+- Stream uses (record_stream): a block used on another stream would wait for an event at its free
+  before it is reused, for as long as the GPU lags the CPU. FSDP2 does not call it (it keeps
+  references and waits on events); ProcessGroupNCCL skips it for synchronous all_gather_into_tensor
+  and reduce_scatter_tensor, FSDP2's collectives, since pytorch/pytorch#111431 (2023) and for every
+  collective since #148590 (torch 2.7), stashing the tensors instead. So a free is immediate here.
 - Running out of memory. The device is infinite: cudaMalloc never fails, so cached blocks are
   never released to retry (release_available_cached_blocks / release_cached_blocks),
   expandable pages are never unmapped, and garbage_collection_threshold (active only with
@@ -60,7 +73,7 @@ class AllocatorModel(Protocol):
     peak_allocated_bytes: int
     peak_reserved_bytes: int
 
-    def malloc(self, nbytes: int) -> int: ...
+    def malloc(self, nbytes: int, stream: int = 0) -> int: ...
     def free(self, handle: int) -> None: ...
     def block_bytes(self, handle: int) -> int: ...
     def reset_peaks(self) -> None: ...
@@ -111,9 +124,9 @@ class _ModelBase:
 
 
 class ExactAllocatorModel(_ModelBase):
-    """CPU target: bytes as requested, nothing cached, reserved == allocated."""
+    """CPU target: bytes as requested, nothing cached, reserved == allocated; streams play no part."""
 
-    def malloc(self, nbytes: int) -> int:
+    def malloc(self, nbytes: int, stream: int = 0) -> int:
         self._check(nbytes)
         if nbytes == 0:  # alloc_cpu(0) returns nullptr: no allocation
             return ZERO_HANDLE
@@ -137,19 +150,22 @@ class ExactAllocatorModel(_ModelBase):
 class _Block:
     """A Block of CUDACachingAllocator.cpp: a slice of one segment, linked to its neighbours."""
 
-    __slots__ = ("ptr", "size", "small", "allocated", "mapped", "prev", "next")
+    __slots__ = ("ptr", "size", "small", "stream", "allocated", "mapped", "prev", "next")
 
-    def __init__(self, ptr: int, size: int, small: bool, mapped: bool = True) -> None:
+    def __init__(self, ptr: int, size: int, small: bool, stream: int, mapped: bool = True) -> None:
         self.ptr, self.size, self.small, self.mapped, self.allocated = ptr, size, small, mapped, False
+        self.stream = stream
         self.prev: _Block | None = None
         self.next: _Block | None = None
 
 
 @dataclass(eq=False)
 class _Pool:
-    """A BlockPool: free blocks ordered as BlockComparatorSize orders them (size, then address)."""
+    """The free blocks of one stream in a BlockPool, ordered as BlockComparatorSize orders them within
+    a stream (size, then address)."""
 
     small: bool
+    stream: int = 0
     free: list = field(default_factory=list)  # sorted (size, ptr, block)
     tail: _Block | None = None  # unmapped rest of the pool's expandable segment
 
@@ -161,10 +177,10 @@ class _Pool:
 
 
 class CachingAllocatorModel(_ModelBase):
-    """PyTorch's CUDA caching allocator (native backend) on one stream of an infinite device.
+    """PyTorch's CUDA caching allocator (native backend) on an infinite device, its streams apart.
 
-    With `expandable_segments`, each pool owns one segment that grows at its end by whole pages,
-    2 MiB for the small pool and `large_segment_size` (20 MiB) for the large pool, as
+    With `expandable_segments`, each pool of each stream owns one segment that grows at its end by
+    whole pages, 2 MiB for the small pool and `large_segment_size` (20 MiB) for the large pool, as
     find_expandable_block / map_block do; pages are never unmapped (nothing runs out here).
     """
 
@@ -174,17 +190,23 @@ class CachingAllocatorModel(_ModelBase):
         if cfg.backend != "native":
             raise config_error("backend", "memplan models the native caching allocator only; remove "
                         "'backend:cudaMallocAsync' from PYTORCH_ALLOC_CONF to plan with it")
-        self._pools = {True: _Pool(True), False: _Pool(False)}
+        self._pools: dict[tuple[int, bool], _Pool] = {}
+        self._reserved_by_stream: dict[int, int] = {}
         self._max_split = cfg.max_split_size_bytes or SIZE_MAX
         self._next_ptr = 1 << 32
 
-    def malloc(self, nbytes: int) -> int:
-        """DeviceCachingAllocator::malloc; returns an opaque handle."""
+    @property
+    def reserved_by_stream(self) -> dict[int, int]:
+        """Bytes reserved (segments cudaMalloc'd or pages mapped) by each stream that allocated."""
+        return dict(self._reserved_by_stream)
+
+    def malloc(self, nbytes: int, stream: int = 0) -> int:
+        """DeviceCachingAllocator::malloc on `stream` (0: the default stream); returns an opaque handle."""
         self._check(nbytes)
         if nbytes == 0:  # NativeCachingAllocator::allocate calls malloc only if size != 0
             return ZERO_HANDLE
         size = round_size(nbytes, self.config)
-        pool = self._pools[size <= SMALL_SIZE]  # get_pool
+        pool = self._pool(stream, size <= SMALL_SIZE)  # get_pool, then the stream's part of it
         block = self._get_free_block(pool, size)
         if block is None:  # alloc_block
             block = self._expand(pool, size) if self.config.expandable_segments else self._segment(pool, size)
@@ -201,7 +223,7 @@ class CachingAllocatorModel(_ModelBase):
         block: _Block = self._get(handle, pop=True)
         self._add_allocated(-block.size)
         block.allocated = False
-        pool = self._pools[block.small]
+        pool = self._pools[block.stream, block.small]
         self._merge(pool, block, block.prev)
         self._merge(pool, block, block.next)
         pool.insert(block)
@@ -211,6 +233,12 @@ class CachingAllocatorModel(_ModelBase):
         if handle == ZERO_HANDLE:
             return 0
         return self._get(handle).size
+
+    def _pool(self, stream: int, small: bool) -> _Pool:
+        pool = self._pools.get((stream, small))
+        if pool is None:
+            pool = self._pools[stream, small] = _Pool(small, stream)
+        return pool
 
     def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
         """get_free_block: best fit = lower_bound on (size, address), then the max_split rules."""
@@ -239,7 +267,7 @@ class CachingAllocatorModel(_ModelBase):
 
     def _split(self, pool: _Pool, rest: _Block, size: int) -> _Block:
         """alloc_found_block with split_remainder: the front `size` bytes become the new block."""
-        block = _Block(rest.ptr, size, rest.small)
+        block = _Block(rest.ptr, size, rest.small, rest.stream)
         block.prev, block.next = rest.prev, rest
         if rest.prev is not None:
             rest.prev.next = block
@@ -272,15 +300,15 @@ class CachingAllocatorModel(_ModelBase):
             alloc = self.config.large_segment_size_bytes
         else:
             alloc = -(-size // ROUND_LARGE) * ROUND_LARGE
-        block = _Block(self._next_ptr, alloc, pool.small)
+        block = _Block(self._next_ptr, alloc, pool.small, pool.stream)
         self._next_ptr += alloc
-        self._add_reserved(alloc)
+        self._reserve(pool, alloc)
         return block
 
     def _expand(self, pool: _Pool, size: int) -> _Block:
         """try_allocate_expandable_block: grow the pool's segment at its lowest free address."""
         if pool.tail is None:  # find_expandable_block creates the segment on first use
-            pool.tail = _Block(self._next_ptr, _UNBOUNDED, pool.small, mapped=False)
+            pool.tail = _Block(self._next_ptr, _UNBOUNDED, pool.small, pool.stream, mapped=False)
             self._next_ptr += _UNBOUNDED
         tail = pool.tail
         candidate = tail.prev if tail.prev is not None and not tail.prev.allocated else tail
@@ -295,14 +323,18 @@ class CachingAllocatorModel(_ModelBase):
         """map_block: map whole pages at the start of the unmapped tail, merge with a free prev."""
         page = SMALL_BUFFER if pool.small else self.config.large_segment_size_bytes
         mapped = -(-size // page) * page
-        rest = _Block(to_map.ptr + mapped, to_map.size - mapped, pool.small, mapped=False)
+        rest = _Block(to_map.ptr + mapped, to_map.size - mapped, pool.small, pool.stream, mapped=False)
         rest.prev, to_map.next = to_map, rest
         pool.tail = rest
         to_map.size, to_map.mapped = mapped, True
         self._merge(pool, to_map, to_map.prev)
         pool.insert(to_map)
-        self._add_reserved(mapped)
+        self._reserve(pool, mapped)
         return to_map
+
+    def _reserve(self, pool: _Pool, nbytes: int) -> None:
+        self._add_reserved(nbytes)
+        self._reserved_by_stream[pool.stream] = self._reserved_by_stream.get(pool.stream, 0) + nbytes
 
 
 def _grow_size(b: _Block) -> int:

@@ -29,13 +29,16 @@ from memplan.estimator.module_conversion import conversions_in_step
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator import manual
 from memplan.estimator.step import (
-    LossFn, Loop, PrecisionPolicy, StepOptions, check_loop, iter_tensors, map_tensors, run_training_step,
+    LossFn, Loop, PrecisionPolicy, SavedTensorsHooks, StepOptions, check_loop, iter_tensors, map_tensors,
+    run_training_step,
 )
+from memplan.estimator.streams import StreamNumbers, side_stream_bytes
 from memplan.estimator.target import (GENERIC_CUDA, check_precision_on_target, memory_model,
                                       precision_lightning_runs, resolve_target, target_overheads)
 from memplan.estimator.trace_setting import TraceSetting
 from memplan.estimator.tracker import Category, Phase, StorageTracker
 from memplan.estimator.values import DataDependent, ValueResolver
+from memplan.units import MiB
 
 TRACED_STEPS = 2
 """Step 1 creates the optimizer state lazily; step 2 is the steady state the peak is taken from."""
@@ -153,6 +156,8 @@ class _Trace:
         self.memory = memory_model(target)
         self.tracker = StorageTracker(self.memory, self.fake_mode, cpu_kernels=not target.is_cuda, values=self.values)
         self.tracker.costs = CostCounter()
+        if target.is_cuda:
+            self.tracker.streams = StreamNumbers(self.device.type)
         self.tracker.costs.watch_blocks(_blocks_of(self.model), [m for _, m in find_repeated_blocks(self.model)])
         self.overheads = target_overheads(target)
 
@@ -254,7 +259,7 @@ class _Trace:
         return batch
 
     def _step(self) -> None:
-        saved_hooks = _SavedTensorsHooks(self._pack)
+        saved_hooks = SavedTensorsHooks(self._pack)
         try:
             with conversions_in_step():  # a no-op Module.to() in forward, as the real run
                 if self.manual is not None:  # the user's own manual_backward and optimizer steps
@@ -327,6 +332,12 @@ class _Trace:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks"
                          f"{' (per-op policy: matmul and attention outputs kept)' if self.checkpoint_mode == 'op' else ''}")
         notes.extend(self.tracker.kernel_probe.notes())
+        side = side_stream_bytes(self.memory)
+        if side:
+            whose = " (FSDP2's all-gather copy-in and reduce-scatter streams)" if self.fsdp is not None else ""
+            notes.append(f"{side / MiB:.0f} MiB of the reserved memory is cached by side streams{whose}: the "
+                         "caching allocator keeps a stream's freed blocks for that stream, so the default stream "
+                         "cannot reuse them")
         return MemoryEstimate(
             parameters=by[Category.PARAMETERS],
             gradients=by[Category.GRADIENTS],
@@ -337,6 +348,7 @@ class _Trace:
             workspaces=by[Category.WORKSPACES],
             peak_allocated=peak.total,
             peak_reserved=max(peak_reserved, peak.total),
+            side_stream_reserved=side,
             device_total=max(peak_reserved, peak.total) + context + communication,
             cuda_context=context,
             communication=communication,
@@ -357,24 +369,6 @@ class _Trace:
             notes=tuple(notes),
             step_costs=self.tracker.costs.result(),
         )
-
-
-class _SavedTensorsHooks:
-    """Autograd's saved-tensor hooks, opened and closed at step phases; closing twice is harmless, so
-    an error mid-forward never leaves them on autograd's global hook stack."""
-
-    def __init__(self, pack) -> None:
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-        self._open = False
-
-    def open(self) -> None:
-        self._hooks.__enter__()
-        self._open = True
-
-    def close(self) -> None:
-        if self._open:
-            self._open = False
-            self._hooks.__exit__(None, None, None)
 
 
 def _blocks_of(model: nn.Module) -> list[nn.Module]:

@@ -38,6 +38,9 @@ class MemoryEstimate:
     where tensor sizes are rounded to the caching allocator's blocks)."""
     peak_reserved: int
     """The caching allocator's reserved bytes at its peak (equals peak_allocated on CPU)."""
+    side_stream_reserved: int = 0
+    """Of peak_reserved, the bytes cached by streams other than the default one, which the default
+    stream's requests cannot reuse (FSDP2's all-gather copy-in and reduce-scatter streams); 0 on CPU."""
     device_total: int
     """peak_reserved + CUDA context + library workspaces outside the allocator: what NVML shows for
     the process. On CPU, equals peak_reserved."""

@@ -192,3 +192,21 @@ def _unscale_grads(optimizer: torch.optim.Optimizer, grad_scale: torch.Tensor) -
 
 def params_with_grad(params: Sequence[nn.Parameter]) -> list[nn.Parameter]:
     return [p for p in params if p.requires_grad]
+
+
+class SavedTensorsHooks:
+    """Autograd's saved-tensor hooks, opened and closed at step phases; closing twice is harmless, so
+    an error mid-forward never leaves them on autograd's global hook stack."""
+
+    def __init__(self, pack) -> None:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        self._open = False
+
+    def open(self) -> None:
+        self._hooks.__enter__()
+        self._open = True
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._hooks.__exit__(None, None, None)

@@ -103,6 +103,9 @@ class StorageTracker(TorchDispatchMode):
         self.ops_seen = 0
         self.costs = None
         """A flops.CostCounter told of every op of the step (None: none counted)."""
+        self.streams = None
+        """A streams.StreamNumbers naming the stream each allocation is made on (None: all on the default
+        stream); the caching allocator model keeps each stream's freed blocks for that stream."""
         self.forward_activations = 0
         self._accumulation: tuple | None = None
         """A backward `add` that may be the autograd engine's gradient accumulation, until the next op
@@ -119,7 +122,7 @@ class StorageTracker(TorchDispatchMode):
             if record.live and storage.nbytes() != record.storage_bytes:
                 self._recount(record, storage.nbytes())
             return
-        handle = self.memory.malloc(storage.nbytes())
+        handle = self.memory.malloc(storage.nbytes(), self._stream())
         node = torch._C._current_autograd_node() if self.phase is Phase.BACKWARD else None
         record = _Record(handle, self.memory.block_bytes(handle), category, self.phase,
                          node=None if node is None else id(node), storage_bytes=storage.nbytes())
@@ -157,7 +160,7 @@ class StorageTracker(TorchDispatchMode):
 
     def reserve(self, nbytes: int, category: Category) -> None:
         """A persistent allocation no traced tensor stands for (a cuBLAS workspace, a DDP bucket)."""
-        handle = self.memory.malloc(nbytes)
+        handle = self.memory.malloc(nbytes, self._stream())
         self._by_category[category] += self.memory.block_bytes(handle)
         self._update_peak()
 
@@ -173,7 +176,7 @@ class StorageTracker(TorchDispatchMode):
         if record.live:
             self._on_free(record)
         if storage.nbytes():
-            record.handle = self.memory.malloc(storage.nbytes())
+            record.handle = self.memory.malloc(storage.nbytes(), self._stream())
             record.nbytes, record.storage_bytes = self.memory.block_bytes(record.handle), storage.nbytes()
             record.category, record.phase, record.live = Category.TEMPORARIES, self.phase, True
             self._by_category[record.category] += record.nbytes
@@ -183,7 +186,7 @@ class StorageTracker(TorchDispatchMode):
         """A live storage now `nbytes` long: its old block freed, a new one taken, its category kept (the
         allocator frees the old block after copying into the new one; the new one is taken first)."""
         old_handle, old_bytes = record.handle, record.nbytes
-        record.handle = self.memory.malloc(nbytes)
+        record.handle = self.memory.malloc(nbytes, self._stream())
         record.nbytes, record.storage_bytes = self.memory.block_bytes(record.handle), nbytes
         self._by_category[record.category] += record.nbytes
         self._update_peak()
@@ -197,6 +200,9 @@ class StorageTracker(TorchDispatchMode):
             self.track(tensor)
             record = self._records[_local(tensor).untyped_storage()]
         self._on_free(record)
+
+    def _stream(self) -> int:
+        return 0 if self.streams is None else self.streams.current()
 
     def _on_free(self, record: _Record) -> None:
         if not self._active or not record.live:
@@ -335,7 +341,7 @@ class StorageTracker(TorchDispatchMode):
         """Memory a kernel holds only while it runs, on top of what is live (its outputs included)."""
         if nbytes <= 0:
             return
-        handle = self.memory.malloc(nbytes)
+        handle = self.memory.malloc(nbytes, self._stream())
         self._by_category[Category.TEMPORARIES] += self.memory.block_bytes(handle)
         self._update_peak()
         self._by_category[Category.TEMPORARIES] -= self.memory.block_bytes(handle)

@@ -232,6 +232,43 @@ def test_expandable_splits_large_blocks_down_to_512_bytes():
     assert a.reserved_bytes == 20 * MiB
 
 
+# -- streams ---------------------------------------------------------------------------------
+# get_free_block: `pool.blocks.lower_bound(&p.search_key)`, then `(*it)->stream != p.stream()` -> no
+# cached block; BlockComparatorSize orders by stream first. find_expandable_block walks
+# `pool->unmapped` from Block(device, stream, 0) while `(*it)->stream == stream`.
+@pytest.mark.parametrize("expandable", [False, True])
+def test_a_block_freed_on_one_stream_is_not_reused_by_another(expandable):
+    a = caching(expandable_segments=expandable)
+    a.free(a.malloc(40 * MiB, stream=1))  # 40 MiB cached for stream 1
+    assert a.reserved_bytes == 40 * MiB
+    h = a.malloc(40 * MiB)  # the default stream: a segment (pages) of its own
+    assert a.reserved_bytes == 80 * MiB
+    assert a.block_bytes(h) == 40 * MiB  # allocated is the same block size either way
+    a.free(h)
+    a.malloc(40 * MiB, stream=1)  # stream 1 gets its cached block back
+    a.malloc(40 * MiB)  # and so does the default stream
+    assert a.reserved_bytes == 80 * MiB
+    assert a.reserved_by_stream == {1: 40 * MiB, 0: 40 * MiB}
+
+
+def test_small_blocks_are_kept_per_stream_too():
+    a = caching()
+    a.free(a.malloc(1000, stream=2))
+    a.malloc(1000)  # the stream-2 small segment is not searched: another 2 MiB
+    assert a.reserved_bytes == 4 * MiB
+    a.malloc(1000, stream=2)  # reuses its own
+    assert a.reserved_bytes == 4 * MiB
+
+
+def test_freed_blocks_do_not_merge_across_streams():
+    a = caching(expandable_segments=True)
+    a.free(a.malloc(20 * MiB, stream=1))
+    a.free(a.malloc(20 * MiB))
+    a.malloc(40 * MiB)  # neither free 20 MiB page is contiguous with the other stream's: map 20 more
+    assert a.reserved_bytes == 60 * MiB
+    assert a.reserved_by_stream == {1: 20 * MiB, 0: 40 * MiB}
+
+
 # -- peaks, handles, zero bytes ----------------------------------------------------------------
 def test_peaks_and_reset_peaks():
     a = caching()
@@ -297,7 +334,7 @@ def test_long_random_trace_keeps_the_books_balanced(expandable):
         a.free(h)
     assert a.allocated_bytes == 0 and a.reserved_bytes == reserved  # nothing is given back
     # Once everything is free, every large segment is one block again: reusable whole.
-    biggest = max(size for size, _, _ in a._pools[False].free)
+    biggest = max(size for size, _, _ in a._pools[0, False].free)  # the default stream's large pool
     assert a.block_bytes(a.malloc(biggest)) == biggest
     assert a.reserved_bytes == reserved
 
