@@ -12,8 +12,9 @@ from typing import Any
 
 Bounds = tuple[tuple[int, int], tuple[int, int]]
 
-LIGHTNING_RANGE: Bounds = ((2, 2), (2, 7))
-"""pytorch-lightning / lightning versions memplan is known to work with: >= 2.2, < 2.7."""
+LIGHTNING_RANGE: Bounds = ((2, 4), (2, 7))
+"""pytorch-lightning / lightning versions memplan is known to work with: >= 2.4, < 2.7. (2.2 and 2.3 import
+`pkg_resources` without declaring setuptools, which dropped it in 82: a fresh install of them fails to import.)"""
 TORCH_RANGE: Bounds = ((2, 4), (2, 14))
 """torch versions whose private attributes memplan.compat.torch reads are known: >= 2.4, < 2.14."""
 
@@ -51,7 +52,7 @@ def within(text: str, bounds: Bounds) -> bool:
 
 
 def known(bounds: Bounds) -> str:
-    """The range as a requirement's specifier: '>=2.2,<2.7'."""
+    """The range as a requirement's specifier: '>=2.4,<2.7'."""
     (a, b), (c, d) = bounds
     return f">={a}.{b},<{c}.{d}"
 

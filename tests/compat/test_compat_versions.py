@@ -43,7 +43,7 @@ def test_pyproject_bounds_torch_to_the_range_compat_knows():
 def test_the_installed_torch_is_inside_the_range_compat_knows():
     assert compat.within(torch.__version__, compat.TORCH_RANGE)
     assert compat.check_installed() == []
-    assert not compat.within("2.7.0", compat.LIGHTNING_RANGE) and not compat.within("2.1.4", compat.LIGHTNING_RANGE)
+    assert not compat.within("2.7.0", compat.LIGHTNING_RANGE) and not compat.within("2.3.3", compat.LIGHTNING_RANGE)
     assert compat.within("2.6.6", compat.LIGHTNING_RANGE) and compat.within("2.13.0+cpu", compat.TORCH_RANGE)
 
 
@@ -66,7 +66,7 @@ def test_a_moved_attribute_is_one_error_naming_it_and_the_versions_known():
     installed = re.escape(compat.installed_version("pytorch-lightning"))
     with pytest.raises(compat.IncompatibleVersionError,
                        match=rf"Strategy\._ddp_kwargs, which this pytorch-lightning \({installed}\) does not have; it "
-                             r"is known in pytorch-lightning>=2\.2,<2\.7"):
+                             r"is known in pytorch-lightning>=2\.4,<2\.7"):
         compat.ddp_kwargs(Strategy())
 
 
@@ -108,5 +108,5 @@ def test_the_callback_check_names_memory_planner_and_says_it_at_every_setup(monk
     real = versions.installed_version
     monkeypatch.setattr(versions, "installed_version", lambda p: "2.1.0" if p == "pytorch-lightning" else real(p))
     assert compat.check_installed() == ["pytorch-lightning 2.1.0 is outside the versions MemoryPlanner is known to "
-                                        "work with (pytorch-lightning>=2.2,<2.7)"]
+                                        "work with (pytorch-lightning>=2.4,<2.7)"]
     assert compat.check_installed() == compat.check_installed()  # not once: each fit's setup says it
