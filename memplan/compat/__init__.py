@@ -5,7 +5,7 @@
     memplan.compat.torchmetrics  a Metric's state defaults
     memplan.compat.versions      the versions each is known for, and the check of the installed ones
 
-Each name says the versions it is known for. tests/compat/test_private_access.py fails where any other
+Each name says the versions it is known for. tests/compat/test_compat_private_access.py fails where any other
 module of memplan uses a private torch or Lightning name. The installed versions are checked where
 MemoryPlanner is set up and where `memplan.estimate` and `memplan suggest` run (a warning naming the
 installed version and the known range); .ci/versions runs a smoke subset on the lowest and the highest

@@ -5,7 +5,7 @@ SDPA choice on CPU, and follows FSDP2's storage: all of that reaches below torch
 here says what it is for and the torch versions it is known for (memplan.compat.versions.TORCH_RANGE);
 the rest of memplan imports them from here, so a torch that moves one fails on importing this module
 (or, for the names read lazily, in the one function below that reads it), not deep in a trace.
-tests/compat/test_private_access.py keeps every other module off torch's private names.
+tests/compat/test_compat_private_access.py keeps every other module off torch's private names.
 
 Names bound here are the very objects torch has (no wrapper), so a per-op call costs what it did.
 """

@@ -1,6 +1,6 @@
 """The torch and Lightning versions memplan knows, and the check of the installed ones.
 
-The ranges below are pyproject.toml's (tests/compat/test_versions.py checks they match, and that the
+The ranges below are pyproject.toml's (tests/compat/test_compat_versions.py checks they match, and that the
 installed versions lie inside them); .ci/versions runs a smoke subset on the lowest and the highest
 release of each, and .ci/versions.result.md holds its last result.
 """
