@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,20 @@ def _installed_torch(python: Path) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+def _torch_bounds() -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """pyproject.toml's torch range ("torch>=2.4,<2.14" -> ((2, 4), (2, 14))), or None where it has none."""
+    found = re.search(r'"torch>=(\d+)\.(\d+),<(\d+)\.(\d+)"', (ROOT / "pyproject.toml").read_text())
+    if found is None:
+        return None
+    a, b, c, d = (int(g) for g in found.groups())
+    return (a, b), (c, d)
+
+
+def _outside(version: str, bounds: tuple[tuple[int, int], tuple[int, int]] | None) -> bool:
+    numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+    return bounds is not None and not bounds[0] <= numbers < bounds[1]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dev", action="store_true", help="also install test and benchmark dependencies")
@@ -61,6 +76,13 @@ def main() -> int:
             return 1
     else:
         print(f"keeping the installed torch {torch_version}", flush=True)
+    bounds = _torch_bounds()
+    if _outside(torch_version, bounds):  # pip would only say the requirements conflict
+        (a, b), (c, d) = bounds
+        print(f"error: {env_dir} has torch {torch_version}, outside the versions memplan supports (torch>={a}.{b},"
+              f"<{c}.{d}, pyproject.toml); this script never replaces a torch: use another --venv, or install a "
+              "torch in that range there first", file=sys.stderr)
+        return 1
 
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.write(f"torch=={torch_version}\n")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from memplan.callback.loss_reduction import LossReduction
+from memplan.compat.torch import BatchNormBase
 
 DECLARE = ("if training_step's loss is a mean over samples pass MemoryPlanner(loss_reduction='mean'), a sum over "
            "samples loss_reduction='sum', a mean over something else mean_over=callable(batch) -> what it "
@@ -94,7 +95,7 @@ def decide(reduction: LossReduction, module: torch.nn.Module, *, exact: bool, ma
 
 def batch_norms(module: torch.nn.Module) -> list[str]:
     """The class names of the model's BatchNorm layers (they normalise over the batch they see)."""
-    return sorted({type(m).__name__ for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)})
+    return sorted({type(m).__name__ for m in module.modules() if isinstance(m, BatchNormBase)})
 
 
 def drop_last_blocks(loader: Any, samples: int | None, before: int, after: int) -> str | None:

@@ -33,7 +33,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
+
+from memplan.compat.torch import tree_flatten
 
 Kind = Literal["mean_samples", "mean_count", "sum", "unknown"]
 Path = tuple[tuple[str, Any], ...]

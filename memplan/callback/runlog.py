@@ -269,17 +269,6 @@ class LoggerRows:
         self._wrapped, self._pending = [], None
 
 
-def lightning_writes_row(trainer: Any, row_step: int) -> bool:
-    """Whether Lightning writes its own logger row at the end of this training batch, whose row index
-    is `row_step` (`compat.logger_row_getter`): its `_LoggerConnector.should_update_logs` for the fit
-    loop (Lightning 2.0-2.6, both packages), read here without the property's loop lookup, paid every
-    step."""
-    every = trainer.log_every_n_steps
-    if not every:
-        return False
-    return (row_step + 1) % every == 0 or bool(trainer.should_stop)
-
-
 # --- summary -----------------------------------------------------------------------------------
 
 def summary_line(rank: int, peak_process_bytes: int | None, min_headroom_bytes: int | None,

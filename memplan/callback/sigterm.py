@@ -30,6 +30,8 @@ from typing import Any
 
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
+from memplan.compat.lightning import replace_sigterm_notifier, sigterm_notifier
+
 GRACE_S = 20
 """Seconds a terminated rank has for its exception path before SIGALRM ends it (torchrun waits 30)."""
 
@@ -44,8 +46,7 @@ def end_rank_on_sigterm(trainer: Any, *, grace_s: int = GRACE_S) -> bool:
     signal connector this replaces a method of (known: pytorch_lightning and lightning.pytorch 2.0-2.6)."""
     if grace_s < 1:
         raise ValueError(f"end_rank_on_sigterm: grace_s must be at least 1 second; got {grace_s}")
-    connector = getattr(trainer, "_signal_connector", None)
-    lightning_handler = getattr(connector, "_sigterm_notifier_fn", None)
+    connector, lightning_handler = sigterm_notifier(trainer)
     if isinstance(lightning_handler, _SigtermHandler):  # installed already (memplan.train, then MemoryPlanner)
         return True
     if lightning_handler is None:
@@ -53,7 +54,7 @@ def end_rank_on_sigterm(trainer: Any, *, grace_s: int = GRACE_S) -> bool:
                        "(known in 2.0-2.6); SIGTERM to one rank is left to Lightning, which may hang the job")
         return False
     # register_signal_handlers (at fit start) looks the method up on the instance: this one is registered
-    connector._sigterm_notifier_fn = _SigtermHandler(trainer, lightning_handler, grace_s)
+    replace_sigterm_notifier(connector, _SigtermHandler(trainer, lightning_handler, grace_s))
     return True
 
 

@@ -25,8 +25,9 @@ from memplan.callback.rewrites import (
 from memplan.callback.oom_site import oom_site
 from memplan.callback.session import CallbackState
 from memplan.callback.runlog import (
-    lightning_writes_row, logger_metrics, summary_line,
+    logger_metrics, summary_line,
 )
+from memplan.compat.lightning import writes_logger_row
 from memplan.hardware import readings
 
 log = logging.getLogger("memplan.callback.memory_planner")  # (one logger for the callback's lines, as before)
@@ -43,7 +44,7 @@ class Watching(CallbackState):
         if step == self._fit.last_step or self.layout is None:
             return
         due = step % self._fit.every == 0
-        row = self._fit.has_loggers and lightning_writes_row(trainer, self._fit.row_step())
+        row = self._fit.has_loggers and writes_logger_row(trainer, self._fit.row_step())
         if not (due or row or self._fit.record_next):
             return
         self._fit.last_step, self._fit.record_next = step, False

@@ -104,9 +104,8 @@ def _device(text: str):
 
 
 def _estimate_demo(args: argparse.Namespace, options: dict):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     import memplan
+    from memplan.compat.torch import FakeTensorMode
     from memplan.demos import DEMOS
 
     if args.demo not in DEMOS:

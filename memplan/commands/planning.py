@@ -7,6 +7,7 @@ binds the estimator to the config's model and batch, and renders the result. No 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 
 from memplan.commands.device_table import OFF_BOX_HINT
 from memplan.commands.progress import Progress
+from memplan.compat.versions import check_installed_once
 from memplan.config import LoadedConfig
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.optimizer_state import elementwise_state_bytes
@@ -183,6 +185,9 @@ def plan_config(
     """Plan the config on the hardware; flags override the config's `memplan:` section. Everything that
     needs no trace is checked first (check_request)."""
     progress = progress or Progress(enabled=False)
+    for outside in check_installed_once("memplan"):  # said once, here, not by each estimate
+        progress.clear()
+        print(f"memplan: warning: {outside}", file=sys.stderr)
     wanted = check_request(loaded, hardware, nodes=nodes, global_batch_size=global_batch_size,
                            precisions=precisions, allow_checkpointing=allow_checkpointing, margin=margin)
     model_name = loaded.model.cls.__name__

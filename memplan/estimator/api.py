@@ -10,9 +10,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-from torch.utils._python_dispatch import _disable_current_modes
 
+from memplan.compat.torch import (
+    FAKE_TENSOR_LOGGER,
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    disable_current_modes,
+)
+from memplan.compat.versions import VersionWarning, check_installed_once
 from memplan.estimator.checkpointing import (
     _WRAPPED, CheckpointArg, OwnCheckpointCalls, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
 )
@@ -81,7 +86,12 @@ def estimate(
         are resolved: "balanced" (even routing), "sample" (random values) or "error" (refuse). Shapes
         decided by the batch (masks, lengths) are always exact. See memplan/estimator/values.py.
     fsdp: FsdpSettings (sharding strategy, wrapped classes, offload, dtypes) for strategy="fsdp".
+
+    Warns (VersionWarning, once a process) where torch or Lightning is installed outside the versions
+    memplan knows (memplan.compat.versions).
     """
+    for outside in check_installed_once("memplan"):
+        warnings.warn(f"memplan.estimate: {outside}", VersionWarning, stacklevel=2)
     policy = PrecisionPolicy.from_string(precision)
     _check_strategy(strategy, world_size)
     check_loop(loop)
@@ -110,7 +120,7 @@ def estimate(
 def _quiet_fake_tensor_log():
     """FakeTensorMode logs a full traceback at ERROR when a meta kernel rejects its inputs (a batch the
     model cannot take); memplan turns that failure into one EstimateError, so the log is noise."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:
@@ -252,7 +262,7 @@ class _Trace:
                 f"batch has no tensors (got {type(batch).__name__}); pass one batch exactly as the training "
                 "step receives it, e.g. (inputs, targets) or a dict of tensors"
             )
-        with _disable_current_modes():  # the user's real batch stays real
+        with disable_current_modes():  # the user's real batch stays real
             batch = self.policy.convert_batch(batch)
             if self.device.type != "cpu":
                 batch = map_tensors(batch, lambda t: t.to(self.device))

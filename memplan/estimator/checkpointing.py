@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from memplan.checkpoint_setting import Checkpointing
+from memplan.compat.torch import op_packet
 
 _WRAPPED = "_memplan_checkpointed"
 
@@ -55,7 +56,7 @@ class OpPolicy:
         return name in _KEPT_OPS
 
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
-        name = func._overloadpacket.__name__.split(".")[-1]
+        name = op_packet(func).__name__.split(".")[-1]
         kept = self.keeps(name, recompute=ctx.is_recompute)
         return CheckpointPolicy.MUST_SAVE if kept else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -192,7 +193,7 @@ class OwnCheckpointCalls:
 
     def __enter__(self) -> OwnCheckpointCalls:
         global _counting
-        from memplan.compat import counting_checkpoint_calls
+        from memplan.compat.torch import counting_checkpoint_calls
 
         self._inner = counting_checkpoint_calls(self._count)
         self._inner.__enter__()

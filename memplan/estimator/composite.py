@@ -22,7 +22,9 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
-_LINEAR = (torch._C._nn.linear, torch.nn.functional.linear)
+from memplan.compat.torch import linear_binding
+
+_LINEAR = (linear_binding, torch.nn.functional.linear)
 
 
 _STATE = threading.local()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+from memplan.compat.torch import OpOverload, dispatch_registrations, excluding_autocast_cpu, is_view, op_schema
 
 # --- CUDA policy (aten/src/ATen/autocast_mode.h, torch 2.13) -------------------------------------
 LOWER_PRECISION_FP = (
@@ -96,7 +96,7 @@ def cuda_policy() -> dict[str, str]:
 
 def cpu_autocast_ops() -> set[str]:
     """The ops with a kernel on AutocastCPU in this torch build, as 'name.overload'."""
-    registered = torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU")
+    registered = dispatch_registrations("AutocastCPU")
     return {name.removeprefix("aten::") for name in registered}
 
 
@@ -163,17 +163,17 @@ class _Arg:
 _KINDS = {"Tensor": "tensor", "Optional[Tensor]": "opt_tensor", "List[Tensor]": "tensor_list"}
 
 
-def _overload(name: str) -> torch._ops.OpOverload:
+def _overload(name: str) -> OpOverload:
     base, _, overload = name.partition(".")
     return getattr(getattr(torch.ops.aten, base), overload or "default")
 
 
-def _binder(op: torch._ops.OpOverload):
+def _binder(op: OpOverload):
     """A function (args, kwargs) -> [_Arg] covering every schema argument. The dispatcher hands a
     Python kernel its positional arguments without trailing defaults and kwarg-only ones by name;
     defaults are filled in so that a policy can set `dtype` or redispatch to another overload."""
     schema = []
-    for arg in op._schema.arguments:
+    for arg in op_schema(op).arguments:
         kind = "dtype" if arg.name == "dtype" and str(arg.type) == "Optional[int]" else _KINDS.get(str(arg.type), "other")
         schema.append((arg.name, kind, arg.kwarg_only, arg.default_value if arg.has_default_value() else None))
 
@@ -207,7 +207,7 @@ def _make_kernel(name: str, policy: str, lower_dtype: torch.dtype, cache: CastCa
             return value
         if (
             to_dtype == lower_dtype and value.dtype == torch.float32 and value.requires_grad
-            and value.is_leaf and not value._is_view() and torch.is_autocast_cache_enabled()
+            and value.is_leaf and not is_view(value) and torch.is_autocast_cache_enabled()
         ):
             return cache.cast(value, to_dtype)
         return value.to(to_dtype)
@@ -236,7 +236,7 @@ def _make_kernel(name: str, policy: str, lower_dtype: torch.dtype, cache: CastCa
             bound.append(_Arg("dtype", "dtype", True, torch.float32 if _is_eligible(first) else first.dtype))
         call_args = [arg.value for arg in bound if not arg.kwarg_only]
         call_kwargs = {arg.name: arg.value for arg in bound if arg.kwarg_only}
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+        with excluding_autocast_cpu():
             return redispatch(*call_args, **call_kwargs)
 
     kernel.__name__ = f"cuda_autocast_{name.replace('.', '_')}"

@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 import torch
 
+from memplan.compat.torch import sdp_priority_order
+
 aten = torch.ops.aten
 Backend = Literal["flash", "efficient", "math"]
 
@@ -42,8 +44,9 @@ def select_backend(
     """The backend `select_sdp_backend` picks on a GPU of `compute_capability`, honouring
     torch.backends.cuda.enable_*_sdp and sdpa_kernel(..., set_priority=True). cuDNN attention is not
     emulated (it needs the runtime cuDNN version) and is skipped."""
-    get_order = getattr(torch._C, "_get_sdp_priority_order", None)
-    order = tuple(get_order()) if get_order is not None else _DEFAULT_PRIORITY
+    order = sdp_priority_order()
+    if order is None:
+        order = _DEFAULT_PRIORITY
     args = (query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, compute_capability)
     for backend in order:
         if backend == _FLASH and torch.backends.cuda.flash_sdp_enabled() and _can_use_flash(*args):

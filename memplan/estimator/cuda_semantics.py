@@ -62,8 +62,8 @@ import warnings
 from collections.abc import Iterator
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 
+from memplan.compat.torch import OpOverload, destroy_library, is_fake
 from memplan.estimator.cuda_autocast import CastCache, register_cuda_autocast, wrap_clear_autocast_cache
 from memplan.estimator.cuda_sdpa import cuda_sdpa_kernel, register_cpu_reference_kernels
 
@@ -108,7 +108,7 @@ def emulate_cuda(*, compute_capability: tuple[int, int], autocast_dtype: torch.d
     finally:
         torch.clear_autocast_cache = original_clear_autocast_cache
         cache.clear()
-        lib._destroy()
+        destroy_library(lib)
 
 
 def apply_cuda_optimizer_defaults(optimizer: torch.optim.Optimizer) -> None:
@@ -150,7 +150,7 @@ def _dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
     return input.mul(input.new_zeros(()))  # p == 1
 
 
-def _softmax_kernel(inner: torch._ops.OpOverload):
+def _softmax_kernel(inner: OpOverload):
     """softmax / log_softmax with CUDA's fp16 -> fp32 branch (SoftMax.cpp)."""
 
     def kernel(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -22,9 +22,8 @@ from types import TracebackType
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor, UnsupportedOperatorException
-from torch.utils._pytree import tree_flatten
 
+from memplan.compat.torch import FakeTensor, UnsupportedOperatorException, module_call_code, storage_key, tree_flatten
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.tracker import StorageTracker
 
@@ -47,8 +46,8 @@ def explain_failure(err: BaseException, *, model: nn.Module, batch_tensors: Iter
     if failed is not None:
         func, args = failed
         call = _describe_call(func, args)
-        batch_storages = {t.untyped_storage()._cdata for t in batch_tensors}
-        if any(_is_real(t) and t.untyped_storage()._cdata in batch_storages for t in _tensors(args)):
+        batch_storages = {storage_key(t) for t in batch_tensors}
+        if any(_is_real(t) and storage_key(t) in batch_storages for t in _tensors(args)):
             return EstimateError(f"batch: the model could not run {call}{in_module} on this batch ({what}). "
                                  + _BATCH_FIX)
         return EstimateError(f"model: the op {call} failed{in_module} in the {phase} ({what}). "
@@ -73,7 +72,7 @@ def _failed_op(frames) -> tuple[object, tuple] | None:
 
 def _module_path(frames, model: nn.Module) -> str | None:
     names = {id(m): ("model." + name if name else "model") for name, m in model.named_modules()}
-    code = nn.Module._call_impl.__code__
+    code = module_call_code()
     for frame in reversed(frames):
         if frame.f_code is code:
             name = names.get(id(frame.f_locals.get("self")))

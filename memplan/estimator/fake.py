@@ -5,9 +5,15 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from memplan.compat.torch import (
+    DataDependentOutputException,
+    FakeTensor,
+    FakeTensorMode,
+    TorchDispatchMode,
+    disable_current_modes,
+    op_schema,
+)
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake_copy import copy_module_tree
 from memplan.estimator.tracker import REAL_FACTORY_MAX_NUMEL, _tensors_in
@@ -99,7 +105,7 @@ class _BuildMode(TorchDispatchMode):
         kwargs = kwargs or {}
         tensors = _tensors_in((args, kwargs))
         if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
-            with _disable_current_modes():
+            with disable_current_modes():
                 return func(*args, **kwargs)
         if func is torch.ops.aten._local_scalar_dense.default:
             self.reads += 1
@@ -108,13 +114,13 @@ class _BuildMode(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except DataDependentOutputException:
-            if [str(r.type) for r in func._schema.returns] != ["bool"]:
+            if [str(r.type) for r in op_schema(func).returns] != ["bool"]:
                 raise
             self.reads += 1  # `allclose`, `equal` on fake weights: a check, taken as passing
             return True
         if not tensors and isinstance(out, torch.Tensor) and out.numel() <= REAL_FACTORY_MAX_NUMEL \
                 and out.device.type == "cpu":
-            with _disable_current_modes():
+            with disable_current_modes():
                 return func(*args, **kwargs)
         return out
 

@@ -33,12 +33,20 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.nn.utils.parametrize import is_parametrized
 
+from memplan.compat.torch import (
+    COMPILED_CALL_ATTRIBUTE,
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    buffer_slots,
+    child_slots,
+    parameter_slots,
+)
+from memplan.compat.torchmetrics import metric_defaults
 from memplan.estimator.inputs import is_lightning_module
 
-_DROPPED = frozenset({"_compiled_call_impl"})
+_DROPPED = frozenset({COMPILED_CALL_ATTRIBUTE})
 """Module attributes not carried over: `module.compile()`'s compiled call is bound to the original."""
 
 
@@ -54,7 +62,7 @@ def metric_states(model: nn.Module) -> Iterator[torch.Tensor]:
     not buffers)."""
     for module in model.modules():
         if _is_metric(module):
-            for name, default in module._defaults.items():
+            for name, default in metric_defaults(module).items():
                 for value in (getattr(module, name, None), default):
                     yield from (t for t in (value if isinstance(value, list) else [value]) if isinstance(t, torch.Tensor))
 
@@ -89,17 +97,17 @@ class _TreeCopy:
                 continue
             order.append(module)
             self._remember(module, _new_empty(type(module)))
-            for param in module._parameters.values():
+            for param in parameter_slots(module).values():
                 if param is not None and id(param) not in self.memo:
                     fake = nn.Parameter(self.make_fake(param), requires_grad=param.requires_grad)
                     # attributes users set on parameters (read when forming param groups), not a
                     # fake tensor's own (a parameter built on fakes has them: they name its storage)
                     fake.__dict__.update((k, v) for k, v in param.__dict__.items() if k not in fake.__dict__)
                     self._remember(param, fake)
-            for buffer in module._buffers.values():
+            for buffer in buffer_slots(module).values():
                 if buffer is not None and id(buffer) not in self.memo:
                     self._remember(buffer, self.make_fake(buffer))
-            stack.extend(m for m in reversed(module._modules.values()) if m is not None)
+            stack.extend(m for m in reversed(child_slots(module).values()) if m is not None)
         return order
 
     def _fill(self, original: nn.Module, copy: nn.Module) -> None:
@@ -116,8 +124,9 @@ class _TreeCopy:
     def _fake_metric_states(self, metric: nn.Module) -> None:
         """States and their defaults (torchmetrics keeps a copy of each state's initial value) as fakes."""
         fake = lambda t: torch.empty_like(t, device=self.device) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        for name, default in metric._defaults.items():  # the copy's own dict
-            metric._defaults[name] = [fake(t) for t in default] if isinstance(default, list) else fake(default)
+        defaults = metric_defaults(metric)  # the copy's own dict
+        for name, default in defaults.items():
+            defaults[name] = [fake(t) for t in default] if isinstance(default, list) else fake(default)
             value = getattr(metric, name, None)
             setattr(metric, name, [fake(t) for t in value] if isinstance(value, list) else fake(value))
 

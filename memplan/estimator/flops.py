@@ -30,6 +30,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from memplan.compat.torch import op_packet, op_schema
+
 OP_CLASSES = ("matmul", "attention", "elementwise", "reduction")
 """The op classes the step-time model gives their own efficiency."""
 PHASES = ("forward", "backward", "recompute", "optimizer")
@@ -183,7 +185,7 @@ class CostCounter:
         `phase` the tracker's phase name ('setup' ops are not part of a step and are skipped)."""
         if not self._counting or phase not in _PHASE_NAMES or getattr(func, "is_view", False):
             return
-        packet = func._overloadpacket
+        packet = op_packet(func)
         op_class = _classify(packet)
         if op_class is None:
             return
@@ -240,7 +242,7 @@ def _is_causal(func: Any, args: tuple, kwargs: dict) -> bool:
     """The op's `is_causal` argument, found by name in its schema."""
     if "is_causal" in kwargs:
         return bool(kwargs["is_causal"])
-    names = [a.name for a in func._schema.arguments]
+    names = [a.name for a in op_schema(func).arguments]
     if "is_causal" in names:
         i = names.index("is_causal")
         return bool(args[i]) if i < len(args) else False

@@ -27,6 +27,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from memplan.compat.lightning import DEVICE_MESH_ATTRIBUTE
+from memplan.compat.torch import fake_store, fsdp2_chunk_with_empty, fsdp2_internals, set_fsdp2_chunk_with_empty
 from memplan.estimator.checkpointing import find_repeated_blocks
 from memplan.estimator.errors import EstimateError
 
@@ -144,7 +146,6 @@ def blocks_to_wrap(model: nn.Module, wrap: Collection[type[nn.Module]] | None) -
 def fake_process_group(world_size: int) -> Iterator[None]:
     """A process group of `world_size` fake ranks in this process, this process being rank 0."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if not dist.is_available():
         raise EstimateError("strategy='fsdp' needs torch.distributed, which this torch build lacks")
@@ -154,7 +155,7 @@ def fake_process_group(world_size: int) -> Iterator[None]:
             "this process; run the estimate before init_process_group, or in a separate process "
             "(python -m memplan estimate ...)"
         )
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    dist.init_process_group("fake", store=fake_store(), rank=0, world_size=world_size)
     try:
         yield
     finally:
@@ -204,8 +205,8 @@ def _shard_as_configured(model: nn.Module, world_size: int, fake_mode) -> list[n
     from torch.distributed.fsdp import FSDPModule
 
     mesh = init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
-    had = model.__dict__.get("_device_mesh", _MISSING)
-    model.__dict__["_device_mesh"] = mesh  # LightningModule.device_mesh reads it
+    had = model.__dict__.get(DEVICE_MESH_ATTRIBUTE, _MISSING)
+    model.__dict__[DEVICE_MESH_ATTRIBUTE] = mesh  # LightningModule.device_mesh reads it
     try:
         with fake_mode, lazy_chunks():
             model.configure_model()
@@ -214,9 +215,9 @@ def _shard_as_configured(model: nn.Module, world_size: int, fake_mode) -> list[n
                             f"data-parallel rank(s) ({type(err).__name__}: {err})") from err
     finally:
         if had is _MISSING:
-            model.__dict__.pop("_device_mesh", None)
+            model.__dict__.pop(DEVICE_MESH_ATTRIBUTE, None)
         else:
-            model.__dict__["_device_mesh"] = had
+            model.__dict__[DEVICE_MESH_ATTRIBUTE] = had
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
     return sharded or None  # None: it shards nothing here (it may ask the Trainer first): memplan's own wrapping
 
@@ -257,27 +258,25 @@ class _Chunks(Sequence):
 @contextlib.contextmanager
 def lazy_chunks() -> Iterator[None]:
     """fully_shard with `_Chunks` for its `_chunk_with_empty` (a tensor with an empty dim keeps torch's)."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_param
-
-    original = _fsdp_param._chunk_with_empty
+    original = fsdp2_chunk_with_empty()
 
     def chunk_with_empty(tensor: torch.Tensor, num_chunks: int, dim: int):
         if not LAZY_CHUNKS or tensor.dim() == 0 or tensor.shape[dim] == 0:
             return original(tensor, num_chunks, dim)
         return _Chunks(tensor, num_chunks, dim)
 
-    _fsdp_param._chunk_with_empty = chunk_with_empty
+    set_fsdp2_chunk_with_empty(chunk_with_empty)
     try:
         yield
     finally:
-        _fsdp_param._chunk_with_empty = original
+        set_fsdp2_chunk_with_empty(original)
 
 
 @contextlib.contextmanager
 def follow_storage(tracker) -> Iterator[None]:
     """Tell the tracker when FSDP2 frees or re-allocates an unsharded parameter in place."""
     try:
-        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+        _fsdp_param, _fsdp_param_group = fsdp2_internals()
     except ImportError as err:  # pragma: no cover - a torch upgrade moved FSDP2's internals
         raise EstimateError(f"strategy='fsdp' needs FSDP2's internals of torch 2.6-2.13 ({err})") from err
     original_alloc, original_free = _fsdp_param.alloc_storage, _fsdp_param.free_storage

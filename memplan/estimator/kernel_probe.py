@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from memplan.compat.torch import profiler_enabled
+
 PROBE_MAX_BYTES = 512 << 20
 """Largest sum of a probed op's real inputs and outputs: above it the op is not run."""
 PROBE_MAX_FLOPS = 4 * 10**9
@@ -135,7 +137,7 @@ class KernelScratchProbe:
         self.flops += flops  # charged whether or not the cache holds it: the budget depends on the trace alone
         self.nbytes += nbytes
         if key not in _CACHE:
-            if torch.autograd.profiler._is_profiler_enabled:
+            if profiler_enabled():
                 self.skipped.add(key)
                 return 0
             try:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from memplan.compat.torch import OpOverload, suggest_memory_format
+
 Rule = Callable[..., object]
 """rule(func, args, kwargs) -> outputs; called under the fake mode, in place of func."""
 
@@ -24,7 +26,7 @@ Rule = Callable[..., object]
 class KernelRule:
     """One op whose fake kernel the trace must not call as it is."""
 
-    op: torch._ops.OpOverload
+    op: OpOverload
     """The aten overload the rule replaces."""
     disagreement: str
     """What the installed torch's fake kernel does that the real kernel does not."""
@@ -91,7 +93,7 @@ _MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.a
 (torch 2.13; bmm, baddbmm, addmv and dot refuse mixed dtypes in their fake kernels too)."""
 
 
-RULES: dict[torch._ops.OpOverload, KernelRule] = {
+RULES: dict[OpOverload, KernelRule] = {
     rule.op: rule
     for rule in (
         KernelRule(
@@ -143,8 +145,6 @@ CPU_LAYOUT_OPS = frozenset(_BATCH_NORMS) | frozenset(_LOG_SIGMOIDS)
 
 def cpu_output_layout(func, args: tuple, out):
     """`out` re-made in the layout the real CPU kernel gives it (same bytes), where it differs."""
-    from torch._prims_common import suggest_memory_format
-
     if func is aten.log_sigmoid_forward.default:
         return tuple(t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
                      for t in out)

@@ -9,7 +9,8 @@ memplan.estimator.kernel_probe measures it per shape on the planning host.
 from __future__ import annotations
 
 import torch
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from memplan.compat.torch import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 _PAGE = 4096
 """oneDNN rounds each workspace part up to a 4 KiB page (rnn_utils set_offsets)."""

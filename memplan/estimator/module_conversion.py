@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from memplan.compat.torch import replaced_module_apply
 from memplan.estimator.errors import EstimateError
 
 
@@ -24,8 +25,6 @@ from memplan.estimator.errors import EstimateError
 def conversions_in_step() -> Iterator[None]:
     """Within the block, `Module._apply` (`.to()`, `.float()`, `.half()`...) on a module whose tensors
     it would leave unchanged returns the module as is; any other conversion raises EstimateError."""
-    original = nn.Module._apply
-
     def _apply(module: nn.Module, fn, recurse: bool = True):
         tensors = [t for t in (*module.parameters(recurse=recurse), *module.buffers(recurse=recurse))]
         with torch.no_grad():
@@ -38,8 +37,5 @@ def conversions_in_step() -> Iterator[None]:
             "(e.g. model.to(dtype) before fit), or pass precision= to memplan"
         )
 
-    nn.Module._apply = _apply
-    try:
+    with replaced_module_apply(_apply):
         yield
-    finally:
-        nn.Module._apply = original

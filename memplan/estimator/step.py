@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from memplan.batching import iter_tensors, map_tensors  # noqa: F401  (re-exported: the estimator's callers import them here)
+from memplan.compat.torch import amp_unscale_
 from memplan.estimator.errors import EstimateError
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -187,7 +188,7 @@ def _unscale_grads(optimizer: torch.optim.Optimizer, grad_scale: torch.Tensor) -
         return
     found_inf = torch.zeros((), dtype=torch.float32, device=grad_scale.device)
     inv_scale = grad_scale.double().reciprocal().float()
-    torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+    amp_unscale_(grads, found_inf, inv_scale)
 
 
 def params_with_grad(params: Sequence[nn.Parameter]) -> list[nn.Parameter]:

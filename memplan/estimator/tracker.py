@@ -21,11 +21,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from memplan.compat.torch import (
+    DTENSOR_LOCAL_TENSOR,
+    FakeTensor,
+    TorchDispatchMode,
+    current_autograd_node,
+    disable_current_modes,
+    is_view,
+    tree_flatten,
+)
 from memplan.estimator.composite import linear_bias_add_in_place
 from memplan.estimator.kernel_probe import KernelScratchProbe
 from memplan.estimator.kernel_rules import CPU_LAYOUT_OPS, cpu_output_layout
@@ -123,7 +129,7 @@ class StorageTracker(TorchDispatchMode):
                 self._recount(record, storage.nbytes())
             return
         handle = self.memory.malloc(storage.nbytes(), self._stream())
-        node = torch._C._current_autograd_node() if self.phase is Phase.BACKWARD else None
+        node = current_autograd_node() if self.phase is Phase.BACKWARD else None
         record = _Record(handle, self.memory.block_bytes(handle), category, self.phase,
                          node=None if node is None else id(node), storage_bytes=storage.nbytes())
         self._records[storage] = record
@@ -237,12 +243,12 @@ class StorageTracker(TorchDispatchMode):
             return [record] if record is not None and record.live else []
         if self.phase is not Phase.BACKWARD or torch.is_grad_enabled():
             return []
-        node = torch._C._current_autograd_node()
+        node = current_autograd_node()
         if node is None or not all(isinstance(a, torch.Tensor) and a.shape == out.shape and a.dtype == out.dtype
                                    and a.is_contiguous() for a in args):
             return []
         old, new = args
-        if old._is_view():
+        if is_view(old):
             return []  # the real engine adds out of place: the sum is held beside both gradients
         records = [self._records.get(a.untyped_storage()) for a in (old, new)]
         if any(r is None or not r.live for r in records) or records[0].node == id(node) or records[1].node != id(node):
@@ -299,7 +305,7 @@ class StorageTracker(TorchDispatchMode):
         self._settle_accumulation()
         tensors = _tensors_in((args, kwargs))
         if tensors and not any(isinstance(_local(t), FakeTensor) for t in tensors):
-            with _disable_current_modes():
+            with disable_current_modes():
                 out = self._real(func, args, kwargs)
         else:
             out = self.values.call(func, args, kwargs) if self.values is not None else func(*args, **kwargs)
@@ -322,7 +328,7 @@ class StorageTracker(TorchDispatchMode):
                                   self._records[_local(out).untyped_storage()].nbytes, accumulation)
         if self.cpu_kernels:
             self._transient(promotion_scratch_bytes(func, tensors))
-            with _disable_current_modes():  # the probe runs the real op on real tensors
+            with disable_current_modes():  # the probe runs the real op on real tensors
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
             self._transient(cuda_contiguous_copy_bytes(func, args))
@@ -351,7 +357,7 @@ class StorageTracker(TorchDispatchMode):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if len(outs) != 1 or outs[0].numel() > REAL_FACTORY_MAX_NUMEL or outs[0].device.type != "cpu":
             return out
-        with _disable_current_modes():
+        with disable_current_modes():
             return self._real(func, args, kwargs)
 
     def _real(self, func, args, kwargs):
@@ -380,4 +386,4 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor that holds a DTensor's storage (FSDP2's sharded parameters, gradients and optimizer
     state are DTensors); any other tensor as it is. `_local_tensor` is DTensor's attribute in torch
     2.4-2.13 (`to_local()` would dispatch an op)."""
-    return getattr(tensor, "_local_tensor", tensor)
+    return getattr(tensor, DTENSOR_LOCAL_TENSOR, tensor)

@@ -60,9 +60,15 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
-from torch.utils._python_dispatch import _disable_current_modes, is_traceable_wrapper_subclass
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from memplan.compat.torch import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    disable_current_modes,
+    is_traceable_wrapper_subclass,
+    tree_flatten,
+    tree_unflatten,
+)
 
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.kernel_rules import rule_for
@@ -147,7 +153,7 @@ class ValueResolver:
                 "or 'sample' to estimate() to answer it with random values of the same shape"
             )
         self._assume("an activation read into numpy (e.g. a Hungarian matcher) got random values of its shape")
-        with _disable_current_modes():
+        with disable_current_modes():
             return self._stand_in(t, "sample", self._seed("numpy", [t])).numpy()
 
     # --- random draws --------------------------------------------------------------------------
@@ -219,7 +225,7 @@ class ValueResolver:
                 f"fake inputs ({nbytes >> 20} MiB) are too large to stand in by real ones. Estimate with a smaller "
                 "batch or sequence and scale, or estimate a variant without that op"
             )
-        with _disable_current_modes():
+        with disable_current_modes():
             seed = self._seed(func, fakes)
             real = [self._stand_in(t, fill, seed + i) if isinstance(t, FakeTensor) else t for i, t in enumerate(flat)]
             r_args, r_kwargs = tree_unflatten(real, spec)
@@ -252,7 +258,7 @@ class ValueResolver:
         if not isinstance(source, FakeTensor) or fake_index.numel() > SELECTION_MAX_NUMEL:
             return out
         if self.mode == "sample" and source.numel() * 4 <= MATERIALIZE_MAX_BYTES:
-            with _disable_current_modes():
+            with disable_current_modes():
                 gen = torch.Generator(device="cpu").manual_seed(self._seed(func, [source]))
                 sample = torch.randn(tuple(source.shape), generator=gen).to(source.dtype)
                 real_out = func(sample, *args[1:], **kwargs)
@@ -270,18 +276,18 @@ def _balanced_index(func, args, kwargs, source: torch.Tensor, fake_index: torch.
     """Indices of `fake_index`'s shape where each row's choices rotate through the dimension evenly."""
     shape = tuple(fake_index.shape)
     if func in (aten.argmax.default, aten.argmin.default) and _arg(args, kwargs, 1, "dim") is None:
-        with _disable_current_modes():
+        with disable_current_modes():
             return torch.zeros(shape, dtype=torch.long)
     dim = _arg(args, kwargs, 2 if func is aten.topk.default else 1, "dim", -1)
     if func is aten.sort.stable:
         dim = kwargs.get("dim", -1)
     if source.dim() == 0:
-        with _disable_current_modes():
+        with disable_current_modes():
             return torch.zeros(shape, dtype=torch.long)
     dim = dim % source.dim()
     choices = source.shape[dim]
     keepdim = len(shape) == source.dim()
-    with _disable_current_modes():
+    with disable_current_modes():
         if not keepdim:  # argmax / max.dim without keepdim: put the reduced dim back as size 1
             shape = shape[:dim] + (1,) + shape[dim:]
         picks = shape[dim]
@@ -356,7 +362,7 @@ def _has_real_bool_index(args) -> bool:
 def _integer_indices(indices):
     """Boolean masks replaced by the integer indices they select (aten's own expansion), from real values."""
     out = []
-    with _disable_current_modes():
+    with disable_current_modes():
         for index in indices:
             if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
                 out.extend(index.nonzero().unbind(1))

@@ -30,6 +30,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from memplan.compat.torch import op_packet
+
 Hook = Callable[[int], None]
 """Called with the 1-based step number."""
 
@@ -116,7 +118,7 @@ def _torchtitan_op_contexts():
     counts: dict[str, int] = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
-        name = func._overloadpacket.__name__.split(".")[-1]
+        name = op_packet(func).__name__.split(".")[-1]
         if name == "mm":
             counts["recompute" if ctx.is_recompute else "forward"] += 1
             keep = counts["recompute" if ctx.is_recompute else "forward"] % 2 == 1

@@ -15,6 +15,7 @@ from callback_sim import Regression, make_plan, read_jsonl
 from pytorch_lightning.loggers import CSVLogger
 
 from memplan import compat
+from memplan.compat import lightning as compat_lightning
 from memplan.callback import MemoryPlanner, runlog
 from memplan.callback.framework import MisconfigurationException
 
@@ -202,7 +203,7 @@ def test_the_row_decision_matches_lightnings_own(make_trainer, tmp_path):
         def on_train_batch_end(self, trainer, *args) -> None:
             if trainer.global_step != self.last:  # a batch that stepped: where MemoryPlanner asks
                 self.last = trainer.global_step
-                self.pairs.append((runlog.lightning_writes_row(trainer, compat.logger_row_getter(trainer)()), trainer._logger_connector.should_update_logs))
+                self.pairs.append((compat_lightning.writes_logger_row(trainer, compat.logger_row_getter(trainer)()), trainer._logger_connector.should_update_logs))
 
     compare = Compare()
     make_trainer([compare], max_steps=9, log_every_n_steps=3, accumulate_grad_batches=2,
