@@ -178,13 +178,15 @@ def test_results_name_the_folder_when_it_holds_no_part(tmp_path, capsys):
 # --- the dry run, end to end ---------------------------------------------------------------------
 @pytest.mark.slow
 def test_dry_run_of_both_parts_then_the_converter(tmp_path):
-    """Both parts on CPU (a few minutes on 2 cores), then their results rendered."""
+    """Both parts on CPU (a few minutes on 2 cores), then their results rendered. The campaign's own time
+    budget (a GPU lease's wall clock) is set far out: on a loaded machine the dry run is slow, not hung
+    (run_watched tells the two apart)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1")
     raw = tmp_path / "raw"
     for part in (1, 2):
         done = run_watched([sys.executable, "-m", "benchmarks.gpu_campaign", "--part", str(part), "--out", str(raw),
-                            "--dry-run", "--jobs", "1", "--measure-jobs", "1"],
+                            "--dry-run", "--jobs", "1", "--measure-jobs", "1", "--budget-s", "86400"],
                            cwd=ROOT, env=env)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in raw.iterdir()) == ["part1.json", "part1.log", "part2.json", "part2.log"]
