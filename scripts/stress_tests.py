@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2, help="how many times to run the suite in a row (default 2)")
     parser.add_argument("--burners", type=int, default=len(os.sched_getaffinity(0)),
                         help="CPU-burning processes to run beside it (default: one per usable core)")
-    parser.add_argument("pytest_args", nargs="*", help="arguments for pytest after `--` (default: -q tests)")
+    parser.add_argument("pytest_args", nargs="*", help="arguments for pytest after `--` (default: the README's -q -n 2 tests)")
     args = parser.parse_args(argv)
-    pytest_args = args.pytest_args or ["-q", "tests"]
+    pytest_args = args.pytest_args or ["-q", "-n", "2", "tests"]
     python = ROOT / ".venv" / "bin" / "python"
     command = [str(python if python.exists() else sys.executable), "-m", "pytest", *pytest_args]
 
