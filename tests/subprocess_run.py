@@ -5,8 +5,9 @@ healthy runs; and a timed-out child left to itself keeps its ranks alive (torchr
 a session of its own, so even killing the child's process group misses them). Here each child starts in
 its own session, and the helper watches the CPU time of every process under it (children, torchrun's
 workers, DataLoader workers): the child is taken for hung only when that whole tree used almost no CPU
-(under IDLE_FRACTION of one core) for STALL_S seconds, the signature of a deadlock (a collective the other
-rank never joins, a wait on a dead pipe), which no amount of load produces. A generous CEILING_S catches
+(under IDLE_FRACTION of one core) for STALL_S seconds while hardly ever waiting for a CPU (runnable), the
+signature of a deadlock (a collective the other rank never joins, a wait on a dead pipe). Load does not
+produce it: a child starved of CPU by other processes is runnable, and not taken for hung. A generous CEILING_S catches
 a child that spins for ever. On a hang, on the ceiling, on the test's own failure or interrupt, and after
 a normal exit too, every process the tree ever held (and its process group) is killed, so nothing
 outlives its test.
@@ -33,6 +34,9 @@ STALL_S = 60.0
 #: "Almost no CPU": under this fraction of one core over STALL_S. torchrun's agent and an idle gloo
 #: rank use ~0.01 (its 0.1 s monitor loop); a child that works gets far more, even on a loaded machine.
 IDLE_FRACTION = 0.03
+#: A tree seen runnable (running, or waiting for a core) in this fraction of the window's readings or more
+#: is starved, not hung (an idle torchrun agent wakes for a moment every 0.1 s: a few readings at most).
+RUNNABLE_FRACTION = 0.25
 #: The most a child may run in all (it spins, or the machine is starved beyond use).
 CEILING_S = 1800.0
 #: How often the tree's CPU time is read.
@@ -60,7 +64,7 @@ class Watched:
         self._started = time.monotonic()
         self._seen: dict[tuple[int, float], psutil.Process] = {}  # every process of the tree, by (pid, start)
         self._cpu: dict[tuple[int, float], float] = {}  # the most CPU seconds each was seen to have used
-        self._samples: deque[tuple[float, float]] = deque()  # (time, the tree's CPU seconds)
+        self._samples: deque[tuple[float, float, bool]] = deque()  # (time, the tree's CPU seconds, runnable)
         try:
             self._root: psutil.Process | None = psutil.Process(self.pid)
         except psutil.NoSuchProcess:  # it ended already
@@ -96,10 +100,11 @@ class Watched:
             self._hung(f"ran past its ceiling of {self.ceiling_s:.0f} s")
         while len(self._samples) > 1 and self._samples[1][0] <= now - self.stall_s:
             self._samples.popleft()  # keep one sample at or before the window's start
-        then, used_then = self._samples[0]
+        then, used_then, _ = self._samples[0]
         if now - then >= self.stall_s:
             used = self._samples[-1][1] - used_then
-            if used < self.idle_fraction * (now - then):
+            runnable = sum(r for _, _, r in self._samples) / len(self._samples)
+            if used < self.idle_fraction * (now - then) and runnable < RUNNABLE_FRACTION:
                 self._hung(f"made no CPU progress: {used:.2f} CPU s in the last {now - then:.0f} s "
                            f"(after {elapsed:.0f} s)")
 
@@ -164,16 +169,18 @@ class Watched:
                 members = [self._root, *self._root.children(recursive=True)]
             except psutil.NoSuchProcess:
                 pass
+        runnable = False
         for process in members:
             try:
                 key = (process.pid, process.create_time())
                 times = process.cpu_times()
+                runnable = runnable or process.status() == psutil.STATUS_RUNNING
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             self._seen.setdefault(key, process)
             self._cpu[key] = max(self._cpu.get(key, 0.0), times.user + times.system)
         now = time.monotonic()
-        self._samples.append((now, sum(self._cpu.values())))
+        self._samples.append((now, sum(self._cpu.values()), runnable))
         return now
 
     def _hung(self, why: str) -> None:
@@ -192,7 +199,8 @@ class Watched:
 
 
 def run_watched(argv: Sequence[str], *, check: bool = False, input: str | None = None, stall_s: float = STALL_S,
-                ceiling_s: float = CEILING_S, **popen) -> subprocess.CompletedProcess:
+                ceiling_s: float = CEILING_S, idle_fraction: float = IDLE_FRACTION,
+                **popen) -> subprocess.CompletedProcess:
     """subprocess.run(argv, capture_output=True, text=True), watched: Hung (an AssertionError) when the child's
     tree makes no CPU progress for stall_s seconds or runs past ceiling_s; every process it started is killed
     before this returns, whatever happened."""
@@ -201,7 +209,7 @@ def run_watched(argv: Sequence[str], *, check: bool = False, input: str | None =
     popen.setdefault("text", True)
     if input is not None:
         popen["stdin"] = subprocess.PIPE
-    with Watched(argv, stall_s=stall_s, ceiling_s=ceiling_s, **popen) as job:
+    with Watched(argv, stall_s=stall_s, ceiling_s=ceiling_s, idle_fraction=idle_fraction, **popen) as job:
         out, err = job.communicate(input)
     result = subprocess.CompletedProcess(job.argv, job.returncode, out, err)
     if check:

@@ -119,3 +119,14 @@ def test_a_spinning_child_ends_at_the_ceiling():
     with pytest.raises(Hung, match="ran past its ceiling"):
         run_watched(python("while True: pass"), ceiling_s=1)
 
+
+
+def test_a_child_starved_of_cpu_by_other_processes_is_not_a_hang():
+    # idle_fraction=2.0: whatever CPU the child gets counts as none, as on a machine so loaded that it gets
+    # almost none; it is runnable throughout (computing, or waiting for a core), so it is starved, not hung
+    done = run_watched(python("""
+        import time
+        while time.process_time() < 2.0:
+            sum(range(10_000))
+        """), stall_s=1, idle_fraction=2.0)
+    assert done.returncode == 0, done.stderr
