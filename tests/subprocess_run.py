@@ -21,11 +21,13 @@ outlives its test.
 Like memplan/planner/background.py, which kills a forked trace that makes no CPU progress."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import psutil
 
@@ -98,15 +100,9 @@ class Watched:
         elapsed = now - self._started
         if elapsed > self.ceiling_s:
             self._hung(f"ran past its ceiling of {self.ceiling_s:.0f} s")
-        while len(self._samples) > 1 and self._samples[1][0] <= now - self.stall_s:
-            self._samples.popleft()  # keep one sample at or before the window's start
-        then, used_then, _ = self._samples[0]
-        if now - then >= self.stall_s:
-            used = self._samples[-1][1] - used_then
-            runnable = sum(r for _, _, r in self._samples) / len(self._samples)
-            if used < self.idle_fraction * (now - then) and runnable < RUNNABLE_FRACTION:
-                self._hung(f"made no CPU progress: {used:.2f} CPU s in the last {now - then:.0f} s "
-                           f"(after {elapsed:.0f} s)")
+        stalled = _stalled(self._samples, now, self.stall_s, self.idle_fraction)
+        if stalled:
+            self._hung(f"{stalled} (after {elapsed:.0f} s)")
 
     def wait(self) -> int:
         """The child's exit status, once it ends (it still must show CPU progress while it runs). Its
@@ -169,19 +165,7 @@ class Watched:
                 members = [self._root, *self._root.children(recursive=True)]
             except psutil.NoSuchProcess:
                 pass
-        runnable = False
-        for process in members:
-            try:
-                key = (process.pid, process.create_time())
-                times = process.cpu_times()
-                runnable = runnable or process.status() == psutil.STATUS_RUNNING
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-            self._seen.setdefault(key, process)
-            self._cpu[key] = max(self._cpu.get(key, 0.0), times.user + times.system)
-        now = time.monotonic()
-        self._samples.append((now, sum(self._cpu.values()), runnable))
-        return now
+        return _record(members, self._seen, self._cpu, self._samples)
 
     def _hung(self, why: str) -> None:
         left = {p.pid: p for p in self._seen.values() if _running(p)} | {p.pid: p for p in _session(self.pid)}
@@ -215,6 +199,100 @@ def run_watched(argv: Sequence[str], *, check: bool = False, input: str | None =
     if check:
         result.check_returncode()
     return result
+
+
+#: multiprocessing's helpers, which serve this process for the rest of its life: not a test's children
+_SERVICES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+@contextlib.contextmanager
+def children_watched(*, stall_s: float = STALL_S, ceiling_s: float = CEILING_S,
+                     idle_fraction: float = IDLE_FRACTION) -> Iterator[None]:
+    """For children this process starts itself inside the block (torch.multiprocessing.spawn's ranks, a
+    Manager): a thread watches their CPU progress as Watched does and, on a hang, kills them, so that
+    whatever waits on them fails; Hung is raised at the end of the block. Children started in the block
+    and still running at its end are killed."""
+    me, started_at = psutil.Process(), time.time() - 1  # create_time has a coarse clock
+    seen: dict[tuple[int, float], psutil.Process] = {}
+    cpu: dict[tuple[int, float], float] = {}
+    samples: deque[tuple[float, float, bool]] = deque()
+    verdict: list[str] = []
+    done = threading.Event()
+
+    def ours() -> list[psutil.Process]:
+        members = []
+        for process in me.children(recursive=True):
+            try:
+                helper = any(name in " ".join(process.cmdline()) for name in _SERVICES)
+                if process.create_time() >= started_at and not helper:
+                    members.append(process)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return members
+
+    def kill() -> None:
+        for process in {*ours(), *(p for p in seen.values() if _running(p))}:
+            try:
+                process.kill()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+
+    def watch() -> None:
+        begun = time.monotonic()
+        while not done.wait(POLL_S):
+            now = _record(ours(), seen, cpu, samples)
+            stalled = ("ran past its ceiling" if now - begun > ceiling_s
+                       else _stalled(samples, now, stall_s, idle_fraction))
+            if stalled:
+                verdict.append(f"children {sorted(p.pid for p in seen.values())}: {stalled}; killed")
+                kill()
+                return
+
+    watcher = threading.Thread(target=watch, name="children_watched", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except BaseException as err:  # what waited on a killed child fails: say why it was killed
+        if verdict:
+            raise Hung(verdict[0]) from err
+        raise
+    finally:
+        done.set()
+        watcher.join()
+        kill()
+    if verdict:
+        raise Hung(verdict[0])
+
+
+def _record(members: list[psutil.Process], seen: dict, cpu: dict, samples: deque) -> float:
+    """Add a reading of `members` (their CPU seconds, whether one is runnable) to `samples`; the time now."""
+    runnable = False
+    for process in members:
+        try:
+            key = (process.pid, process.create_time())
+            times = process.cpu_times()
+            runnable = runnable or process.status() == psutil.STATUS_RUNNING
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        seen.setdefault(key, process)
+        cpu[key] = max(cpu.get(key, 0.0), times.user + times.system)
+    now = time.monotonic()
+    samples.append((now, sum(cpu.values()), runnable))
+    return now
+
+
+def _stalled(samples: deque, now: float, stall_s: float, idle_fraction: float) -> str | None:
+    """Why the readings of the last stall_s seconds show a hung tree, or None."""
+    while len(samples) > 1 and samples[1][0] <= now - stall_s:
+        samples.popleft()  # keep one reading at or before the window's start
+    then, used_then, _ = samples[0]
+    if now - then < stall_s:
+        return None
+    used = samples[-1][1] - used_then
+    runnable = sum(r for _, _, r in samples) / len(samples)
+    if used < idle_fraction * (now - then) and runnable < RUNNABLE_FRACTION:
+        return f"made no CPU progress: {used:.2f} CPU s in the last {now - then:.0f} s"
+    return None
 
 
 def _running(process: psutil.Process) -> bool:

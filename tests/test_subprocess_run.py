@@ -10,7 +10,7 @@ import time
 
 import psutil
 import pytest
-from subprocess_run import Hung, Watched, run_watched
+from subprocess_run import Hung, Watched, children_watched, run_watched
 
 SLEEPS_FOREVER = "import time; time.sleep(3600)"
 
@@ -130,3 +130,29 @@ def test_a_child_starved_of_cpu_by_other_processes_is_not_a_hang():
             sum(range(10_000))
         """), stall_s=1, idle_fraction=2.0)
     assert done.returncode == 0, done.stderr
+
+
+def _sleep_for_ever() -> None:
+    time.sleep(3600)
+
+
+def _compute() -> None:
+    while time.process_time() < 2.0:
+        sum(range(10_000))
+
+
+def test_children_a_test_starts_itself_are_watched_too():
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # as torch.multiprocessing.spawn starts ranks
+    with pytest.raises(Hung, match="made no CPU progress"):
+        with children_watched(stall_s=3):
+            child = context.Process(target=_sleep_for_ever)
+            child.start()
+            child.join()  # returns once the watcher killed it
+    assert child.exitcode == -9
+    with children_watched(stall_s=1):
+        child = context.Process(target=_compute)
+        child.start()
+        child.join()
+    assert child.exitcode == 0
