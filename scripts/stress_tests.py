@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -31,6 +32,26 @@ def _load() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "n/a"
+
+
+def _run(command: list[str]) -> tuple[int, dict[str, int], list[float]]:
+    """Run pytest, its output passed through; its exit status, its summary's counts ("passed", "skipped",
+    ...) and the 1-minute load averages read while it ran."""
+    loads, counts = [_load1()], {}
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as suite:
+        for line in suite.stdout:
+            sys.stdout.write(line)
+            loads.append(_load1())
+            if re.match(r"=* ?\d+ passed", line) or re.match(r"\d+ (passed|failed)", line):
+                counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", line)}
+    return suite.returncode, counts, loads
+
+
+def _load1() -> float:
+    try:
+        return float(_load().split()[0])
+    except ValueError:  # no /proc/loadavg
+        return 0.0
 
 
 def _cpu_model() -> str:
@@ -68,13 +89,14 @@ def main(argv: list[str] | None = None) -> int:
               f"load {_load()}; running: {' '.join(command)}", flush=True)
         for run in range(1, args.runs + 1):
             started, cpu_before, load_before = time.monotonic(), _children_cpu_s(), _load()
-            code = subprocess.call(command, cwd=ROOT)
+            code, counts, loads = _run(command)
             minutes = (time.monotonic() - started) / 60
             cpu_minutes = (_children_cpu_s() - cpu_before) / 60  # the suite's processes, burners apart
             print(f"stress_tests: run {run}/{args.runs}: exit {code} in {minutes:.1f} min, {cpu_minutes:.1f} "
                   f"CPU-min (load average {_load()})", flush=True)
-            runs.append({"exit": code, "wall_minutes": round(minutes, 2), "cpu_minutes": round(cpu_minutes, 2),
-                         "load_before": load_before, "load_after": _load()})
+            runs.append({"exit": code, **counts, "wall_minutes": round(minutes, 2), "cpu_minutes": round(cpu_minutes, 2),
+                         "load_before": load_before, "load_after": _load(),
+                         "load_range": f"{min(loads):.0f}-{max(loads):.0f}"})
             if code != 0 and status == 0:
                 status = code
     finally:

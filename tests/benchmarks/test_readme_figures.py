@@ -87,6 +87,13 @@ def _fsdp() -> tuple[str, ...]:
     )
 
 
+def _suite_time() -> tuple[str, ...]:
+    report = results("test_suite_time")
+    (run,) = report["runs"]
+    return (str(run["passed"]), f"{run['wall_minutes']:.1f}", report["cpu_model"], run["load_range"],
+            f"{run['cpu_minutes']:.1f}", f"{run['cpu_minutes'] / report['usable_cores']:.0f}")
+
+
 @dataclass(frozen=True)
 class Claim:
     name: str
@@ -112,6 +119,10 @@ CLAIMS = [
           r"peak over build \+ 2 steps\) the median error is NUM % and the worst\s+NUM %: the goal \(median <= 1 %, "
           r"worst <= 3 %\) is met\. (\d+) of the (\d+) rank figures match to 0\.001 %;\s+the other (\d+) \([^)]*\) peak "
           r"[\d.]+ KB below the estimate \(NUM-NUM %", _fsdp),
+    Claim("test_suite_time",
+          r"The suite \((\d+) tests\)\s+passed in NUM min on a 2-core ([\w ]+) while other jobs held the load "
+          r"average at ([\d-]+); it used NUM\s+CPU-minutes in all \(`benchmarks/results/test_suite_time\.json`\), so "
+          r"a quiet 2-core machine needs about NUM min", _suite_time),
 ]
 
 
