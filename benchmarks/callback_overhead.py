@@ -106,7 +106,7 @@ class OwnTime:
         self._target, self._clock = target, clock
         self._original = call._call_callback_hooks
         call._call_callback_hooks = self._dispatch
-        self._replay = chunking._replay
+        self._replay = chunking.replay_logged
 
     def _dispatch(self, trainer, hook_name, *args, monitoring_callbacks=None, **kwargs):
         everyone = trainer.callbacks
@@ -153,7 +153,7 @@ class OwnTime:
         module.training_step = self._timed(inside_wrapper, self._add_own)
         module.backward = self._timed(module.backward, backward_seconds)
         # the user's `self.log` calls, held during a chunk and made after it: the user's work
-        chunking._replay = self._timed(self._replay, self._add_user)
+        chunking.replay_logged = self._timed(self._replay, self._add_user)
 
     def _timed(self, fn, book):
         """`fn`, with its wall time inside the clock's window passed to `book(seconds)`."""
@@ -176,7 +176,7 @@ class OwnTime:
 
     def close(self) -> float:
         call._call_callback_hooks = self._original
-        chunking._replay = self._replay
+        chunking.replay_logged = self._replay
         return self.seconds - self._user
 
 

@@ -144,6 +144,19 @@ def watch_refresh(folder: Path) -> dict:
             "latest_step_seen": logs.histories[0].last_sample["step"]}
 
 
+def _load() -> list[float]:
+    """The load averages (1, 5, 15 min): how many processes wanted the CPUs while `report` was timed."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
@@ -155,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp) / "memplan"
         size = generate(folder, args.lines)
         lines = sum(1 for p in folder.glob("rank*.jsonl") for _ in p.open("rb"))
+        load_before = _load()
         report = run_report(folder, Path(tmp) / "report.png")
         baseline = run_report(folder, Path(tmp) / "baseline.png", args.baseline) if args.baseline else None
+        load_after = _load()
         watch = watch_refresh(folder)
         short = Path(tmp) / "short"
         generate(short, SHORT_LINES)
@@ -164,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {"lines": lines, "log_bytes": size, "ranks": RANKS, "report": report, "watch": watch,
               "watch_on_a_short_log": {"lines": SHORT_LINES, **watch_short},
               **({"baseline": {"checkout": args.baseline, **baseline}} if baseline else {}),
-              "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "load_avg_1min": round(os.getloadavg()[0], 2)}
+              "cpu": _cpu_model() or platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+              "load_avg_1min": round(os.getloadavg()[0], 2),
+              "load_avg_1_5_15min_before_and_after_report": [load_before, load_after]}
     print(json.dumps(result, indent=2))
     if args.write:
         out = Path(__file__).parent / "results" / "logs_at_scale.json"

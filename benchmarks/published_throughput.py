@@ -297,19 +297,19 @@ class SelectiveOp:
 
 def predict(fig: Figure, profile) -> float:
     """Predicted tokens/s per GPU of a figure's setting."""
-    from memplan.planner import predict_step
+    from memplan.planner import StepSetting, predict_step
 
     setting = dict(precision="bf16-mixed", micro_batch_size=fig.micro, accumulate_grad_batches=fig.accumulation,
                    world_size=fig.gpus, gpus_per_node=fig.gpus_per_node, nodes=fig.gpus // fig.gpus_per_node,
                    sharding="FULL_SHARD", offload=False, gpu_name=fig.gpu, gather_bytes=fig.gather_bytes)
     if fig.checkpointing == "selective-layer":
-        off = predict_step(profile, checkpointing=False, **setting).step_seconds
-        on = predict_step(profile, checkpointing=True, **setting).step_seconds
+        off = predict_step(profile, StepSetting(checkpointing=False, **setting)).step_seconds
+        on = predict_step(profile, StepSetting(checkpointing=True, **setting)).step_seconds
         step = (off + on) / 2
     elif fig.checkpointing == "selective-op":
-        step = predict_step(SelectiveOp(profile), checkpointing=False, **setting).step_seconds
+        step = predict_step(SelectiveOp(profile), StepSetting(checkpointing=False, **setting)).step_seconds
     else:
-        step = predict_step(profile, checkpointing=fig.checkpointing == "full", **setting).step_seconds
+        step = predict_step(profile, StepSetting(checkpointing=fig.checkpointing == "full", **setting)).step_seconds
     return fig.micro * fig.accumulation * fig.seq / step
 
 

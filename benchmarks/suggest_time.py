@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("gpt2-small", "resnet", "cnn", "mlp")
 GOAL_S = {"gpt2-small": 5.0}
 HELP_GOAL_S = 0.5
-IMPORTS = "import torch, pytorch_lightning, memplan.demos, memplan.commands.suggest, memplan.estimator.api"
+IMPORTS = "import torch, pytorch_lightning, memplan.demos, memplan.commands.planning, memplan.estimator.api"
 
 
 def run_timed(cmd: list[str]) -> tuple[float, float, str]:

@@ -136,18 +136,31 @@ def adamw(params):
     return torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
 
 
-def run(setting: str) -> dict:
-    from memplan.estimator import estimate
+def estimate(setting: str = "op"):
+    """memplan's estimate of torchtitan's step with memplan checkpointing `setting` ('op' is torchtitan's)."""
+    from memplan.estimator import estimate as memplan_estimate
     from memplan.estimator.fsdp import FsdpSettings
 
-    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     with torch.device("meta"):
         model = Transformer()
     batch = (torch.randint(0, VOCAB, (LOCAL_BATCH, SEQ)), torch.randint(0, VOCAB, (LOCAL_BATCH, SEQ)))
+    previous = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # run_llama_train.sh's, for this trace only
+    try:
+        return memplan_estimate(model, batch, loss=loss, optimizer=adamw, precision="32-true", checkpointing=setting,
+                                device="H100-80GB", strategy="fsdp", world_size=WORLD,
+                                fsdp=FsdpSettings(sharding_strategy="FULL_SHARD", param_dtype="bfloat16",
+                                                  reduce_dtype="float32"))
+    finally:
+        if previous is None:
+            os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        else:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = previous
+
+
+def run(setting: str) -> dict:
     started = time.perf_counter()
-    est = estimate(model, batch, loss=loss, optimizer=adamw, precision="32-true", checkpointing=setting,
-                   device="H100-80GB", strategy="fsdp", world_size=WORLD,
-                   fsdp=FsdpSettings(sharding_strategy="FULL_SHARD", param_dtype="bfloat16", reduce_dtype="float32"))
+    est = estimate(setting)
     return {"checkpointing": setting, "peak_reserved_bytes": est.peak_reserved,
             "peak_reserved_gib": round(est.peak_reserved / GiB, 2), "peak_allocated_gib": round(est.peak_allocated / GiB, 2),
             "peak_phase": est.peak_phase, "parameters": est.num_parameters,

@@ -12,7 +12,8 @@ Known versions: the ranges below are pyproject.toml's; the test suite runs on th
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -130,6 +131,35 @@ def attach_stand_in_trainer(module: Any, trainer: Any) -> None:
     `optimizers()` then reads the stand-in's `strategy._lightning_optimizers` (2.2-2.6)."""
     _require(module, "_trainer", "pytorch-lightning")
     module._trainer = trainer
+
+
+@contextlib.contextmanager
+def counting_checkpoint_calls(count: Callable[[], None]) -> Iterator[None]:
+    """While open, every `torch.utils.checkpoint.checkpoint` call runs `count()` first, however the caller
+    imported `checkpoint`: the non-reentrant path enters the module-level generator
+    `torch.utils.checkpoint._checkpoint_without_reentrant_generator`, the reentrant path
+    `CheckpointFunction.forward` (both looked up at call time; torch 2.4-2.13)."""
+    import torch.utils.checkpoint as module
+
+    _require(module, "_checkpoint_without_reentrant_generator", "torch")
+    generator = module._checkpoint_without_reentrant_generator
+    forward = module.CheckpointFunction.__dict__["forward"]
+
+    def counted_generator(*args, **kwargs):
+        count()
+        return generator(*args, **kwargs)
+
+    def counted_forward(*args):
+        count()
+        return forward.__func__(*args)
+
+    module._checkpoint_without_reentrant_generator = counted_generator
+    module.CheckpointFunction.forward = staticmethod(counted_forward)
+    try:
+        yield
+    finally:
+        module._checkpoint_without_reentrant_generator = generator
+        module.CheckpointFunction.forward = forward
 
 
 def check_installed() -> list[str]:

@@ -4,7 +4,7 @@ lightning.pytorch.demos).
 Pure torch, no downloads. Each module has `example_batch(batch_size)`, a deterministic batch of real
 tensors shaped exactly as its `training_step` receives it. Each datamodule serves synthetic,
 deterministic samples (sample i is the same in every run, process and worker) that collate into that
-batch: RandomVectors for MLP, RandomImages for ImageCNN and ResNet, RandomTokens for GPTLM.
+batch: RandomVectors for MLP, RandomImages for ImageCNN, ResNet and ViT, RandomTokens for GPTLM and LlamaLM.
 """
 from __future__ import annotations
 
@@ -207,6 +207,67 @@ class GPTLM(_TokenLM):
         return self.lm_head(self.ln_f(x))
 
 
+class _ViTBlock(nn.Module):
+    """A pre-norm transformer encoder block: bidirectional attention (SDPA) and a GELU MLP."""
+
+    def __init__(self, d_model: int, n_heads: int, mlp_dim: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d_model, eps=1e-6)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(d_model, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, d_model))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class ViT(_Demo):
+    """A Vision Transformer for image classification (Dosovitskiy et al.), pure torch: a patch-embedding
+    convolution, a class token and learned positions, pre-norm encoder blocks, a linear head on the class
+    token. Defaults: ViT-L/16 at 224 x 224 (24 layers, width 1024, 16 heads, MLP 4096; 304M parameters
+    with 1000 classes); ViT-B/16 is width 768, 12 layers, 12 heads, MLP 3072."""
+
+    def __init__(self, num_classes: int = 1000, image_size: int = 224, patch_size: int = 16, d_model: int = 1024,
+                 n_layers: int = 24, n_heads: int = 16, mlp_dim: int = 4096):
+        super().__init__()
+        self.save_hyperparameters()
+        if image_size % patch_size:
+            raise ValueError(f"model.init_args.image_size ({image_size}) must be a multiple of "
+                             f"model.init_args.patch_size ({patch_size})")
+        if d_model % n_heads:
+            raise ValueError(f"model.init_args.d_model ({d_model}) must be a multiple of model.init_args.n_heads ({n_heads})")
+        self.patch = nn.Conv2d(3, d_model, patch_size, patch_size)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d_model))
+        self.pos = nn.Parameter(torch.randn(1, (image_size // patch_size) ** 2 + 1, d_model) * 0.02)
+        self.blocks = nn.ModuleList(_ViTBlock(d_model, n_heads, mlp_dim) for _ in range(n_layers))
+        self.ln = nn.LayerNorm(d_model, eps=1e-6)
+        self.head = nn.Linear(d_model, num_classes)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x[:, 0]))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def example_batch(self, batch_size: int):
+        g = torch.Generator().manual_seed(0)
+        size = self.hparams.image_size
+        x = torch.randn(batch_size, 3, size, size, generator=g)
+        return x, torch.randint(0, self.hparams.num_classes, (batch_size,), generator=g)
+
+
 DEMOS: dict[str, type[_Demo]] = {"mlp": MLP, "cnn": ImageCNN, "resnet": ResNet, "gpt2-small": GPTLM}
 
 
@@ -325,5 +386,5 @@ class LlamaLM(_TokenLM):
 
 DATAMODULES: dict[str, type[_RandomData]] = {
     "mlp": RandomVectors, "cnn": RandomImages, "resnet": RandomImages, "gpt2-small": RandomTokens,
-    "llama-7b-fsdp": RandomTokens,
+    "llama-7b-fsdp": RandomTokens, "vit-l16": RandomImages,
 }

@@ -21,7 +21,7 @@ from memplan.analytic import (
     analytic_estimate, build_model, loss, lstm_workspace_bytes, make_batch,
 )
 from memplan.estimator.inputs import resolve_optimizer
-from memplan.estimator.step import PrecisionPolicy, run_training_step
+from memplan.estimator.step import PrecisionPolicy, StepOptions, run_training_step
 
 RELU = Activation("relu")
 SEEDS_MLP = [Dense(100), RELU, Dense(100), RELU, Dense(100), RELU, Dense(100), RELU, Dense(10)]
@@ -80,7 +80,7 @@ def real_peak(layers, input_shape, batch_size: int, optimizer: str, precision: s
     policy = PrecisionPolicy.from_string(precision)
 
     def step() -> None:
-        run_training_step(model, batch, loss_fn=loss, optimizer=opt, policy=policy, device_type="cpu")
+        run_training_step(model, batch, loss_fn=loss, optimizer=opt, options=StepOptions(policy=policy, device_type="cpu"))
 
     step()  # creates the optimizer state and the gradients the next step starts with
     meter = _LiveBytes()

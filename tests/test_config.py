@@ -753,7 +753,7 @@ def test_suggest_plans_from_the_heaviest_batch_of_the_datamodule(tmp_path, monke
     assert loaded.example_batch(2)[0].shape == (2, 64)  # not the first batch's 8
     assert "every batch of an epoch" in loaded.planned_for and "8.00x the first batch's" in loaded.planned_for
     # suggest's plan is for that batch, and says so
-    from memplan.commands.suggest import plan_config, resolve_hardware
+    from memplan.commands.planning import plan_config, resolve_hardware
 
     plan = plan_config(loaded, resolve_hardware(gpus=1, gpu="A100-80GB", gpu_memory=None))
     assert any("Planned for the heaviest" in r and "(4, 64), (4, 64)" in r for r in plan.reasons), plan.reasons

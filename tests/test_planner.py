@@ -23,6 +23,7 @@ from memplan.planner import (
     HostLoad,
     NoFit,
     PlanRequest,
+    StepSetting,
     estimator_for,
     host_bytes_per_rank,
     make_plan,
@@ -128,9 +129,10 @@ def speed(request: PlanRequest, sim: SimulatedStep, *, world: int, micro: int, p
           checkpointing: bool, gpu: str = "A100-80GB") -> float:
     """Predicted samples/s of one setting under the planner's step-time model (DDP or one GPU)."""
     per_rank = request.global_batch_size // world
-    return predict_step(sim.profile(request), precision=precision, checkpointing=checkpointing, micro_batch_size=micro,
-                        accumulate_grad_batches=per_rank // micro, world_size=world, gpus_per_node=world // request.nodes,
-                        nodes=request.nodes, sharding=None, offload=False, gpu_name=gpu).samples_per_s
+    return predict_step(sim.profile(request), StepSetting(
+        precision=precision, checkpointing=checkpointing, micro_batch_size=micro,
+        accumulate_grad_batches=per_rank // micro, world_size=world, gpus_per_node=world // request.nodes,
+        nodes=request.nodes, sharding=None, offload=False, gpu_name=gpu)).samples_per_s
 
 
 def brute_force_speed(request: PlanRequest, sim: SimulatedStep, *, slack: int = 0) -> float:
@@ -515,3 +517,24 @@ def test_a_trainers_request_whose_largest_micro_batch_does_not_fit_is_searched_a
     assert sim.calls[0] == (32, "bf16-mixed", False, 2) and len(sim.calls) > 1
     assert exact_peak(sim, plan) <= int(gpus("A100-80GB", 1)[0].free_bytes * (1 - request.margin))
     assert speed_of(plan, request, sim) == pytest.approx(brute_force_speed(request, sim), rel=1e-9)
+
+
+@dataclass
+class SelfCheckpointingStep(SimulatedStep):
+    """A SimulatedStep whose model calls torch.utils.checkpoint inside its own forward, as a trace reports
+    it (MemoryEstimate.own_checkpoint_calls): its activations are already those of a checkpointed model."""
+
+    def __call__(self, **kwargs) -> MemoryEstimate:
+        return dataclasses.replace(super().__call__(**kwargs), own_checkpoint_calls=4)
+
+
+def test_a_model_checkpointing_inside_its_forward_is_kept_and_memplan_adds_none():
+    # 40 GiB per sample under AMP: memplan's checkpointing would be needed for micro-batch 1 to fit,
+    # but the model checkpoints itself: the plan adds none, says so, and reuses the traces it made
+    sim = SelfCheckpointingStep(activation_bytes_per_sample=80 * GiB)
+    plan = make_plan(PlanRequest(global_batch_size=64, devices=gpus("A100-80GB", 8)), sim)
+    assert plan.checkpointing.mode == "none" and not plan.gradient_checkpointing
+    assert plan.user_checkpointing == "torch.utils.checkpoint called 4 times a step inside the model's forward"
+    assert any(r.startswith("Keeps the model's own activation checkpointing (torch.utils.checkpoint") for r in plan.reasons)
+    assert not any(ckpt for _, _, ckpt, _ in sim.calls)
+    assert len(sim.calls) == len(set(sim.calls)), "a trace made before the model's checkpointing was found is made again"

@@ -16,7 +16,7 @@ from memplan.hardware import lookup_gpu
 from memplan.hardware.catalog import gpu_links
 from memplan.planner import DeviceBudget, NoFit, PlanRequest, make_plan
 from memplan.planner import costs
-from memplan.planner.costs import OVERLAP, communication_seconds, predict_step
+from memplan.planner.costs import OVERLAP, Collectives, StepSetting, communication_seconds, predict_step
 from memplan.planner.profile import CostProfile
 from memplan.units import GiB, MiB
 
@@ -104,11 +104,13 @@ def test_offload_is_the_last_resort_and_needs_the_host_ram():
 
 
 def test_full_shard_moves_one_and_a_half_times_ddps_bytes():
-    common = dict(world_size=8, gpus_per_node=8, nodes=1, accumulate_grad_batches=1, parameter_count=10**9,
-                  gpu_name="H100-80GB")
-    ddp = communication_seconds(sharding=None, **common)
-    assert communication_seconds(sharding="FULL_SHARD", **common) == pytest.approx(1.5 * ddp)
-    assert communication_seconds(sharding="SHARD_GRAD_OP", **common) == pytest.approx(ddp)
+    def seconds(sharding):
+        ranks = Collectives(sharding=sharding, world_size=8, gpus_per_node=8, nodes=1, gpu_name="H100-80GB")
+        return communication_seconds(ranks, parameter_count=10**9, accumulate_grad_batches=1)
+
+    ddp = seconds(None)
+    assert seconds("FULL_SHARD") == pytest.approx(1.5 * ddp)
+    assert seconds("SHARD_GRAD_OP") == pytest.approx(ddp)
     ring = 2 * 7 / 8 * 4e9 / (gpu_links("H100-80GB").intra_node_bytes_per_s * 0.7)
     assert ddp == pytest.approx(ring)
 
@@ -118,23 +120,23 @@ def test_fsdp_pays_for_its_communication_only_when_compute_cannot_hide_it(monkey
     block = 4 * 7 * 10**9 // BLOCKS
     args = dict(offload=False, gpus_per_node=8, micro_batch_size=1, accumulate_grad_batches=4, precision="bf16-mixed",
                 checkpointing=True, gpu_name="H100-80GB", largest_block_bytes=block)
-    one_node = predict_step(profile, sharding="FULL_SHARD", world_size=8, nodes=1, **args)
+    one_node = predict_step(profile, StepSetting(sharding="FULL_SHARD", world_size=8, nodes=1, **args))
     # Inside a node the micro-step's compute could hide it all: what shows is the first block's all-gather
     # or the share of every collective that contends with compute, whichever is larger.
     first = 7 / 8 * block / (450e9 * 0.7)
-    comm = communication_seconds(sharding="FULL_SHARD", world_size=8, gpus_per_node=8, nodes=1, accumulate_grad_batches=1,
-                                 parameter_count=7 * 10**9, gpu_name="H100-80GB")
+    comm = communication_seconds(Collectives(sharding="FULL_SHARD", world_size=8, gpus_per_node=8, nodes=1,
+                                             gpu_name="H100-80GB"), parameter_count=7 * 10**9, accumulate_grad_batches=1)
     assert comm < OVERLAP * one_node.micro_step_seconds
     assert one_node.communication_seconds == pytest.approx(4 * max(first, (1 - OVERLAP) * comm))
     # Between nodes a ring runs at the node's NICs together (8 x 400 Gb/s): FULL_SHARD over 64 ranks
     # hides about as well as inside the node; HYBRID_SHARD all-reduces each GPU's shard over its own NIC.
-    across = predict_step(profile, sharding="FULL_SHARD", world_size=64, nodes=8, **args)
-    hybrid = predict_step(profile, sharding="HYBRID_SHARD", world_size=64, nodes=8, **args)
+    across = predict_step(profile, StepSetting(sharding="FULL_SHARD", world_size=64, nodes=8, **args))
+    hybrid = predict_step(profile, StepSetting(sharding="HYBRID_SHARD", world_size=64, nodes=8, **args))
     assert hybrid.communication_seconds > across.communication_seconds >= one_node.communication_seconds
     # A slow network (100 Gb/s per GPU) turns it around: gathers between nodes cost more than the shard's all-reduce.
     monkeypatch.setattr(costs, "INTER_NODE_BYTES_PER_S", 12.5e9)
-    across = predict_step(profile, sharding="FULL_SHARD", world_size=64, nodes=8, **args)
-    hybrid = predict_step(profile, sharding="HYBRID_SHARD", world_size=64, nodes=8, **args)
+    across = predict_step(profile, StepSetting(sharding="FULL_SHARD", world_size=64, nodes=8, **args))
+    hybrid = predict_step(profile, StepSetting(sharding="HYBRID_SHARD", world_size=64, nodes=8, **args))
     assert across.communication_seconds > hybrid.communication_seconds
     assert across.samples_per_s < hybrid.samples_per_s
 

@@ -17,7 +17,7 @@ from memplan.analytic.layers import (
     Activation, AttentionBlock, Conv2d, Dense, Dropout, Embedding, Flatten, Layer, Norm, Pool, Recurrent,
     infer_shapes,
 )
-from memplan.analytic.result import OPTIMIZERS, PRECISIONS, AnalyticEstimate, LayerRow
+from memplan.analytic.result import OPTIMIZERS, ANALYTIC_PRECISIONS, AnalyticEstimate, LayerRow
 from memplan.analytic.rules import F32, I64, Act, Backward
 from memplan.analytic.tape import Buf, Tape
 
@@ -146,9 +146,9 @@ def analytic_estimate(
         raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
-    if precision not in PRECISIONS:
+    if precision not in ANALYTIC_PRECISIONS:
         raise ValueError(
-            f"precision must be one of {', '.join(PRECISIONS)} (the analytic model covers these); "
+            f"precision must be one of {', '.join(ANALYTIC_PRECISIONS)} (the analytic model covers these); "
             f"got {precision!r}. Use memplan.estimate for the others"
         )
     layers = tuple(layers)

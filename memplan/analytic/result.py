@@ -7,7 +7,7 @@ from typing import Literal
 from memplan.units import format_bytes
 
 OPTIMIZERS: tuple[str, ...] = ("sgd", "sgd-momentum", "adam", "adamw")
-PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed")
+ANALYTIC_PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ class Buf:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Snapshot:
+class TapePeak:
     """What was live at one moment, by bucket, in bytes."""
 
     parameters: int
@@ -63,7 +63,7 @@ class Tape:
     live: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("parameters", "gradients", "optimizer_state", "batch", "activation", "saved"), 0))
     """Live bytes per kind; 'saved' is the part of 'activation' that autograd nodes hold."""
-    peak: Snapshot | None = None
+    peak: TapePeak | None = None
     """The breakdown at the highest total so far (the first moment it was reached)."""
     phase_peaks: dict[str, int] = field(default_factory=dict)
     """Highest total per phase."""
@@ -150,7 +150,7 @@ class Tape:
     def _snapshot(self) -> None:
         self._at_peak = True
         live = self.live
-        self.peak = Snapshot(
+        self.peak = TapePeak(
             parameters=live["parameters"],
             gradients=live["gradients"],
             optimizer_state=live["optimizer_state"],

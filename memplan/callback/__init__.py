@@ -3,6 +3,8 @@
     layout.py    the per-rank layout of the global batch (loader batch, micro-batch, accumulation)
     apply.py     plan -> layout on the running Trainer; the planner's request when no plan is given
     chunking.py  micro-batch chunks inside training_step (each loss weighted as it reduces), and OOM retries
+                 (chunk_job.py: what the runner and each chunk take and give; step_wrapper.py: the training_step
+                 wrapper put in place and taken away; held_logging.py: `self.log` held until the batch succeeds)
     logged.py    a split batch's `self.log` calls merged into the whole batch's
     rewrites.py  the user's settings MemoryPlanner changes, said out loud (or refused under strict=True)
     checks.py    what MemoryPlanner refuses, with the fix

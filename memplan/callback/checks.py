@@ -62,7 +62,7 @@ def check_gradient_hooks(pl_module: pl.LightningModule, fix: str = ADJUST_FIX) -
             f"remove them, or {fix}")
 
 
-def check_guard(trainer: pl.Trainer, guard: str) -> str | None:
+def guard_blocker(trainer: pl.Trainer, guard: str) -> str | None:
     """Why this Trainer's backwards cannot be guarded (memplan.callback.chunking), or None; with
     guard='always', which cannot then be honoured, MisconfigurationException."""
     blocker = None

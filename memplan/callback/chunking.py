@@ -37,7 +37,7 @@ What it costs, and what it cannot do:
   - Parameter gradient hooks would run per chunk and again on the whole gradient: refused
     (checks.check_gradient_hooks).
   - Under DDP's gradient_as_bucket_view the handoff would copy the gradients out of DDP's buckets:
-    not guarded (checks.check_guard).
+    not guarded (checks.guard_blocker).
   - DDP's static_graph counts each parameter's hooks over the first iteration, the chunks' no_sync
     backwards included, and then skips the all-reduce of later steps: refused (checks.check_can_adjust).
 
@@ -67,20 +67,20 @@ not gradients).
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from memplan import compat
-from memplan.batching import batch_size_of, split_batch
 from memplan.callback.adjust import even_chunk
 from memplan.callback.carrier import Recording, carry
-from memplan.callback.layout import Layout, chunk_bounds
+from memplan.callback.chunk_job import ChunkJob, ChunkResult, RunnerOptions
+from memplan.callback.held_logging import HeldLogging, replay_logged
+from memplan.callback.layout import chunk_bounds
 from memplan.callback.logged import merge_logged
+from memplan.callback.step_wrapper import StepWrapper
 from memplan.callback.retry import (
     NONE, Failure, Frozen, NothingFitsError, OomRetry, RetryState, gradient_versions, release_memory, touched,
 )
@@ -92,57 +92,11 @@ __all__ = ["MicroBatchRunner", "NothingFitsError", "OomRetry", "smaller_or_even"
 _NO_OP = contextlib.nullcontext()
 
 
-@dataclass(frozen=True, kw_only=True)
-class ChunkJob:
-    """One chunk to run: samples [start, stop) of a loaded batch of `size`."""
-
-    args: tuple
-    """training_step's positional arguments (the batch first, where given so)."""
-    kwargs: dict
-    """Its keyword arguments."""
-    batch: Any
-    """The loaded batch."""
-    size: int
-    """Its samples."""
-    start: int
-    stop: int
-    frozen: frozenset[int] = NONE
-    """Parameters that hold this chunk's gradient already (a retry after a failed backward): frozen."""
-    clear: bool = False
-    """No parameter holds a gradient yet (so a failed backward touched exactly those that hold one after it)."""
-    order: list[int] | None = None
-    """A list to record the parameters' indices in, as the backward makes their gradients (DDP's bucket rebuild)."""
-    total: float | None = None
-    """mean_over(batch), where a mean over something other than samples weighs the chunks."""
-    synced: bool = False
-    """Run with the strategy's gradient sync on (FSDP's last chunk; backwarded even at weight 0, since its
-    backward is the one that reduce-scatters)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChunkResult:
-    """What a chunk gave: training_step's output, its loss, its held `self.log` calls and weight; or what failed."""
-
-    output: Any = None
-    loss: torch.Tensor | None = None
-    logged: list = ()
-    weight: float = 0.0
-    """What its loss is multiplied by so the chunks add up to the whole batch's loss (MicroBatchRunner._weight)."""
-    failure: Failure | None = None
-    """The OOM, where it ran out of memory (every other field then empty)."""
-
-
-class MicroBatchRunner:
+class MicroBatchRunner(StepWrapper):
     """Wraps the LightningModule's `training_step` (an instance attribute, removed by `remove`)."""
 
-    def __init__(self, trainer: Any, module: Any, *, layout: Layout, can_checkpoint: bool, retry: bool,
-                 can_guard: bool, enable_checkpointing: Callable[[], None], on_retry: Callable[[OomRetry], None],
-                 out_of_memory: Callable[[str, int], NothingFitsError],
-                 exactness: Callable[[Any], Any] | None = None, size_of: Callable[[Any], int] = batch_size_of,
-                 split: Callable[[Any, int, int, int], Any] = split_batch,
-                 on_first_split: Callable[[int, int], None] | None = None,
-                 sharded_sync_off: Callable[[], contextlib.AbstractContextManager] | None = None,
-                 planned_load_per_sample: float | None = None) -> None:
+    def __init__(self, trainer: Any, module: Any, options: RunnerOptions) -> None:
+        layout = options.layout
         self.micro_batch_size = layout.micro_batch_size
         """This rank's micro-batch now (a shared decision, or lower after a local OOM)."""
         self.loader_batch_size = layout.loader_batch_size
@@ -154,31 +108,29 @@ class MicroBatchRunner:
         self.lightning_backward = False
         """Whether the current batch's backward is Lightning's own (unguarded or unsplittable): an
         OOM in it is not retried."""
-        self._can_guard = can_guard
-        self._guarded = can_guard
+        self._can_guard = options.can_guard
+        self._guarded = options.can_guard
         self._trainer = trainer
         self._module = module
-        self._can_checkpoint = can_checkpoint
-        self._retry = retry
-        self._enable_checkpointing = enable_checkpointing
-        self._on_retry = on_retry
-        self._out_of_memory = out_of_memory
+        self._can_checkpoint = options.can_checkpoint
+        self._retry = options.retry
+        self._enable_checkpointing = options.enable_checkpointing
+        self._on_retry = options.on_retry
+        self._out_of_memory = options.out_of_memory
         self._params = list(module.parameters())
-        self._original: Callable[..., Any] | None = None
-        self._previous: Any = None
         self._device_type = "cpu"
         self._scaler: Any = None
         self._block_sync: Callable[[], contextlib.AbstractContextManager] | None = None
         self._ddp: Any = None
-        self._exactness = exactness  # batch -> Exactness, asked once, before the first split
+        self._exactness = options.exactness  # batch -> Exactness, asked once, before the first split
         self._sum = False
-        self._can_split: bool | None = None if exactness is not None else True
+        self._can_split: bool | None = None if options.exactness is not None else True
         self._mean_over: Callable[[Any], Any] | None = None
-        self._size_of = size_of
-        self._split = split
-        self._on_first_split = on_first_split
-        self._sharded_sync_off = sharded_sync_off  # FSDP: sync off but for a batch's last chunk (callback.sharded)
-        self._planned_load = planned_load_per_sample  # (memplan.shapes)
+        self._size_of = options.size_of
+        self._split = options.split
+        self._on_first_split = options.on_first_split
+        self._sharded_sync_off = options.sharded_sync_off  # FSDP: sync off but for a batch's last chunk (callback.sharded)
+        self._planned_load = options.planned_load_per_sample  # (memplan.shapes)
         self.heavier_batches = 0
         """Batches heavier per sample than the one planned for, run as smaller chunks before they ran."""
 
@@ -204,15 +156,7 @@ class MicroBatchRunner:
 
     # --- installation and shared decisions ---------------------------------------------------
     def install(self) -> None:
-        self._previous = self._module.__dict__.get("training_step")
-        original = self._module.training_step
-
-        @functools.wraps(original)  # Lightning reads the signature (batch_idx or not) through __wrapped__
-        def training_step(*args: Any, **kwargs: Any) -> Any:
-            return self._training_step(args, kwargs)
-
-        self._original = original
-        self._module.training_step = training_step
+        self.wrap()
         # fixed for the fit: the device autocast would run on, the GradScaler (16-mixed), DDP's no_sync
         self._device_type = self._trainer.strategy.root_device.type
         self._scaler = getattr(self._trainer.precision_plugin, "scaler", None)
@@ -221,32 +165,6 @@ class MicroBatchRunner:
         self._ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
         self._skips_backward = compat.skip_backward_getter(self._trainer)
         self._has_rebuilt_buckets = compat.rebuilt_buckets_getter(self._ddp) if self._ddp is not None else None
-
-    def remove(self) -> None:
-        if self._original is None:
-            return
-        if self._previous is None:
-            self._module.__dict__.pop("training_step", None)
-        else:
-            self._module.training_step = self._previous
-        self._original = None
-
-    @contextlib.contextmanager
-    def unwrapped(self) -> Iterator[None]:
-        """The module's training_step as it was before `install`, for a trace of it (a fake copy of the
-        module would otherwise call this runner, bound to the real module)."""
-        wrapper = self._module.__dict__.get("training_step")
-        if self._original is None or wrapper is None:
-            yield
-            return
-        if self._previous is None:
-            self._module.__dict__.pop("training_step", None)
-        else:
-            self._module.training_step = self._previous
-        try:
-            yield
-        finally:
-            self._module.training_step = wrapper
 
     def set_layout(self, micro_batch_size: int, gradient_checkpointing: bool) -> None:
         """Apply a shared decision from the next batch on."""
@@ -307,7 +225,7 @@ class MicroBatchRunner:
     def _run_unguarded(self, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
         """(training_step's output, None), or (None, the OOM's message). Only the message leaves the
         except clause: the exception's traceback would keep the failed forward's tensors alive."""
-        with _HeldLogging(self._module) as logged:
+        with HeldLogging(self._module) as logged:
             try:
                 output = self._original(*args, **kwargs)
             except torch.OutOfMemoryError as err:
@@ -316,7 +234,7 @@ class MicroBatchRunner:
                 message = None
         if message is not None:
             return None, message
-        _replay(self._module, logged)
+        replay_logged(self._module, logged)
         return output, None
 
     def _run_guarded(self, args: tuple, kwargs: dict, batch: Any, size: int, pending: deque) -> Any:
@@ -360,7 +278,7 @@ class MicroBatchRunner:
                 share = result.loss.detach() if result.weight == 1.0 else result.loss.detach() * result.weight
                 value = share if value is None else value + share
             if not pending:  # the batch's last chunk succeeded: make the batch's `self.log` calls, once
-                _replay(self._module, held[0][1] if len(held) == 1 else merge_logged(held, self._sum))
+                replay_logged(self._module, held[0][1] if len(held) == 1 else merge_logged(held, self._sum))
                 if result.loss is None:  # no loss: Lightning skips this batch's backward
                     return result.output
         if value is None:  # every chunk weighed nothing (no token to average over): a zero loss
@@ -382,7 +300,7 @@ class MicroBatchRunner:
         phase, before, args, kwargs = "forward", None, job.args, job.kwargs
         try:
             with _NO_OP if job.synced else self._no_sync(), self._frozen(job.frozen), \
-                    _HeldLogging(self._module) as logged:
+                    HeldLogging(self._module) as logged:
                 chunk = job.batch
                 if job.stop - job.start != job.size:
                     chunk = self._split(job.batch, job.start, job.stop, job.size)
@@ -463,34 +381,8 @@ class MicroBatchRunner:
         return self._block_sync() if self._block_sync is not None else _NO_OP  # DDP: model.no_sync()
 
 
-# The context managers below are classes, not @contextmanager generators: they run for every chunk
-# of every step, where a generator's set-up costs a few microseconds each.
-
-
 def smaller_or_even(batch: int, micro: int) -> int:
     """`micro` lowered to the even chunk of `batch` with as many chunks: 8 for 16 at 10 (2 chunks)."""
     return even_chunk(batch, -(-batch // micro))
 
 
-class _HeldLogging:
-    """Hold the module's `self.log` calls (and `log_dict`'s, which go through it) instead of making
-    them: a chunk that fails, or is not the batch's last, must not log (with sync_dist=True a log is a
-    collective, and a rank that logged twice in a batch would wait forever for the others)."""
-
-    def __init__(self, module: Any) -> None:
-        self._module = module
-        self.calls: list[tuple[tuple, dict]] = []
-
-    def __enter__(self) -> list[tuple[tuple, dict]]:
-        calls = self.calls
-        self._module.__dict__["log"] = lambda *args, **kwargs: calls.append((args, kwargs))
-        return calls
-
-    def __exit__(self, *exc: Any) -> None:
-        self._module.__dict__.pop("log", None)
-
-
-def _replay(module: Any, calls: list[tuple[tuple, dict]]) -> None:
-    """Make the held `self.log` calls (through the class's `log`, a user's override included)."""
-    for args, kwargs in calls:
-        module.log(*args, **kwargs)

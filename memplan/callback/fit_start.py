@@ -24,8 +24,9 @@ from memplan.callback.apply import (
     samples_per_rank, train_loader,
 )
 from memplan.callback.checks import (
-    ADJUST_FIX, CHUNKS_FIX, check_can_adjust, check_gradient_hooks, check_guard, restored_layout, split_caveats,
+    ADJUST_FIX, CHUNKS_FIX, check_can_adjust, check_gradient_hooks, guard_blocker, restored_layout, split_caveats,
 )
+from memplan.callback.chunk_job import RunnerOptions
 from memplan.callback.chunking import MicroBatchRunner
 from memplan.callback.exactness import Exactness, decide, drop_last_blocks
 from memplan.callback.loss_reduction import LossReduction, LossWatcher, first_call_watched
@@ -55,7 +56,8 @@ class FitStart(CallbackState):
         # the batch size can be set where the model (hparams, datamodule) has it and builds the loader
         settable = self._settable(trainer, pl_module)
         layout, source = self._resolve_layout(trainer, pl_module, settable)
-        checkpointable = self.settings.allow_checkpointing and not self.settings.strict and can_checkpoint(pl_module)
+        checkpointable = (self.settings.allow_checkpointing and not self.settings.strict and can_checkpoint(pl_module)
+                          and not (self.plan is not None and self.plan.user_checkpointing))  # the model's own: kept
         if layout.gradient_checkpointing and not self.settings.allow_checkpointing:
             raise MisconfigurationException("MemoryPlanner: the plan turns checkpointing on, which "
                                             "allow_checkpointing=False forbids; allow it, or plan without it")
@@ -289,12 +291,12 @@ class FitStart(CallbackState):
             check_can_adjust(trainer, pl_module, fix)
         check_gradient_hooks(pl_module, fix or ADJUST_FIX)
         fsdp = sharded.is_sharded(trainer.strategy)
-        blocker = check_guard(trainer, self.settings.guard) if not fsdp else None
+        blocker = guard_blocker(trainer, self.settings.guard) if not fsdp else None
         if blocker is not None and self._fit.adjusting:
             rank_zero_warn(f"MemoryPlanner: backwards are not guarded under {blocker}; an OOM in a backward is not "
                            "retried (forwards still are), and a batch split into micro-batches holds that copy too")
-        self._fit.runner = MicroBatchRunner(
-            trainer, pl_module, layout=layout, can_checkpoint=checkpointable and self._fit.adjusting,
+        self._fit.runner = MicroBatchRunner(trainer, pl_module, RunnerOptions(
+            layout=layout, can_checkpoint=checkpointable and self._fit.adjusting,
             retry=self._fit.adjusting and not fsdp, can_guard=blocker is None and not fsdp,
             enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
@@ -303,7 +305,7 @@ class FitStart(CallbackState):
             split=self.split_batch, on_first_split=lambda size, chunk: self._warn_split(pl_module, size, chunk),
             sharded_sync_off=sharded.gradient_sync_off(trainer.strategy, pl_module) if fsdp else None,
             planned_load_per_sample=self._fit.scan.load_per_sample if self._fit.scan is not None else None,
-        )
+        ))
         self._fit.runner.install()
 
     def _check_first_batch(self, trainer: pl.Trainer, batch: Any) -> None:

@@ -266,7 +266,7 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
         if self._fit.adjusting:
             check_can_adjust(trainer, pl_module)
             if sharded.is_sharded(trainer.strategy):
-                sharded.check_guard(trainer.strategy, self.settings.guard)
+                sharded.refuse_guard_always(trainer.strategy, self.settings.guard)
                 sharded.check_data_parallel(trainer.strategy)
                 rank_zero_warn(sharded.NO_RETRY.format(strategy=sharded.strategy_name(trainer.strategy)))
         if self.settings.plan is not None:

@@ -52,7 +52,7 @@ def strategy_name(strategy: Any) -> str:
     return "FSDPStrategy (FSDP1)"
 
 
-def check_guard(strategy: Any, guard: str) -> None:
+def refuse_guard_always(strategy: Any, guard: str) -> None:
     """MemoryPlanner(guard='always') asks for what FSDP cannot do: MisconfigurationException."""
     if guard == "always":
         raise MisconfigurationException(f"MemoryPlanner(guard='always') retries the OOM of every backward, which "

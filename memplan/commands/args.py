@@ -16,7 +16,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-EXIT_USAGE = 2
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+MAX_VERSION = 10**9
+"""`--version N` at most."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -158,3 +160,18 @@ def choice(flag: str, choices: Callable[[], tuple[str, ...]], what: str) -> Call
 
 class UsageError(ValueError):
     """A bad combination of inputs found after parsing (before any tracing): exit code 2, one line."""
+
+
+def usage_error(message: str) -> int:
+    """A bad input found after parsing: one line on stderr, exit code 2."""
+    print(f"memplan: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def add_run_choice(p: argparse.ArgumentParser) -> None:
+    """`--version N` and `--run ID`: which run of a log folder `report` and `watch` read."""
+    p.add_argument("--version", type=whole_number("--version", "a version_N folder's N", MAX_VERSION), default=None,
+                   metavar="N",
+                   help="read lightning_logs/version_N (default: the folder written last)")
+    p.add_argument("--run", dest="run_id", default=None, metavar="ID",
+                   help="the run whose id starts with ID, where runs shared a log folder (default: the newest)")

@@ -4,17 +4,21 @@ histories (memplan.commands.run_history) as it goes.
 The logs are streamed, never held: each file is read in chunks from where the last read stopped, so
 memory stays bounded however long the run, and `memplan watch` reads only what was appended since
 its last refresh. `sample` lines, almost all of a log, take a fast path (memplan.commands.log_scan):
-checked and taken apart by one regular expression per chunk, decoded only when shown. Nothing here
+checked and taken apart by one regular expression per chunk, their figures folded as columns,
+decoded only when shown. A large folder's first read is spread over worker processes, one rank log
+each at a time. Nothing here
 raises on what a log holds: bad lines (not JSON, impossible values, longer than MAX_LINE_BYTES) are
 skipped and counted by reason; files that are not regular files (a FIFO) or not named as MemoryPlanner
 names them (rank01.jsonl) are named, not read.
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +91,10 @@ class FolderReader:
         self._update(paths, on_record)
 
     def _update(self, paths: list[Path], on_record) -> None:
+        with _collector_paused():
+            self._update_paths(paths, on_record)
+
+    def _update_paths(self, paths: list[Path], on_record) -> None:
         for path in paths:
             name = path.name
             rank = rank_of(path)
@@ -134,6 +142,11 @@ class FolderReader:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
+        try:  # the fast path's fold parses with numpy: imported once here, not in each worker
+            import numpy  # noqa: F401
+        except ImportError:
+            pass
+
         try:
             context = multiprocessing.get_context("fork")
         except ValueError:  # no fork here (Windows): one process reads them all
@@ -166,88 +179,101 @@ class FolderReader:
             state.offset += len(chunk)
             data = state.tail + chunk if state.tail else chunk
             cut = data.rfind(b"\n")
+            start = 0  # its lines are data[start:cut]
             if cut < 0:
                 state.tail = b"" if state.overlong else data  # the middle of an over-long line: dropped
-                lines: list[bytes] = []
-                body = None
             else:
-                lines = data.split(b"\n")
-                state.tail = lines.pop()
-                body = data  # (its lines end at `cut`)
-            if state.overlong and lines:  # the rest of an over-long line, up to its newline
-                lines.pop(0)
-                body = None
-                state.overlong = False
+                state.tail = data[cut + 1:]
+                if state.overlong:  # the rest of an over-long line, up to its newline
+                    start = data.index(b"\n") + 1
+                    state.overlong = False
             if len(state.tail) > MAX_LINE_BYTES:
                 state.tail = b""
                 state.overlong = True
                 self._skip(state.path.name, f"line longer than {format_bytes(MAX_LINE_BYTES)}")
+            if start > cut:  # no whole line
+                continue
             if on_record is None and FAST_PATH:
-                self._lines_fast(state, lines, body, cut)
+                self._lines_fast(state, data, start, cut)
             else:
-                self._lines(state, lines, on_record)
+                self._lines(state, data[start:cut].split(b"\n"), on_record)
 
-    def _lines_fast(self, state: _FileState, lines: list[bytes], body: bytes | None, end: int) -> None:
-        """`lines` (body[:end]: them joined, where at hand) folded in as _lines would: the lines of the
-        file's sample shape in batches (log_scan), the others one by one the slow way; a sample read
-        the slow way with another shape (a new run, another set of keys) becomes the shape for the rest."""
+    def _lines_fast(self, state: _FileState, body: bytes, start: int, end: int) -> None:
+        """The lines of body[start:end] folded in as _lines would: the lines of the file's sample shape
+        in batches (log_scan), the others one by one the slow way; a sample read the slow way with
+        another shape (a new run, another set of keys) becomes the shape for the rest. Each line comes
+        whole from its match (the shape's pattern has one a line), so the chunk is split apart only
+        where a shape is to be learned."""
         learned = 0
-        while lines:
+        lines: list[bytes] | None = None  # body[start:end].split(b"\n"), once needed
+        while True:
             shape = state.shape
             if shape is None:  # the slow way up to the first sample line, which gives the shape
+                if lines is None:
+                    lines = body[start:end].split(b"\n")
                 first = next((i for i, line in enumerate(lines) if b'"sample"' in line), None)
                 if first is None or learned >= MAX_NEW_SHAPES:
                     self._lines(state, lines, None)
                     return
                 learned += 1
                 self._lines(state, lines[:first + 1], None, learn=True)
-                lines, body = lines[first + 1:], None
-                continue
-            if body is None:
+                lines = lines[first + 1:]
+                if not lines:
+                    return
                 body = b"\n".join(lines)
-                end = len(body)
-            rows = shape.matches(body, end, len(lines))
-            if rows is None:
-                self._lines(state, lines, None)
+                start, end = 0, len(body)
+                continue
+            rows = shape.pattern.findall(body, start, end)  # one match a line (the shape's or any other)
+            groups = list(zip(*rows))  # (one tuple per group: the lines of the shape first, b"" for others)
+            whole = b"" not in groups[0]  # every line of the shape: the common case
+            found = groups[0] if whole else [row[0] or row[-1] for row in rows]
+            if sum(map(len, found)) + len(found) - 1 != end - start:  # (never: the matches are the lines)
+                self._lines(state, body[start:end].split(b"\n"), None)
                 return
-            others = [i for i, row in enumerate(rows) if not row[0]]
-            start, k = 0, 0
+            if whole:
+                self._add_fast(state, shape, groups)
+                return
+            lines = found
+            others = [i for i, line in enumerate(groups[0]) if not line]
+            done, k = 0, 0
             while k < len(others):
                 first = last = others[k]
                 while k + 1 < len(others) and others[k + 1] == last + 1:
                     k += 1
                     last = others[k]
                 k += 1
-                if first > start:
-                    self._add_fast(state, shape, rows[start:first], lines[start:first])
-                start = last + 1
-                self._lines(state, lines[first:start], None, learn=learned < MAX_NEW_SHAPES)
+                if first > done:
+                    self._add_fast(state, shape, list(zip(*rows[done:first])))
+                done = last + 1
+                self._lines(state, lines[first:done], None, learn=learned < MAX_NEW_SHAPES)
                 if state.shape is not shape:  # a new shape: the rest is matched with it
                     learned += 1
-                    lines, body = lines[start:], None
+                    lines = lines[done:]
+                    if not lines:
+                        return
+                    body = b"\n".join(lines)
+                    start, end = 0, len(body)
                     break
             else:
-                if start < len(rows):
-                    self._add_fast(state, shape, rows[start:], lines[start:])
+                if done < len(rows):
+                    self._add_fast(state, shape, list(zip(*rows[done:])))
                 return
 
-    def _add_fast(self, state: _FileState, shape: SampleShape, rows: list[tuple[bytes, ...]],
-                  lines: list[bytes]) -> None:
-        """Consecutive sample lines of `shape` (checked by its pattern, so each is a valid record) folded in."""
-        columns = shape.figures(rows)
+    def _add_fast(self, state: _FileState, shape: SampleShape, groups: list[tuple[bytes, ...]]) -> None:
+        """Consecutive sample lines of `shape` (checked by its pattern, so each is a valid record) folded
+        in, from their matches' groups (zip(*matches): the lines themselves first)."""
+        figures = shape.fold(groups)
         info = self.runs.get(shape.run)
         if info is None:
             info = self.runs[shape.run] = _RunState()
-        started = min(map(float, columns[1]))
-        if started < info.started:
-            info.started = started
-        last_step = max(map(int, columns[0]))
-        if last_step > info.last_step:
-            info.last_step = last_step
+        if figures.started < info.started:
+            info.started = figures.started
+        if figures.last_step > info.last_step:
+            info.last_step = figures.last_step
         history = info.ranks.get(state.rank)
         if history is None:
             history = info.ranks[state.rank] = RankHistory(rank=state.rank, path=state.path)
-        history.add_samples(columns, lines)
+        history.add_samples(figures, groups[0])
 
     def _lines(self, state: _FileState, lines: list[bytes], on_record, *, learn: bool = False) -> None:
         """`lines` parsed, checked and folded in, one by one; with `learn`, a sample's shape is kept
@@ -310,13 +336,28 @@ class FolderReader:
         return sorted(runs, key=lambda r: (r.started, r.run), reverse=True)
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused: a read makes tens of thousands of short-lived tuples a chunk and
+    no reference cycle, and the collector's passes over them cost a twentieth of the read."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _read_one(folder: Path, paths: list[Path]) -> FolderReader:
     """One process's share of a parallel first read: `paths` folded as FolderReader.update would."""
     reader = FolderReader(folder)
-    reader._update(paths, None)
-    for state in reader.runs.values():
-        for history in state.ranks.values():
-            history.decode()  # here, in parallel, rather than where they are shown
+    with _collector_paused():
+        reader._update(paths, None)
+        for state in reader.runs.values():
+            for history in state.ranks.values():
+                history.decode()  # here, in parallel, rather than where they are shown
     return reader
 
 

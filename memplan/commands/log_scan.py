@@ -1,14 +1,18 @@
 """Log lines into what the reader folds: any line the slow way (json.loads, then the checks a record
 must pass), and `sample` lines on a fast path: checked and taken apart by one regular expression per
-chunk, with no JSON object built for them.
+chunk, with no JSON object built for them, and their figures folded as columns (SampleShape.fold).
 
 A rank log is almost all `sample` records, each written by the same code with the same keys in the
 same order (memplan.callback.runlog.RankLog.write). The first one parsed the slow way gives the
 shape: a pattern of that exact line, key by key, that admits only what json.loads would read to the
 same values and what the slow way's checks (`problem`) would accept (byte figures within +-1 PiB,
-a step up to 10^12, a time from 1970 to 5138, no nested value, no escape in a string, bounded
-lengths). A line that does not match is read the slow way, so the fast path changes no result; it
-only skips building ~20-key dicts for a million lines, and decodes none of them until shown.
+a step up to 10^12, a time from 1970 to 5138 written with a decimal point, no nested value, no
+escape in a string, bounded lengths). A line that does not match is read the slow way, so the fast
+path changes no result; it only skips building ~20-key dicts for a million lines, and decodes none
+of them until shown. The figures a batch of lines adds (the highest peak, the least headroom, ...)
+are taken from all its captured numbers at once: one numpy parse of their text, exact (every
+captured number is an integer under 10^15, a null stands in as -2^62, and the earliest time is parsed
+by Python from its own text).
 """
 from __future__ import annotations
 
@@ -24,7 +28,11 @@ MAX_STEP = 10**12
 MAX_LOGGED_BYTES = 1 << 50
 """A byte figure beyond +-1 PiB is not a reading: the line is skipped as impossible."""
 FIGURES = ("step", "time", "process_bytes", "reserved_bytes", "peak_bytes", "headroom_bytes", "device_total_bytes")
-"""The values a shape's pattern captures, in this order: all RankHistory.add_samples folds."""
+"""The values a shape's pattern captures (the time as two groups: its whole seconds and its decimals):
+all a batch of samples adds to RankHistory."""
+COLUMNS = ("step", "seconds", "decimals", "process_bytes", "reserved_bytes", "peak_bytes", "headroom_bytes",
+           "device_total_bytes")
+"""A shape's captured groups, in SampleShape.order's order (after the line itself, before another line)."""
 MAX_KEYS = 64
 """A record with more keys is read the slow way (a shape's lines stay far below MAX_LINE_BYTES)."""
 
@@ -35,31 +43,114 @@ _SCALAR = rb"(?:" + _NUMBER + rb"|" + _STRING + rb"|true|false|null)"
 _BYTES = rb"(?:null|0|[1-9]\d{0,14})"  # < 10^15 < 1 PiB (MAX_LOGGED_BYTES)
 _SIGNED_BYTES = rb"(?:null|-?(?:0|[1-9]\d{0,14}))"  # headroom may be negative
 _STEP = rb"(?:0|[1-9]\d{0,11})"  # < 10^12 (MAX_STEP)
-_TIME = rb"(?:0|[1-9]\d{0,10})(?:\.\d{1,9})?"  # 0 <= time < 10^11
+_TIME = rb"((?:0|[1-9]\d{0,10}))\.(\d{1,9})"  # 0 <= time < 10^11, as json.dumps writes a float: two groups
 _KEY = re.compile(r"[ !#-\[\]-~]{1,200}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleFigures:
+    """What consecutive `sample` lines of one shape add to a rank's history: the same as each record
+    folded in turn (RankHistory.add)."""
+
+    last_step: int
+    """The highest step among them."""
+    started: float
+    """The earliest time among them."""
+    peak_bytes: int | None
+    """The highest process peak (run_history.sample_peak_bytes) among them."""
+    min_headroom_bytes: int | None
+    """The least headroom among them."""
+    device_total_bytes: int | None
+    """The largest device total among them."""
 
 
 @dataclass(frozen=True)
 class SampleShape:
-    """One layout of `sample` lines: its keys in order, its run id, and the pattern of a chunk's lines
-    (one match a line: the FIGURES of a line of this shape, or all empty for any other line)."""
+    """One layout of `sample` lines: its keys in order, its run id, and the pattern of a chunk's lines:
+    one match a line, whose groups are the line itself and its figures for a line of this shape, or
+    all empty but the last, the line itself, for any other line."""
 
     signature: tuple[Any, ...]
     run: str
     pattern: re.Pattern[bytes]
     order: tuple[int, ...]
-    """Where each of FIGURES is among a match's groups."""
+    """Where each of COLUMNS is among a match's groups."""
 
-    def matches(self, data: bytes, end: int, lines: int) -> list[tuple[bytes, ...]] | None:
-        """One tuple of groups per line of data[:end] (`lines` lines without their newline, joined by
-        b"\\n"): all empty for a line of another shape. None if the lines and matches do not pair up."""
-        found = self.pattern.findall(data, 0, end)
-        return found if len(found) == lines else None
+    def fold(self, groups: list[tuple[bytes, ...]]) -> SampleFigures:
+        """The figures of lines of this shape (checked by its pattern), from their matches' `groups`
+        (zip(*matches): one tuple per group, the lines themselves first), folded."""
+        text = b" ".join(map(b" ".join, groups[1:1 + len(COLUMNS)]))  # JSON integers (the decimals as digits)
+        if b"n" in text:  # a null byte figure (CPU runs have no device figures): as an integer no figure is
+            text = text.replace(NULL, _NULL_TEXT)
+        values = _integers(text, len(COLUMNS), len(groups[0]))
+        if values is not None:
+            return self._fold_array(values, groups)
+        return self._fold_columns(groups)
 
-    def figures(self, rows: list[tuple[bytes, ...]]) -> list[tuple[bytes, ...]]:
-        """The FIGURES of matched `rows` as columns, in FIGURES' order."""
-        columns = list(zip(*rows))
-        return [columns[i] for i in self.order]
+    def _fold_array(self, values, groups: list[tuple[bytes, ...]]) -> SampleFigures:
+        import numpy as np
+
+        step, seconds, _, process, reserved, peak, headroom, total = (values[i - 1] for i in self.order)
+        whole, decimals = groups[self.order[1]], groups[self.order[2]]
+        first = np.flatnonzero(seconds == seconds.min()).tolist()  # the earliest second's lines, read exactly
+        started = min(float(whole[i] + b"." + decimals[i]) for i in first)
+        # run_history.peak_of, a line at a time: with a null figure, the peak or the process figure (null if
+        # that is); else process + max(0, peak - reserved), which is max(process, process + peak - reserved).
+        # (Each figure is under 2^50 and a null -2^62: no sum here leaves int64.)
+        no_reserved, no_peak = reserved == _NULL_VALUE, peak == _NULL_VALUE
+        known = ~no_reserved & ~no_peak & (process != _NULL_VALUE)
+        peaks = np.where(no_reserved, np.where(no_peak, process, peak),
+                         np.where(known, np.maximum(process, process + (peak - reserved)), process))
+        return SampleFigures(last_step=int(step.max()), started=started, peak_bytes=_highest(peaks),
+                             min_headroom_bytes=_lowest(headroom), device_total_bytes=_highest(total))
+
+    def _fold_columns(self, groups: list[tuple[bytes, ...]]) -> SampleFigures:
+        """As _fold_array, one value at a time (without numpy)."""
+        from memplan.commands.run_history import peak_of
+
+        step, seconds, decimals, process, reserved, peak, headroom, total = (groups[i] for i in self.order)
+        started = min(map(float, map(b".".join, zip(seconds, decimals))))
+        highest = max((p for p in map(peak_of, *(map(_integer, c) for c in (process, reserved, peak)))
+                       if p is not None), default=None)
+        lowest = min((int(v) for v in headroom if v != NULL), default=None)
+        largest = max((int(v) for v in set(total) if v != NULL), default=None)
+        return SampleFigures(last_step=max(map(int, step)), started=started, peak_bytes=highest,
+                             min_headroom_bytes=lowest, device_total_bytes=largest)
+
+
+NULL = b"null"
+_NULL_VALUE = -(1 << 62)
+"""A null byte figure in SampleShape.fold's array: below any figure a line of a shape can hold (+-2^50)."""
+_NULL_TEXT = str(_NULL_VALUE).encode()
+
+
+def _highest(column) -> int | None:
+    """The largest of a column of SampleShape.fold's array, nulls left out (None if all are)."""
+    known = column[column != _NULL_VALUE]
+    return int(known.max()) if known.size else None
+
+
+def _lowest(column) -> int | None:
+    known = column[column != _NULL_VALUE]
+    return int(known.min()) if known.size else None
+
+
+def _integer(text: bytes) -> int | None:
+    return None if text == NULL else int(text)
+
+
+def _integers(text: bytes, rows: int, columns: int):
+    """The integers of `text` (space-separated, each within +-2^62) as a rows x columns int64 array,
+    exact, or None without numpy (or where they do not make rows x columns)."""
+    try:
+        import numpy as np
+    except ImportError:  # (a dependency of matplotlib's: only a broken install lands here)
+        return None
+    try:
+        values = np.fromstring(text, dtype=np.int64, sep=" ")
+    except ValueError:  # (never: the pattern admits only integers)
+        return None
+    return values.reshape(rows, columns) if values.size == rows * columns else None
 
 
 _SHAPES: dict[tuple[Any, ...], SampleShape | None] = {}
@@ -82,7 +173,8 @@ def sample_shape(record: dict[str, Any]) -> SampleShape | None:
 
 def _build(record: dict[str, Any], signature: tuple[Any, ...]) -> SampleShape | None:
     run = record.get("run")
-    if record.get("event") != "sample" or type(run) is not str or "time" not in record or len(record) > MAX_KEYS:
+    if record.get("event") != "sample" or type(run) is not str or type(record.get("time")) is not float \
+            or len(record) > MAX_KEYS:
         return None
     if not all(f in record for f in FIGURES[2:]):
         return None
@@ -98,8 +190,8 @@ def _build(record: dict[str, Any], signature: tuple[Any, ...]) -> SampleShape | 
                 return None
             parts.append(name + re.escape(json.dumps(run).encode()))
         elif key in FIGURES:
-            kind = {"step": _STEP, "time": _TIME, "headroom_bytes": _SIGNED_BYTES}.get(key, _BYTES)
-            parts.append(name + b"(" + kind + b")")
+            kind = {"step": _STEP, "headroom_bytes": _SIGNED_BYTES}.get(key, _BYTES)
+            parts.append(name + (_TIME if key == "time" else b"(" + kind + b")"))
         elif key[-6:] == "_bytes":
             parts.append(name + (_SIGNED_BYTES if key[-14:] == "headroom_bytes" else _BYTES))
         elif key in DICT_FIELDS:
@@ -109,9 +201,9 @@ def _build(record: dict[str, Any], signature: tuple[Any, ...]) -> SampleShape | 
         else:  # this line's own value first (most repeat line after line: a fifth less matching), then any
             parts.append(name + b"(?:" + re.escape(json.dumps(value).encode()) + b"|" + _typed(value)[3:])
     line = rb"\{" + rb", ".join(parts) + rb"\}"
-    groups = [k for k in record if k in FIGURES]  # findall gives the groups in the line's order
-    order = tuple(groups.index(f) for f in FIGURES)
-    return SampleShape(signature, run, re.compile(rb"^(?:" + line + rb")$|^.*$", re.M), order)
+    groups = ["line", *(c for k in record if k in FIGURES for c in (("seconds", "decimals") if k == "time" else (k,)))]
+    order = tuple(groups.index(c) for c in COLUMNS)  # (findall gives the groups in the line's order)
+    return SampleShape(signature, run, re.compile(rb"^(" + line + rb")$|^(.*)$", re.M), order)
 
 
 def _typed(value: Any) -> bytes:

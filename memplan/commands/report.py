@@ -4,14 +4,19 @@ memory over steps, a summary of what happened and why, and a live per-rank table
 """
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memplan.commands.run_logs import OTHER_RUNS_SHOWN, RankHistory, RunLogs, age, describe_skipped
+from memplan.commands import args as arg
 from memplan.units import GiB, format_bytes
+
+if TYPE_CHECKING:  # (run_logs loads when a command reads logs, not for `memplan --help`)
+    from memplan.commands.run_logs import RankHistory, RunLogs
 
 
 def shared_changes(histories: list[RankHistory]) -> list[dict[str, Any]]:
@@ -41,6 +46,8 @@ def change_label(change: dict[str, Any]) -> str:
 
 def context_lines(logs: RunLogs) -> list[str]:
     """Which run and folder are shown, what else is there, and what could not be read (plain text)."""
+    from memplan.commands.run_logs import OTHER_RUNS_SHOWN, describe_skipped
+
     run = logs.run
     ranks = len(logs.histories)
     lines = [f"run {run.run} in {logs.folder}: {ranks} rank{'s' if ranks != 1 else ''}, up to step {run.last_step}, "
@@ -274,6 +281,8 @@ def watch_view(logs: RunLogs, now: float | None = None):
     from rich.markup import escape
     from rich.table import Table
 
+    from memplan.commands.run_logs import age
+
     now = time.time() if now is None else now
     histories = logs.histories
     table = Table(title=escape(f"memplan watch: run {logs.run.run}"), title_justify="left")
@@ -321,3 +330,40 @@ def plain_line(rank: int, sample: dict[str, Any]) -> str:
                                           f"{' ckpt' if sample.get('gradient_checkpointing') else ''}")
     return (f"{stamp} rank {rank} step {sample.get('step')}: process {_fmt(sample.get('process_bytes'))}, "
             f"device {device}, headroom {_fmt(sample.get('headroom_bytes'))}, micro-batch {layout}")
+
+
+# --- the command: `memplan report` -------------------------------------------------------------
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("report", help="plot and summarise a run's MemoryPlanner logs (memory per rank, changes, OOMs)")
+    p.add_argument("log_dir", help="the run's log directory (lightning_logs/, a version_N folder, or its memplan/ "
+                   "folder holding rank<R>.jsonl)")
+    p.add_argument("--output", default=None, help="PNG to write (default: LOG_DIR/memplan_report.png, else "
+                   "./memplan_report.png when LOG_DIR is read-only)")
+    arg.add_run_choice(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from memplan.commands.output import console as output_console
+    from memplan.commands.run_logs import NoRankLogs, load_run
+
+    try:  # (matplotlib imported while worker processes read a large folder)
+        logs = load_run(args.log_dir, version=args.version, run=args.run_id, meanwhile=prepare_plot)
+    except NoRankLogs as err:
+        return arg.usage_error(str(err))
+    try:  # before anything prints: a read-only folder is one clear line, not a crash after the summary
+        path, note = output_path(args.output, args.log_dir)
+    except OSError as err:
+        return arg.usage_error(str(err))
+    console = output_console()
+    for renderable in summary_renderables(logs):
+        console.print(renderable)
+    if note:
+        print(f"memplan: {note}", file=sys.stderr)
+    try:
+        plot(logs.histories, path)
+    except OSError as err:
+        print(f"memplan: could not write {path}: {err.strerror or err}; pass --output PATH", file=sys.stderr)
+        return arg.EXIT_ERROR
+    print(f"wrote {path}")
+    return arg.EXIT_OK

@@ -1,18 +1,21 @@
 """One rank's records of one run, folded as they are read (memplan.commands.log_reader feeds it):
 figures over every sample, a thinned set of samples for the plot, and the other events.
 
-Records arrive either parsed (a dict) or, from the reader's fast path, as the raw line with the few
-figures the fold needs already taken out of it (`add_samples`). Raw lines are decoded only when shown:
+Records arrive either parsed (a dict) or, from the reader's fast path, as raw lines with the few
+figures the fold needs already folded over them (`add_samples`). Raw lines are decoded only when shown:
 the plot's samples and the latest records, a few thousand lines of a million.
 """
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import add, sub
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memplan.commands.log_scan import SampleFigures
 
 PLOT_POINTS = 1024
 """Samples kept per rank for the plot (1024 to 2048): every k-th, k doubling as the run grows. The PNG
@@ -21,7 +24,6 @@ EVENTS_KEPT = 256
 """Records of one kind (changes, OOM retries, ...) kept per rank; past it they are counted, and the
 latest replaces the last one kept."""
 
-NULL = b"null"
 Record = dict[str, Any]
 
 
@@ -29,10 +31,11 @@ def sample_peak_bytes(sample: Record) -> int | None:
     """A sample's process peak, as memplan.hardware.readings.MemoryReading.process_peak_bytes: on a GPU
     NVML's figure plus what torch held above now at the interval's peak; on CPU the peak RSS."""
     process, reserved, peak = sample.get("process_bytes"), sample.get("reserved_bytes"), sample.get("peak_bytes")
-    return _peak(process, reserved, peak)
+    return peak_of(process, reserved, peak)
 
 
-def _peak(process: int | None, reserved: int | None, peak: int | None) -> int | None:
+def peak_of(process: int | None, reserved: int | None, peak: int | None) -> int | None:
+    """sample_peak_bytes from the three figures."""
     if reserved is None:
         return peak if peak is not None else process
     if process is None or peak is None:
@@ -155,29 +158,20 @@ class RankHistory:
                 self._samples.append(latest)
                 self._latest_extra = True
 
-    def add_samples(self, columns: list[tuple[bytes, ...]], lines: list[bytes]) -> None:
+    def add_samples(self, figures: SampleFigures, lines: Sequence[bytes]) -> None:
         """Fold in consecutive `sample` records the reader's fast path checked: `lines` (raw, kept
-        undecoded) and `columns` of their figures as JSON text: step, time, process, reserved, peak,
-        headroom and device total bytes (a figure may be b"null"). The same result as add() of each
+        undecoded) and their `figures` (log_scan.SampleShape.fold). The same result as add() of each
         record in turn."""
         if not lines:
             return
-        _, _, process, reserved, peak, headroom, total = columns
-        if NULL in process or NULL in reserved or NULL in peak:
-            highest = max((p for p in map(_peak, *(_ints(c) for c in (process, reserved, peak))) if p is not None),
-                          default=None)
-        else:  # process + max(0, peak - reserved) is max(process, process + peak - reserved): no call a line
-            p = list(map(int, process))
-            highest = max(max(p), max(map(add, p, map(sub, map(int, peak), map(int, reserved)))))
-        lowest = min(_ints(headroom, skip_null=True), default=None)
-        self._fold(highest, lowest)
-        largest = max(_ints(tuple(set(total)), skip_null=True), default=None)  # (one total, a million times)
+        self._fold(figures.peak_bytes, figures.min_headroom_bytes)
+        largest = figures.device_total_bytes
         if largest and (self.device_total_bytes is None or largest > self.device_total_bytes):
             self.device_total_bytes = largest
         self._thin_in(lines)
         self._last = self._last_sample = lines[-1]
 
-    def _thin_in(self, lines: list[bytes]) -> None:
+    def _thin_in(self, lines: Sequence[bytes]) -> None:
         """Keep every sample_stride-th of `lines` (numbered on from sample_count), thinning as add()
         does, with the latest last."""
         start, n = self.sample_count, len(lines)
@@ -238,13 +232,6 @@ class RankHistory:
         """When the rank's log closed (its `end` record's time); +inf while it runs or when unknown."""
         when = self.ends[-1].get("time") if self.ends else self.fatals[-1].get("time") if self.fatals else None
         return float(when) if isinstance(when, (int, float)) else math.inf
-
-
-def _ints(column: tuple[bytes, ...], *, skip_null: bool = False):
-    """JSON integers (or b"null") as ints (None); b"null" left out with skip_null."""
-    if skip_null:
-        return map(int, column) if NULL not in column else (int(v) for v in column if v != NULL)
-    return map(int, column) if NULL not in column else (None if v == NULL else int(v) for v in column)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,7 +4,7 @@ Before anything runs, the estimate is held to the memory free where the steps wi
 the host's RAM (psutil's `available`, within the cgroup's limit) and, on a GPU, the device's free memory
 (NVML). A setting the estimate says cannot fit is refused with the figures; `--force` runs it anyway.
 
-The measurement runs in a fresh process (`python -m memplan.commands.validate --measure ...`) so that the
+The measurement runs in a fresh process (memplan.commands.measurement) so that the
 caching allocator and the CUDA context start clean. On a GPU it reads torch's max_memory_allocated /
 reserved and NVML's per-process peak (memplan.truth.measure_cuda_peak), and saves the
 measured CUDA context as a calibration (memplan.estimator.calibration); on CPU it reads the profiler's peak
@@ -17,62 +17,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-MEASURE_MARKER = "MEMPLAN_MEASUREMENT "
-"""Prefix of the child's one result line on stdout (the model's own prints may precede it)."""
+from memplan.commands import args as arg
+from memplan.commands.measurement import Measurement, Setting, measure_in_subprocess
+from memplan.plan import MAX_BATCH_SIZE
+
+MAX_VALIDATE_STEPS = 1000
+"""`validate --steps` at most: it compares an estimate with a few real steps, not a training run."""
 CPU_GOAL_PCT = 3.0
 """Worst error allowed on CPU, either way."""
 GPU_OVER_PCT, GPU_UNDER_PCT = 6.0, 2.0
 """Worst over- and under-estimate allowed on a GPU."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Setting:
-    """What to run: the config at one per-device setting."""
-
-    config: str
-    """Path of the LightningCLI config."""
-    batch_size: int
-    """Micro-batch size per device."""
-    precision: str
-    """Lightning precision string."""
-    checkpointing: bool = False
-    """Checkpoint each repeated block."""
-    steps: int = 2
-    """Real training steps to run (the second is the steady state)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"batch size must be a positive integer; got {self.batch_size!r}")
-        if not isinstance(self.steps, int) or self.steps < 2:
-            raise ValueError(f"--steps must be at least 2 (step 1 warms up, the peak is read over the "
-                             f"last); got {self.steps!r}")
-
-    def argv(self) -> list[str]:
-        out = [self.config, "--batch-size", str(self.batch_size), "--precision", self.precision,
-               "--steps", str(self.steps)]
-        return out + (["--checkpointing"] if self.checkpointing else [])
-
-
-@dataclass(frozen=True, kw_only=True)
-class Measurement:
-    """What the fresh process saw (bytes)."""
-
-    device: Literal["cpu", "cuda"]
-    """Where the steps ran."""
-    max_allocated: int
-    """CPU: the profiler's peak allocation; GPU: torch.cuda.max_memory_allocated over the last step."""
-    max_reserved: int | None = None
-    """torch.cuda.max_memory_reserved (GPU only)."""
-    nvml_process_peak: int | None = None
-    """NVML's per-process peak (GPU only; None where NVML cannot see the process)."""
-    gpu: dict | None = None
-    """The calibration key and compute capability of the GPU (GPU only)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,17 +160,6 @@ def check_room(estimate, device: str, *, force: bool, stream=None) -> tuple[Room
     return None
 
 
-def measure_in_subprocess(setting: Setting) -> Measurement:
-    """Run the steps in a fresh `python -m memplan.commands.validate --measure` and read its result line."""
-    cmd = [sys.executable, "-m", "memplan.commands.validate", "--measure", *setting.argv()]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(MEASURE_MARKER)]
-    if done.returncode != 0 or not lines:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-        raise RuntimeError(f"the measurement process failed (exit {done.returncode}): {' '.join(cmd)}\n{tail}")
-    return Measurement(**json.loads(lines[-1][len(MEASURE_MARKER):]))
-
-
 def estimate_for(loaded, setting: Setting, device: str):
     """The estimate the run is held to: CPU, or the local GPU."""
     return loaded.estimate(setting.batch_size, precision=setting.precision,
@@ -251,49 +198,109 @@ def report_lines(rows: Sequence[Row], device: str) -> list[str]:
     return lines
 
 
-# --- the child: run the steps, print one result line -------------------------------------------
-def _measure(setting: Setting) -> Measurement:
+# --- the command: `memplan validate` -----------------------------------------------------------
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("validate", help="run real training steps on this machine and compare with the estimate")
+    p.add_argument("config", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
+    p.add_argument("--batch-size", type=arg.positive_int("--batch-size", "samples per device", MAX_BATCH_SIZE), default=None,
+                   help="micro-batch size per device (default: the plan's, else the config's data batch size)")
+    p.add_argument("--plan", default=None, help="a plan file from memplan suggest --output (*.plan.json): "
+                   "its micro-batch, precision and checkpointing")
+    p.add_argument("--precision", type=arg.precision("--precision"), default=None, help="Lightning precision or "
+                   "alias (default: the plan's, "
+                   "else the config's trainer.precision, else 32-true)")
+    p.add_argument("--checkpointing", action="store_true", help="checkpoint each repeated block")
+    p.add_argument("--steps", type=arg.positive_int("--steps", "real training steps", MAX_VALIDATE_STEPS), default=2,
+                   help=f"real training steps to run, 1 to {MAX_VALIDATE_STEPS} (default 2)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON (bytes as ints)")
+    p.add_argument("--force", action="store_true", help="run even when the estimate exceeds the memory free "
+                   "on this host (or GPU); without it validate refuses, with the figures")
+    p.set_defaults(run=run)
+
+
+def _read_plan(path: str):
+    """The plan file of `validate --plan`, every failure a ValueError naming the flag and the file."""
+    from memplan.files import PLAN_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
+    from memplan.plan import Plan
+
+    try:
+        data = json.loads(read_bounded(path, limit_bytes=PLAN_MAX_BYTES, name="--plan").decode("utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"--plan {path}: no such file; write one with "
+                         "`memplan suggest ... --output planned.yaml`") from None
+    except (NotAFile, FileTooLarge) as err:
+        raise ValueError(str(err)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"--plan {path}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--plan {path} is not JSON ({err}); pass the *.plan.json `memplan suggest` wrote") from None
+    try:
+        return Plan.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"--plan {path}: {err}") from None
+
+
+def run(args: argparse.Namespace) -> int:
     import torch
 
+    from memplan.estimator.calibration import calibration_path, save_calibration
     from memplan.config import load_config
-    from memplan.truth import measure_cpu_peak, measure_cuda_peak
-    from memplan.estimator.step import map_tensors
 
-    loaded = load_config(setting.config)
-    batch = loaded.example_batch(setting.batch_size)  # the data module is built outside the measurement
-
-    def make_batch():  # a fresh copy, so the batch's bytes are allocated inside the measurement
-        return map_tensors(batch, lambda t: t.clone())
-
-    kwargs = dict(optimizer=loaded.optimizer, precision=setting.precision,
-                  checkpointing=setting.checkpointing, steps=setting.steps)
-    if not torch.cuda.is_available():
-        return Measurement(device="cpu", max_allocated=measure_cpu_peak(loaded.build_model, make_batch, **kwargs))
-    from memplan.estimator.calibration import current_key
-
-    got = measure_cuda_peak(loaded.build_model, make_batch, **kwargs)
-    key = current_key()
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    gpu = None if key is None else {"key": key.__dict__, "compute_capability": [props.major, props.minor]}
-    return Measurement(device="cuda", max_allocated=got.max_allocated, max_reserved=got.max_reserved,
-                       nvml_process_peak=got.nvml_process_peak, gpu=gpu)
-
-
-def _child_main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m memplan.commands.validate",
-                                description="internal: measure one setting and print one JSON line")
-    p.add_argument("--measure", action="store_true", required=True)
-    p.add_argument("config")
-    p.add_argument("--batch-size", type=int, required=True)
-    p.add_argument("--precision", required=True)
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--checkpointing", action="store_true")
-    args = p.parse_args(argv)
-    setting = Setting(config=args.config, batch_size=args.batch_size, precision=args.precision,
-                      checkpointing=args.checkpointing, steps=args.steps)
-    print(MEASURE_MARKER + json.dumps(_measure(setting).__dict__), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main())
+    if args.plan and args.batch_size is not None:
+        return arg.usage_error("pass --batch-size or --plan, not both")
+    try:
+        loaded = load_config(args.config)
+        plan = _read_plan(args.plan) if args.plan else None
+        wrong_model = loaded.plan_mismatch(plan, plan_name=f"--plan {args.plan}") if plan else None
+        if wrong_model is not None:
+            return arg.usage_error(wrong_model)
+        batch_size = plan.micro_batch_size if plan else args.batch_size or loaded.data_batch_size
+        if batch_size is None:
+            return arg.usage_error("the config has no data batch size; pass --batch-size N or --plan FILE")
+        setting = Setting(
+            config=args.config, batch_size=batch_size, steps=args.steps,
+            precision=args.precision or (plan.precision if plan else None) or loaded.trainer_precision or "32-true",
+            checkpointing=args.checkpointing or bool(plan and plan.gradient_checkpointing),
+        )
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if plan is not None and (plan.gpu_name == "cpu") != (device == "cpu"):
+            print(f"memplan: note: --plan {args.plan} was made for {plan.world_size} x {plan.gpu_name}; validate runs "
+                  f"its micro-batch in one process on {device} here: it checks the estimate on {device}, not that "
+                  f"the plan fits {plan.gpu_name}", file=sys.stderr)
+        est = estimate_for(loaded, setting, device)
+    except (OSError, ValueError) as err:  # ConfigError and EstimateError are ValueErrors naming the field
+        return arg.usage_error(str(err))
+    rooms = check_room(est, device, force=args.force)
+    if rooms is None:
+        return arg.EXIT_ERROR
+    try:
+        measured = measure_in_subprocess(setting)
+    except RuntimeError as err:
+        print(f"memplan: {err}", file=sys.stderr)
+        return arg.EXIT_ERROR
+    rows = compare(est, measured)
+    calibration = calibration_from(measured)
+    saved = save_calibration(calibration, calibration_path()) if calibration is not None else None
+    if measured.device == "cpu":
+        calib_line = "CPU run: no CUDA context to calibrate; nothing saved"
+    elif saved is None:
+        calib_line = "GPU run, but NVML could not see this process: no calibration saved"
+    else:
+        calib_line = (f"saved calibration to {saved}: CUDA context {calibration.context_bytes} bytes, "
+                      f"allocator overhead {calibration.allocator_overhead:.4f} ({calibration.key.as_str()})")
+    failed = any(not r.within_goal for r in rows)
+    if args.json:
+        print(json.dumps({"setting": setting.__dict__, "device": measured.device, "estimate": est.to_dict(),
+                          "measurement": measured.__dict__,
+                          "rows": [dict(r.__dict__, error_pct=r.error_pct) for r in rows],
+                          "within_goal": not failed, "room": [room.to_dict() for room in rooms],
+                          "calibration": calibration.to_dict() if calibration else None}, indent=2))
+    else:
+        print(f"validate {args.config}: batch {setting.batch_size}, {setting.precision}, checkpointing "
+              f"{'on' if setting.checkpointing else 'off'}, {setting.steps} steps on {measured.device}")
+        print("\n".join(report_lines(rows, measured.device)))
+        print(calib_line)
+    if failed:  # the loud line goes to stderr too, so --json and pipes still show it
+        print("memplan: " + report_lines(rows, measured.device)[-1], file=sys.stderr)
+        return arg.EXIT_ERROR
+    return arg.EXIT_OK

@@ -8,10 +8,7 @@ first time `example_batch` needs it.
 from __future__ import annotations
 
 import contextlib
-import copy
-import difflib
 import functools
-import importlib
 import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -20,18 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import nn
 
 from memplan.batching import resize_batch
 from memplan.config.blame import blamed
 from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
 from memplan.config.errors import ConfigError
+from memplan.config.first_batch import first_batch
 from memplan.config.sections import check_sections
-from memplan.files import CONFIG_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
 from memplan.config.settings import MAX_PREFETCH_FACTOR, MAX_WORKERS, MemplanSettings, normalize_precision
+from memplan.config.trainer_checks import (check_accelerator, check_seed, check_strategy, device_count, positive_int,
+                                          trainer_class)
+from memplan.config.yaml_file import expand_dotted, merge_overrides, read_yaml
 from memplan.estimator import EstimateError, MemoryEstimate, estimate
-from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, MAX_NODES, check_count
+from memplan.plan import MAX_BATCH_SIZE, check_count
 
 BATCH_SIZE_ARGS = ("batch_size", "train_batch_size")
 """init_args names that hold the per-GPU (micro-)batch size, looked for in this order."""
@@ -252,7 +251,7 @@ class LoadedConfig:
     def _datamodule_scan(self) -> tuple[Any, str | None]:
         if self.data is None:  # load_config refuses a config with neither
             raise ConfigError("data", "no data: section and no memplan.batch_spec")
-        return _first_batch(self.data)
+        return first_batch(self.data)
 
 
 _EMPTY = inspect.Parameter.empty
@@ -266,9 +265,9 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     Raises ConfigError (a ValueError, exit_code 2) naming the key at fault and the fix.
     """
     path = Path(path)
-    raw = _read_yaml(path)
+    raw = read_yaml(path)
     if overrides:
-        raw = _merge(raw, _expand_dotted(overrides))
+        raw = merge_overrides(raw, expand_dotted(overrides))
     check_sections(raw, path)
     if "model" not in raw:
         raise ConfigError("model", (
@@ -294,20 +293,20 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     trainer = raw.get("trainer") or {}
     if not isinstance(trainer, Mapping):
         raise ConfigError("trainer", f"trainer must be a mapping of Trainer arguments; got {trainer!r}")
-    devices = _device_count(trainer.get("devices", "auto"))
-    nodes = _positive_int(trainer, "num_nodes")
+    devices = device_count(trainer.get("devices", "auto"))
+    nodes = positive_int(trainer, "num_nodes")
     if trainer.get("precision") is not None:
         normalize_precision(trainer["precision"], name="trainer.precision")
-    _check_seed(raw.get("seed_everything"))
-    _check_accelerator(trainer.get("accelerator"), model.cls)
-    _check_strategy(trainer.get("strategy"), model.cls)
+    check_seed(raw.get("seed_everything"))
+    check_accelerator(trainer.get("accelerator"), model.cls)
+    check_strategy(trainer.get("strategy"), model.cls)
     others = {k: v for k, v in trainer.items()
               if k not in ("devices", "num_nodes", "accumulate_grad_batches", "precision", "accelerator", "strategy")}
-    check_arguments(_trainer_class(model.cls), others, "trainer")
+    check_arguments(trainer_class(model.cls), others, "trainer")
     loaded = LoadedConfig(
         path=path, raw=raw, settings=settings, model=model, data=data, optimizer_section=optimizer,
         trainer=dict(trainer), trainer_world_size=None if devices is None else devices * nodes,
-        accumulate_grad_batches=_positive_int(trainer, "accumulate_grad_batches"),
+        accumulate_grad_batches=positive_int(trainer, "accumulate_grad_batches"),
     )
     found = loaded.batch_size_arg
     if found is not None and loaded.data_batch_size is not None and not 1 <= loaded.data_batch_size <= MAX_BATCH_SIZE:
@@ -322,234 +321,3 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     if optimizer is not None:  # its own checks (a negative lr ...) before any trace: on one parameter
         loaded._build_optimizer([nn.Parameter(torch.zeros(1))])
     return loaded
-
-
-# --- YAML -------------------------------------------------------------------------------------------
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """Reads YAML as LightningCLI does (jsonargparse's loader): `1e-3` is a float, not the string
-    YAML 1.1 makes it, and dates stay strings."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"""^(?:
-    [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+][0-9]+)?
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = read_bounded(path, limit_bytes=CONFIG_MAX_BYTES, name="config file").decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError("", f"config file {path} does not exist; pass the YAML you give "
-                          "LightningCLI's --config") from None
-    except (NotAFile, FileTooLarge) as err:
-        raise ConfigError("", str(err)) from None
-    except OSError as err:
-        raise ConfigError("", f"cannot read config file {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError("", f"config file {path} is not UTF-8 text (byte {err.start}); pass the YAML you give "
-                          "LightningCLI's --config") from None
-    try:
-        data = yaml.load(text, Loader=_Loader)
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        what = err.problem or "invalid YAML"
-        if err.context and err.context_mark and err.context_mark is not mark:
-            what = f"{what} ({err.context} started at line {err.context_mark.line + 1})"
-        line = f"line {mark.line + 1}" if mark else "the line shown"
-        raise ConfigError("", f"{where}: YAML syntax error at {line}: {what}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError("", f"{path}: YAML error: {err}") from None
-    if not isinstance(data, dict):
-        raise ConfigError("", f"{path} must hold a YAML mapping (model:, data:, trainer:, memplan:); got "
-                          f"{'an empty file' if data is None else type(data).__name__}")
-    return data
-
-
-def _expand_dotted(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        *parents, leaf = str(key).split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = _expand_dotted(value) if isinstance(value, Mapping) else value
-    return out
-
-
-def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    merged = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _merge(dict(merged[key]), value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
-
-
-# --- trainer -----------------------------------------------------------------------------------------
-def _device_count(devices: Any) -> int | None:
-    """GPUs per node from trainer.devices as Lightning parses it; None when the machine decides."""
-    if devices is None or devices == "auto" or devices == -1 or devices == "-1":
-        return None
-    count = None
-    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
-        count = devices
-    elif isinstance(devices, list) and devices:
-        count = len(devices)
-    elif isinstance(devices, str):
-        text = devices.strip()
-        if "," in text and all(p.strip().isdigit() for p in text.split(",") if p.strip()):
-            count = len([p for p in text.split(",") if p.strip()])
-        elif text.isdigit() and len(text) < 10 and int(text) > 0:
-            count = int(text)
-    if count is not None:
-        if count > MAX_GPUS_PER_NODE:
-            shown = repr(devices) if len(repr(devices)) <= 40 else f"{count} devices"
-            raise ConfigError("trainer.devices", (
-                f"trainer.devices is per node and must be at most {MAX_GPUS_PER_NODE} devices; got {shown}. For more "
-                "GPUs, set trainer.num_nodes"))
-        return count
-    raise ConfigError("trainer.devices", (
-        "trainer.devices must be a positive number of devices, a list of device indices, 'auto' or -1; "
-        f"got {devices!r}"))
-
-
-def _trainer_class(model_cls: type) -> type:
-    """The Trainer of the Lightning package the model is written for (lightning.pytorch or pytorch_lightning)."""
-    if any(c.__module__.startswith("lightning.pytorch") for c in model_cls.__mro__):
-        from lightning.pytorch import Trainer
-    else:
-        from pytorch_lightning import Trainer
-    return Trainer
-
-
-SEED_RANGE = (0, 2**32 - 1)
-"""The seeds Lightning's seed_everything takes (numpy's uint32)."""
-PLANNED_ACCELERATORS = ("auto", "gpu", "cuda", "cpu")
-"""trainer.accelerator values memplan plans for: CUDA GPUs (and CPU, which it estimates)."""
-PLANNED_STRATEGY_CLASSES = ("DDPStrategy", "FSDPStrategy", "ModelParallelStrategy", "SingleDeviceStrategy")
-"""trainer.strategy class_path names memplan plans (DDP and FSDP, and one device)."""
-
-
-def _check_seed(seed: Any) -> None:
-    """seed_everything as LightningCLI takes it: true/false (a random seed or none) or an int seed."""
-    if seed is None or isinstance(seed, bool):
-        return
-    if not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise ConfigError("seed_everything", f"seed_everything must be true, false or an int seed from "
-                          f"{SEED_RANGE[0]} to {SEED_RANGE[1]}; got {seed!r}")
-
-
-def _lightning_package(model_cls: type) -> str:
-    return "lightning.pytorch" if any(c.__module__.startswith("lightning.pytorch") for c in model_cls.__mro__) \
-        else "pytorch_lightning"
-
-
-def _check_accelerator(accelerator: Any, model_cls: type) -> None:
-    """trainer.accelerator: one Lightning knows, and one memplan plans (CUDA GPUs, or CPU)."""
-    if accelerator is None or (isinstance(accelerator, str) and accelerator.lower() in PLANNED_ACCELERATORS):
-        return
-    if isinstance(accelerator, Mapping):  # an Accelerator class_path: its own business, if a CUDA one
-        name = str(accelerator.get("class_path", "")).rsplit(".", 1)[-1]
-        if name in ("CUDAAccelerator", "CPUAccelerator"):
-            return
-        raise ConfigError("trainer.accelerator", f"trainer.accelerator.class_path {name or '(missing)'!r}: memplan "
-                          "plans CUDA GPUs (CUDAAccelerator) and CPU; set trainer.accelerator to gpu or auto")
-    known = sorted(importlib.import_module(_lightning_package(model_cls) + ".accelerators")
-                   .AcceleratorRegistry.available_accelerators())
-    if isinstance(accelerator, str) and accelerator.lower() in known:
-        raise ConfigError("trainer.accelerator", f"trainer.accelerator {accelerator!r}: memplan plans CUDA GPUs "
-                          "(and estimates CPU), not this device; set trainer.accelerator to gpu or auto")
-    raise ConfigError("trainer.accelerator", f"trainer.accelerator must be one of {', '.join(PLANNED_ACCELERATORS)} "
-                      f"(Lightning knows {', '.join(known)}); got {accelerator!r}")
-
-
-def _check_strategy(strategy: Any, model_cls: type) -> None:
-    """trainer.strategy: one Lightning knows, and one memplan plans (DDP and its variants, FSDP, one
-    device, auto). Another would be replaced by the plan's strategy, which memplan never does silently."""
-    if strategy is None or strategy == "auto":
-        return
-    if isinstance(strategy, Mapping):
-        name = str(strategy.get("class_path", "")).rsplit(".", 1)[-1]
-        if name in PLANNED_STRATEGY_CLASSES:
-            return
-        raise ConfigError("trainer.strategy", f"trainer.strategy.class_path {name or '(missing)'!r}: memplan plans "
-                          f"{', '.join(PLANNED_STRATEGY_CLASSES)}; use one of them, or leave trainer.strategy out")
-    if not isinstance(strategy, str):
-        raise ConfigError("trainer.strategy", f"trainer.strategy must be a strategy name (e.g. ddp, fsdp) or a "
-                          f"class_path mapping; got {strategy!r}")
-    known = importlib.import_module(_lightning_package(model_cls) + ".strategies").StrategyRegistry.available_strategies()
-    planned = [k for k in known if k.startswith(("ddp", "fsdp")) or k == "single_device"]
-    if strategy in planned:
-        return
-    if strategy in known:
-        raise ConfigError("trainer.strategy", f"trainer.strategy {strategy!r}: memplan plans DDP and FSDP (ddp, ddp_spawn, "
-                          "fsdp, ... or auto), not this engine; its memory is not what memplan estimates")
-    close = difflib.get_close_matches(strategy, planned, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigError("trainer.strategy", f"trainer.strategy {strategy!r} is not a Lightning strategy{hint}; memplan "
-                      "plans ddp (and its variants: ddp_spawn, ddp_find_unused_parameters_true, ...), fsdp or auto")
-
-
-def _positive_int(trainer: Mapping[str, Any], name: str) -> int:
-    value = trainer.get(name, 1)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"trainer.{name}", f"trainer.{name} must be a positive int; got {value!r}")
-    try:
-        return check_count(value, name=f"trainer.{name}", low=1, high=MAX_NODES if name == "num_nodes" else MAX_BATCH_SIZE)
-    except ValueError as err:
-        raise ConfigError(f"trainer.{name}", str(err)) from None
-
-
-# --- the datamodule's batch --------------------------------------------------------------------------
-def _heaviest_batch(loader: Any) -> tuple[Any, str | None]:
-    """(the heaviest batch per sample of up to SCAN_BATCHES of `loader`, which one it is in words):
-    collate only, RNGs restored (memplan.shapes); the first batch where its size cannot be read."""
-    from memplan.batching import batch_size_of
-    from memplan.shapes import SCAN_BATCHES, SCAN_SECONDS, heaviest
-
-    try:
-        found = heaviest(loader, batch_size_of, max_batches=SCAN_BATCHES, seconds=SCAN_SECONDS)
-    except ValueError:
-        return next(iter(loader)), None
-    return found.batch, found.describe()
-
-
-def _first_batch(data: ClassSpec) -> tuple[Any, str | None]:
-    """The batch to plan with from the datamodule's train_dataloader(), loaded in this process: the
-    heaviest of its first batches for one loader (_heaviest_batch), the first of each of several."""
-    overrides: dict[str, Any] = {}
-    if data.signature_default("num_workers") is not _EMPTY:
-        overrides["num_workers"] = 0  # one batch needs no worker processes
-    if data.signature_default("pin_memory") is not _EMPTY:
-        overrides["pin_memory"] = False  # nor pinned memory (which warns on a machine without a GPU)
-    if data.signature_default("persistent_workers") is not _EMPTY:
-        overrides["persistent_workers"] = False  # torch refuses persistent workers without workers
-    step = f"{data.cls.__name__}(**data.init_args)"
-    try:
-        datamodule = data.instantiate(**overrides)
-        step = f"{data.cls.__name__}.setup('fit')"
-        datamodule.setup("fit")
-        step = f"{data.cls.__name__}.train_dataloader()"
-        loaders = datamodule.train_dataloader()
-        step = f"iterating {data.cls.__name__}.train_dataloader()"
-        if isinstance(loaders, Mapping):  # Lightning combines several loaders into one batch of each
-            return {name: next(iter(loader)) for name, loader in loaders.items()}, None
-        if isinstance(loaders, (list, tuple)):
-            return [next(iter(loader)) for loader in loaders], None
-        return _heaviest_batch(loaders)
-    except StopIteration:
-        raise ConfigError("data", f"data: {data.cls.__name__}.train_dataloader() yielded no batch; check "
-                          "data.init_args (an empty dataset, or drop_last with fewer samples than a batch)") from None
-    except Exception as err:  # the user's datamodule: report it as theirs, with its own message
-        raise ConfigError("data", (
-            f"data: {step} raised {type(err).__name__}: {err}. memplan takes one batch from the datamodule; "
-            "fix data.init_args, or describe the batch in memplan.batch_spec instead")) from err

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import _disable_current_modes
 
 from memplan.estimator.checkpointing import (
-    _WRAPPED, CheckpointArg, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
+    _WRAPPED, CheckpointArg, OwnCheckpointCalls, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
 )
 from memplan.estimator.composite import RealCompositePaths
 from memplan.estimator.ddp import ddp_bucket_bytes
@@ -29,9 +29,11 @@ from memplan.estimator.module_conversion import conversions_in_step
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator import manual
 from memplan.estimator.step import (
-    LossFn, Loop, PrecisionPolicy, check_loop, iter_tensors, map_tensors, run_training_step,
+    LossFn, Loop, PrecisionPolicy, StepOptions, check_loop, iter_tensors, map_tensors, run_training_step,
 )
-from memplan.estimator.target import GENERIC_CUDA, Target, resolve_target
+from memplan.estimator.target import (GENERIC_CUDA, check_precision_on_target, memory_model,
+                                      precision_lightning_runs, resolve_target, target_overheads)
+from memplan.estimator.trace_setting import TraceSetting
 from memplan.estimator.tracker import Category, Phase, StorageTracker
 from memplan.estimator.values import DataDependent, ValueResolver
 
@@ -84,16 +86,17 @@ def estimate(
         fsdp = fsdp or FsdpSettings()
         fsdp.check(world_size)
     target = resolve_target(device)
-    _check_precision_on_target(policy, target)
-    policy, precision_note = _precision_lightning_runs(policy, target, loop)
+    check_precision_on_target(policy, target)
+    policy, precision_note = precision_lightning_runs(policy, target, loop)
 
     started = time.perf_counter()
     group = fake_process_group(world_size) if strategy == "fsdp" else contextlib.nullcontext()
     with warnings.catch_warnings(), _quiet_fake_tensor_log(), group:
         warnings.filterwarnings("ignore", message=".*self.log.*")
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
-        trace = _Trace(model, batch, loss, optimizer, policy, checkpointing, target, strategy, loop, data_dependent,
-                       fsdp, world_size)
+        trace = _Trace(model, batch, loss, optimizer, TraceSetting(
+            policy=policy, checkpointing=checkpointing, target=target, strategy=strategy, loop=loop,
+            data_dependent=data_dependent, fsdp=fsdp, world_size=world_size))
         if precision_note:
             trace.notes.append(precision_note)
         trace.run()
@@ -122,33 +125,12 @@ def _check_strategy(strategy: str | None, world_size: int) -> None:
         raise EstimateError(f"world_size={world_size} needs strategy='ddp' or 'fsdp'")
 
 
-def _check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
-    uses_bf16 = torch.bfloat16 in (policy.autocast_dtype, policy.param_dtype)
-    if uses_bf16 and target.is_cuda and target.compute_capability < (8, 0):
-        major, minor = target.compute_capability
-        raise EstimateError(
-            f"precision {policy.precision!r} needs bf16, which {target.name} (sm{major}{minor}) does not "
-            "support (it needs compute capability 8.0+); use precision='16-mixed'"
-        )
-
-
-def _precision_lightning_runs(policy: PrecisionPolicy, target: Target, loop: Loop) -> tuple[PrecisionPolicy, str]:
-    """The precision the step runs in, and a note when it is not the one asked for: Lightning's
-    Trainer(accelerator="cpu", precision="16-mixed") runs bf16-mixed (AMP with float16 is not supported
-    on CPU: pytorch_lightning's _AcceleratorConnector._check_and_init_precision, Lightning 2.x). A plain
-    loop (loop="torch") runs what its own autocast says, float16 on CPU too."""
-    if policy.precision == "16-mixed" and not target.is_cuda and loop == "lightning":
-        return PrecisionPolicy.from_string("bf16-mixed"), (
-            "precision '16-mixed' on a CPU target: Lightning runs bf16-mixed there (AMP with float16 is not "
-            "supported on CPU), so the step was traced in bf16-mixed, as Lightning trains it")
-    return policy, ""
-
-
 class _Trace:
     """One estimate's trace: the fake model, the tracker, and the two steps."""
 
-    def __init__(self, model, batch, loss, optimizer, policy, checkpointing, target: Target, strategy, loop,
-                 data_dependent, fsdp: FsdpSettings | None = None, world_size: int = 1):
+    def __init__(self, model, batch, loss, optimizer, setting: TraceSetting):
+        policy, checkpointing, target, strategy = setting.policy, setting.checkpointing, setting.target, setting.strategy
+        loop, data_dependent, fsdp, world_size = setting.loop, setting.data_dependent, setting.fsdp, setting.world_size
         self.target = target
         self.loop = loop
         self.policy = policy
@@ -159,6 +141,7 @@ class _Trace:
         self.device = torch.device(target.trace_device)
         self.model = fake_model(model, self.fake_mode, device=self.device, param_dtype=policy.param_dtype)
         self.checkpointed = apply_checkpointing(self.model, checkpointing) if checkpointing else []
+        self.own_checkpoints = OwnCheckpointCalls()
         setting = as_setting(checkpointing) if checkpointing else None
         self.checkpoint_mode = str(setting) if setting is not None else ("full" if self.checkpointed else "none")
         self.fsdp = fsdp if strategy == "fsdp" else None
@@ -167,11 +150,11 @@ class _Trace:
             self.notes.append(self.fsdp.describe(world_size))
         self.batch = batch
         self.loss_arg, self.optimizer_arg = loss, optimizer
-        self.memory = _memory_model(target)
+        self.memory = memory_model(target)
         self.tracker = StorageTracker(self.memory, self.fake_mode, cpu_kernels=not target.is_cuda, values=self.values)
         self.tracker.costs = CostCounter()
         self.tracker.costs.watch_blocks(_blocks_of(self.model), [m for _, m in find_repeated_blocks(self.model)])
-        self.overheads = _overheads(target)
+        self.overheads = target_overheads(target)
 
     # --- the trace ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -179,11 +162,12 @@ class _Trace:
         try:
             follow = follow_storage(tracker) if self.fsdp else contextlib.nullcontext()
             with self._emulation(), self.values.watching(self.model), self.fake_mode, tracker, self._rng_states(), \
-                    RealCompositePaths(), follow:
+                    RealCompositePaths(), follow, self.own_checkpoints:
                 self._setup()
                 for step in range(TRACED_STEPS):
                     if step == TRACED_STEPS - 1:
                         tracker.reset_peak()
+                        self.own_checkpoints.calls = 0
                     self._step()
         except (DataDependentOutputException, DynamicOutputShapeException) as err:
             raise EstimateError(
@@ -278,9 +262,10 @@ class _Trace:
                                            phase=lambda name: self._on_phase(name, saved_hooks))
                 else:
                     run_training_step(
-                        self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer, policy=self.policy,
-                        device_type=self.device.type, grad_scale=self.grad_scale,
-                        on_phase=lambda name: self._on_phase(name, saved_hooks), loop=self.loop,
+                        self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer,
+                        options=StepOptions(policy=self.policy, device_type=self.device.type,
+                                            grad_scale=self.grad_scale, loop=self.loop),
+                        on_phase=lambda name: self._on_phase(name, saved_hooks),
                     )
         except (EstimateError, DataDependentOutputException, DynamicOutputShapeException):
             saved_hooks.close()
@@ -363,6 +348,7 @@ class _Trace:
             world_size=world_size,
             batch_size=_batch_size(self.batch),
             num_parameters=sum(p.numel() for p in self.model.parameters()),
+            own_checkpoint_calls=self.own_checkpoints.calls,
             forward_activations=self.tracker.forward_activations,
             peak_phase=peak.phase.value,
             peak_allocated_by_phase=tuple((phase.value, value) for phase, value in self.tracker.phase_peaks.items()
@@ -396,22 +382,6 @@ def _blocks_of(model: nn.Module) -> list[nn.Module]:
     blocks = {id(m): m for _, m in find_repeated_blocks(model)}
     blocks.update((id(m), m) for m in model.modules() if getattr(m, _WRAPPED, False))
     return list(blocks.values())
-
-
-def _memory_model(target: Target):
-    from memplan.estimator.allocator import AllocatorConfig, CachingAllocatorModel, ExactAllocatorModel
-
-    if not target.is_cuda:
-        return ExactAllocatorModel()
-    return CachingAllocatorModel(config=AllocatorConfig.from_env())
-
-
-def _overheads(target: Target):
-    if not target.is_cuda:
-        return None
-    from memplan.estimator.cuda import cuda_overheads
-
-    return cuda_overheads(target.compute_capability)
 
 
 def _batch_size(batch: Any) -> int | None:

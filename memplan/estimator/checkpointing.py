@@ -88,7 +88,8 @@ def own_checkpointing(model: nn.Module) -> str | None:
     (`gradient_checkpointing_enable()` sets `gradient_checkpointing = True` on the layers it wraps),
     torch's `checkpoint_wrapper` modules (FSDPStrategy's activation_checkpointing_policy, torchtitan), or
     memplan's own wrapper applied earlier. A `torch.utils.checkpoint` call inside a forward leaves no
-    mark on the modules and is not found here (its memory is traced all the same)."""
+    mark on the modules and is not found here: the trace counts it (`OwnCheckpointCalls`,
+    MemoryEstimate.own_checkpoint_calls) and the planner then keeps it (planner/search.py)."""
     found = []
     switched = [n for n, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True
                 and not hasattr(m, "is_gradient_checkpointing")]  # the layers, not the PreTrainedModel property
@@ -159,6 +160,8 @@ def apply_checkpointing(model: nn.Module, which: CheckpointArg) -> list[str]:
 
 
 def _checkpointed_forward(forward, *args, _memplan_context=None, **kwargs):
+    if _counting is not None:
+        _counting.ours += 1  # the checkpoint call below is memplan's own
     if _memplan_context is not None:
         return checkpoint(forward, *args, use_reentrant=False, context_fn=_memplan_context, **kwargs)
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
@@ -170,6 +173,39 @@ def as_setting(which: CheckpointArg) -> Checkpointing | None:
     if isinstance(which, (bool, str, Checkpointing)):
         return Checkpointing.parse(which)
     return None
+
+
+class OwnCheckpointCalls:
+    """Counts the model's own `torch.utils.checkpoint` calls while open (`calls`); the calls memplan's
+    wrapper makes (`apply_checkpointing`) are told apart and not counted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.ours = 0
+        self._inner = None
+
+    def _count(self) -> None:
+        if self.ours:
+            self.ours -= 1
+        else:
+            self.calls += 1
+
+    def __enter__(self) -> OwnCheckpointCalls:
+        global _counting
+        from memplan.compat import counting_checkpoint_calls
+
+        self._inner = counting_checkpoint_calls(self._count)
+        self._inner.__enter__()
+        _counting = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _counting
+        _counting = None
+        self._inner.__exit__(*exc)
+
+
+_counting: OwnCheckpointCalls | None = None
 
 
 @contextlib.contextmanager

@@ -22,7 +22,8 @@ tensors `register_cpu_reference_kernels` adds CPU kernels that compute the same 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
@@ -201,8 +202,23 @@ def _forward(q, k, v, bias, dropout_p, is_causal, scale):
     return (probs @ v_full).to(q.dtype), lse, torch.tensor(seed)
 
 
-def _backward(grad_out, q, k, v, bias, dropout_p, is_causal, scale, seed):
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
+@dataclass(frozen=True)
+class _Attention:
+    """What shapes one attention call's probabilities besides q and k (the fused op's arguments)."""
+
+    bias: Any
+    """Added to the scores (efficient attention's attn_bias); None for none."""
+    dropout_p: float
+    """Dropout probability on the probabilities."""
+    is_causal: bool
+    """Top-left aligned causal mask."""
+    scale: float | None
+    """Scores scale; None for 1/sqrt(head dim)."""
+
+
+def _backward(grad_out, q, k, v, attention: _Attention, seed):
+    bias, dropout_p, is_causal = attention.bias, attention.dropout_p, attention.is_causal
+    scale = attention.scale if attention.scale is not None else 1.0 / math.sqrt(q.size(-1))
     groups = q.size(1) // k.size(1)
     probs, _, keep = _probs(q, k, bias, is_causal, scale, dropout_p, seed)
     dropped = probs if keep is None else probs * keep / (1 - dropout_p)
@@ -232,7 +248,7 @@ def register_cpu_reference_kernels(lib: torch.library.Library) -> None:
 
     def flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                        dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-        return _backward(grad_out, query, key, value, None, dropout_p, is_causal, scale, philox_seed[0])[:3]
+        return _backward(grad_out, query, key, value, _Attention(None, dropout_p, is_causal, scale), philox_seed[0])[:3]
 
     def efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
         out, lse, seed = _forward(query, key, value, attn_bias, dropout_p, is_causal, scale)
@@ -244,7 +260,7 @@ def register_cpu_reference_kernels(lib: torch.library.Library) -> None:
     def efficient_backward(grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed,
                            philox_offset, dropout_p, grad_input_mask, is_causal=False, *, scale=None):
         grad_q, grad_k, grad_v, grad_scores = _backward(
-            grad_out, query, key, value, attn_bias, dropout_p, is_causal, scale, philox_seed
+            grad_out, query, key, value, _Attention(attn_bias, dropout_p, is_causal, scale), philox_seed
         )
         grad_bias = grad_scores.to(attn_bias.dtype) if attn_bias is not None and grad_input_mask[3] else None
         return grad_q, grad_k, grad_v, grad_bias

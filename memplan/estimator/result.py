@@ -68,6 +68,10 @@ class MemoryEstimate:
     """The steady-state step's peak allocated bytes in each phase reached, e.g. (('forward', ...),
     ('backward', ...), ('optimizer', ...)): the planner extrapolates each phase's own line, as the
     phase holding the peak can change with the micro-batch."""
+    own_checkpoint_calls: int = 0
+    """`torch.utils.checkpoint` calls the model made itself in the traced step (memplan's own wrapping of
+    blocks not counted): > 0 means the model checkpoints inside its forward, which leaves no mark on its
+    modules; the planner then keeps it and adds none of its own."""
     num_parameters: int = 0
     """Number of parameter elements (for the rule-of-thumb comparison)."""
     trace_seconds: float = 0.0

@@ -102,25 +102,37 @@ def loss_from_output(output: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) else None
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepOptions:
+    """How run_training_step runs a step: its precision, device, loss scale and loop order."""
+
+    policy: PrecisionPolicy
+    """The precision's autocast and parameter dtypes."""
+    device_type: str
+    """The device type autocast runs on ("cpu", "cuda")."""
+    grad_scale: torch.Tensor | None = None
+    """The loss scale for '16-mixed' (a float32 scalar tensor); None without a GradScaler."""
+    loop: Loop = "lightning"
+    """The step order (see the module's docstring)."""
+
+
 def run_training_step(
     model: nn.Module,
     batch: Any,
     *,
     loss_fn: LossFn,
     optimizer: torch.optim.Optimizer,
-    policy: PrecisionPolicy,
-    device_type: str,
-    grad_scale: torch.Tensor | None = None,
+    options: StepOptions,
     on_phase: Callable[[str], None] | None = None,
-    loop: Loop = "lightning",
 ) -> torch.Tensor:
-    """One training step in `loop`'s order (see the module's docstring); returns the detached loss.
+    """One training step in `options.loop`'s order (see the module's docstring); returns the detached loss.
 
-    `grad_scale` is the loss scale for '16-mixed' (a float32 scalar tensor). Lightning's GradScaler
+    `options.grad_scale` is the loss scale for '16-mixed' (a float32 scalar tensor). Lightning's GradScaler
     reads `found_inf.item()`, which a fake tensor cannot answer, so the scaler's tensor work is done
     here op for op: scale the loss, unscale the gradients in place (what `scaler.unscale_` runs), step.
     `on_phase` is told "forward", "forward_end", "backward", "optimizer" and "end" as the step moves on.
     """
+    policy, device_type, grad_scale, loop = options.policy, options.device_type, options.grad_scale, options.loop
     phase = on_phase or (lambda _: None)
     phase("forward")
     with policy.forward_context(device_type, loop=loop):

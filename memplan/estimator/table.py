@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from memplan.estimator.result import MemoryEstimate
 from memplan.units import format_bytes
+
+if TYPE_CHECKING:  # the estimate renders itself through this module (MemoryEstimate.__str__, __rich__)
+    from memplan.estimator.result import MemoryEstimate
 
 
 def _rule_terms(est: MemoryEstimate) -> dict[str, int | None]:

@@ -1,10 +1,14 @@
-"""What the estimate is for: CPU execution, or a CUDA GPU (local, or a named model from the catalog)."""
+"""What the estimate is for: CPU execution, or a CUDA GPU (local, or a named model from the catalog); and what
+the target implies: the precision it runs, its allocator model and its CUDA overheads."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
 import torch
+
+from memplan.estimator.errors import EstimateError
+from memplan.estimator.step import Loop, PrecisionPolicy
 
 TRACE_ON_CPU_ENV = "MEMPLAN_TRACE_ON_CPU"
 """Set to 1 to trace a CUDA target on fake CPU tensors with CUDA semantics emulated even where torch
@@ -74,3 +78,44 @@ def _gpu_target(model) -> Target:
 def _trace_device() -> str:
     native = torch.cuda.is_available() and os.environ.get(TRACE_ON_CPU_ENV, "0") != "1"
     return "cuda" if native else "cpu"
+
+
+def check_precision_on_target(policy: PrecisionPolicy, target: Target) -> None:
+    """Refuse a bf16 precision on a GPU without bf16 (compute capability below 8.0)."""
+    uses_bf16 = torch.bfloat16 in (policy.autocast_dtype, policy.param_dtype)
+    if uses_bf16 and target.is_cuda and target.compute_capability < (8, 0):
+        major, minor = target.compute_capability
+        raise EstimateError(
+            f"precision {policy.precision!r} needs bf16, which {target.name} (sm{major}{minor}) does not "
+            "support (it needs compute capability 8.0+); use precision='16-mixed'"
+        )
+
+
+def precision_lightning_runs(policy: PrecisionPolicy, target: Target, loop: Loop) -> tuple[PrecisionPolicy, str]:
+    """The precision the step runs in, and a note when it is not the one asked for: Lightning's
+    Trainer(accelerator="cpu", precision="16-mixed") runs bf16-mixed (AMP with float16 is not supported
+    on CPU: pytorch_lightning's _AcceleratorConnector._check_and_init_precision, Lightning 2.x). A plain
+    loop (loop="torch") runs what its own autocast says, float16 on CPU too."""
+    if policy.precision == "16-mixed" and not target.is_cuda and loop == "lightning":
+        return PrecisionPolicy.from_string("bf16-mixed"), (
+            "precision '16-mixed' on a CPU target: Lightning runs bf16-mixed there (AMP with float16 is not "
+            "supported on CPU), so the step was traced in bf16-mixed, as Lightning trains it")
+    return policy, ""
+
+
+def memory_model(target: Target):
+    """The allocator model: exact bytes on CPU, the CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF) on a GPU."""
+    from memplan.estimator.allocator import AllocatorConfig, CachingAllocatorModel, ExactAllocatorModel
+
+    if not target.is_cuda:
+        return ExactAllocatorModel()
+    return CachingAllocatorModel(config=AllocatorConfig.from_env())
+
+
+def target_overheads(target: Target):
+    """CUDA memory besides tensors (context, cuBLAS workspaces) for a GPU target; None on CPU."""
+    if not target.is_cuda:
+        return None
+    from memplan.estimator.cuda import cuda_overheads
+
+    return cuda_overheads(target.compute_capability)

@@ -14,16 +14,14 @@ from memplan.hardware.nvml import (
     NA,
     GpuInfo,
     GpuProcess,
-    gpu_for_cuda_index,
-    gpu_for_local_rank,
     list_gpus,
     nvml_available,
     nvml_query,
     nvml_unavailable_reason,
     process_gpu_bytes,
     set_backend,
-    visible_gpus,
 )
+from memplan.hardware.visible import gpu_for_cuda_index, gpu_for_local_rank, visible_gpus
 
 __all__ = [
     "KNOWN_GPUS", "NA", "GpuInfo", "GpuModel", "GpuProcess", "HostInfo", "custom_gpu",

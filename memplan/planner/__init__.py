@@ -7,7 +7,7 @@ Plan out (or NoFit); no Lightning, no GPU.
     request = PlanRequest(global_batch_size=256, devices=(DeviceBudget.from_catalog(lookup_gpu("A100-80GB")),) * 8)
     plan = make_plan(request, estimator_for(model, batch, device="A100-80GB"))
 """
-from memplan.planner.costs import StepTime, host_bytes_per_rank, predict_step
+from memplan.planner.costs import StepSetting, StepTime, host_bytes_per_rank, predict_step
 from memplan.planner.nofit import NoFit, fsdp_full_shard_bytes
 from memplan.planner.request import DeviceBudget, HostLoad, PlanRequest
 from memplan.planner.search import Estimator, make_plan
@@ -15,4 +15,4 @@ from memplan.planner.tracing import block_classes, estimator_for, largest_block_
 
 __all__ = ["DeviceBudget", "block_classes", "Estimator", "HostLoad", "NoFit", "PlanRequest", "estimator_for",
            "fsdp_full_shard_bytes", "host_bytes_per_rank", "largest_block_bytes", "make_plan",
-           "predict_step", "StepTime"]
+           "predict_step", "StepSetting", "StepTime"]

@@ -122,12 +122,34 @@ OFFLOAD_BYTES_PER_PARAM = 16
 """Host bytes per parameter under CPU offload: fp32 parameter, gradient and Adam's two states."""
 
 
-def communication_seconds(*, sharding: str | None, offload: bool = False, world_size: int, gpus_per_node: int,
-                          nodes: int, accumulate_grad_batches: int, parameter_count: int, gpu_name: str,
-                          gather_bytes: int = 4, reduce_bytes: int = 4) -> float:
-    """Communication time of one optimizer step (see the module docstring); sharding None is DDP.
-    `gather_bytes` / `reduce_bytes`: bytes per parameter of the all-gathers and of the gradient reduction
-    (4 and 4: fp32, as the planner runs FSDP; FSDP's param_dtype=bf16 gathers 2)."""
+@dataclass(frozen=True, kw_only=True)
+class Collectives:
+    """The ranks one optimizer step's collectives run over, and the bytes per parameter they move."""
+
+    sharding: str | None
+    """FSDP's sharding strategy; None is DDP."""
+    world_size: int
+    """Ranks in all."""
+    gpus_per_node: int
+    """Ranks per node."""
+    nodes: int
+    """Nodes."""
+    gpu_name: str
+    """The GPU (its links: memplan.hardware.catalog.gpu_links)."""
+    offload: bool = False
+    """FSDP's CPU offload: the shard's training state crosses PCIe."""
+    gather_bytes: int = 4
+    """Bytes per parameter of the all-gathers (4: fp32, as the planner runs FSDP; param_dtype=bf16 gathers 2)."""
+    reduce_bytes: int = 4
+    """Bytes per parameter of the gradient reduction."""
+
+
+def communication_seconds(collectives: Collectives, *, parameter_count: int, accumulate_grad_batches: int) -> float:
+    """Communication time of one optimizer step (see the module docstring) of `parameter_count` parameters."""
+    c = collectives
+    sharding, offload, world_size, gpus_per_node, nodes, gpu_name = (
+        c.sharding, c.offload, c.world_size, c.gpus_per_node, c.nodes, c.gpu_name)
+    gather_bytes, reduce_bytes = c.gather_bytes, c.reduce_bytes
     if world_size == 1:
         return 0.0
     links = gpu_links(gpu_name)
@@ -233,12 +255,51 @@ def _busy_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tupl
     return max(ops_seconds(ops, links, compute_capability), sum(op.count for op in ops) * HOST_SECONDS_PER_OP)
 
 
-def predict_step(profile: CostProfile, *, precision: str, checkpointing: bool | Checkpointing, micro_batch_size: int,
-                 accumulate_grad_batches: int, world_size: int, gpus_per_node: int, nodes: int,
-                 sharding: str | None, offload: bool, gpu_name: str, largest_block_bytes: int | None = None,
-                 gather_bytes: int = 4, reduce_bytes: int = 4) -> StepTime:
-    """The step time of one candidate from the model's traced costs (see the module docstring).
-    `gather_bytes` / `reduce_bytes`: the collectives' bytes per parameter (communication_seconds)."""
+@dataclass(frozen=True, kw_only=True)
+class StepSetting:
+    """One candidate's setting, as the step-time model needs it."""
+
+    precision: str
+    """Lightning precision string."""
+    checkpointing: bool | Checkpointing
+    """Activation checkpointing: False / True (none / full) or a memplan Checkpointing."""
+    micro_batch_size: int
+    """Samples per rank per micro-step."""
+    accumulate_grad_batches: int
+    """Micro-steps per optimizer step."""
+    world_size: int
+    """Ranks in all."""
+    gpus_per_node: int
+    """Ranks per node."""
+    nodes: int
+    """Nodes."""
+    sharding: str | None
+    """FSDP's sharding strategy; None is DDP or one GPU."""
+    offload: bool
+    """FSDP's CPU offload."""
+    gpu_name: str
+    """The GPU that sets the pace."""
+    largest_block_bytes: int | None = None
+    """The largest repeated block's parameter bytes (FSDP's first all-gather, never hidden)."""
+    gather_bytes: int = 4
+    """The all-gathers' bytes per parameter (Collectives)."""
+    reduce_bytes: int = 4
+    """The gradient reduction's bytes per parameter (Collectives)."""
+
+    def collectives(self, **changes) -> Collectives:
+        """Its collectives (with `changes`: another sharding, no reduction)."""
+        fields = dict(sharding=self.sharding, world_size=self.world_size, gpus_per_node=self.gpus_per_node,
+                      nodes=self.nodes, gpu_name=self.gpu_name, offload=self.offload, gather_bytes=self.gather_bytes,
+                      reduce_bytes=self.reduce_bytes)
+        return Collectives(**{**fields, **changes})
+
+
+def predict_step(profile: CostProfile, setting: StepSetting) -> StepTime:
+    """The step time of one candidate from the model's traced costs (see the module docstring)."""
+    precision, checkpointing, micro_batch_size = setting.precision, setting.checkpointing, setting.micro_batch_size
+    accumulate_grad_batches, world_size, sharding = setting.accumulate_grad_batches, setting.world_size, setting.sharding
+    offload, gpu_name, largest_block_bytes = setting.offload, setting.gpu_name, setting.largest_block_bytes
+    gpus_per_node = setting.gpus_per_node
     links, cc = gpu_links(gpu_name), _compute_capability(gpu_name)
     amp = precision in ("bf16-mixed", "16-mixed")
     ops = profile.ops(micro_batch_size, amp=amp, checkpointing=checkpointing)
@@ -255,19 +316,14 @@ def predict_step(profile: CostProfile, *, precision: str, checkpointing: bool | 
         opt = 3 * OFFLOAD_BYTES_PER_PARAM * params / shard / HOST_OPTIMIZER_BYTES_PER_S
     else:
         opt = _busy_seconds([o.sharded(shard) for o in optimizer], links, cc)
-    comm = communication_seconds(sharding=sharding, offload=offload, world_size=world_size,
-                                 gpus_per_node=gpus_per_node, nodes=nodes, accumulate_grad_batches=1,
-                                 parameter_count=params, gpu_name=gpu_name, gather_bytes=gather_bytes,
-                                 reduce_bytes=reduce_bytes)
+    comm = communication_seconds(setting.collectives(), parameter_count=params, accumulate_grad_batches=1)
     if world_size == 1:
         exposed = 0.0
     elif sharding is None:  # DDP: one all-reduce per optimizer step, behind the last backward
         exposed = max((1 - OVERLAP) * comm, comm - OVERLAP * _busy_seconds(backward, links, cc))
     else:  # FSDP: per micro-step, behind that micro-step; the first block's gather is never hidden
-        first = communication_seconds(sharding="SHARD_GRAD_OP", world_size=world_size, gpus_per_node=gpus_per_node,
-                                      nodes=nodes, accumulate_grad_batches=1, gpu_name=gpu_name,
-                                      parameter_count=(largest_block_bytes or 0) // 4, gather_bytes=gather_bytes,
-                                      reduce_bytes=0)
+        first = communication_seconds(setting.collectives(sharding="SHARD_GRAD_OP", offload=False, reduce_bytes=0),
+                                      parameter_count=(largest_block_bytes or 0) // 4, accumulate_grad_batches=1)
         exposed = accumulate_grad_batches * max(first, (1 - OVERLAP) * comm, comm - OVERLAP * micro)
     step = accumulate_grad_batches * micro + opt + exposed
     samples = micro_batch_size * accumulate_grad_batches * world_size / step

@@ -7,21 +7,18 @@ from typing import TYPE_CHECKING
 
 from memplan.checkpoint_setting import FULL, NONE
 from memplan.estimator.result import MemoryEstimate
-from memplan.plan import Alternative, Plan
+from memplan.plan import Plan
+from memplan.planner.alternatives import alternatives
 from memplan.planner.candidates import SPEED_TIE, Candidate, fastest
 from memplan.planner.checkpoint_reasons import checkpoint_speed_reason
 from memplan.planner.layout_reasons import strategy_reasons
-from memplan.planner.costs import StepTime
 from memplan.planner.request import PlanRequest
+from memplan.planner.wording import (find_setting, format_seconds, layout_name, plural, same_setting, timing_fields,
+                                     why_unfit)
 from memplan.units import format_bytes
 
 if TYPE_CHECKING:
     from memplan.planner.search import _Search
-
-MAX_ALTERNATIVES = 5
-"""Runners-up kept in the plan."""
-MAX_NEAR_MISSES = 2
-"""Of which, at most this many faster settings that do not fit."""
 
 
 def describe_plan(request: PlanRequest, winner: Candidate, est: MemoryEstimate, search: _Search) -> Plan:
@@ -48,19 +45,11 @@ def describe_plan(request: PlanRequest, winner: Candidate, est: MemoryEstimate, 
         host_bytes_per_rank=winner.host_bytes_per_rank,
         relative_speed=1.0,
         reasons=tuple(_on_cpu(request, r) for r in _reasons(request, winner, est, search)),
-        alternatives=tuple(_alternatives(winner, search)),
-        **_figures(winner.timing),
+        alternatives=tuple(alternatives(winner, search)),
+        **timing_fields(winner.timing),
         speed_reason=(checkpoint_speed_reason(winner, search, request.repeated_blocks)
                       or _speed_reason(winner, search)),
     )
-
-
-def _figures(timing: StepTime | None) -> dict:
-    """The plan's or an alternative's predicted step time, throughput and MFU fields."""
-    if timing is None:
-        return {}
-    return dict(predicted_step_seconds=timing.step_seconds, samples_per_s=timing.samples_per_s,
-                tokens_per_s=timing.tokens_per_s, mfu=timing.mfu)
 
 
 def _rate(c: Candidate) -> str:
@@ -71,7 +60,7 @@ def _rate(c: Candidate) -> str:
 def runner_up(w: Candidate, search: _Search) -> Candidate | None:
     """The fastest fitting candidate that is not the winner or its bf16/16-mixed twin."""
     rivals = [c for c in search.candidates if search.fits(c) and c is not w
-              and not _same(c, w, precision=c.precision)]
+              and not same_setting(c, w, precision=c.precision)]
     return fastest(rivals)
 
 
@@ -92,17 +81,8 @@ def _ms(c: Candidate) -> str:
     return format_seconds(c.timing.step_seconds) if c.timing is not None else "?"
 
 
-def format_seconds(seconds: float) -> str:
-    """'412 ms', '3.2 s', '85 us': a predicted duration at three significant figures or so."""
-    if seconds >= 1:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
-
-
 def _describe(c: Candidate) -> str:
-    return (f"{_n(c.world_size, 'rank')}, micro-batch {c.micro_batch_size}, {c.precision}, "
+    return (f"{plural(c.world_size, 'rank')}, micro-batch {c.micro_batch_size}, {c.precision}, "
             f"{c.checkpointing.describe()}, {c.group.strategy_label}")
 
 
@@ -113,7 +93,7 @@ def _winner_edge(w: Candidate, other: Candidate) -> str:
     if other.world_size < w.world_size:
         return f"{w.world_size} ranks instead of {other.world_size}"
     if other.world_size > w.world_size:
-        return f"{_n(w.world_size, 'GPU')} instead of {other.world_size}"
+        return f"{plural(w.world_size, 'GPU')} instead of {other.world_size}"
     if other.micro_batch_size < w.micro_batch_size:
         fewer = " (fewer accumulation steps)" if w.accumulate_grad_batches < other.accumulate_grad_batches else ""
         return f"micro-batch {w.micro_batch_size} instead of {other.micro_batch_size}{fewer}"
@@ -121,7 +101,7 @@ def _winner_edge(w: Candidate, other: Candidate) -> str:
         return "32-true"
     if w.group.amp and not other.group.amp:
         return f"{w.precision} on tensor cores"
-    if _layout(other) != _layout(w):
+    if layout_name(other) != layout_name(w):
         return f"{w.group.strategy_label} rather than {other.group.strategy_label}"
     if w.precision == "bf16-mixed" and other.precision == "16-mixed":
         return "bf16-mixed (no GradScaler)"
@@ -140,13 +120,13 @@ def _on_cpu(request: PlanRequest, text: str) -> str:
 # --- reasons -------------------------------------------------------------------------------------
 def _reasons(request: PlanRequest, w: Candidate, est: MemoryEstimate, search: _Search) -> list[str]:
     reasons = [
-        f"{_n(w.world_size, 'rank')} ({_n(request.nodes, 'node')} x {_n(w.gpus_per_node, 'GPU')}) x micro-batch "
-        f"{w.micro_batch_size} x {_n(w.accumulate_grad_batches, 'accumulation step')} = global batch "
+        f"{plural(w.world_size, 'rank')} ({plural(request.nodes, 'node')} x {plural(w.gpus_per_node, 'GPU')}) x micro-batch "
+        f"{w.micro_batch_size} x {plural(w.accumulate_grad_batches, 'accumulation step')} = global batch "
         f"{request.global_batch_size}, kept exactly.",
         f"Predicted peak {format_bytes(est.device_total)} per GPU, traced at exactly this setting, within the "
         f"{format_bytes(w.budget_bytes)} budget ({format_bytes(w.devices[-1].free_bytes)} free on "
         f"{w.devices[-1].label} less the {request.margin:.0%} margin): {format_bytes(w.budget_bytes - est.device_total)} "
-        f"headroom. {_n(search.calls, 'estimator trace')} in the search.",
+        f"headroom. {plural(search.calls, 'estimator trace')} in the search.",
         _micro_reason(request, w, search),
         _precision_reason(request, w, search),
         _checkpointing_reason(request, w, search),
@@ -156,39 +136,8 @@ def _reasons(request: PlanRequest, w: Candidate, est: MemoryEstimate, search: _S
     return reasons
 
 
-def _n(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
-def _same(c: Candidate, w: Candidate, **changes) -> bool:
-    fields = {"precision": w.precision, "checkpointing": w.checkpointing, "world_size": w.world_size,
-              "micro_batch_size": w.micro_batch_size, "sharding": w.sharding, "offload": w.offload}
-    fields.update(changes)
-    return all(getattr(c, k) == v for k, v in fields.items())
-
-
-def _find(search: _Search, w: Candidate, **changes) -> Candidate | None:
-    return next((c for c in search.candidates if _same(c, w, **changes)), None)
-
-
-def _miss(search: _Search, c: Candidate, request: PlanRequest) -> str:
-    """Why a candidate does not fit, in words."""
-    if not search.possible(c):
-        need = search.floors.floor(c)
-        return (f"needs at least {format_bytes(need)} per GPU (a lower bound from its resident training state and "
-                f"activations, floors.py: not traced), over the {format_bytes(c.budget_bytes)} budget")
-    if not search.fits_device(c):
-        need = search.predicted_bytes(c)
-        how = "traced" if c.trace_key in search.traces else "predicted"
-        return (f"needs {format_bytes(need)} per GPU ({how}), over the {format_bytes(c.budget_bytes)} budget "
-                f"by {format_bytes(need - c.budget_bytes)}")
-    return (f"host RAM: {_n(c.gpus_per_node, 'rank')} x {format_bytes(c.host_bytes_per_rank)} = "
-            f"{format_bytes(c.gpus_per_node * c.host_bytes_per_rank)} per node, over the "
-            f"{format_bytes(request.host_budget_bytes or 0)} host budget")
-
-
 def _micro_reason(request: PlanRequest, w: Candidate, search: _Search) -> str:
-    larger = sorted((c for c in search.candidates if _same(c, w, micro_batch_size=c.micro_batch_size)
+    larger = sorted((c for c in search.candidates if same_setting(c, w, micro_batch_size=c.micro_batch_size)
                      and c.micro_batch_size > w.micro_batch_size), key=lambda c: c.micro_batch_size)
     if larger and search.fits(larger[0]):
         return (f"Micro-batch {w.micro_batch_size}: {larger[0].micro_batch_size} is predicted to fit too but was not "
@@ -196,7 +145,7 @@ def _micro_reason(request: PlanRequest, w: Candidate, search: _Search) -> str:
     if larger:
         nxt = larger[0]
         return (f"Micro-batch {w.micro_batch_size} is the largest that fits: {nxt.micro_batch_size} "
-                f"{_miss(search, nxt, request)}; {w.accumulate_grad_batches} accumulation steps keep the global batch.")
+                f"{why_unfit(search, nxt, request)}; {w.accumulate_grad_batches} accumulation steps keep the global batch.")
     if w.accumulate_grad_batches == 1:
         return (f"Micro-batch {w.micro_batch_size} is each rank's whole share of the global batch "
                 f"({request.global_batch_size} / {w.world_size}): no accumulation needed.")
@@ -249,14 +198,14 @@ def _checkpointing_reason(request: PlanRequest, w: Candidate, search: _Search) -
             return "No activation checkpointing (not allowed by the request)."
         return (f"No activation checkpointing: this setting fits without it, and recomputing each block's "
                 f"forward would cost {_recompute_cost(w, search)}.")
-    plain = _find(search, w, checkpointing=NONE)
+    plain = find_setting(search, w, checkpointing=NONE)
     unckpt = [c for c in search.candidates if c.precision == w.precision and not c.checkpointing and search.fits(c)]
     if unckpt:
         best = max(unckpt, key=Candidate.rank_key)
-        without = (f"the best setting (micro-batch {best.micro_batch_size} on {_n(best.world_size, 'rank')}) "
+        without = (f"the best setting (micro-batch {best.micro_batch_size} on {plural(best.world_size, 'rank')}) "
                    f"runs at {best.speed / w.speed:.0%} of this speed")
     elif plain is not None and (plain.group in search.explored or not search.possible(plain)):
-        without = f"this setting {_miss(search, plain, request)}, and nothing without checkpointing fits"
+        without = f"this setting {why_unfit(search, plain, request)}, and nothing without checkpointing fits"
     else:
         without = "nothing fits without it, not even at micro-batch 1"
     if w.checkpointing.mode in ("blocks", "op"):
@@ -329,78 +278,3 @@ def _more_gpus(request: PlanRequest, w: Candidate, search: _Search, available: i
         parts.append(f"the global batch {request.global_batch_size} does not split evenly over {ranks} ranks")
     return "; ".join(parts)
 
-
-# --- alternatives --------------------------------------------------------------------------------
-def _alternatives(w: Candidate, search: _Search) -> list[Alternative]:
-    """The best fits that lost (one per world size x precision x checkpointing) and the closest
-    faster settings that do not fit, best first."""
-    seen = [c for c in search.candidates if c.group in search.explored and c is not w
-            and (c.group not in search.unfit or c.micro_batch_size == 1)]  # unfit groups: only micro 1 traced
-
-    def kind(c: Candidate) -> tuple:  # bf16-mixed and 16-mixed twins count as one kind
-        return (c.world_size, c.group.amp, c.checkpointing, c.sharding, c.offload)
-
-    best_fit: dict[tuple, Candidate] = {}
-    for c in (c for c in seen if search.fits(c) and kind(c) != kind(w)):
-        if kind(c) not in best_fit or c.rank_key() > best_fit[kind(c)].rank_key():
-            best_fit[kind(c)] = c
-    fits = sorted(best_fit.values(), key=Candidate.rank_key, reverse=True)
-    # The winner's own kind: its precision twin, and its best smaller micro-batch.
-    twin = [c for c in seen if _same(c, w, precision=c.precision) and search.fits(c)]
-    smaller = [c for c in seen if kind(c) == kind(w) and c.precision == w.precision and search.fits(c)]
-    own = twin[:1] + ([max(smaller, key=Candidate.rank_key)] if smaller else [])
-
-    closest_miss: dict[tuple, Candidate] = {}
-    for c in (c for c in seen if not search.fits(c) and c.speed > w.speed):
-        over = _overshoot(search, c)
-        if kind(c) not in closest_miss or over < _overshoot(search, closest_miss[kind(c)]):
-            closest_miss[kind(c)] = c
-    misses = sorted(closest_miss.values(), key=lambda c: _overshoot(search, c))[:MAX_NEAR_MISSES]
-    chosen = sorted((own + fits)[:MAX_ALTERNATIVES - len(misses)] + misses, key=lambda c: c.speed, reverse=True)
-    return [_alternative(c, w, search) for c in chosen]
-
-
-def _overshoot(search: _Search, c: Candidate) -> float:
-    if not search.fits_device(c):
-        return search.predicted_bytes(c) / c.budget_bytes
-    budget = search.request.host_budget_bytes or 1
-    return c.gpus_per_node * c.host_bytes_per_rank / budget
-
-
-def _alternative(c: Candidate, w: Candidate, search: _Search) -> Alternative:
-    fits = search.fits(c)
-    if fits:
-        why = f"{c.speed / w.speed:.0%} of the winner's predicted speed: {_differences(c, w)}"
-    else:
-        why = f"does not fit: {_miss(search, c, search.request)}"
-    return Alternative(
-        world_size=c.world_size, micro_batch_size=c.micro_batch_size,
-        accumulate_grad_batches=c.accumulate_grad_batches, precision=c.precision,
-        gradient_checkpointing=bool(c.checkpointing), checkpointing=str(c.checkpointing),
-        predicted_peak_bytes=search.predicted_bytes(c),
-        relative_speed=c.speed / w.speed, fits=fits, why_not=why, strategy=_layout(c), **_figures(c.timing))
-
-
-def _layout(c: Candidate) -> str:
-    if c.sharding is None:
-        return "ddp" if c.world_size > 1 else "single"
-    return f"fsdp {c.sharding}{' offload' if c.offload else ''}"
-
-
-def _differences(c: Candidate, w: Candidate) -> str:
-    out = []
-    if _layout(c) != _layout(w):
-        out.append(f"{c.group.strategy_label} instead of {w.group.strategy_label} (communication, costs.py)")
-    if c.world_size < w.world_size:
-        out.append(f"{_n(c.world_size, 'rank')} instead of {w.world_size}")
-    if c.micro_batch_size < w.micro_batch_size:
-        out.append(f"micro-batch {c.micro_batch_size} instead of {w.micro_batch_size}")
-    if c.checkpointing and not w.checkpointing:
-        out.append("activation checkpointing recomputes each block's forward")
-    elif c.checkpointing != w.checkpointing and c.checkpointing:
-        out.append(f"{c.checkpointing.describe()} instead of {w.checkpointing.describe()}")
-    if c.precision == "32-true" and w.precision != "32-true":
-        out.append("32-true forgoes AMP's tensor-core speed-up")
-    if c.precision == "16-mixed" and w.precision == "bf16-mixed":
-        out.append("16-mixed pays for a GradScaler; same memory as bf16-mixed")
-    return "; ".join(out) or "ranked lower by the step-time model"

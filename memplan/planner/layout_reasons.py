@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-import memplan.planner.explain as explain
 from memplan.planner.candidates import Candidate
 from memplan.planner.request import PlanRequest
+from memplan.planner.wording import why_unfit
 
 if TYPE_CHECKING:
     from memplan.planner.search import _Search
@@ -35,11 +35,11 @@ def strategy_reasons(request: PlanRequest, w: Candidate, search: _Search) -> lis
         ruled_out = [c for c in cands if c.micro_batch_size == 1]
         if ruled_out and not any(search.possible(c) for c in ruled_out):  # floors grow with the micro-batch
             least = min(ruled_out, key=search.floors.floor)
-            lines.append(f"{label} does not fit: {explain._miss(search, least, request)}, even at micro-batch 1"
+            lines.append(f"{label} does not fit: {why_unfit(search, least, request)}, even at micro-batch 1"
                          f"{' with checkpointing' if least.checkpointing else ''}.")
         elif explored:
             least = min(explored, key=search.predicted_bytes)
-            lines.append(f"{label} does not fit: {explain._miss(search, least, request)} even at micro-batch 1"
+            lines.append(f"{label} does not fit: {why_unfit(search, least, request)} even at micro-batch 1"
                          f"{' with checkpointing' if least.checkpointing else ''}.")
         elif cands:
             lines.append(f"{label}: not traced; it could not beat this setting's predicted speed.")

@@ -1,8 +1,17 @@
-"""When nothing fits: the error, and the FSDP full-shard figure it offers as the way out."""
+"""When nothing fits: the error, what DDP and FSDP would need at the most frugal setting, and the FSDP
+full-shard figure it offers as the way out."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memplan.checkpoint_setting import FULL, NONE
 
 from memplan.estimator.cuda import nccl_buffer_bytes
 from memplan.estimator.result import MemoryEstimate
+from memplan.units import format_bytes
+
+if TYPE_CHECKING:
+    from memplan.planner.search import _Search
 
 FSDP_PREFETCH_BLOCKS = 2
 """Unsharded blocks FSDP holds at once: the one computing and the next one being all-gathered."""
@@ -50,3 +59,70 @@ def fsdp_full_shard_bytes(est: MemoryEstimate, *, world_size: int, largest_block
     if world_size > 1 and est.device != "cpu":  # NCCL only on a CUDA target
         communication = nccl_buffer_bytes(world_size, compute_capability=compute_capability)
     return -(-state // world_size) + unsharded + rounding + gathered + est.cuda_context + communication
+
+
+def no_fit_error(search: _Search) -> NoFit:
+    """The error for an empty search, with DDP's and FSDP's per-GPU needs at the most frugal
+    allowed setting (AMP and checkpointing when allowed), micro-batch 1, on every GPU allowed."""
+    request = search.request
+    amp = any(g.amp for g in search.groups)
+    frugal = [g for g in search.groups if g.amp == amp and g.checkpointing == (FULL if request.allow_checkpointing
+                                                                              else NONE)
+              and g.sharding is None] or list(search.groups)
+    group = max(frugal, key=lambda g: g.multi)
+    widest = max(search.groups[group], key=lambda c: c.world_size)
+    precision = search.trace_precision(group)
+    ddp_est = search.trace(1, precision, group.checkpointing, group.probe_world_size)
+    ddp_needed = ddp_est.device_total - ddp_est.communication
+    if widest.world_size > 1 and ddp_est.communication:
+        ddp_needed += nccl_buffer_bytes(widest.world_size, compute_capability=widest.compute_capability)
+    # FSDP from the one-GPU trace where there is one: it has no DDP buckets in its gradients.
+    base = search.traces.get((1, precision, group.checkpointing, 1, None, False), ddp_est)
+    fsdp_traced = [search.predicted_bytes(c) for c in search.candidates if c.group.sharding is not None
+                   and c.group in search.explored and c.micro_batch_size == 1]
+    if fsdp_traced:  # FSDP was searched: its own traces say what it needs
+        fsdp_needed = min(fsdp_traced)
+    else:
+        fsdp_needed = fsdp_full_shard_bytes(base, world_size=widest.world_size,
+                                            largest_block_bytes=request.largest_block_bytes,
+                                            compute_capability=widest.compute_capability)
+    budget = max(c.budget_bytes for c in search.candidates)
+    where = f"across {widest.world_size} GPUs" if widest.world_size > 1 else "on one GPU"
+    setting = ", ".join([precision, *(["activation checkpointing"] if group.checkpointing else []),
+                         "micro-batch 1"])
+    lines = []
+    on_device = [c for c in search.candidates if not c.offload]
+    if not all(c.host_fits for c in on_device):
+        least = min(on_device, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
+        lines.append(
+            f"host RAM limits the ranks: {least.gpus_per_node} rank(s) per node need "
+            f"{format_bytes(least.gpus_per_node * least.host_bytes_per_rank)} at the least, and "
+            f"{'no' if not any(c.host_fits for c in on_device) else 'no other'} setting fits the "
+            f"{format_bytes(request.host_budget_bytes or 0)} host budget ({request.margin:.0%} margin kept); "
+            "free host memory, build the model on meta, or use fewer DataLoader workers.")
+    offloaded = [c for c in search.candidates if c.offload]
+    if offloaded and not any(c.host_fits for c in offloaded):
+        least = min(offloaded, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
+        lines.append(
+            f"FSDP with CPU offload (allow_cpu_offload) keeps each rank's shard of the training state in host "
+            f"RAM: {least.gpus_per_node} ranks per node need {format_bytes(least.gpus_per_node * least.host_bytes_per_rank)}, "
+            f"over the {format_bytes(request.host_budget_bytes or 0)} host budget; add nodes (smaller shards), "
+            "free host memory, or use GPUs with more memory.")
+    if ddp_needed > widest.budget_bytes:
+        verdict = ("which would fit: use strategy='fsdp'" if fsdp_needed <= widest.budget_bytes else
+                   "which does not fit either: add GPUs or nodes, "
+                   f"{'' if offloaded else 'offload to CPU, '}or use GPUs with more memory")
+        lines.append(
+            f"DDP needs {format_bytes(ddp_needed)} per GPU {where} even with {setting}, over the per-GPU "
+            f"budget of {format_bytes(widest.budget_bytes)} ({request.margin:.0%} margin kept). FSDP full "
+            f"shard {where} would need {'' if fsdp_traced else 'about '}{format_bytes(fsdp_needed)} per GPU "
+            f"({'traced, its most frugal layout' if fsdp_traced else 'approximate'}), {verdict}.")
+        if not amp or not request.allow_checkpointing:
+            allow = [x for x, ok in (("precisions=('bf16-mixed', '16-mixed', ...)", amp),
+                                     ("allow_checkpointing=True", request.allow_checkpointing)) if not ok]
+            lines.append(f"Allowing {' and '.join(allow)} would lower what DDP needs.")
+    else:
+        lines.append(f"GPU memory is not the limit: DDP needs {format_bytes(ddp_needed)} per GPU {where} "
+                     f"with {setting} (FSDP full shard about {format_bytes(fsdp_needed)}).")
+    return NoFit("Nothing fits: " + " ".join(lines), ddp_needed_bytes_per_gpu=ddp_needed,
+                 fsdp_needed_bytes_per_gpu=fsdp_needed, budget_bytes_per_gpu=budget)

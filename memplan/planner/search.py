@@ -47,28 +47,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from memplan.checkpoint_setting import FULL, NONE, Checkpointing
+from memplan.checkpoint_setting import NONE, Checkpointing
 from memplan.estimator.cuda import nccl_buffer_bytes
 from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Plan
 from memplan.planner.candidates import Candidate, Group, enumerate_candidates, fastest
-from memplan.planner.costs import predict_step
+from memplan.planner.costs import StepSetting, predict_step
 from memplan.planner.explain import describe_plan
 from memplan.planner.floors import Floors
-from memplan.planner.nofit import NoFit, fsdp_full_shard_bytes
+from memplan.planner.memory_curve import MemoryCurve
+from memplan.planner.nofit import NoFit, no_fit_error
 from memplan.planner.partial import partial_checkpointing
 from memplan.planner.profile import CostProfile
 from memplan.planner.request import PlanRequest
-from memplan.units import MiB, format_bytes
 
 PROBE_MICRO = 4
 """Second micro-batch traced per group (with 1) to fit the memory line."""
-SAFETY_BYTES = 32 * MiB
-"""Added to every predicted (not traced) figure: the caching allocator rounds large blocks to
-2 MiB and carves mid-size ones from 20 MiB segments, so a line between traces can be off by that."""
 MAX_VERIFICATIONS = 3
 """Exact traces of the best candidate before settling for the best one that fit; a search that
 has found none that fits keeps shrinking past it."""
@@ -76,10 +72,6 @@ EXPLORE_MARGIN = 0.02
 """A group is traced only when its best candidate could beat the best fit so far by more than this fraction
 of predicted speed: closer than the step-time model can tell (benchmarks/results/published_throughput.md),
 and not worth a trace."""
-EXTRAPOLATION_SLACK = 0.02
-"""Extra fraction of the predicted growth beyond the largest traced micro-batch."""
-
-
 class Estimator(Protocol):
     """Per-GPU memory of one training step at a setting (memplan.estimate with the model bound).
     `checkpointing` is False / True for none / full, a memplan Checkpointing for the
@@ -90,76 +82,6 @@ class Estimator(Protocol):
 
     def __call__(self, *, micro_batch_size: int, precision: str, checkpointing: bool | Checkpointing,
                  world_size: int, **fsdp) -> MemoryEstimate: ...
-
-
-@dataclass
-class _Curve:
-    """One group's per-rank device bytes (NCCL buffers excluded) by micro-batch: traced points,
-    a line through the largest two, or the sibling group's slope."""
-
-    points: dict[int, int] = field(default_factory=dict)
-    """micro-batch -> device_total - communication, the largest seen."""
-    activation_growth: dict[int, int] = field(default_factory=dict)
-    """micro-batch -> forward_activations + batch (grows with the micro-batch whatever the peak)."""
-    phase_peaks: dict[int, dict[str, int]] = field(default_factory=dict)
-    """micro-batch -> the trace's peak allocated bytes in each phase of the step."""
-    reserved: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """micro-batch -> the trace's peak (allocated, reserved) bytes."""
-    has_communication: bool = False
-    """Whether the estimator reports NCCL buffers (a CUDA target with DDP)."""
-    siblings: tuple[_Curve, ...] = ()
-    """The same precision and checkpointing at the other world kind, whose slope this one may reuse."""
-
-    def add(self, micro: int, est: MemoryEstimate) -> None:
-        self.points[micro] = max(self.points.get(micro, 0), est.device_total - est.communication)
-        self.activation_growth[micro] = est.forward_activations + est.batch
-        self.phase_peaks[micro] = dict(est.peak_allocated_by_phase)
-        self.reserved[micro] = (est.peak_allocated, est.peak_reserved)
-        self.has_communication |= est.communication > 0
-
-    def own_slope(self) -> float | None:
-        """Bytes per sample from this curve's two largest traces; None with fewer than two."""
-        if len(self.points) < 2:
-            return None
-        lo, hi = sorted(self.points)[-2:]
-        chord = (self.points[hi] - self.points[lo]) / (hi - lo)
-        growth = (self.activation_growth[hi] - self.activation_growth[lo]) / (hi - lo)
-        # the peak is the largest of the phases' peaks, each about linear in the micro-batch: the
-        # steepest phase holds it at larger micro-batches, even where another holds it here. Its
-        # allocated bytes are scaled to reserved ones: the allocator's segments grew by this much per
-        # allocated byte between the two traces (never less than one)
-        (alloc_lo, reserved_lo), (alloc_hi, reserved_hi) = self.reserved[lo], self.reserved[hi]
-        scale = max(1.0, (reserved_hi - reserved_lo) / (alloc_hi - alloc_lo)) if alloc_hi > alloc_lo else 1.0
-        phases = [scale * (self.phase_peaks[hi][name] - self.phase_peaks[lo][name]) / (hi - lo)
-                  for name in self.phase_peaks[hi].keys() & self.phase_peaks[lo].keys()]
-        return max(chord, growth, *phases, 0.0)
-
-    def sibling_slope(self) -> float | None:
-        """The first sibling's own slope, None when no sibling has two traces."""
-        return next((s for s in (c.own_slope() for c in self.siblings) if s is not None), None)
-
-    def slope(self) -> float:
-        own = self.own_slope()
-        if own is None:
-            own = self.sibling_slope()
-        return own or 0.0
-
-    def predict(self, micro: int) -> int:
-        """Traced value where traced; else interpolated between traces or extrapolated, plus slack."""
-        known = sorted(self.points)
-        if micro in self.points:
-            return self.points[micro]
-        below = [b for b in known if b < micro]
-        above = [b for b in known if b > micro]
-        if not below:  # memory grows with the micro-batch: the next trace bounds it
-            return self.points[above[0]]
-        lo = below[-1]
-        if above:
-            hi = above[0]
-            value = self.points[lo] + (self.points[hi] - self.points[lo]) * (micro - lo) / (hi - lo)
-            return int(value) + SAFETY_BYTES
-        growth = self.slope() * (micro - lo)
-        return int(self.points[lo] + growth * (1 + EXTRAPOLATION_SLACK)) + SAFETY_BYTES
 
 
 def _slowest(devices) -> str:
@@ -182,10 +104,22 @@ def _dominant(request: PlanRequest, candidates: list[Candidate]) -> Candidate | 
     return max(plain, key=lambda c: c.micro_batch_size) if plain else None
 
 
+class _OwnCheckpointing(Exception):
+    """A trace found the model calling torch.utils.checkpoint inside its forward, which the request did
+    not know (it leaves no mark on the modules): plan again, keeping it and adding none of memplan's."""
+
+    def __init__(self, calls: int, traces: dict[tuple, MemoryEstimate]) -> None:
+        super().__init__(calls)
+        self.calls, self.traces = calls, traces
+
+
 class _Search:
-    def __init__(self, request: PlanRequest, estimator: Estimator) -> None:
+    def __init__(self, request: PlanRequest, estimator: Estimator,
+                 known: dict[tuple, MemoryEstimate] | None = None) -> None:
         self.request = request
         self.estimator = estimator
+        self.known = known or {}
+        """Traces made by an earlier search of the same request (_OwnCheckpointing), reused."""
         self.traces: dict[tuple, MemoryEstimate] = {}
         self.floors = Floors(request.parameter_bytes, request.optimizer_state_bytes)
         self.calls = 0
@@ -205,7 +139,7 @@ class _Search:
         self.groups: dict[Group, list[Candidate]] = {}
         for c in self.candidates:
             self.groups.setdefault(c.group, []).append(c)
-        self.curves: dict[Group, _Curve] = {g: _Curve() for g in self.groups}
+        self.curves: dict[Group, MemoryCurve] = {g: MemoryCurve() for g in self.groups}
         for g, curve in self.curves.items():
             # Activations grow alike under every layout: the other world kind first, then the rest.
             kin = [h for h in self.curves if h != g and (h.amp, h.checkpointing) == (g.amp, g.checkpointing)]
@@ -259,11 +193,11 @@ class _Search:
 
     def timed(self, c: Candidate) -> Candidate:
         """The candidate with its predicted step time (costs.predict_step) and speed."""
-        timing = predict_step(
-            self.profile, precision=c.precision, checkpointing=c.checkpointing, micro_batch_size=c.micro_batch_size,
+        timing = predict_step(self.profile, StepSetting(
+            precision=c.precision, checkpointing=c.checkpointing, micro_batch_size=c.micro_batch_size,
             accumulate_grad_batches=c.accumulate_grad_batches, world_size=c.world_size, gpus_per_node=c.gpus_per_node,
             nodes=self.request.nodes, sharding=c.sharding, offload=c.offload, gpu_name=_slowest(c.devices),
-            largest_block_bytes=self.request.largest_block_bytes)
+            largest_block_bytes=self.request.largest_block_bytes))
         return dataclasses.replace(c, speed=timing.samples_per_s, timing=timing)
 
     # --- estimator calls ------------------------------------------------------------------------
@@ -284,9 +218,15 @@ class _Search:
               sharding: str | None = None, offload: bool = False) -> MemoryEstimate:
         key = (micro, precision, checkpointing, world_size, sharding, offload)
         if key not in self.traces:
-            self.calls += 1
             setting = self.setting(*key)
-            self.traces[key] = self.estimator(**setting)
+            if key in self.known:
+                self.traces[key] = self.known[key]
+            else:
+                self.calls += 1
+                self.traces[key] = self.estimator(**setting)
+            calls = getattr(self.traces[key], "own_checkpoint_calls", 0)
+            if calls and self.request.user_checkpointing is None:
+                raise _OwnCheckpointing(calls, {**self.known, **self.traces})
             shard_size = getattr(setting.get("fsdp"), "shard_size", None)  # HYBRID_SHARD's, else None
             self.floors.add(micro_batch_size=micro, precision=precision, checkpointing=checkpointing,
                             world_size=world_size, sharding=sharding, offload=offload, est=self.traces[key],
@@ -416,78 +356,15 @@ class _Search:
             return best, self.traces[best.trace_key]
         group = partial.group
         self.groups[group] = [partial]
-        self.curves[group] = _Curve()
+        self.curves[group] = MemoryCurve()
         self.curves[group].add(partial.micro_batch_size, self.traces[partial.trace_key])
         self.explored.add(group)
         self.candidates.append(partial)
         return partial, self.traces[partial.trace_key]
 
-    # --- nothing fits ---------------------------------------------------------------------------
     def no_fit(self) -> NoFit:
-        """The error for an empty search, with DDP's and FSDP's per-GPU needs at the most frugal
-        allowed setting (AMP and checkpointing when allowed), micro-batch 1, on every GPU allowed."""
-        request = self.request
-        amp = any(g.amp for g in self.groups)
-        frugal = [g for g in self.groups if g.amp == amp and g.checkpointing == (FULL if request.allow_checkpointing
-                                                                                  else NONE)
-                  and g.sharding is None] or list(self.groups)
-        group = max(frugal, key=lambda g: g.multi)
-        widest = max(self.groups[group], key=lambda c: c.world_size)
-        precision = self.trace_precision(group)
-        ddp_est = self.trace(1, precision, group.checkpointing, group.probe_world_size)
-        ddp_needed = ddp_est.device_total - ddp_est.communication
-        if widest.world_size > 1 and ddp_est.communication:
-            ddp_needed += nccl_buffer_bytes(widest.world_size, compute_capability=widest.compute_capability)
-        # FSDP from the one-GPU trace where there is one: it has no DDP buckets in its gradients.
-        base = self.traces.get((1, precision, group.checkpointing, 1, None, False), ddp_est)
-        fsdp_traced = [self.predicted_bytes(c) for c in self.candidates if c.group.sharding is not None
-                       and c.group in self.explored and c.micro_batch_size == 1]
-        if fsdp_traced:  # FSDP was searched: its own traces say what it needs
-            fsdp_needed = min(fsdp_traced)
-        else:
-            fsdp_needed = fsdp_full_shard_bytes(base, world_size=widest.world_size,
-                                                largest_block_bytes=request.largest_block_bytes,
-                                                compute_capability=widest.compute_capability)
-        budget = max(c.budget_bytes for c in self.candidates)
-        where = f"across {widest.world_size} GPUs" if widest.world_size > 1 else "on one GPU"
-        setting = ", ".join([precision, *(["activation checkpointing"] if group.checkpointing else []),
-                             "micro-batch 1"])
-        lines = []
-        on_device = [c for c in self.candidates if not c.offload]
-        if not all(c.host_fits for c in on_device):
-            least = min(on_device, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
-            lines.append(
-                f"host RAM limits the ranks: {least.gpus_per_node} rank(s) per node need "
-                f"{format_bytes(least.gpus_per_node * least.host_bytes_per_rank)} at the least, and "
-                f"{'no' if not any(c.host_fits for c in on_device) else 'no other'} setting fits the "
-                f"{format_bytes(request.host_budget_bytes or 0)} host budget ({request.margin:.0%} margin kept); "
-                "free host memory, build the model on meta, or use fewer DataLoader workers.")
-        offloaded = [c for c in self.candidates if c.offload]
-        if offloaded and not any(c.host_fits for c in offloaded):
-            least = min(offloaded, key=lambda c: c.gpus_per_node * c.host_bytes_per_rank)
-            lines.append(
-                f"FSDP with CPU offload (allow_cpu_offload) keeps each rank's shard of the training state in host "
-                f"RAM: {least.gpus_per_node} ranks per node need {format_bytes(least.gpus_per_node * least.host_bytes_per_rank)}, "
-                f"over the {format_bytes(request.host_budget_bytes or 0)} host budget; add nodes (smaller shards), "
-                "free host memory, or use GPUs with more memory.")
-        if ddp_needed > widest.budget_bytes:
-            verdict = ("which would fit: use strategy='fsdp'" if fsdp_needed <= widest.budget_bytes else
-                       "which does not fit either: add GPUs or nodes, "
-                       f"{'' if offloaded else 'offload to CPU, '}or use GPUs with more memory")
-            lines.append(
-                f"DDP needs {format_bytes(ddp_needed)} per GPU {where} even with {setting}, over the per-GPU "
-                f"budget of {format_bytes(widest.budget_bytes)} ({request.margin:.0%} margin kept). FSDP full "
-                f"shard {where} would need {'' if fsdp_traced else 'about '}{format_bytes(fsdp_needed)} per GPU "
-                f"({'traced, its most frugal layout' if fsdp_traced else 'approximate'}), {verdict}.")
-            if not amp or not request.allow_checkpointing:
-                allow = [x for x, ok in (("precisions=('bf16-mixed', '16-mixed', ...)", amp),
-                                         ("allow_checkpointing=True", request.allow_checkpointing)) if not ok]
-                lines.append(f"Allowing {' and '.join(allow)} would lower what DDP needs.")
-        else:
-            lines.append(f"GPU memory is not the limit: DDP needs {format_bytes(ddp_needed)} per GPU {where} "
-                         f"with {setting} (FSDP full shard about {format_bytes(fsdp_needed)}).")
-        return NoFit("Nothing fits: " + " ".join(lines), ddp_needed_bytes_per_gpu=ddp_needed,
-                     fsdp_needed_bytes_per_gpu=fsdp_needed, budget_bytes_per_gpu=budget)
+        """The error for an empty search (memplan.planner.nofit)."""
+        return no_fit_error(self)
 
 
 def make_plan(request: PlanRequest, estimator: Estimator) -> Plan:
@@ -496,9 +373,27 @@ def make_plan(request: PlanRequest, estimator: Estimator) -> Plan:
     request (checked when the PlanRequest is built)."""
     if not isinstance(request, PlanRequest):
         raise ValueError(f"make_plan: request must be a PlanRequest; got {type(request).__name__}")
-    search = _Search(request, estimator)
-    try:
-        winner, est = search.run()
-    finally:
-        search.cancel_prefetch()
+    known: dict[tuple, MemoryEstimate] = {}
+    while True:  # twice at most: a second search has user_checkpointing set and does not raise
+        search = None
+        try:
+            search = _Search(request, estimator, known)
+            winner, est = search.run()
+            break
+        except _OwnCheckpointing as found:
+            request = dataclasses.replace(
+                request, allow_checkpointing=False, user_checkpointing=(
+                    f"torch.utils.checkpoint called {found.calls} times a step inside the model's forward"))
+            known = found.traces
+        finally:
+            if search is not None:
+                search.cancel_prefetch()
+            else:
+                _cancel_prefetches(estimator)
     return describe_plan(request, winner, est, search)
+
+
+def _cancel_prefetches(estimator: Estimator) -> None:
+    cancel = getattr(estimator, "cancel", None)
+    if cancel is not None:
+        cancel()

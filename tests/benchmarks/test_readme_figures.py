@@ -87,6 +87,23 @@ def _fsdp() -> tuple[str, ...]:
     )
 
 
+def _published_gpu() -> tuple[str, ...]:
+    report = results("published_gpu")
+    s, figures = report["summary"], report["figures"]
+    as_published, this_torch = s["memplan_published_torch"], s["memplan"]
+    old = [f for f in figures if not f["torch_at_least_2_1"]]
+    old_errors = [abs(f["error_published_torch"]) for f in old]
+    old_worst = max(old, key=lambda f: abs(f["error_published_torch"]))
+    return (
+        str(len(figures)), str(as_published["goal_set"]["figures"]),
+        pct(as_published["goal_set"]["median_abs_error"], 2), signed_pct(as_published["goal_set"]["worst_error"]),
+        as_published["goal_set"]["worst"],
+        pct(this_torch["goal_set"]["median_abs_error"], 2), signed_pct(this_torch["goal_set"]["worst_error"]),
+        this_torch["goal_set"]["worst"], "met" if as_published["goal_set"]["met"] else "not met",
+        str(len(old)), pct(statistics.median(old_errors), 2), signed_pct(old_worst["error_published_torch"]),
+    )
+
+
 def _suite_time() -> tuple[str, ...]:
     report = results("test_suite_time")
     (run,) = report["runs"]
@@ -119,6 +136,12 @@ CLAIMS = [
           r"peak over build \+ 2 steps\) the median error is NUM % and the worst\s+NUM %: the goal \(median <= 1 %, "
           r"worst <= 3 %\) is met\. (\d+) of the (\d+) rank figures match to 0\.001 %;\s+the other (\d+) \([^)]*\) peak "
           r"[\d.]+ KB below the estimate \(NUM-NUM %", _fsdp),
+    Claim("published_gpu",  # any space may be a line break
+          (r"(?s)Against GPU memory others published \(`\.venv/bin/python -m benchmarks\.published_gpu`.*?: (\d+) "
+          r"figures\. The (\d+) measured with torch >= 2\.1 .*? estimate at median \|error\| NUM % and worst NUM % "
+          r"\(`([\w.-]+)`\) with the published torch's kernels reproduced.*?with this torch's kernels: median NUM %, "
+          r"worst NUM % \(`([\w.-]+)`\)\. The goal \(median <= 1 %, worst <= 3 %\) is (met|not met)\..*?The (\d+) "
+          r"bert-large figures .*? reproduce at median NUM %, worst NUM %\.").replace(" ", r"\s+"), _published_gpu),
     Claim("test_suite_time",
           r"The suite \((\d+) tests\)\s+passed in NUM min on a 2-core ([\w ]+) while other jobs held the load "
           r"average at ([\d-]+); it used NUM\s+CPU-minutes in all \(`benchmarks/results/test_suite_time\.json`\), so "
@@ -178,3 +201,37 @@ def test_the_summaries_are_the_rows():
     assert s["all"]["measured"] == len(errors)
     assert s["all"]["median_abs_error"] == statistics.median(errors)
     assert s["all"]["worst_abs_error"] == max(errors)
+
+
+# --- benchmarks/results/published_gpu.json (issue 22 §3) ------------------------------------------------------
+PUBLISHED_GPU_QUANTITIES = {"max_memory_reserved": "peak_reserved", "max_memory_allocated": "peak_allocated",
+                            "nvml_used": "device_total"}
+PUBLISHED_GPU_CONDITIONS = {"model", "batch", "input", "precision", "optimizer", "gpu", "torch", "checkpointing", "loop"}
+
+
+def test_published_gpu_results_hold_each_figure_with_its_source_conditions_and_quantity():
+    figures = results("published_gpu")["figures"]
+    assert len(figures) >= 10
+    assert len({f["name"] for f in figures}) == len(figures)
+    for f in figures:
+        assert f["source"].startswith("https://") and f["quote"], f["name"]
+        assert PUBLISHED_GPU_CONDITIONS <= set(f["conditions"]) and all(f["conditions"].values()), f["name"]
+        assert f["memplan_field"] == PUBLISHED_GPU_QUANTITIES[f["quantity"]], f["name"]
+        assert f["memplan_bytes"] == f[f["memplan_field"]] and f["published_bytes"] > 0, f["name"]
+        assert f["error"] == pytest.approx(f["memplan_bytes"] / f["published_bytes"] - 1, abs=1e-12), f["name"]
+        assert f["error_published_torch"] == pytest.approx(
+            f["memplan_published_torch_bytes"] / f["published_bytes"] - 1, abs=1e-12), f["name"]
+        if f["quantity"] == "nvml_used":  # NVML's used includes the CUDA context memplan models
+            assert f["device_total"] >= f["peak_reserved"] + f["cuda_context"], f["name"]
+
+
+@pytest.mark.parametrize("key, column", [("error", "memplan"), ("error_published_torch", "memplan_published_torch")])
+def test_published_gpu_summary_is_its_rows(key, column):
+    report = results("published_gpu")
+    for subset, rows in (("goal_set", [r for r in report["figures"] if r["torch_at_least_2_1"]]),
+                         ("all", report["figures"])):
+        s = report["summary"][column][subset]
+        errors = [abs(r[key]) for r in rows]
+        assert s["figures"] == len(rows)
+        assert s["median_abs_error"] == pytest.approx(statistics.median(errors), abs=1e-12)
+        assert s["worst_abs_error"] == pytest.approx(max(errors), abs=1e-12)

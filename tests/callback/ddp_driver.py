@@ -55,7 +55,8 @@ import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.strategies import DDPStrategy  # noqa: E402
 import torch  # noqa: E402
 from callback_sim import (  # noqa: E402
-    RecordingLogger, Regression, SimulatedBudget, TightenAt, make_plan, run_net, simulated_free, tracing, weights_of,
+    RecordingLogger, Regression, SimulatedBudget, TightenAt, end_finished_rank, make_plan, run_net, simulated_free, tracing,
+    weights_of,
 )
 from pytorch_lightning.callbacks import Callback  # noqa: E402
 
@@ -234,7 +235,4 @@ def main(scenario: str, out: Path) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], Path(sys.argv[2]))
-    # As launch/train.py does: destroy the group before interpreter shutdown, which can otherwise
-    # abort a finished run from gloo's threads (pytorch/pytorch#190489).
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    end_finished_rank()  # destroys the process group and leaves without interpreter shutdown

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
-from callback_sim import CausalLM, ShardedRegression, make_plan, simulated_free  # noqa: E402
+from callback_sim import CausalLM, ShardedRegression, end_finished_rank, make_plan, simulated_free  # noqa: E402
 from pytorch_lightning.strategies import ModelParallelStrategy  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
@@ -97,8 +97,4 @@ if __name__ == "__main__":
     directory = Path(sys.argv[2])
     directory.mkdir(parents=True, exist_ok=True)
     main(sys.argv[1], directory, int(sys.argv[3]) if len(sys.argv) > 3 else 1)
-    # As launch/train.py and ddp_driver.py do: destroy the group before interpreter shutdown, which can
-    # otherwise abort a finished run from gloo's threads (seen in CI: "terminate called without an
-    # active exception", exit -6, after the fit had ended; pytorch/pytorch#190489).
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    end_finished_rank()  # destroys the process group and leaves without interpreter shutdown

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from memplan.callback import MemoryPlanner
 from memplan.callback.apply import enable_checkpointing
-from memplan.callback.checks import check_can_adjust, check_guard
+from memplan.callback.checks import check_can_adjust, guard_blocker
 from memplan.hardware import host_info
 from memplan.plan import Plan
 from memplan.planner import NoFit, PlanRequest
@@ -217,10 +217,10 @@ def test_ddp_settings_a_guarded_step_cannot_work_with_are_named():
     with pytest.raises(MisconfigurationException, match=r"static_graph=True .* skips the all-reduce"):
         check_can_adjust(trainer(static_graph=True), Regression())
     check_can_adjust(trainer(), Regression())
-    assert check_guard(trainer(), "always") is None
-    assert "gradient_as_bucket_view=True" in check_guard(trainer(gradient_as_bucket_view=True), "auto")
+    assert guard_blocker(trainer(), "always") is None
+    assert "gradient_as_bucket_view=True" in guard_blocker(trainer(gradient_as_bucket_view=True), "auto")
     with pytest.raises(MisconfigurationException, match=r"guard='always'\) cannot guard backwards"):
-        check_guard(trainer(gradient_as_bucket_view=True), "always")
+        guard_blocker(trainer(gradient_as_bucket_view=True), "always")
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

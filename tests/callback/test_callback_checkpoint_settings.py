@@ -108,3 +108,36 @@ def test_a_plan_made_by_the_callback_for_a_self_checkpointing_model_keeps_it(mak
 
     make_trainer([MemoryPlanner(planner=planner)], max_steps=1).fit(module)
     assert seen[0].user_checkpointing and seen[0].allow_checkpointing is False and seen[0].repeated_blocks == 4
+
+
+class CheckpointsInForward(pl.LightningModule):
+    """Repeated blocks it checkpoints itself with torch.utils.checkpoint inside training_step: no mark on
+    its modules, only the trace sees it."""
+
+    def __init__(self, batch_size: int = 8):
+        super().__init__()
+        self.batch_size = batch_size
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                                              torch.nn.Linear(32, 16)) for _ in range(3))
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        for block in self.blocks:
+            x = x + torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return x.pow(2).mean()
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(64, 16)), batch_size=self.batch_size)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_checkpointing_inside_the_forward_is_found_by_the_trace_and_kept(make_trainer):
+    module = CheckpointsInForward()
+    assert model_facts(module, allow_checkpointing=True)["user_checkpointing"] is None  # no mark on the modules
+    planner = MemoryPlanner()
+    make_trainer([planner], max_steps=1).fit(module)
+    assert planner.plan.user_checkpointing.startswith("torch.utils.checkpoint called")
+    assert planner.plan.checkpointing == Checkpointing.parse("none")
+    assert not any(getattr(block, _WRAPPED, False) for block in module.blocks)

@@ -13,6 +13,7 @@ from pytorch_lightning.strategies import FSDPStrategy, ModelParallelStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from memplan.callback import fsdp_plan, sharded
+from memplan.callback.chunk_job import RunnerOptions
 from memplan.callback.chunking import MicroBatchRunner
 from memplan.callback.framework import MisconfigurationException
 from memplan.callback.layout import Layout
@@ -64,10 +65,10 @@ def test_simulated_fsdp1_chunks_but_the_last_run_under_no_sync_and_the_gradient_
         param.register_hook(lambda g: synced_backwards.append(not wrapper.sync_off) or g)
     layout = Layout(loader_batch_size=8, micro_batch_size=2, accumulate_grad_batches=1, world_size=1,
                     gradient_checkpointing=False)
-    runner = MicroBatchRunner(
-        simulated_trainer(strategy), module, layout=layout, can_checkpoint=False, retry=False, can_guard=False,
+    runner = MicroBatchRunner(simulated_trainer(strategy), module, RunnerOptions(
+        layout=layout, can_checkpoint=False, retry=False, can_guard=False,
         enable_checkpointing=lambda: None, on_retry=lambda r: None, out_of_memory=lambda m, s: None,
-        sharded_sync_off=sharded.gradient_sync_off(strategy, module))
+        sharded_sync_off=sharded.gradient_sync_off(strategy, module)))
     runner.install()
     x, y = torch.randn(8, 6, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64)
     loss = module.training_step((x, y, torch.arange(8)), 0)
@@ -99,9 +100,9 @@ def test_model_parallel_without_fully_shard_is_refused_by_name():
 
 @pytest.mark.parametrize("strategy", [simulated_fsdp1_strategy(), ModelParallelStrategy()], ids=["FSDP1", "FSDP2"])
 def test_guard_always_is_refused_under_fsdp(strategy):
-    sharded.check_guard(strategy, "auto")
+    sharded.refuse_guard_always(strategy, "auto")
     with pytest.raises(MisconfigurationException, match=r"guard='always'.*use guard='auto'"):
-        sharded.check_guard(strategy, "always")
+        sharded.refuse_guard_always(strategy, "always")
 
 
 def test_simulated_fsdp1_settings_are_read_for_planning():

@@ -144,3 +144,162 @@ def test_a_run_id_on_every_line_builds_a_few_patterns_not_one_a_line(tmp_path, m
     assert len(reader.runs) == 20_000
     chunks = (folder / "rank0.jsonl").stat().st_size // log_reader.CHUNK_BYTES + 1
     assert len(built) <= chunks * (log_reader.MAX_NEW_SHAPES + 1), f"{len(built)} patterns built"
+
+
+def variants(rng: random.Random) -> list[str]:
+    """Sample lines as MemoryPlanner writes them and as it never does: each must be folded as json.loads
+    and the slow way's checks fold it (most take the slow way; those of the shape, the fast one)."""
+    base = sample(0, 7, RUN_A, rng)
+    plain = json.dumps(base)
+    reordered = dict(reversed(list(base.items())))
+    missing = {k: v for k, v in base.items() if k != "reserved_bytes"}
+    lines = [
+        plain,
+        json.dumps(base, separators=(",", ":")),  # compact: another text, the same record
+        json.dumps(reordered),
+        json.dumps(missing),
+        json.dumps({**base, "note": 'say "hi"\\ \t caf\u00e9'}),  # escapes in a string
+        json.dumps({**base, "note": "caf\u00e9"}, ensure_ascii=False),  # raw UTF-8
+        plain.replace('"run": "', '"run": "\\u0032'),  # an escaped run id: another run
+        plain.replace('"note": null', '"note": "\\ud800"'),  # a lone surrogate escape
+        json.dumps({**base, "process_bytes": None, "peak_bytes": None}),
+        json.dumps({**base, "reserved_bytes": None}),
+        json.dumps({**base, "headroom_bytes": -(3 * GiB)}),
+        json.dumps({**base, "headroom_bytes": -0}),
+        plain.replace('"headroom_bytes": ', '"headroom_bytes": -0'),  # -0123...: not JSON
+        json.dumps({**base, "time": 1.7e9}),  # 1700000000.0
+        json.dumps({**base, "time": 1_700_000_000}),  # an int time
+        json.dumps({**base, "time": 12.5}),  # another count of whole seconds
+        json.dumps({**base, "time": 0.0005}),  # 0.0005
+        json.dumps({**base, "time": 1e-7}),  # 1e-07
+        json.dumps({**base, "time": 99999999999.5}),  # 10^11 - 0.5
+        json.dumps({**base, "time": 1e11}),  # impossible
+        json.dumps({**base, "time": 1700000000.1234567891}),  # repr: 1700000000.1234568
+        json.dumps({**base, "step": 0}),
+        json.dumps({**base, "step": 10**12}),
+        json.dumps({**base, "step": 10**12 + 1}),  # impossible
+        json.dumps({**base, "step": -1}),
+        json.dumps({**base, "step": 7.0}),  # not an integer step
+        json.dumps({**base, "process_bytes": 2**50}),
+        json.dumps({**base, "process_bytes": 2**50 + 1}),  # impossible
+        json.dumps({**base, "process_bytes": 10**15 - 1}),
+        json.dumps({**base, "process_bytes": 1.5}),
+        json.dumps({**base, "process_bytes": True}),
+        json.dumps({**base, "device_total_bytes": 0}),
+        json.dumps({**base, "allocated_bytes": -5}),  # impossible
+        json.dumps({**base, "micro_batch_size": 10**200}),  # a long integer json.loads reads
+        json.dumps({**base, "micro_batch_size": 1.5e300}),
+        plain.replace('"micro_batch_size": 8', '"micro_batch_size": ' + "9" * 5000),  # past json.loads' limit
+        plain.replace('"micro_batch_size": 8', '"micro_batch_size": NaN'),  # json.loads reads it
+        plain.replace('"micro_batch_size": 8', '"micro_batch_size": Infinity'),
+        plain.replace('"micro_batch_size": 8', '"micro_batch_size": 08'),
+        plain.replace('"micro_batch_size": 8', '"micro_batch_size": 8, "micro_batch_size": 4'),  # the last counts
+        plain.replace('"process_bytes": ', '"process_bytes": 1, "process_bytes": '),
+        plain.replace('"guarded": ', '"guarded":  '),  # another space
+        plain + " ",
+        plain + "\r",  # (a CRLF line)
+        " " + plain,
+        plain[:-1] + ', "layout": {"micro_batch_size": 8}}',  # a nested value
+        plain[:-1] + ', "layout": [1]}',
+        plain[:-1] + ', "extra_bytes": 12}',
+        plain[:-1] + ',}',
+        plain.replace('"event": "sample"', '"event": "Sample"'),
+        plain.replace('"event": "sample"', '"event": "sample\\u0000"'),
+        plain.replace("{", "[", 1),
+        plain[:len(plain) // 2],
+        "",
+        "null",
+        "[]",
+        '"sample"',
+        "\x00" + plain,
+        plain.encode("utf-8").decode("latin-1") + "\u00ff",  # (written back as UTF-8: not the same bytes)
+    ]
+    return lines
+
+
+@pytest.mark.parametrize("chunk", [1 << 12, 4 << 20])
+def test_the_fast_path_reads_every_kind_of_line_as_json_loads_does(tmp_path, monkeypatch, chunk):
+    """Each variant between lines of the shape (so the fast path is taken around it, and learns a new
+    shape where the variant is a valid sample of another): the same fold, both ways. In 4 KiB chunks
+    (a variant or two each) the lines around each variant take the fast path; in one chunk, past
+    MAX_NEW_SHAPES shapes the rest is read the slow way."""
+    monkeypatch.setattr(log_reader, "CHUNK_BYTES", chunk)
+    rng = random.Random(5)
+    folder = tmp_path / "memplan"
+    folder.mkdir()
+    lines = []
+    for i, variant in enumerate(variants(rng)):
+        lines += [json.dumps(sample(0, 100 * i + k, RUN_A, rng)) for k in range(3)]
+        lines.append(variant)
+        lines += [json.dumps(sample(0, 100 * i + 50 + k, RUN_A, rng)) for k in range(3)]
+    (folder / "rank0.jsonl").write_bytes(("\n".join(lines) + "\n").encode("utf-8", "surrogatepass"))
+    monkeypatch.setattr(run_history, "PLOT_POINTS", 4)
+    fast_lines = []
+    real_add = log_reader.FolderReader._add_fast
+
+    def add_fast(self, state, shape, groups):
+        fast_lines.extend(groups[0])
+        real_add(self, state, shape, groups)
+
+    monkeypatch.setattr(log_reader.FolderReader, "_add_fast", add_fast)
+    results = []
+    for fast in (False, True):
+        monkeypatch.setattr(log_reader, "FAST_PATH", fast)
+        reader = log_reader.FolderReader(folder)
+        reader.update()
+        results.append(folded(reader))
+    slow, fast = results
+    assert fast == slow
+    if chunk > len(lines) * 1024:
+        return
+    assert len(fast_lines) > 4 * len(variants(random.Random(5))), "the lines around each variant go fast"
+    for variant in ('"headroom_bytes": -3221225472', '"step": 0,', '"process_bytes": 999999999999999,', '"device_total_bytes": 0,',
+                    '"time": 1700000000.0,'):  # valid samples of the shape: fast too
+        assert any(variant.encode() in line for line in fast_lines), variant
+    assert len(slow["runs"]) == 2  # the escaped run id is another run
+    assert {"not JSON", "impossible step", "impossible process_bytes", "impossible time",
+            "no integer step"} <= set(slow["skipped"]["rank0.jsonl"])
+
+
+@pytest.mark.parametrize("numpy_parse", [True, False])
+def test_a_shape_folds_its_lines_as_each_record_folds(monkeypatch, numpy_parse):
+    """SampleShape.fold against the records json.loads gives, on batches with nulls (none to all), negative headroom,
+    peaks under what is reserved, times that share their whole seconds (decimals 5 and 25 and 05) and
+    steps out of order: numpy's parse and the one-by-one fold both."""
+    from memplan.commands import log_scan
+
+    if not numpy_parse:
+        monkeypatch.setattr(log_scan, "_integers", lambda *a: None)
+    rng = random.Random(3)
+    for trial in range(200):
+        n = rng.randrange(1, 40)
+        nulls = rng.choice([0.0, 0.2, 0.6, 1.0])  # (a CPU run logs no device figures)
+        records = []
+        for _ in range(n):
+            over = {name: None for name in ("process_bytes", "reserved_bytes", "peak_bytes", "headroom_bytes",
+                                            "device_total_bytes") if rng.random() < nulls}
+            if rng.random() < 0.3 and "headroom_bytes" not in over:
+                over["headroom_bytes"] = -rng.randrange(10**15)
+            if rng.random() < 0.5:  # a peak under what is reserved now (the interval's peak was earlier)
+                over.update({name: rng.randrange(10**15) for name in ("reserved_bytes", "peak_bytes") if name not in over})
+            record = sample(0, rng.randrange(10**rng.randrange(1, 13)), RUN_A, rng, **over)
+            record["time"] = rng.choice([1.7e9 + rng.choice([0.5, 0.25, 0.05, 0.125, 0.0]), 1.7e9 + rng.random(),
+                                         1.7e9 + rng.randrange(3)])
+            records.append(record)
+        log_scan._SHAPES.clear()
+        first = {**records[0], "process_bytes": 1, "reserved_bytes": 1, "peak_bytes": 1, "headroom_bytes": 1,
+                 "device_total_bytes": 1}
+        shape = log_scan.sample_shape(first)
+        assert shape is not None
+        text = b"\n".join(json.dumps(r).encode() for r in records)
+        rows = shape.pattern.findall(text)
+        assert len(rows) == n and all(row[0] for row in rows), "every line of the shape"
+        got = shape.fold(list(zip(*rows)))
+        peaks = [p for p in map(run_history.sample_peak_bytes, records) if p is not None]
+        heads = [r["headroom_bytes"] for r in records if r["headroom_bytes"] is not None]
+        totals = [r["device_total_bytes"] for r in records if r["device_total_bytes"] is not None]
+        assert got == log_scan.SampleFigures(
+            last_step=max(r["step"] for r in records), started=min(r["time"] for r in records),
+            peak_bytes=max(peaks, default=None), min_headroom_bytes=min(heads, default=None),
+            device_total_bytes=max(totals, default=None)), trial
+        assert type(got.peak_bytes) in (int, type(None)) and type(got.started) is float

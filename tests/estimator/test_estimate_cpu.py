@@ -201,7 +201,7 @@ def real_live_peak(model, batch, loss_fn, steps=2):
     from memplan.estimator.allocator import ExactAllocatorModel
     from memplan.estimator.composite import RealCompositePaths
     from memplan.estimator.inputs import resolve_optimizer
-    from memplan.estimator.step import PrecisionPolicy, run_training_step
+    from memplan.estimator.step import PrecisionPolicy, StepOptions, run_training_step
     from memplan.estimator.tracker import Category, StorageTracker
 
     tracker = StorageTracker(ExactAllocatorModel(), None, cpu_kernels=True)
@@ -216,7 +216,7 @@ def real_live_peak(model, batch, loss_fn, steps=2):
             if step == steps - 1:
                 tracker.reset_peak()
             run_training_step(model, batch, loss_fn=loss_fn, optimizer=opt,
-                              policy=PrecisionPolicy.from_string("32-true"), device_type="cpu")
+                              options=StepOptions(policy=PrecisionPolicy.from_string("32-true"), device_type="cpu"))
     tracker.stop()
     return tracker.peak.total
 

@@ -21,7 +21,7 @@ from memplan.estimator.api import estimate
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fsdp import FsdpSettings
 from memplan.truth import allocator_counts_every_thread, peak_total_allocated
-from memplan.estimator.step import run_training_step
+from memplan.estimator.step import StepOptions, run_training_step
 
 
 def tiny_gpt() -> GPTLM:
@@ -139,7 +139,7 @@ def _real_rank(rank: int, world: int, port: int, out) -> None:
             loss = lambda m, b: m.training_step(b, 0)  # noqa: E731
             for _ in range(2):
                 run_training_step(model, batch, loss_fn=loss, optimizer=opt,
-                                  policy=_policy(), device_type="cpu", grad_scale=None)
+                                  options=StepOptions(policy=_policy(), device_type="cpu", grad_scale=None))
         out[rank] = peak_total_allocated(prof)
     finally:
         dist.destroy_process_group()

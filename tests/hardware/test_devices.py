@@ -8,8 +8,8 @@ from fake_nvml import SimGpu, SimProcess
 from rich.console import Console
 
 from memplan.hardware.host import HostInfo
-from memplan.hardware.nvml import visible_gpus
-from memplan.commands.devices import devices_dict, devices_table
+from memplan.hardware.visible import visible_gpus
+from memplan.commands.device_table import devices_dict, devices_table
 from memplan.units import GiB, MiB
 
 HOST = HostInfo(total_bytes=512 * GiB, available_bytes=400 * GiB, cpu_count=64, usable_cpu_count=16,

@@ -13,10 +13,8 @@ from fake_nvml import SimGpu, SimProcess, SimulatedNvml
 
 from memplan.hardware import nvml
 from memplan.hardware.catalog import match_nvml_name
-from memplan.hardware.nvml import (
-    NA, gpu_for_cuda_index, gpu_for_local_rank, list_gpus, nvml_available, nvml_query,
-    nvml_unavailable_reason, process_gpu_bytes, visible_gpus,
-)
+from memplan.hardware.nvml import NA, list_gpus, nvml_available, nvml_query, nvml_unavailable_reason, process_gpu_bytes
+from memplan.hardware.visible import gpu_for_cuda_index, gpu_for_local_rank, visible_gpus
 from memplan.units import GiB, MiB
 
 A100_80 = 81920 * MiB

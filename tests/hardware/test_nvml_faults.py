@@ -12,7 +12,8 @@ from fake_nvml import SimGpu, SimProcess
 
 from memplan.commands.cli import main
 from memplan.hardware import readings
-from memplan.hardware.nvml import list_gpus, nvml_query, nvml_unavailable_reason, visibility_problem, visible_gpus
+from memplan.hardware.nvml import list_gpus, nvml_query, nvml_unavailable_reason
+from memplan.hardware.visible import visibility_problem, visible_gpus
 from memplan.units import GiB
 
 CONFIG = "configs/mlp.yaml"

@@ -9,7 +9,7 @@ from memplan.estimator.flops import OpCost, StepCosts
 from memplan.hardware import lookup_gpu
 from memplan.hardware.catalog import gpu_links
 from memplan.plan import Plan
-from memplan.planner import DeviceBudget, PlanRequest, make_plan, predict_step
+from memplan.planner import DeviceBudget, PlanRequest, StepSetting, make_plan, predict_step
 from memplan.planner import costs
 from memplan.planner.profile import CostProfile
 from memplan.units import GiB
@@ -20,7 +20,7 @@ A100 = gpu_links("A100-80GB")
 def one_gpu(profile: CostProfile, **kwargs):
     setting = dict(precision="bf16-mixed", checkpointing=False, micro_batch_size=1, accumulate_grad_batches=1,
                    world_size=1, gpus_per_node=1, nodes=1, sharding=None, offload=False, gpu_name="A100-80GB")
-    return predict_step(profile, **{**setting, **kwargs})
+    return predict_step(profile, StepSetting(**{**setting, **kwargs}))
 
 
 def costs_of(*ops: OpCost) -> StepCosts:
@@ -172,8 +172,8 @@ def test_a_plan_without_checkpointing_beats_one_with_it_when_both_fit():
     setting = dict(precision="bf16-mixed", micro_batch_size=plan.micro_batch_size, world_size=4, gpus_per_node=4,
                    accumulate_grad_batches=plan.accumulate_grad_batches, nodes=1, sharding=None, offload=False,
                    gpu_name="A100-80GB")
-    with_it = predict_step(profile, checkpointing=True, **setting).samples_per_s
-    assert predict_step(profile, checkpointing=False, **setting).samples_per_s == pytest.approx(plan.samples_per_s)
+    with_it = predict_step(profile, StepSetting(checkpointing=True, **setting)).samples_per_s
+    assert predict_step(profile, StepSetting(checkpointing=False, **setting)).samples_per_s == pytest.approx(plan.samples_per_s)
     loss = 1 - with_it / plan.samples_per_s
     assert 0.2 < loss <= 0.25
     assert any(f"recomputing each block's forward would cost {loss:.0%} of the speed" in r for r in plan.reasons)
