@@ -135,7 +135,9 @@ def _now() -> str:
 
 
 def run_child(rec: Recorder, argv: list[str], *, env: dict | None = None, cap_s: float = 600) -> subprocess.CompletedProcess:
-    """Run a child in the repository root, killed at the part's deadline (or after cap_s)."""
+    """Run a child in the repository root, killed at the part's deadline (or after cap_s; a dry run has no
+    cap_s: on a loaded CPU it is slow, and its caller tells a hang by lack of CPU progress)."""
+    cap_s = rec.left() if rec.settings.dry_run else cap_s
     return run_group(argv, cwd=ROOT, env=env, timeout=max(1.0, min(cap_s, rec.left())))
 
 

@@ -665,11 +665,14 @@ def test_torchrun_command_for_one_node_and_for_several(tmp_path, monkeypatch):
 
 
 def test_sigterm_while_the_pair_is_written_leaves_both_or_neither_and_no_temporary_file(tmp_path):
-    """`suggest --output` killed with SIGTERM in the middle of writing (a slow disk: each temporary file
-    takes 0.5 s to flush): the signal waits until the pair is whole, then ends the process as SIGTERM does."""
+    """`suggest --output` killed with SIGTERM in the middle of writing (a slow disk: the plan's temporary file
+    is not flushed until the signal has been sent, however long that takes): the signal waits until the pair
+    is whole, then ends the process as SIGTERM does."""
     import signal
     import subprocess
     import sys
+
+    from subprocess_run import Watched
 
     loaded = load_text(tmp_path, MLP_CONFIG)
     script = f"""
@@ -681,19 +684,27 @@ from test_config import make_plan
 real = write._temp_with
 def slow(path, text):
     temp = real(path, text)
-    print("temp", path.name, flush=True)
-    time.sleep(0.5)
+    with open({str(tmp_path / 'temps')!r}, "a") as temps:
+        temps.write(path.name + "\\n")
+    while path.name.endswith(".plan.json") and not os.path.exists({str(tmp_path / 'signal-sent')!r}):
+        time.sleep(0.01)
     return temp
 write._temp_with = slow
 write.write_planned_config(load_config({str(loaded.path)!r}), make_plan(), {str(tmp_path / 'planned.yaml')!r})
 print("written", flush=True)
 """
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().startswith("temp planned.plan.json")  # the plan's temporary file is there
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    with Watched([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        temps = tmp_path / "temps"
+        proc.wait_until(lambda: temps.exists() and "planned.plan.json" in temps.read_text(),
+                        "the plan's temporary file was written")
+        proc.send_signal(signal.SIGTERM)
+        (tmp_path / "signal-sent").touch()
+        out, err = proc.communicate()
     assert proc.returncode == -signal.SIGTERM, err
     assert "written" not in out  # the signal ended it, after the pair
+    assert temps.read_text().splitlines()[0] == "planned.plan.json"  # the plan first
+    (tmp_path / "signal-sent").unlink()
+    temps.unlink()
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["config.yaml", "planned.plan.json", "planned.yaml"], names  # both, and no hidden .tmp
     written = Plan.from_dict(json.loads((tmp_path / "planned.plan.json").read_text()))

@@ -3,13 +3,13 @@ a key it would refuse is refused at load, by name, with the fix; the keys mempla
 memplan's own launch (memplan.train, a LightningCLI) takes."""
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
+from subprocess_run import run_watched
 
 from memplan.config import ConfigError, load_config
 from memplan.config.sections import ALSO_ACCEPTED, SECTIONS, fit_arguments
@@ -91,6 +91,5 @@ def test_lightningclis_other_keys_pass(tmp_path):
 @pytest.mark.slow
 def test_the_keys_memplan_accepts_are_those_memplans_launch_accepts():
     """memplan.train (LightningCLI with `memplan:`) prints every top-level key its fit takes."""
-    printed = subprocess.run([sys.executable, "-m", "memplan.train", "fit", "--print_config"],
-                             capture_output=True, text=True, timeout=300, check=True).stdout
+    printed = run_watched([sys.executable, "-m", "memplan.train", "fit", "--print_config"], check=True).stdout
     assert set(yaml.safe_load(printed)) | {"config"} == {*SECTIONS, *ALSO_ACCEPTED, *fit_arguments()}

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from subprocess_run import run_watched
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,22 +29,22 @@ def _write_executable(path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("script", [TORCHRUN_SH, SLURM_SBATCH], ids=lambda p: p.name)
 def test_script_parses(script):
-    run = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    run = run_watched(["bash", "-n", str(script)])
     assert run.returncode == 0, run.stderr
 
 
 @pytest.mark.parametrize("script", [TORCHRUN_SH, SLURM_SBATCH], ids=lambda p: p.name)
 def test_script_without_config_is_a_usage_error(script, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "CONFIG"}
-    run = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    run = run_watched(["bash", str(script)], cwd=tmp_path, env=env)
     assert run.returncode == 2 and "usage:" in run.stderr
 
 
 def test_torchrun_sh_trains_on_cpu_with_the_planner_planning_at_fit_start(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MEMPLAN_PYTHON=sys.executable, MEMPLAN_CPU="1")
-    run = subprocess.run(
+    run = run_watched(
         [str(TORCHRUN_SH), str(MLP), "--", "--trainer.max_steps=3", "--trainer.log_every_n_steps=1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, env=env,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert not list(tmp_path.glob("*.planned.yaml")), "the CPU path does not plan ahead"
@@ -60,8 +61,8 @@ def test_torchrun_sh_trains_on_cpu_with_the_planner_planning_at_fit_start(tmp_pa
     assert layouts[0]["world_size"] == 2 and layouts[0]["global_batch_size"] == 1024
     # and memplan report turns the run's logs into the picture and the summary
     run_dir = logs[0].parent.parent
-    report = subprocess.run([sys.executable, "-m", "memplan", "report", str(run_dir)], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=120)
+    report = run_watched([sys.executable, "-m", "memplan", "report", str(run_dir)], cwd=tmp_path,
+                         env=env)
     assert report.returncode == 0, report.stderr[-2000:]
     png = run_dir / "memplan_report.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
@@ -86,8 +87,7 @@ def test_torchrun_sh_trains_an_fsdp_config_on_cpu_under_model_parallel_strategy(
     config = tmp_path / "tiny-fsdp.yaml"
     config.write_text(yaml.safe_dump(TINY_FSDP_GPT, sort_keys=False))
     env = dict(os.environ, OMP_NUM_THREADS="1", MEMPLAN_PYTHON=sys.executable, MEMPLAN_CPU="1")
-    run = subprocess.run([str(TORCHRUN_SH), str(config)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = run_watched([str(TORCHRUN_SH), str(config)], cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=3` reached." in run.stdout + run.stderr
     logs = sorted(tmp_path.glob("lightning_logs/*/memplan/rank*.jsonl"))
@@ -126,8 +126,8 @@ fi
     env = dict(os.environ, MEMPLAN_PYTHON=str(stub), CUDA_VISIBLE_DEVICES="4,5,6,7")
     for key in ("MEMPLAN_CPU", "MEMPLAN_GPUS", "MEMPLAN_OUTPUT_DIR"):
         env.pop(key, None)
-    run = subprocess.run([str(TORCHRUN_SH), str(MLP), "--", "--trainer.max_steps=3"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    run = run_watched([str(TORCHRUN_SH), str(MLP), "--", "--trainer.max_steps=3"],
+                      cwd=tmp_path, env=env)
     assert run.returncode == 3, run.stderr  # torchrun's exit status is the script's
     called = json.loads(record.read_text())
     assert called["cuda_visible_devices"] == "5,7"
@@ -158,8 +158,8 @@ with open("{srun_calls}", "a") as f:
                SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_NODELIST="node[01-02]")
     for key in ("CONFIG", "NODES", "GPUS_PER_NODE", "OUTPUT_DIR", "MASTER_PORT", "MEMPLAN_REPO"):
         env.pop(key, None)
-    run = subprocess.run(["bash", str(SLURM_SBATCH), "configs/mlp.yaml", "--", "--trainer.max_steps=5"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    run = run_watched(["bash", str(SLURM_SBATCH), "configs/mlp.yaml", "--", "--trainer.max_steps=5"],
+                      cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
     suggests = [line for line in calls.read_text().splitlines() if line.startswith("-m memplan suggest")]
@@ -227,8 +227,8 @@ def test_torchrun_sh_runs_the_projects_venv_from_another_directory_without_activ
     _python3_without_torch(tmp_path / "bin")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    run = subprocess.run([str(clone / "launch" / "torchrun.sh"), str(MLP)], cwd=elsewhere,
-                         env=_script_env(tmp_path), capture_output=True, text=True, timeout=60)
+    run = run_watched([str(clone / "launch" / "torchrun.sh"), str(MLP)], cwd=elsewhere,
+                      env=_script_env(tmp_path))
     assert run.returncode == 7, run.stderr  # the simulated torchrun's status, through the venv's python
     torchrun = [c for c in (tmp_path / "venv-calls.txt").read_text().splitlines()
                 if c.startswith("-m torch.distributed.run")]
@@ -238,9 +238,8 @@ def test_torchrun_sh_runs_the_projects_venv_from_another_directory_without_activ
 def test_memplan_python_wins_over_the_venv(tmp_path):
     clone = _clone(tmp_path, venv=True)
     chosen = _recording_python(tmp_path / "chosen-python", tmp_path / "chosen-calls.txt")
-    run = subprocess.run([str(clone / "launch" / "torchrun.sh"), str(MLP)], cwd=tmp_path,
-                         env=_script_env(tmp_path, MEMPLAN_PYTHON=str(chosen)), capture_output=True, text=True,
-                         timeout=60)
+    run = run_watched([str(clone / "launch" / "torchrun.sh"), str(MLP)], cwd=tmp_path,
+                      env=_script_env(tmp_path, MEMPLAN_PYTHON=str(chosen)))
     assert run.returncode == 7, run.stderr
     assert "-m torch.distributed.run" in (tmp_path / "chosen-calls.txt").read_text()
     assert not (tmp_path / "venv-calls.txt").exists()
@@ -252,8 +251,7 @@ def test_a_python_without_torch_is_named_with_the_fix_before_any_step(tmp_path, 
     shutil.copy2(ROOT / "launch" / "slurm.sbatch", clone / "launch" / "slurm.sbatch")
     _python3_without_torch(tmp_path / "bin")
     env = _script_env(tmp_path, SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="2", SLURM_SUBMIT_DIR=str(tmp_path))
-    run = subprocess.run(["bash", str(clone / "launch" / script), str(MLP)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60)
+    run = run_watched(["bash", str(clone / "launch" / script), str(MLP)], cwd=tmp_path, env=env)
     assert run.returncode == 3, run.stderr
     first = run.stderr.splitlines()[0]
     assert "python3 on PATH" in first and f"no {clone}/.venv" in first and "No module named 'torch'" in first
@@ -272,8 +270,7 @@ exec {sys.executable} "$@"
 """)
     env = _script_env(tmp_path, MEMPLAN_PYTHON=str(stub))
     env.pop("MEMPLAN_CPU")
-    run = subprocess.run([str(TORCHRUN_SH), str(MLP)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=60)
+    run = run_watched([str(TORCHRUN_SH), str(MLP)], cwd=tmp_path, env=env)
     assert run.returncode == 5, run.stderr
     assert run.stderr.splitlines()[-1].endswith("memplan devices failed (exit 5)")
     assert "NVML says no" in run.stderr and "Traceback" not in run.stderr
@@ -307,8 +304,7 @@ json.dump(sys.argv[1:], open("{srun_calls}", "w"))
                       SLURM_SUBMIT_DIR=str(submit))
     for key in ("CONFIG", "NODES", "GPUS_PER_NODE", "OUTPUT_DIR", "MEMPLAN_REPO", "MEMPLAN_GPU", "MEMPLAN_GPU_MEMORY"):
         env.pop(key, None)
-    run = subprocess.run(["bash", str(clone / "launch" / "slurm.sbatch"), str(MLP)], cwd=submit, env=env,
-                         capture_output=True, text=True, timeout=60)
+    run = run_watched(["bash", str(clone / "launch" / "slurm.sbatch"), str(MLP)], cwd=submit, env=env)
     assert run.returncode == 0, run.stderr
     assert "-m memplan suggest" in (tmp_path / "venv-calls.txt").read_text()
     argv = json.loads(srun_calls.read_text())
@@ -334,8 +330,7 @@ exec {sys.executable} "$@"
     for key in ("CONFIG", "NODES", "GPUS_PER_NODE", "OUTPUT_DIR", "MASTER_PORT", "MEMPLAN_REPO", "MEMPLAN_FORCE"):
         env.pop(key, None)
     env.update(env_extra)
-    run = subprocess.run(["bash", str(SLURM_SBATCH), *args, str(config)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = run_watched(["bash", str(SLURM_SBATCH), *args, str(config)], cwd=tmp_path, env=env)
     suggests = [line for line in calls.read_text().splitlines() if line.startswith("-m memplan suggest")]
     return run, suggests
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from subprocess_run import run_watched
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,9 +20,9 @@ def test_planned_config_trains_under_torchrun_with_two_cpu_processes(tmp_path):
     elsewhere.mkdir()
     # a global batch with enough work per step that the step-time model uses both GPUs (the MLP demo's own
     # 1024 is host-bound: one GPU is as fast)
-    suggest = subprocess.run([*memplan, "suggest", "--gpus", "2", "--gpu", "A100-80GB", "--global-batch-size", "8192",
-                              str(ROOT / "configs" / "mlp.yaml"), "--output", str(plans / "planned.yaml")],
-                             cwd=plans, check=True, capture_output=True, text=True, timeout=120)
+    suggest = run_watched([*memplan, "suggest", "--gpus", "2", "--gpu", "A100-80GB", "--global-batch-size", "8192",
+                           str(ROOT / "configs" / "mlp.yaml"), "--output", str(plans / "planned.yaml")],
+                          cwd=plans, check=True)
     plan = json.loads((plans / "planned.plan.json").read_text())
     assert plan["world_size"] == 2
     printed = next(line for line in suggest.stdout.splitlines() if line.startswith("launch with: "))
@@ -30,9 +30,9 @@ def test_planned_config_trains_under_torchrun_with_two_cpu_processes(tmp_path):
     # as printed: this Python (no activated venv needed) and the entry point shipped in the package
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"] and "memplan.train" in command
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    run = subprocess.run(
+    run = run_watched(
         [*command, "--trainer.max_steps=3", "--trainer.accelerator=cpu", "--trainer.log_every_n_steps=1"],
-        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=240,
+        cwd=elsewhere, env=env,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     logs = sorted(elsewhere.glob("lightning_logs/*/memplan/rank*.jsonl"))
@@ -88,8 +88,8 @@ def test_the_entry_point_runs_modules_of_either_lightning_package(tmp_path):
         config.write_text(f"model:\n  class_path: tiny_modules.{name}\ntrainer:\n  max_steps: 2\n  accelerator: cpu\n"
                           "  logger: false\n  enable_checkpointing: false\n  enable_progress_bar: false\n"
                           "memplan:\n  global_batch_size: 4\n")
-        run = subprocess.run([sys.executable, "-m", "memplan.train", "fit", "--config", str(config)], cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=300)
+        run = run_watched([sys.executable, "-m", "memplan.train", "fit", "--config", str(config)], cwd=tmp_path,
+                          env=env)
         assert run.returncode == 0, name + run.stderr[-3000:]
         assert "`Trainer.fit` stopped: `max_steps=2` reached" in run.stdout + run.stderr
 

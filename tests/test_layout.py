@@ -5,11 +5,11 @@ nothing is imported, and lazy imports inside functions count as imports."""
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from subprocess_run import run_watched
 
 import memplan
 
@@ -200,7 +200,7 @@ def test_the_parser_loads_no_verb_module_s_heavy_work():
     code = ("import sys\nfrom memplan.commands.cli import build_parser\nbuild_parser()\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'psutil', 'pynvml')"
             " or m in ('memplan.commands.run_logs', 'memplan.hardware', 'memplan.commands.planning')))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    done = run_watched([sys.executable, "-c", code], check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 

@@ -11,7 +11,7 @@ import torch
 
 from memplan.planner import PlanRequest, make_plan
 from memplan.planner import background as background_module
-from memplan.planner.background import STALL_SECONDS, BackgroundEstimator, can_fork
+from memplan.planner.background import BackgroundEstimator, can_fork
 from memplan.estimator.errors import EstimateError
 from tests.test_planner import SimulatedStep, gpus
 
@@ -86,9 +86,8 @@ def test_a_child_copies_tensors_after_the_parent_used_openmp_threads():
         background = BackgroundEstimator(sim)
         setting = dict(micro_batch_size=4, precision="16-mixed", checkpointing=False, world_size=2)
         background.prefetch(**setting)
-        started = time.monotonic()
         assert background(**setting) == SimulatedStep()(**setting)
-        assert sim.calls == [] and time.monotonic() - started < STALL_SECONDS  # the child's estimate
+        assert sim.calls == []  # the child's estimate: the parent traced nothing
     finally:
         torch.set_num_threads(threads)
 

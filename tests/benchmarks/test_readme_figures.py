@@ -112,6 +112,13 @@ def _torchtitan() -> tuple[str, ...]:
             f"{100 * s['goal']:.0f}", f"{op['side_stream_reserved_gib']:.2f}", f"{one_pool['peak_reserved_gib']:.2f}")
 
 
+def _suite_time() -> tuple[str, ...]:
+    report = results("test_suite_time")
+    (run,) = report["runs"]
+    return (str(run["passed"]), f"{run['wall_minutes']:.1f}", report["cpu_model"], run["load_range"],
+            f"{run['cpu_minutes']:.1f}", f"{run['cpu_minutes'] / report['usable_cores']:.0f}")
+
+
 @dataclass(frozen=True)
 class Claim:
     name: str
@@ -147,6 +154,10 @@ CLAIMS = [
           r"estimates NUM GiB `max_memory_reserved` against the published NUM GiB \(NUM %, within\s+the goal of "
           r"NUM %\), of which NUM GiB is cached by FSDP2's[^:]*:[^;]*one pool for all streams\s+gives NUM GiB",
           _torchtitan),
+    Claim("test_suite_time",
+          r"The suite \((\d+) tests\)\s+passed in NUM min on a 2-core ([\w ]+) at load average ([\d-]+) \([^)]*\); "
+          r"it used NUM\s+CPU-minutes in all \(`benchmarks/results/test_suite_time\.json`\), so a quiet 2-core "
+          r"machine needs about NUM min", _suite_time),
 ]
 
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from subprocess_run import run_watched
 
 from benchmarks.cpu_truth import analyze_trace, training
 from benchmarks.zoo import CASES, OPTIMIZERS
@@ -41,9 +41,9 @@ STEP2_PEAK = STEP2_START + LOGITS + LOGITS + LOSS_AND_TOTAL_WEIGHT  # 8_776_520
 
 
 def test_truth_of_one_linear_layer_is_the_hand_worked_figure():
-    proc = subprocess.run(
+    proc = run_watched(
         [sys.executable, "-m", "benchmarks.cpu_truth", "linear-b64-sgd"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT, check=True,
     )
     truth = json.loads(proc.stdout.splitlines()[-1])
     assert truth["phase_peaks"] == {"build": BUILD_PEAK, "step1": STEP1_PEAK, "step2": STEP2_PEAK}

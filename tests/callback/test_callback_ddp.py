@@ -1,5 +1,6 @@
 """MemoryPlanner under Lightning DDP on CPU (gloo, 2 processes, strategy="ddp"), each scenario in its
-own subprocess with a timeout, so a hang fails the test instead of blocking the suite. The scenarios
+own watched subprocess, so a hang (no CPU progress) fails the test and kills every rank instead of blocking
+the suite. The scenarios
 and their SIMULATED devices are in ddp_driver.py."""
 from __future__ import annotations
 
@@ -11,19 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 from callback_sim import ddp_batches, read_jsonl, reference_weights
+from subprocess_run import Watched, run_watched
 
 DRIVER = Path(__file__).with_name("ddp_driver.py")
-TIMEOUT_S = 90  # a run takes ~10 s on 2 CPU cores; a hang in a collective would take forever
 
 pytestmark = pytest.mark.slow
 
 
 def run_scenario(scenario: str, out: Path) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([sys.executable, str(DRIVER), scenario, str(out)], capture_output=True, text=True,
-                              timeout=TIMEOUT_S, cwd=out.parent)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"the {scenario} scenario hung for {TIMEOUT_S} s:\n{(err.stderr or b'')[-3000:]}")
+    return run_watched([sys.executable, str(DRIVER), scenario, str(out)], cwd=out.parent)
 
 
 def run_logs(scenario: str, out: Path) -> list[list[dict]]:
@@ -183,35 +180,17 @@ def test_a_token_mean_loss_split_on_each_rank_trains_as_ddp_does_whole(tmp_path)
 def test_sigterm_to_one_rank_of_a_users_own_script_ends_the_job_with_every_ranks_log_whole(tmp_path):
     # Lightning's "ddp" launcher, the user's own script, MemoryPlanner alone (no memplan launch script):
     # Lightning's own SIGTERM handler would wait in a broadcast that the other rank never joins
+    # (it would hang with no CPU progress, which the watched child's wait fails on)
     import signal
-    import time
-
-    import psutil
 
     out = tmp_path / "sigterm"
-    job = subprocess.Popen([sys.executable, str(DRIVER), "sigterm", str(out)], cwd=tmp_path,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    everything = [psutil.Process(job.pid)]
-    try:
-        rank1, log1 = None, out / "memplan" / "rank1.jsonl"
-        deadline = time.monotonic() + TIMEOUT_S
-        while time.monotonic() < deadline and job.poll() is None:
-            children = everything[0].children(recursive=True)
-            everything += [c for c in children if c not in everything]
-            rank1 = next((c for c in children if _local_rank(c) == "1"), None)
-            if rank1 is not None and log1.exists() and '"event": "sample"' in log1.read_text():
-                break
-            time.sleep(0.5)
-        assert rank1 is not None and job.poll() is None, "the run did not start"
+    log1 = out / "memplan" / "rank1.jsonl"
+    with Watched([sys.executable, str(DRIVER), "sigterm", str(out)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL) as job:
+        job.wait_until(lambda: log1.exists() and '"event": "sample"' in log1.read_text(), "rank 1 logged a step")
+        rank1 = next(p for p in job.processes() if _local_rank(p) == "1")
         rank1.send_signal(signal.SIGTERM)
-        job.wait(timeout=30)  # the whole job ends within 30 s
-    finally:
-        for process in everything:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-    assert job.returncode != 0
+        assert job.wait() != 0  # the whole job ends, with a failure
     for rank in (0, 1):  # every rank's log whole: each line a record, the last one the end of the run
         log = read_jsonl(out / "memplan" / f"rank{rank}.jsonl")
         assert log[-1]["event"] == "end" and log[-1]["status"].startswith("failed"), log[-1]

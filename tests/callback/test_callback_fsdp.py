@@ -1,17 +1,17 @@
 """MemoryPlanner under Lightning's ModelParallelStrategy (FSDP2, fully_shard in configure_model) on CPU:
-gloo, 2 processes, each scenario in its own subprocess with a timeout (scenarios in fsdp_driver.py)."""
+gloo, 2 processes, each scenario in its own watched subprocess: a hang (no CPU progress) fails the test and
+kills every rank (scenarios in fsdp_driver.py)."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from callback_sim import ddp_batches, read_jsonl, reference_weights
+from subprocess_run import run_watched
 
 DRIVER = Path(__file__).with_name("fsdp_driver.py")
-TIMEOUT_S = 120  # a run takes ~15 s on 2 CPU cores; a hang in a collective would take forever
 STEPS = 6  # fsdp_driver.STEPS
 
 pytestmark = pytest.mark.slow
@@ -19,11 +19,7 @@ pytestmark = pytest.mark.slow
 
 def run_logs(scenario: str, out: Path, accumulate: int = 1) -> list[list[dict]]:
     """Run a scenario that must succeed; each rank's MemoryPlanner log."""
-    try:
-        result = subprocess.run([sys.executable, str(DRIVER), scenario, str(out), str(accumulate)],
-                                capture_output=True, text=True, timeout=TIMEOUT_S, cwd=out.parent)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"the {scenario} scenario hung for {TIMEOUT_S} s:\n{(err.stderr or b'')[-3000:]}")
+    result = run_watched([sys.executable, str(DRIVER), scenario, str(out), str(accumulate)], cwd=out.parent)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=6` reached." in result.stdout + result.stderr
     assert "the plan is for" not in result.stderr  # an FSDP plan, on the world size it was made for

@@ -6,11 +6,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from subprocess_run import run_watched
 
 from memplan.commands.cli import main
 from memplan.commands.progress import Progress
@@ -31,8 +31,8 @@ print("MODULES", [m for m in {heavy!r} if m in sys.modules], "CODE", code, file=
 
 def modules_after(*argv: str) -> tuple[list[str], int, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY), *argv], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=120)
+    done = run_watched([sys.executable, "-c", PROBE.format(heavy=HEAVY), *argv],
+                       env=env, cwd=ROOT)
     line = next(line for line in done.stderr.splitlines() if line.startswith("MODULES"))
     modules, code = line.removeprefix("MODULES ").rsplit(" CODE ", 1)
     return eval(modules), int(code), done.stdout + done.stderr  # noqa: S307  (our own probe's list)

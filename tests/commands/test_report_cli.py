@@ -283,8 +283,8 @@ def test_watch_into_a_pipe_prints_one_plain_line_per_reading_and_ends_with_the_r
 def test_watch_into_a_pipe_ends_on_sigterm(tmp_path):
     """A `memplan watch DIR > file` killed with SIGTERM ends at once, exit 0, its lines flushed."""
     import signal
-    import subprocess
-    import time
+
+    from subprocess_run import Watched
 
     write_run(tmp_path / "memplan", ranks=(0,))
     (tmp_path / "memplan" / "rank1.jsonl").write_text("")  # rank 1 never ends: the run goes on
@@ -292,15 +292,13 @@ def test_watch_into_a_pipe_ends_on_sigterm(tmp_path):
         f.write(json.dumps({"event": "apply", "step": 0, "rank": 0, "run": "20261124-050000-aaaaaa", "time": 1.0,
                             "layout": {**LAYOUT_8, "world_size": 2}}) + "\n")
     out = tmp_path / "watch.txt"
-    with out.open("w") as stdout:
-        proc = subprocess.Popen([sys.executable, "-m", "memplan.commands.cli", "watch", str(tmp_path / "memplan"),
-                                 "--interval", "0.1"], stdout=stdout, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 60
-        while "rank 0 step 4" not in out.read_text() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
+    with out.open("w") as stdout, (tmp_path / "watch.err").open("w") as stderr, \
+            Watched([sys.executable, "-m", "memplan.commands.cli", "watch", str(tmp_path / "memplan"),
+                     "--interval", "0.1"], stdout=stdout, stderr=stderr) as proc:
+        proc.wait_until(lambda: "rank 0 step 4" in out.read_text(), "watch printed rank 0's step 4")
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-    assert code == 0, proc.stderr.read().decode()
+        code = proc.wait()
+    assert code == 0, (tmp_path / "watch.err").read_text()
     assert "rank 0 step 4" in out.read_text()
 
 

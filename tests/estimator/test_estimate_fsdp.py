@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from subprocess_run import children_watched
 from torch import nn
 
 from memplan.demos import GPTLM
@@ -166,7 +167,7 @@ def test_per_rank_peak_matches_a_real_two_rank_fsdp2_run():
     block = sum(p.numel() * p.element_size() for p in tiny_gpt().blocks[0].parameters())
     seen = []
     for _ in range(REAL_RUNS):
-        with mp.Manager() as manager:
+        with children_watched(), mp.Manager() as manager:  # a hung rank is killed: spawn then fails
             out = manager.dict()
             mp.spawn(_real_rank, args=(2, _free_port(), out), nprocs=2, join=True)
             truths = [out[0], out[1]]

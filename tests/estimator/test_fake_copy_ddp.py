@@ -1,5 +1,5 @@
 """MemoryPlanner() planning at fit start under 2-process CPU DDP (gloo), on a module deepcopy cannot
-copy, and on one that cannot be traced. Each run is a subprocess with a timeout: a hang fails the test."""
+copy, and on one that cannot be traced. Each run is a watched subprocess: a hang (no CPU progress) fails the test."""
 from __future__ import annotations
 
 import json
@@ -10,20 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from subprocess_run import run_watched
 
 DRIVER = Path(__file__).with_name("ddp_planning_driver.py")
-TIMEOUT_S = 120
 
 pytestmark = pytest.mark.slow
 
 
 def run_scenario(scenario: str, out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        return subprocess.run([sys.executable, str(DRIVER), scenario, str(out)], capture_output=True, text=True,
-                              timeout=TIMEOUT_S, cwd=out.parent, env=env)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"the {scenario} scenario hung for {TIMEOUT_S} s:\n{(err.stderr or b'')[-3000:]}")
+    return run_watched([sys.executable, str(DRIVER), scenario, str(out)], cwd=out.parent, env=env)
 
 
 def test_planning_at_fit_start_copes_with_a_module_holding_a_file_a_lock_a_generator_a_lambda_a_metric(tmp_path):

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
+
+from subprocess_run import run_watched
 
 import memplan.estimator
 
@@ -58,5 +59,5 @@ def test_an_estimate_loads_no_truth_module():
         "estimate(lambda: nn.Linear(8, 2), (torch.randn(4, 8),), loss=lambda m, b: m(b[0]).sum(), device='cpu')\n"
         "print(sorted(m for m in sys.modules if m.startswith('memplan.truth')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_watched([sys.executable, "-c", code], check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
