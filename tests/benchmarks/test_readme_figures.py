@@ -10,6 +10,7 @@ must lie inside a claim, unless it is a goal ("<= 1 %").
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections.abc import Callable
@@ -119,6 +120,12 @@ def _suite_time() -> tuple[str, ...]:
             f"{run['cpu_minutes']:.1f}", f"{run['cpu_minutes'] / report['usable_cores']:.0f}")
 
 
+def _logs_at_scale() -> tuple[str, ...]:
+    r = results("logs_at_scale")
+    return (str(round(math.log10(r['lines']))), str(r["ranks"]), f"{r['log_bytes'] / 1e6:.0f}", f"{r['report']['wall_s']:.1f}",
+            f"{r['report']['peak_rss_mib']:.0f}", r["cpu"])
+
+
 @dataclass(frozen=True)
 class Claim:
     name: str
@@ -154,6 +161,9 @@ CLAIMS = [
           r"estimates NUM GiB `max_memory_reserved` against the published NUM GiB \(NUM %, within\s+the goal of "
           r"NUM %\), of which NUM GiB is cached by FSDP2's[^:]*:[^;]*one pool for all streams\s+gives NUM GiB",
           _torchtitan),
+    Claim("logs_at_scale",
+          r"\(10\^(\d+) lines over (\d+) ranks, (\d+) MB: NUM s and\s+NUM MiB on a quiet 2-core ([\w ]+),",
+          _logs_at_scale),
     Claim("test_suite_time",
           r"The suite \((\d+) tests\)\s+passed in NUM min on a 2-core ([\w ]+) at load average ([\d-]+) \([^)]*\); "
           r"it used NUM\s+CPU-minutes in all \(`benchmarks/results/test_suite_time\.json`\), so a quiet 2-core "
