@@ -99,7 +99,21 @@ class _BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-class ResNet(_Demo):
+class _ImageClassifier(_Demo):
+    """(images, labels) batches of RGB images from hparams image_size and num_classes, cross-entropy loss."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def example_batch(self, batch_size: int):
+        g = torch.Generator().manual_seed(0)
+        size = self.hparams.image_size
+        x = torch.randn(batch_size, 3, size, size, generator=g)
+        return x, torch.randint(0, self.hparams.num_classes, (batch_size,), generator=g)
+
+
+class ResNet(_ImageClassifier):
     """ResNet-18 layout (BasicBlocks [2, 2, 2, 2], widths 64..512) for image classification."""
 
     def __init__(self, num_classes: int = 1000, image_size: int = 224, blocks: tuple[int, ...] = (2, 2, 2, 2)):
@@ -118,16 +132,6 @@ class ResNet(_Demo):
 
     def forward(self, x):
         return self.head(self.blocks(self.stem(x)))
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self(x), y)
-
-    def example_batch(self, batch_size: int):
-        g = torch.Generator().manual_seed(0)
-        size = self.hparams.image_size
-        x = torch.randn(batch_size, 3, size, size, generator=g)
-        return x, torch.randint(0, self.hparams.num_classes, (batch_size,), generator=g)
 
 
 class _GPTBlock(nn.Module):
@@ -228,7 +232,7 @@ class _ViTBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class ViT(_Demo):
+class ViT(_ImageClassifier):
     """A Vision Transformer for image classification (Dosovitskiy et al.), pure torch: a patch-embedding
     convolution, a class token and learned positions, pre-norm encoder blocks, a linear head on the class
     token. Defaults: ViT-L/16 at 224 x 224 (24 layers, width 1024, 16 heads, MLP 4096; 304M parameters
@@ -256,16 +260,6 @@ class ViT(_Demo):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x[:, 0]))
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self(x), y)
-
-    def example_batch(self, batch_size: int):
-        g = torch.Generator().manual_seed(0)
-        size = self.hparams.image_size
-        x = torch.randn(batch_size, 3, size, size, generator=g)
-        return x, torch.randint(0, self.hparams.num_classes, (batch_size,), generator=g)
 
 
 DEMOS: dict[str, type[_Demo]] = {"mlp": MLP, "cnn": ImageCNN, "resnet": ResNet, "gpt2-small": GPTLM}

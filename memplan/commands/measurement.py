@@ -80,7 +80,7 @@ def _measure(setting: Setting) -> Measurement:
 
     from memplan.config import load_config
     from memplan.truth import measure_cpu_peak, measure_cuda_peak
-    from memplan.estimator.step import map_tensors
+    from memplan.batching import map_tensors
 
     loaded = load_config(setting.config)
     batch = loaded.example_batch(setting.batch_size)  # the data module is built outside the measurement

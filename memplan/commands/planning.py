@@ -20,7 +20,7 @@ from memplan.compat.versions import check_installed_once
 from memplan.config import LoadedConfig
 from memplan.estimator.fake import fake_model, new_fake_mode
 from memplan.estimator.optimizer_state import elementwise_state_bytes
-from memplan.estimator.step import iter_tensors
+from memplan.batching import iter_tensors
 from memplan.hardware import GpuModel, host_info, nvml_unavailable_reason, visible_gpus
 from memplan.hardware.nvml import answers, why_silent
 from memplan.hardware.visible import visibility_problem

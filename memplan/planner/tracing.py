@@ -63,7 +63,7 @@ def tokens_per_sample(batch: Any) -> int:
     two or more dimensions (token ids), else 1. For the compute time in costs.py."""
     import torch
 
-    from memplan.estimator.step import iter_tensors
+    from memplan.batching import iter_tensors
 
     for t in iter_tensors(batch):
         if t.dim() >= 2 and not t.is_floating_point() and t.dtype != torch.bool:

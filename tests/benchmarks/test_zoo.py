@@ -145,6 +145,6 @@ def test_every_case_trains_one_real_step_at_batch_size_2(name):
 
 
 def _tensors(batch):
-    from memplan.estimator.step import iter_tensors
+    from memplan.batching import iter_tensors
 
     return list(iter_tensors(batch))
