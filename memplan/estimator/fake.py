@@ -44,10 +44,12 @@ def fake_model(
         built = _fake_copy(model, fake_mode, device, param_dtype)
     elif callable(model):
         build = _BuildMode()
-        with fake_mode, device, build:
-            try:
+        try:
+            with fake_mode, device, build:
                 built = model()
-            except Exception as err:  # the user's builder: report it as theirs, with its own message
+        except Exception as err:  # the user's builder: report it as theirs, with its own message
+            built = _built_on_meta(model)  # (torch refuses some conversions of fake parameters that meta allows)
+            if built is None:
                 raise EstimateError(
                     f"model: the callable that builds the model raised {type(err).__name__}: {err} (while "
                     f"building on fake tensors, before any training step ran{build.answered_reads()}). Check "
@@ -68,6 +70,19 @@ def fake_model(
             f"model must be an nn.Module or a zero-argument callable that builds one; got {type(model).__name__}"
         )
     return built.train()
+
+
+def _built_on_meta(build: Callable[[], nn.Module]) -> nn.Module | None:
+    """The model `build` makes on the meta device, or None where that fails too. For a builder that fails
+    on fake tensors only: `module.to(dtype)` swaps a fake parameter for its converted copy, which torch
+    refuses where the fake mode holds a weak reference to it ("Couldn't swap Conv2d.weight"), while a
+    meta parameter is converted in place. Values read back from meta tensors raise, so this comes second."""
+    try:
+        with torch.device("meta"):
+            built = build()
+    except Exception:
+        return None
+    return built if isinstance(built, nn.Module) else None
 
 
 def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode, device: torch.device, dtype: torch.dtype) -> nn.Module:

@@ -195,3 +195,30 @@ def test_a_failed_builder_and_a_failed_step_are_told_apart():
 
     with pytest.raises(EstimateError, match=r"^model: the training step raised RuntimeError: no such stage .*forward"):
         estimate(FailsInForward, BATCH, loss=loss, device="cpu")
+
+
+class _PatchNet(torch.nn.Module):
+    """A patch convolution too large to be made real while building (> 64 Ki elements: a fake weight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 256, 16, 16)
+        self.head = torch.nn.Linear(256, 2)
+
+    def forward(self, x):
+        return self.head(self.conv(x).flatten(2).mean(2))
+
+
+def test_a_builder_that_converts_its_model_to_bf16_builds():
+    # torch swaps a fake parameter for its converted copy in `module.to(dtype)` and refuses where the fake
+    # mode holds a weak reference to it ("Couldn't swap Conv2d.weight"): the model is built on meta instead
+    from memplan.estimator import estimate
+
+    x = torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)
+    loss = lambda m, b: m(b).float().pow(2).mean()  # noqa: E731
+    built = estimate(lambda: _PatchNet().to(torch.bfloat16), x, device="cpu", loss=loss)
+    with torch.device("meta"):
+        module = _PatchNet().to(torch.bfloat16)
+    given = estimate(module, x, device="cpu", loss=loss)
+    assert built.parameters == given.parameters == 2 * sum(p.numel() for p in module.parameters())
+    assert built.peak_allocated == given.peak_allocated
