@@ -374,8 +374,8 @@ def make_plan(request: PlanRequest, estimator: Estimator) -> Plan:
     if not isinstance(request, PlanRequest):
         raise ValueError(f"make_plan: request must be a PlanRequest; got {type(request).__name__}")
     known: dict[tuple, MemoryEstimate] = {}
+    cancel_all = getattr(estimator, "cancel", None) or (lambda: None)  # a background estimator's prefetches
     while True:  # twice at most: a second search has user_checkpointing set and does not raise
-        search = None
         try:
             search = _Search(request, estimator, known)
             winner, est = search.run()
@@ -386,14 +386,5 @@ def make_plan(request: PlanRequest, estimator: Estimator) -> Plan:
                     f"torch.utils.checkpoint called {found.calls} times a step inside the model's forward"))
             known = found.traces
         finally:
-            if search is not None:
-                search.cancel_prefetch()
-            else:
-                _cancel_prefetches(estimator)
+            cancel_all()
     return describe_plan(request, winner, est, search)
-
-
-def _cancel_prefetches(estimator: Estimator) -> None:
-    cancel = getattr(estimator, "cancel", None)
-    if cancel is not None:
-        cancel()
