@@ -5,7 +5,7 @@
 writes, for whatever the parts measured (a section that failed or ran out of time is reported as such):
   accuracy_gpu.{md,json}        estimates vs torch's and NVML's peaks, native and CPU-emulated, per case
   cuda_overheads_gpu.{md,json}  CUDA context, cuBLAS workspaces, kernels, allocator segments; the JSON's
-                                `replaces` maps each constant of memplan/estimator/cuda.py to the measured figure
+                                `replaces` maps each constant of memplan/estimator/cuda/overheads.py to the measured figure
   calibration_gpu.json          the same as a memplan calibration file (MEMPLAN_CALIBRATION=... on that machine)
   validate_gpu.{md,json}        `memplan validate` on the GPU, before and with its calibration
   plan_vs_bisect_gpu.{md,json}  planned micro-batch vs the largest that runs; planning vs BatchSizeFinder time
@@ -252,9 +252,9 @@ def derive_constants(lazy: dict, eager: dict, contexts: list[int]) -> dict:
 
 
 def _replaces(measured: dict, cc: tuple[int, int] | None) -> dict:
-    """Each constant of memplan/estimator/cuda.py, what memplan uses now for this GPU, and the measured figure
+    """Each constant of memplan/estimator/cuda/overheads.py, what memplan uses now for this GPU, and the measured figure
     (the module's private names are read with getattr: a renamed one shows as '-', never stops the report)."""
-    from memplan.estimator import cuda
+    from memplan.estimator.cuda import overheads as cuda
 
     now = cuda.cuda_overheads(cc, env={}) if cc else None
     major = None if cc is None else min(max(cc[0], 7), 9)

@@ -7,7 +7,7 @@ precision, optimizer, GPU, torch version, checkpointing, training loop) and the 
 - `max_memory_reserved` (torch.cuda.max_memory_reserved): memplan's `peak_reserved`;
 - `max_memory_allocated`: memplan's `peak_allocated`;
 - `nvml_used` (NVML / nvidia-smi "used" of a device the process has to itself): memplan's `device_total`,
-  the reserved peak plus the CUDA context memplan assumes (memplan/estimator/cuda.py) for the CUDA module
+  the reserved peak plus the CUDA context memplan assumes (memplan/estimator/cuda/overheads.py) for the CUDA module
   loading of the run: the 2022 runs used CUDA 11.2, which has no lazy loading, so they are estimated
   with CUDA_MODULE_LOADING=EAGER.
 

@@ -567,7 +567,7 @@ def render_markdown(report: dict) -> str:
         "Cases marked 'torch order' are trained by a plain PyTorch loop (zero_grad(set_to_none=True) after the "
         "optimizer step) and estimated with `loop='torch'`. "
         "CPU convolutions and LSTM layers: the estimate measures oneDNN's in-kernel scratch by running each op "
-        "shape once on real zeros (memplan.estimator.kernel_probe; the column 'scratch at peak' is the truth's). "
+        "shape once on real zeros (memplan.estimator.kernels.probe; the column 'scratch at peak' is the truth's). "
         "MoE truth routes with the seeded random router; the estimate assumes balanced routing (its notes say so).",
         "",
         "| case | family | precision | params | truth MiB | memplan MiB | error | error bytes "

@@ -242,7 +242,7 @@ TRACE_CASES = [
 @pytest.mark.parametrize(("name", "optimizer", "precision"), TRACE_CASES)
 def test_closed_form_within_2_percent_of_the_trace(name, optimizer, precision, monkeypatch):
     from memplan.estimator import estimate
-    from memplan.estimator.kernel_probe import KernelScratchProbe
+    from memplan.estimator.kernels.probe import KernelScratchProbe
 
     # the closed form covers what the trace derives; oneDNN scratch the trace measures on this host is not in it
     monkeypatch.setattr(KernelScratchProbe, "scratch_bytes", lambda self, *args: 0)

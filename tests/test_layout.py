@@ -24,9 +24,9 @@ WIDE_BY_CONTRACT = {
     "memplan.callback.memory_planner.MemoryPlanner.__init__":
         "the Lightning callback's constructor: LightningCLI reads its signature to check a config's init_args; "
         "the arguments go straight into the frozen PlannerSettings",
-    "memplan.estimator.cuda_sdpa.register_cpu_reference_kernels.flash_backward":
+    "memplan.estimator.cuda.sdpa.register_cpu_reference_kernels.flash_backward":
         "a CPU kernel for aten::_scaled_dot_product_flash_attention_backward: its parameters are the op's schema",
-    "memplan.estimator.cuda_sdpa.register_cpu_reference_kernels.efficient_backward":
+    "memplan.estimator.cuda.sdpa.register_cpu_reference_kernels.efficient_backward":
         "a CPU kernel for aten::_scaled_dot_product_efficient_attention_backward: its parameters are the op's schema",
 }
 """Functions whose parameter list is fixed by a contract outside this codebase, and why."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from memplan.estimator.cuda import nccl_buffer_bytes
+from memplan.estimator.cuda.overheads import nccl_buffer_bytes
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.flops import OpCost, StepCosts
 from memplan.estimator.result import MemoryEstimate

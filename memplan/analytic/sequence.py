@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from memplan.analytic.rules import F32, LOW, Act, Backward, activation, dropout, layer_norm, linear
 from memplan.analytic.tape import Buf, Tape
-from memplan.estimator.kernels import lstm_workspace_bytes
+from memplan.estimator.kernels.scratch import lstm_workspace_bytes
 
 
 
@@ -77,7 +77,7 @@ def attention_block(tape: Tape, x: Act, heads: int, mlp_ratio: int, p: float, am
 
 
 # -- LSTM (oneDNN) ---------------------------------------------------------------------------------
-# The workspace size is oneDNN's rule, shared with the trace: memplan.estimator.kernels.
+# The workspace size is oneDNN's rule, shared with the trace: memplan.estimator.kernels.scratch.
 
 
 def lstm(tape: Tape, x: Act, hidden: int, num_layers: int, amp: bool) -> tuple[Act, Backward]:

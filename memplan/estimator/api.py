@@ -21,7 +21,7 @@ from memplan.compat.versions import VersionWarning, check_installed_once
 from memplan.estimator.checkpointing import (
     _WRAPPED, CheckpointArg, OwnCheckpointCalls, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
 )
-from memplan.estimator.composite import RealCompositePaths
+from memplan.estimator.cuda.composite import RealCompositePaths
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
@@ -197,7 +197,7 @@ class _Trace:
     def _emulation(self) -> contextlib.AbstractContextManager:
         if not self.target.emulates_cuda:
             return contextlib.nullcontext()
-        from memplan.estimator.cuda_semantics import emulate_cuda
+        from memplan.estimator.cuda.semantics import emulate_cuda
 
         return emulate_cuda(compute_capability=self.target.compute_capability, autocast_dtype=self.policy.autocast_dtype)
 
@@ -242,7 +242,7 @@ class _Trace:
         if self.target.is_cuda:
             # On CUDA, torch's optimizers default to foreach; fake tensors fail that default's
             # device check even on fake CUDA, so set what CUDA would choose.
-            from memplan.estimator.cuda_semantics import apply_cuda_optimizer_defaults
+            from memplan.estimator.cuda.semantics import apply_cuda_optimizer_defaults
 
             apply_cuda_optimizer_defaults(self.optimizer)
         self.loss_fn = resolve_loss(self.model, self.loss_arg)
@@ -326,7 +326,7 @@ class _Trace:
         context = self.overheads.context_bytes if self.overheads else 0
         communication = 0
         if self.strategy in ("ddp", "fsdp") and self.target.is_cuda:
-            from memplan.estimator.cuda import nccl_buffer_bytes
+            from memplan.estimator.cuda.overheads import nccl_buffer_bytes
 
             communication = nccl_buffer_bytes(world_size, compute_capability=self.target.compute_capability)
         notes = list(self.notes) + self.values.notes

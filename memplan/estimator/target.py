@@ -116,6 +116,6 @@ def target_overheads(target: Target):
     """CUDA memory besides tensors (context, cuBLAS workspaces) for a GPU target; None on CPU."""
     if not target.is_cuda:
         return None
-    from memplan.estimator.cuda import cuda_overheads
+    from memplan.estimator.cuda.overheads import cuda_overheads
 
     return cuda_overheads(target.compute_capability)

@@ -32,10 +32,10 @@ from memplan.compat.torch import (
     is_view,
     tree_flatten,
 )
-from memplan.estimator.composite import linear_bias_add_in_place
-from memplan.estimator.kernel_probe import KernelScratchProbe
-from memplan.estimator.kernel_rules import CPU_LAYOUT_OPS, cpu_output_layout
-from memplan.estimator.kernels import (
+from memplan.estimator.cuda.composite import linear_bias_add_in_place
+from memplan.estimator.kernels.probe import KernelScratchProbe
+from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
+from memplan.estimator.kernels.scratch import (
     ctc_backward_scratch_bytes, cuda_contiguous_copy_bytes, promotion_scratch_bytes, rnn_workspace_bytes,
 )
 from memplan.estimator.values import is_random
@@ -231,11 +231,11 @@ class StorageTracker(TorchDispatchMode):
         with grad mode off, the first made by another node and not a view, the second by the node now
         running, is such an accumulation: returns the first input's record, else [] (counted as it is).
         So is an autocast `F.linear`'s bias add, which the real kernel does in place on the matmul's
-        output (memplan.estimator.composite): returns that output's record."""
+        output (memplan.estimator.cuda.composite): returns that output's record."""
         if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2 or not isinstance(out, torch.Tensor):
             return []
         if linear_bias_add_in_place():
-            # an autocast F.linear's bias add, `output.add_(bias)` on real tensors (estimator.composite)
+            # an autocast F.linear's bias add, `output.add_(bias)` on real tensors (estimator.cuda.composite)
             first = args[0]
             if not isinstance(first, torch.Tensor) or first.shape != out.shape or first.dtype != out.dtype:
                 return []

@@ -71,7 +71,7 @@ from memplan.compat.torch import (
 )
 
 from memplan.estimator.errors import EstimateError
-from memplan.estimator.kernel_rules import rule_for
+from memplan.estimator.kernels.rules import rule_for
 
 DataDependent = Literal["balanced", "sample", "error"]
 DATA_DEPENDENT: tuple[str, ...] = ("balanced", "sample", "error")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from memplan.checkpoint_setting import FULL, NONE
 
-from memplan.estimator.cuda import nccl_buffer_bytes
+from memplan.estimator.cuda.overheads import nccl_buffer_bytes
 from memplan.estimator.result import MemoryEstimate
 from memplan.units import format_bytes
 

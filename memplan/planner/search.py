@@ -50,7 +50,7 @@ import math
 from typing import Protocol
 
 from memplan.checkpoint_setting import NONE, Checkpointing
-from memplan.estimator.cuda import nccl_buffer_bytes
+from memplan.estimator.cuda.overheads import nccl_buffer_bytes
 from memplan.estimator.result import MemoryEstimate
 from memplan.plan import Plan
 from memplan.planner.candidates import Candidate, Group, enumerate_candidates, fastest

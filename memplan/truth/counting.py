@@ -118,8 +118,8 @@ def peak_total_allocated(prof: torch.profiler.profile) -> int:
 @contextmanager
 def counted_profile() -> Iterator[profile]:
     """torch's profiler recording CPU memory events, with c10 counting every thread's allocations and
-    kineto's start and stop lines kept off the console (memplan.estimator.kernel_probe.memory_profile)."""
-    from memplan.estimator.kernel_probe import memory_profile
+    kineto's start and stop lines kept off the console (memplan.estimator.kernels.probe.memory_profile)."""
+    from memplan.estimator.kernels.probe import memory_profile
 
     with allocator_counts_every_thread(), memory_profile() as prof:
         yield prof

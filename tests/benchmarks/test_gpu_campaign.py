@@ -19,7 +19,7 @@ from benchmarks import gpu_campaign, gpu_results
 from benchmarks.accuracy_gpu import EXTRA_PRECISIONS, extra_cases, make_row
 from benchmarks.plan_vs_bisect_gpu import search_largest
 from benchmarks.zoo import CASES
-from memplan.estimator import cuda
+from memplan.estimator.cuda import overheads as cuda
 from memplan.estimator.calibration import CalibrationKey, load_calibrations
 from memplan.units import MiB
 

@@ -10,7 +10,7 @@ from memplan.estimator import calibration as calib
 from memplan.commands import validate
 from memplan.estimator.calibration import Calibration, CalibrationKey, find_calibration, load_calibrations, save_calibration
 from memplan.commands.cli import main
-from memplan.estimator.cuda import cuda_overheads
+from memplan.estimator.cuda.overheads import cuda_overheads
 from memplan.units import GiB, MiB, format_bytes
 
 MLP = str(Path(__file__).resolve().parents[2] / "configs" / "mlp.yaml")

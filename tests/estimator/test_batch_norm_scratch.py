@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memplan.estimator import kernel_probe
+from memplan.estimator.kernels import probe as kernel_probe
 from memplan.estimator.api import estimate
 from memplan.truth import measure_cpu_peak
 

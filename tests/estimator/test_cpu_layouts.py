@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import memplan.estimator.tracker as tracker
 from memplan.estimator.api import estimate
-from memplan.estimator.kernel_rules import CPU_LAYOUT_OPS, cpu_output_layout
+from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.truth import measure_cpu_peak
 
 aten = torch.ops.aten
@@ -141,7 +141,7 @@ def _features():
 
 
 def test_log_sigmoid_of_a_transposed_activation_matches_a_real_run(monkeypatch):
-    from memplan.estimator import kernel_probe
+    from memplan.estimator.kernels import probe as kernel_probe
 
     loss = lambda m, b: m(b[0])  # noqa: E731
     truth = measure_cpu_peak(TransposedLogSigmoid, _features, loss=loss)

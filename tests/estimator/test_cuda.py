@@ -3,7 +3,7 @@ context and NCCL buffers (approximations checked against the measurements they c
 import pytest
 
 from memplan.estimator.allocator import CachingAllocatorModel
-from memplan.estimator.cuda import CudaOverheads, cublas_workspace_bytes, cuda_overheads, nccl_buffer_bytes
+from memplan.estimator.cuda.overheads import CudaOverheads, cublas_workspace_bytes, cuda_overheads, nccl_buffer_bytes
 from memplan.units import GiB, KiB, MiB
 
 A100, H100, B200, L40S, V100 = (8, 0), (9, 0), (10, 0), (8, 9), (7, 0)

@@ -11,9 +11,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from memplan.estimator.cuda_autocast import SAME_ON_CPU, cpu_autocast_ops, cuda_policy
-from memplan.estimator.cuda_sdpa import select_backend
-from memplan.estimator.cuda_semantics import apply_cuda_optimizer_defaults, emulate_cuda
+from memplan.estimator.cuda.autocast import SAME_ON_CPU, cpu_autocast_ops, cuda_policy
+from memplan.estimator.cuda.sdpa import select_backend
+from memplan.estimator.cuda.semantics import apply_cuda_optimizer_defaults, emulate_cuda
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 

@@ -15,7 +15,7 @@ from memplan.units import MiB
 PROBED_NOTE = (
     "CPU kernel scratch (convolutions, LSTMs, attention, half matmuls, ops copying a non-contiguous input): measured"
 )
-"""How an estimate's notes begin to say the kernel probe ran (memplan.estimator.kernel_probe)."""
+"""How an estimate's notes begin to say the kernel probe ran (memplan.estimator.kernels.probe)."""
 
 
 def mlp() -> nn.Module:
@@ -190,7 +190,7 @@ def test_lstm_counts_onednn_workspace_that_the_meta_kernel_leaves_empty(batch_fi
     tokens = torch.randint(0, 100, (8, 24), generator=torch.Generator().manual_seed(0))
     est = estimate(LM, tokens, loss=lm_loss, device="cpu")
     # The real step's peak holds the real workspace and oneDNN's in-kernel RNN scratchpad (measured by
-    # memplan.estimator.kernel_probe).
+    # memplan.estimator.kernels.probe).
     truth = measure_cpu_peak(LM, lambda: tokens, loss=lm_loss, optimizer="adamw")
     assert relative_error(est.peak_allocated, truth) < 0.005, (est.peak_allocated, truth)
     assert any(n.startswith(PROBED_NOTE) for n in est.notes)
@@ -199,7 +199,7 @@ def test_lstm_counts_onednn_workspace_that_the_meta_kernel_leaves_empty(batch_fi
 def real_live_peak(model, batch, loss_fn, steps=2):
     """Peak live storage bytes of real steps, counted by the same tracker on real tensors."""
     from memplan.estimator.allocator import ExactAllocatorModel
-    from memplan.estimator.composite import RealCompositePaths
+    from memplan.estimator.cuda.composite import RealCompositePaths
     from memplan.estimator.inputs import resolve_optimizer
     from memplan.estimator.step import PrecisionPolicy, StepOptions, run_training_step
     from memplan.estimator.tracker import Category, StorageTracker
@@ -207,7 +207,7 @@ def real_live_peak(model, batch, loss_fn, steps=2):
     tracker = StorageTracker(ExactAllocatorModel(), None, cpu_kernels=True)
     opt = resolve_optimizer(model, "adamw")
     # under a dispatch mode ATen's composites take their out-of-place paths: RealCompositePaths puts
-    # back the ones a run without a mode takes (memplan.estimator.composite)
+    # back the ones a run without a mode takes (memplan.estimator.cuda.composite)
     with tracker, RealCompositePaths():
         for p in model.parameters():
             tracker.track(p, Category.PARAMETERS)
@@ -383,7 +383,7 @@ def test_cpu_convolution_scratch_is_measured_and_matches_a_real_cpu_step(build):
 def test_convolution_scratch_is_not_probed_under_a_running_profiler():
     from torch.profiler import ProfilerActivity, profile
 
-    from memplan.estimator import kernel_probe
+    from memplan.estimator.kernels import probe as kernel_probe
 
     kernel_probe._CACHE.clear()
     with profile(activities=[ProfilerActivity.CPU]):
@@ -486,8 +486,8 @@ def test_half_precision_matmul_with_scalar_keywords_is_probed(monkeypatch):
     matmul is not run at all."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memplan.estimator import kernel_probe
-    from memplan.estimator.kernel_probe import KernelScratchProbe
+    from memplan.estimator.kernels import probe as kernel_probe
+    from memplan.estimator.kernels.probe import KernelScratchProbe
 
     baddbmm = torch.ops.aten.baddbmm.default
     with FakeTensorMode():
@@ -516,8 +516,8 @@ def test_the_probe_stops_running_new_shapes_once_its_work_budget_is_spent(monkey
     what ran before it in the process, nor on how busy the host is."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memplan.estimator import kernel_probe
-    from memplan.estimator.kernel_probe import KernelScratchProbe
+    from memplan.estimator.kernels import probe as kernel_probe
+    from memplan.estimator.kernels.probe import KernelScratchProbe
 
     addmm = torch.ops.aten.addmm.default
     with FakeTensorMode():
@@ -559,7 +559,7 @@ def test_the_probe_stops_running_new_shapes_once_its_work_budget_is_spent(monkey
 def test_an_estimate_does_not_depend_on_what_the_process_probed_before(monkeypatch):
     """With no work budget left every probed shape of the trace is skipped and named in the notes, and
     an estimate made after another one measured the very same shapes is the same estimate."""
-    from memplan.estimator import kernel_probe
+    from memplan.estimator.kernels import probe as kernel_probe
 
     monkeypatch.setattr(kernel_probe, "_CACHE", {})
     monkeypatch.setattr(kernel_probe, "PROBE_BUDGET_FLOPS", 0)
@@ -600,7 +600,7 @@ def mixer_batch():
 def test_linear_and_gelu_on_a_transposed_activation_match_a_real_cpu_step(precision, sliced):
     """Two differences a transposed activation makes, both invisible to fake tensors. ATen's linear adds
     the bias in place on a non-contiguous input, but out of place on fakes: under autocast the trace
-    marks that add (estimator.composite) instead of counting a second output (it was 5.9 % over at
+    marks that add (estimator.cuda.composite) instead of counting a second output (it was 5.9 % over at
     bf16-mixed). And CPU's gelu_backward copies a transposed gradient (2 x its size) inside the kernel,
     softmax and layer_norm their non-contiguous inputs: the kernel probe measures them (it was 22-27 %
     under in every precision). 16-mixed in a plain loop: Lightning runs bf16-mixed on CPU."""
@@ -618,7 +618,7 @@ def test_linear_and_gelu_on_a_transposed_activation_match_a_real_cpu_step(precis
     ("native_layer_norm", lambda t: (t, [128], torch.ones(128), torch.zeros(128), 1e-5)),
 ])
 def test_kernels_that_copy_a_non_contiguous_input_are_probed_only_for_one(op, args):
-    from memplan.estimator.kernel_probe import KernelScratchProbe
+    from memplan.estimator.kernels.probe import KernelScratchProbe
 
     func = getattr(torch.ops.aten, op).default
     contiguous = torch.zeros(8, 384, 128)
@@ -833,7 +833,7 @@ def test_a_dead_branch_is_freed_when_the_forward_drops_it(optimizer, loop):
 def test_planning_keeps_the_profilers_lines_off_the_console(capfd):
     """The kernel probe and the CPU truth run torch's profiler, whose C++ side writes "USDT: ...
     profiler_start/stop" to the process's stderr: kept off the user's console."""
-    from memplan.estimator import kernel_probe
+    from memplan.estimator.kernels import probe as kernel_probe
 
     conv = lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 10))  # noqa: E731
     batch = (torch.randn(2, 3, 16, 16), torch.randint(0, 10, (2,)))

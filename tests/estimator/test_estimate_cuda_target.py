@@ -106,7 +106,7 @@ def test_cuda_softmax_of_a_transposed_activation_holds_a_contiguous_copy(monkeyp
 
 
 def test_cuda_contiguous_copies_count_only_non_contiguous_arguments():
-    from memplan.estimator.kernels import cuda_contiguous_copy_bytes
+    from memplan.estimator.kernels.scratch import cuda_contiguous_copy_bytes
 
     aten = torch.ops.aten
     x = torch.empty(4, 8, 16)

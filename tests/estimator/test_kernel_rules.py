@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.estimator.kernel_rules import RULES
+from memplan.estimator.kernels.rules import RULES
 
 
 def _grouped_mm_cases():
@@ -79,7 +79,7 @@ def test_every_rule_is_still_needed():
                 disagreements.append(dtype)
     assert torch.float32 in disagreements, (
         f"torch {torch.__version__}: the fake _grouped_mm now agrees with the real kernel in float32; "
-        "drop or narrow its rule in memplan/estimator/kernel_rules.py"
+        "drop or narrow its rule in memplan/estimator/kernels/rules.py"
     )
     matmuls = {getattr(torch.ops.aten, case.split(",")[0]).default for case in MATMUL_CASES}
     assert set(RULES) <= {GROUPED_MM} | matmuls, "a new rule needs its cases in this file"

@@ -4,7 +4,7 @@ A fake tensor runs an op's meta kernel, which gives the outputs' shapes but know
 the real kernel makes and frees while it runs, nor of outputs whose size the real library decides.
 Where such memory follows a rule, it is modelled here; where it does not (oneDNN's convolution and LSTM
 scratchpads, which depend on the algorithm oneDNN picks, and half-precision matmuls' operand packing),
-memplan.estimator.kernel_probe measures it per shape on the planning host.
+memplan.estimator.kernels.probe measures it per shape on the planning host.
 """
 from __future__ import annotations
 

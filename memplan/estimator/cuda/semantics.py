@@ -64,8 +64,8 @@ from collections.abc import Iterator
 import torch
 
 from memplan.compat.torch import OpOverload, destroy_library, is_fake
-from memplan.estimator.cuda_autocast import CastCache, register_cuda_autocast, wrap_clear_autocast_cache
-from memplan.estimator.cuda_sdpa import cuda_sdpa_kernel, register_cpu_reference_kernels
+from memplan.estimator.cuda.autocast import CastCache, register_cuda_autocast, wrap_clear_autocast_cache
+from memplan.estimator.cuda.sdpa import cuda_sdpa_kernel, register_cpu_reference_kernels
 
 __all__ = ["emulate_cuda", "apply_cuda_optimizer_defaults"]
 
