@@ -269,35 +269,6 @@ class AdamW2022(torch.optim.Optimizer):
                     p.add_(p, alpha=-group["lr"] * group["weight_decay"])
 
 
-# --- training-loop orders memplan's two loops do not spell out ------------------------------------------------
-def zero_grad_after_forward(optimizer_class, **kwargs):
-    """(optimizer callable, hook) for a plain loop that zeroes gradients between forward and backward under a
-    plain `torch.autocast` (weight cache on), as Fabric runs it: traced with loop='torch', whose zero_grad after
-    the step is skipped; the loss function calls hook() after the forward, where the source's loop zeroes."""
-    made: list[torch.optim.Optimizer] = []
-
-    class Deferred(optimizer_class):
-        def zero_grad(self, set_to_none: bool = True) -> None:  # the loop's call after the step: not in the source
-            pass
-
-    def build(params):
-        made.append(Deferred(params, **kwargs))
-        return made[-1]
-
-    return build, lambda: optimizer_class.zero_grad(made[-1], set_to_none=True)
-
-
-def kept_grads(optimizer_class, **kwargs):
-    """An optimizer whose zero_grad zeroes gradients in place and keeps them: torch 1.x's default
-    (`set_to_none=False`, the 2022 Trainer's model.zero_grad()) and gradient accumulation's micro-steps."""
-
-    class Kept(optimizer_class):
-        def zero_grad(self, set_to_none: bool = True) -> None:
-            super().zero_grad(set_to_none=False)
-
-    return lambda params: Kept(params, **kwargs)
-
-
 def _meta(build: Callable[[], nn.Module]) -> nn.Module:
     with torch.device("meta"):
         return build()
@@ -328,15 +299,9 @@ def _vit(precision: str, batch: int, *, accumulate: bool = False):
         layout = torch_2_1_flash_layout() if published_torch else contextlib.nullcontext()
         with layout:
             if precision == "16-mixed":
-                build, zero = zero_grad_after_forward(Adam, **adam)
-
-                def loss(model, b):
-                    out = F.cross_entropy(model(b[0]), b[1])
-                    zero()
-                    return out
-
-                return estimate(VisionTransformer, loss=loss, optimizer=build, precision="16-mixed", loop="torch",
-                                **common)
+                return estimate(VisionTransformer, loss=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                                optimizer=lambda p: Adam(p, **adam), precision="16-mixed",
+                                loop="torch-zero-after-forward", **common)
             if precision == "bf16-true":
                 model = _meta(lambda: VisionTransformer().to(torch.bfloat16))
 
@@ -352,9 +317,10 @@ def _vit(precision: str, batch: int, *, accumulate: bool = False):
                     return estimate(model, loss=cycle, optimizer=lambda p: Adam(p, **adam),
                                     precision="32-true", loop="torch", **common)
                 return estimate(model, loss=micro, optimizer=lambda p: Adam(p, **adam),
-                                precision="32-true", **common)
+                                precision="32-true", loop="torch-zero-after-forward", **common)
             return estimate(VisionTransformer, loss=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                            optimizer=lambda p: Adam(p, **adam), precision="32-true", **common)
+                            optimizer=lambda p: Adam(p, **adam), precision="32-true",
+                            loop="torch-zero-after-forward", **common)
 
     return run
 
@@ -423,16 +389,16 @@ def _bert(precision: str, batch: int, *, optimizer: str = "adamw", checkpointing
         if optimizer == "adafactor":
             from transformers.optimization import Adafactor
 
-            make = kept_grads(Adafactor, lr=5e-5, scale_parameter=False, relative_step=False)
+            make = lambda p: Adafactor(p, lr=5e-5, scale_parameter=False, relative_step=False)  # noqa: E731
         else:
-            make = kept_grads(AdamW2022, lr=5e-5, weight_decay=0.0)
+            make = lambda p: AdamW2022(p, lr=5e-5, weight_decay=0.0)  # noqa: E731
         batch_ = {"input_ids": torch.randint(100, 30000, (batch, 512)), "labels": torch.randint(0, 2, (batch,))}
         previous = os.environ.get("CUDA_MODULE_LOADING")
         os.environ["CUDA_MODULE_LOADING"] = "EAGER"  # CUDA 11.2: no lazy loading
         try:
             with torch_1_10_softmax() if published_torch else contextlib.nullcontext():
                 return estimate(build, batch_, loss=lambda m, b: m(**b).loss, optimizer=make, precision=precision,
-                                device="V100-16GB", loop="torch")
+                                device="V100-16GB", loop="torch-keep-grads")
         finally:
             if previous is None:
                 os.environ.pop("CUDA_MODULE_LOADING", None)

@@ -34,7 +34,7 @@ from memplan.estimator.module_conversion import conversions_in_step
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator import manual
 from memplan.estimator.step import (
-    LossFn, Loop, PrecisionPolicy, SavedTensorsHooks, StepOptions, check_loop, iter_tensors, map_tensors,
+    LOOP_NOTES, LossFn, Loop, PrecisionPolicy, SavedTensorsHooks, StepOptions, check_loop, iter_tensors, map_tensors,
     run_training_step,
 )
 from memplan.estimator.streams import StreamNumbers, side_stream_bytes
@@ -80,8 +80,10 @@ def estimate(
     device: "cpu", a GPU model name ("A100-80GB"), a memplan.hardware GpuModel (custom_gpu("24GiB")),
         or None for the local GPU.
     strategy, world_size: None, or "ddp" / "fsdp" with the number of ranks (memory is per rank).
-    loop: "lightning" (zero_grad after the forward, as Lightning runs it) or "torch" (a plain loop:
-        forward + loss, backward, step, zero_grad(set_to_none=True)).
+    loop: "lightning" (zero_grad after the forward, as Lightning runs it), "torch" (a plain loop:
+        forward + loss, backward, step, zero_grad(set_to_none=True)), "torch-zero-after-forward" (a plain
+        loop zeroing between forward and backward) or "torch-keep-grads" (zero_grad(set_to_none=False):
+        gradients stay allocated). See memplan/estimator/step.py.
     data_dependent: how shapes decided by activation values (MoE routing, matching, `.item()` checks)
         are resolved: "balanced" (even routing), "sample" (random values) or "error" (refuse). Shapes
         decided by the batch (masks, lengths) are always exact. See memplan/estimator/values.py.
@@ -330,8 +332,8 @@ class _Trace:
 
             communication = nccl_buffer_bytes(world_size, compute_capability=self.target.compute_capability)
         notes = list(self.notes) + self.values.notes
-        if self.loop == "torch":
-            notes.append("plain PyTorch loop order: zero_grad(set_to_none=True) after the optimizer step")
+        if self.loop != "lightning":
+            notes.append(LOOP_NOTES[self.loop])
         if self.target.emulates_cuda:
             notes.append("CUDA target traced on CPU fake tensors with CUDA's op semantics emulated")
         if self.target.name == GENERIC_CUDA:

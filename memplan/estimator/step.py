@@ -1,12 +1,20 @@
 """One training step, defined once.
 
 The tracer runs it on fake tensors, the benchmarks run it on real ones: both must execute the same
-sequence of ops, or the estimate would be exact for a step nobody runs. Two orders (`loop=`):
+sequence of ops, or the estimate would be exact for a step nobody runs. The orders (`loop=`):
 
-    "lightning"  forward + loss (under autocast) -> zero_grad(set_to_none=True) -> backward -> optimizer update
-    "torch"      forward + loss (under autocast) -> backward -> optimizer update -> zero_grad(set_to_none=True)
+    "lightning"            forward + loss (autocast) -> zero_grad(set_to_none=True) -> backward -> update
+    "torch"                forward + loss (autocast) -> backward -> update -> zero_grad(set_to_none=True)
+                           (the same memory as zero_grad at the top of the loop, its usual place)
+    "torch-zero-after-forward"
+                           forward + loss (autocast) -> zero_grad(set_to_none=True) -> backward -> update
+                           (a plain loop, or Fabric's, that zeroes between forward and backward)
+    "torch-keep-grads"     forward + loss (autocast) -> backward -> update -> zero_grad(set_to_none=False)
+                           (gradients stay allocated across steps: torch 1.x's default, `model.zero_grad()`
+                           before torch 2.0, a hand-written `p.grad.zero_()`)
 
-Lightning's autocast runs with the weight cache off; a plain loop's `torch.autocast` keeps it on.
+Lightning's autocast runs with the weight cache off; a plain loop's `torch.autocast` keeps it on (every loop
+but "lightning").
 
 "lightning" is Lightning's automatic optimization (pytorch_lightning/loops/optimization/automatic.py,
 `Closure.closure`): it zeroes gradients *after* the forward, so the previous step's gradients are
@@ -29,8 +37,18 @@ from memplan.estimator.errors import EstimateError
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
-Loop = Literal["lightning", "torch"]
-LOOPS: tuple[str, ...] = ("lightning", "torch")
+Loop = Literal["lightning", "torch", "torch-zero-after-forward", "torch-keep-grads"]
+LOOPS: tuple[str, ...] = ("lightning", "torch", "torch-zero-after-forward", "torch-keep-grads")
+PLAIN_LOOPS: tuple[str, ...] = LOOPS[1:]
+"""The orders of a plain PyTorch (or Fabric) loop: `torch.autocast` with its weight cache on."""
+LOOP_NOTES: dict[str, str] = {
+    "torch": "plain PyTorch loop order: zero_grad(set_to_none=True) after the optimizer step",
+    "torch-zero-after-forward": "plain PyTorch loop order: zero_grad(set_to_none=True) between forward and "
+                                "backward, so the last step's gradients are alive through the forward",
+    "torch-keep-grads": "plain PyTorch loop order: zero_grad(set_to_none=False) after the optimizer step, so "
+                        "gradients stay allocated through every step",
+}
+"""The note an estimate carries for each plain loop's order."""
 
 _MIXED = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 _TRUE = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
@@ -68,10 +86,10 @@ class PrecisionPolicy:
         """Lightning's `precision_plugin.forward_context()`: autocast with the weight cache off
         (plugins/precision/amp.py: `torch.autocast(device, dtype=dtype, cache_enabled=False)`), or the
         default dtype set to the half type for the '-true' precisions (plugins/precision/half.py).
-        A plain loop (`loop="torch"`) writes `torch.autocast(device, dtype=dtype)`, whose weight cache is
+        A plain loop (every `loop` but "lightning") writes `torch.autocast(device, dtype=dtype)`, whose weight cache is
         on: each parameter's cast is made once and held until the autocast block exits."""
         if self.autocast_dtype is not None:
-            return torch.autocast(device_type, dtype=self.autocast_dtype, cache_enabled=loop == "torch")
+            return torch.autocast(device_type, dtype=self.autocast_dtype, cache_enabled=loop in PLAIN_LOOPS)
         if self.param_dtype != torch.float32:
             return _default_dtype(self.param_dtype)
         return contextlib.nullcontext()
@@ -146,6 +164,8 @@ def run_training_step(
         loss = loss / 1
         logged = loss.detach().clone()  # noqa: F841
         optimizer.zero_grad(set_to_none=True)
+    elif loop == "torch-zero-after-forward":
+        optimizer.zero_grad(set_to_none=True)
     phase("backward")
     (loss * grad_scale if grad_scale is not None else loss).backward()
     phase("optimizer")
@@ -154,14 +174,19 @@ def run_training_step(
     optimizer.step()
     if loop == "torch":
         optimizer.zero_grad(set_to_none=True)
+    elif loop == "torch-keep-grads":
+        optimizer.zero_grad(set_to_none=False)
     phase("end")
     return loss.detach()
 
 
 def check_loop(loop: Any) -> None:
     if loop not in LOOPS:
-        raise EstimateError(f"loop must be 'lightning' (Lightning's order: zero_grad after the forward) or 'torch' "
-                            f"(a plain loop: forward, backward, step, zero_grad(set_to_none=True)); got {loop!r}")
+        raise EstimateError(
+            "loop must be 'lightning' (Lightning's order: zero_grad after the forward), 'torch' (a plain loop: "
+            "forward, backward, step, zero_grad(set_to_none=True)), 'torch-zero-after-forward' (a plain loop "
+            "that zeroes between forward and backward) or 'torch-keep-grads' (zero_grad(set_to_none=False): "
+            f"gradients kept allocated); got {loop!r}")
 
 
 def check_loss(loss: Any) -> None:

@@ -9,7 +9,7 @@ import os
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,10 +27,10 @@ def measure_cpu_peak(
     precision: str = "32-true",
     checkpointing: bool | Collection[type[nn.Module]] | str = False,
     steps: int = 2,
-    loop: Literal["lightning", "torch"] = "lightning",
+    loop: str = "lightning",
 ) -> int:
     """Peak "Total Allocated" bytes over building the model and batch and `steps` real training steps:
-    a `Trainer.fit` for loop="lightning", a plain PyTorch loop for loop="torch"."""
+    a `Trainer.fit` for loop="lightning", a plain PyTorch loop in that order for the other loops (runs.PLAIN_LOOPS)."""
     run = Training(build=build, make_batch=make_batch, loss=loss, optimizer=optimizer, precision=precision,
                    checkpointing=checkpointing, steps=steps)
     preload(loop)
@@ -60,7 +60,7 @@ def measure_cuda_peak(
     precision: str = "32-true",
     checkpointing: bool | Collection[type[nn.Module]] | str = False,
     steps: int = 2,
-    loop: Literal["lightning", "torch"] = "lightning",
+    loop: str = "lightning",
 ) -> CudaMeasurement:
     """Run real training steps on the current CUDA device and read torch's and NVML's peaks. Use a
     fresh process: the CUDA context and the allocator cache are part of what is measured."""

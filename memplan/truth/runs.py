@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -72,13 +72,19 @@ def preload(loop: str) -> None:
             pass
 
 
-def train(run: Training, *, loop: Literal["lightning", "torch"] = "lightning", accelerator: str = "cpu") -> nn.Module:
-    """Build and train `run` in `loop`; returns the trained model."""
+PLAIN_LOOPS = ("torch", "torch-zero-after-forward", "torch-keep-grads")
+"""The plain loops' orders, written here for the truth (memplan.estimator.step has the estimator's own)."""
+
+
+def train(run: Training, *, loop: str = "lightning", accelerator: str = "cpu") -> nn.Module:
+    """Build and train `run` in `loop` ("lightning": a real Trainer.fit; a PLAIN_LOOPS order: plain_loop);
+    returns the trained model."""
     if loop == "lightning":
         return lightning_fit(run, accelerator=accelerator)
-    if loop == "torch":
-        return plain_loop(run, device=torch.device(accelerator, 0) if accelerator == "cuda" else torch.device(accelerator))
-    raise ValueError(f"loop must be 'lightning' or 'torch'; got {loop!r}")
+    if loop in PLAIN_LOOPS:
+        device = torch.device(accelerator, 0) if accelerator == "cuda" else torch.device(accelerator)
+        return plain_loop(run, device=device, order=loop)
+    raise ValueError(f"loop must be 'lightning' or one of {', '.join(PLAIN_LOOPS)}; got {loop!r}")
 
 
 def checkpoint_blocks(model: nn.Module, which: Any) -> None:
@@ -264,8 +270,10 @@ def _to(batch: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
     return batch
 
 
-def plain_loop(run: Training, *, device: torch.device) -> nn.Module:
-    """Build the model and the batch on `device`, then `run.steps` steps of a plain PyTorch loop."""
+def plain_loop(run: Training, *, device: torch.device, order: str = "torch") -> nn.Module:
+    """Build the model and the batch on `device`, then `run.steps` steps of a plain PyTorch loop, written as
+    users write it: "torch" zeroes the gradients (set to None) after the step, "torch-zero-after-forward"
+    between the forward and the backward, "torch-keep-grads" after the step with set_to_none=False."""
     kind, _, mode = run.precision.partition("-")
     if mode not in ("true", "mixed") or (kind != "32" and kind not in _HALF):
         raise ValueError(f"precision must be a Lightning precision string; got {run.precision!r}")
@@ -285,6 +293,8 @@ def plain_loop(run: Training, *, device: torch.device) -> nn.Module:
         run.on_step_start(step)
         with torch.autocast(device.type, dtype=half, enabled=autocast):
             loss = loss_fn(model, batch)
+        if order == "torch-zero-after-forward":
+            optimizer.zero_grad()
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(optimizer)
@@ -292,6 +302,11 @@ def plain_loop(run: Training, *, device: torch.device) -> nn.Module:
         else:
             loss.backward()
             optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if order == "torch":
+            optimizer.zero_grad(set_to_none=True)
+        elif order == "torch-keep-grads":
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
         run.on_step_end(step)
     return model

@@ -8,6 +8,7 @@ from torch import nn
 
 from memplan.demos import GPTLM, MLP
 from memplan.estimator.api import estimate
+from memplan.estimator.errors import EstimateError
 from memplan.truth import measure_cpu_peak
 from memplan.units import MiB
 
@@ -114,6 +115,30 @@ def test_lightning_zeroes_grads_after_forward_so_forward_peak_holds_last_grads()
     loop = measure_cpu_peak(_ForwardPeak, make_batch, loss=loss, optimizer="sgd", loop="torch")
     assert relative_error(lightning.peak_allocated, fit) < 0.001, (lightning.peak_allocated, fit)
     assert relative_error(plain.peak_allocated, loop) < 0.001, (plain.peak_allocated, loop)
+
+
+@pytest.mark.parametrize("loop", ["torch-zero-after-forward", "torch-keep-grads"])
+def test_plain_loops_that_hold_gradients_through_the_forward(loop):
+    """A plain loop that zeroes between forward and backward (as many Fabric scripts do), or that keeps its
+    gradients allocated (zero_grad(set_to_none=False)), has the last step's gradients alive at a forward peak,
+    as Lightning's order does; loop="torch" has none. Each estimate is what that real plain loop peaks at."""
+    make_batch = lambda: (torch.randn(256, 1024),)  # noqa: E731
+    loss = lambda m, b: m(b[0])  # noqa: E731
+    n_params = sum(p.numel() for p in _ForwardPeak().parameters())
+    plain = estimate(_ForwardPeak, make_batch(), loss=loss, optimizer="sgd", device="cpu", loop="torch")
+    held = estimate(_ForwardPeak, make_batch(), loss=loss, optimizer="sgd", device="cpu", loop=loop)
+    assert plain.peak_phase == held.peak_phase == "forward"
+    assert plain.gradients == 0 and held.gradients == 4 * n_params
+    assert held.peak_allocated - plain.peak_allocated == 4 * n_params
+    said = "between forward and backward" if loop == "torch-zero-after-forward" else "set_to_none=False"
+    assert any(said in n for n in held.notes), held.notes
+    truth = measure_cpu_peak(_ForwardPeak, make_batch, loss=loss, optimizer="sgd", loop=loop)
+    assert relative_error(held.peak_allocated, truth) < 0.001, (held.peak_allocated, truth)
+
+
+def test_an_unknown_loop_is_refused_naming_the_orders():
+    with pytest.raises(EstimateError, match="loop must be 'lightning'.*'torch-keep-grads'.*got 'fabric'"):
+        estimate(_ForwardPeak, (torch.randn(4, 1024),), loss=lambda m, b: m(b[0]), device="cpu", loop="fabric")
 
 
 def test_configure_optimizers_is_the_default_optimizer():

@@ -33,7 +33,7 @@ def loss(model, batch):
     return model(batch[0])
 
 
-@pytest.mark.parametrize("loop", ["lightning", "torch"])
+@pytest.mark.parametrize("loop", ["lightning", "torch", "torch-zero-after-forward", "torch-keep-grads"])
 def test_estimate_matches_the_loops_autocast_cache(loop):
     est = estimate(TwiceApplied, make_batch(), loss=loss, optimizer="sgd", precision="bf16-mixed", device="cpu",
                    loop=loop)
