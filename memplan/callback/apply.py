@@ -25,6 +25,7 @@ from memplan.checkpoint_setting import Checkpointing
 from memplan.estimator.checkpointing import apply_checkpointing, find_repeated_blocks
 from memplan.hardware import gpu_for_cuda_index, host_info, match_nvml_name
 from memplan.hardware.nvml import answers as nvml_answers
+from memplan.hardware.readings import cuda_device_facts, cuda_free_bytes
 from memplan.plan import Plan, model_class_name, model_fingerprint
 from memplan.planner import DeviceBudget, PlanRequest
 from memplan.planner.request import SEARCHED_PRECISIONS
@@ -65,14 +66,13 @@ def device_budget(device: torch.device, local_world_size: int) -> DeviceBudget:
         return DeviceBudget(name="cpu", cuda_index=None, total_bytes=total,
                             free_bytes=min(total, host.budget_bytes // max(1, local_world_size)),
                             compute_capability=CPU_CAPABILITY)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    gpu = gpu_for_cuda_index(index)
+    facts = cuda_device_facts(device)
+    gpu = gpu_for_cuda_index(facts.index)
     if gpu is not None and nvml_answers(gpu):  # (NVML's 0-byte total or a missing figure: CUDA's instead)
-        return DeviceBudget.from_gpu_info(gpu, cuda_index=index)
-    free, total = torch.cuda.mem_get_info(device)
-    props = torch.cuda.get_device_properties(device)
-    return DeviceBudget(name=props.name, cuda_index=index, total_bytes=int(total), free_bytes=int(free),
-                        compute_capability=(props.major, props.minor))
+        return DeviceBudget.from_gpu_info(gpu, cuda_index=facts.index)
+    free, total = cuda_free_bytes(device)
+    return DeviceBudget(name=facts.name, cuda_index=facts.index, total_bytes=total, free_bytes=free,
+                        compute_capability=facts.compute_capability)
 
 
 def load_plan(plan: Plan | str | os.PathLike) -> Plan:

@@ -93,11 +93,12 @@ def _measure(setting: Setting) -> Measurement:
     if not torch.cuda.is_available():
         return Measurement(device="cpu", max_allocated=measure_cpu_peak(loaded.build_model, make_batch, **kwargs))
     from memplan.estimator.calibration import current_key
+    from memplan.hardware.readings import cuda_device_facts
 
     got = measure_cuda_peak(loaded.build_model, make_batch, **kwargs)
     key = current_key()
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    gpu = None if key is None else {"key": key.__dict__, "compute_capability": [props.major, props.minor]}
+    facts = cuda_device_facts()
+    gpu = None if key is None else {"key": key.__dict__, "compute_capability": list(facts.compute_capability)}
     return Measurement(device="cuda", max_allocated=got.max_allocated, max_reserved=got.max_reserved,
                        nvml_process_peak=got.nvml_process_peak, gpu=gpu)
 

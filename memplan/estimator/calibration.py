@@ -88,15 +88,17 @@ def current_key(env: Mapping[str, str] = os.environ) -> CalibrationKey | None:
     """The key of this machine's current CUDA device; None without CUDA or without NVML's driver version."""
     import torch
 
-    if not torch.cuda.is_available() or torch.version.cuda is None:
-        return None
     from memplan.hardware.nvml import nvml_query
+    from memplan.hardware.readings import cuda_device_facts
 
+    facts = cuda_device_facts()
+    if facts is None or torch.version.cuda is None:
+        return None
     driver = nvml_query("nvmlSystemGetDriverVersion", default=None)
     if not isinstance(driver, str):
         return None
     return CalibrationKey(
-        gpu_name=torch.cuda.get_device_name(torch.cuda.current_device()), driver_version=driver,
+        gpu_name=facts.name, driver_version=driver,
         torch_version=torch.__version__, cuda_version=str(torch.version.cuda),
         module_loading=env.get("CUDA_MODULE_LOADING", "LAZY").upper(),
     )

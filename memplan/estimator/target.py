@@ -54,12 +54,12 @@ def resolve_target(device) -> Target:
         return Target(name="cpu", is_cuda=False)
     trace_device = _trace_device()
     if device is None:
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            return Target(
-                name=props.name, is_cuda=True, compute_capability=(props.major, props.minor),
-                total_bytes=int(props.total_memory), trace_device=trace_device,
-            )
+        from memplan.hardware.readings import cuda_device_facts
+
+        facts = cuda_device_facts()
+        if facts is not None:
+            return Target(name=facts.name, is_cuda=True, compute_capability=facts.compute_capability,
+                          total_bytes=facts.total_bytes, trace_device=trace_device)
         return Target(name=GENERIC_CUDA, is_cuda=True, compute_capability=(8, 0), trace_device="cpu")
     try:
         model = lookup_gpu(device)

@@ -1,4 +1,4 @@
-"""A device's memory now: the one place torch.cuda's allocator counters are read beside NVML.
+"""A device's memory now: the one place torch.cuda's allocator counters and device facts are read beside NVML.
 
 A reading comes from the rank's own device: on a GPU, NVML (this process's bytes, the device's used
 and total) and torch's caching allocator (allocated, reserved, peak reserved since the last reading);
@@ -254,3 +254,33 @@ class _OpenFile:
 
 
 _READERS: dict[torch.device, _CudaReader | _HostReader] = {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaDeviceFacts:
+    """A CUDA device as torch sees it (for when NVML has no answer, and for what NVML does not say)."""
+
+    index: int
+    """The CUDA index (CUDA_VISIBLE_DEVICES applied)."""
+    name: str
+    """torch.cuda.get_device_name(), e.g. "NVIDIA H100 80GB HBM3"."""
+    total_bytes: int
+    """The device's memory."""
+    compute_capability: tuple[int, int]
+    """(major, minor)."""
+
+
+def cuda_device_facts(device: torch.device | None = None) -> CudaDeviceFacts | None:
+    """`device` (default: this process's current CUDA device) as torch sees it; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    return CudaDeviceFacts(index=index, name=props.name, total_bytes=int(props.total_memory),
+                           compute_capability=(props.major, props.minor))
+
+
+def cuda_free_bytes(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of `device` from the CUDA driver (cudaMemGetInfo): NVML's stand-in."""
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free), int(total)

@@ -151,3 +151,37 @@ def test_the_summary_names_the_ranks_whose_readings_fell_back():
         "process's own share was not available during this fit",
         "rank 2: torch.cuda.memory_stats failed, so torch's counters were missing during this fit"]
     assert readings.fallback_lines([0, 0]) == []
+
+
+def _simulated_cuda(monkeypatch, *, free: int, total: int) -> None:
+    """A SIMULATED CUDA device 0 (an H100 as torch would describe it): no GPU is touched."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: SimpleNamespace(
+        name="NVIDIA H100 80GB HBM3", total_memory=total, major=9, minor=0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
+
+
+def test_a_rank_whose_gpu_nvml_does_not_answer_plans_from_cudas_own_figures(nvml_sim, monkeypatch):
+    from memplan.callback.apply import device_budget
+
+    nvml_sim([SimGpu()], raising={"nvmlDeviceGetMemoryInfo": RuntimeError("NVML lost")})
+    _simulated_cuda(monkeypatch, free=70 * GiB, total=80 * GiB)
+    budget = device_budget(torch.device("cuda", 0), local_world_size=1)
+    assert (budget.name, budget.cuda_index, budget.total_bytes, budget.free_bytes, budget.compute_capability) == (
+        "NVIDIA H100 80GB HBM3", 0, 80 * GiB, 70 * GiB, (9, 0))
+
+
+def test_the_device_facts_torch_gives_are_read_in_one_place(monkeypatch):
+    from memplan.estimator.target import resolve_target
+
+    _simulated_cuda(monkeypatch, free=70 * GiB, total=80 * GiB)
+    facts = readings.cuda_device_facts()
+    assert (facts.index, facts.name, facts.total_bytes, facts.compute_capability) == (
+        0, "NVIDIA H100 80GB HBM3", 80 * GiB, (9, 0))
+    target = resolve_target(None)  # memplan.estimate(device=None): this process's GPU
+    assert (target.name, target.total_bytes, target.compute_capability) == ("NVIDIA H100 80GB HBM3", 80 * GiB, (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert readings.cuda_device_facts() is None
