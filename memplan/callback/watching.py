@@ -61,7 +61,7 @@ class Watching(CallbackState):
             return
         self._fit.batch_now = batch  # (for a first decision whether a split is exact; not kept past the check)
         try:
-            change = self._fit.adjuster.decide(statuses, self.layout.micro_batch_size, self.layout.gradient_checkpointing)
+            change = self._fit.adjuster.decide(statuses, self.layout)
         finally:
             self._fit.batch_now = None
         if change is not None:
@@ -72,7 +72,7 @@ class Watching(CallbackState):
     def _update_guard(self, status: RankStatus) -> None:
         """Unguard this rank's backwards once a reading at the current layout shows the margin free
         and no OOM since the last check: those steps fit, and steps of the same shapes will. A change
-        of layout guards it again (set_layout), as does an OOM (memplan.callback.chunking)."""
+        of layout guards it again (layout_changed), as does an OOM (memplan.callback.chunking)."""
         retried = status.oom_retries > self._fit.oom_retries_seen
         self._fit.oom_retries_seen = status.oom_retries
         self._fit.runner.guarded = self.settings.guard == "always" or retried or not self._fit.adjuster.has_margin(status.reading)
@@ -114,7 +114,7 @@ class Watching(CallbackState):
     def _apply_change(self, trainer: pl.Trainer, change: Change) -> None:
         before = self.layout
         self.layout = before.with_micro_batch(change.micro_batch_size, change.gradient_checkpointing)
-        self._fit.runner.set_layout(change.micro_batch_size, change.gradient_checkpointing)
+        self._fit.runner.layout_changed()
         record = self._fit.log.write("change", trainer.global_step, cause=change.cause, ranks=list(change.ranks),
                                  reason=change.reason, before=before.to_dict(), after=self.layout.to_dict())
         self.changes.append(record)
