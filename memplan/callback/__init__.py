@@ -10,7 +10,8 @@
     checks.py    what MemoryPlanner refuses, with the fix
     framework.py the two Lightning packages (pytorch_lightning, lightning.pytorch) it works under
     adjust.py    every rank's status gathered, and the shared decision to lower or grow
-    runlog.py    the per-rank JSON-lines log (its schema, read back by `memplan report`), logger metrics
+    runlog.py    the per-rank JSON-lines log's schema and parser (what `memplan report` reads); rank_log.py
+                 its writer; logger_rows.py the readings put into the Trainer's logger rows
     memory_planner.py  the callback: thin hooks over the above and memplan.hardware.readings
 """
 import importlib

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from memplan.callback.collectives import gather_rows
+from memplan.callback.layout import Layout
 from memplan.hardware.readings import READING_FIELDS, MemoryReading
 from memplan.units import format_bytes
 
@@ -84,14 +85,14 @@ class Adjuster:
 
     def __init__(self, *, margin: float, grow: bool, grow_margin: float, grow_patience: int,
                  planned_micro_batch_size: int, can_checkpoint: bool,
-                 can_split: Callable[[], bool] | None = None, loader_batch_size: int | None = None) -> None:
+                 can_split: Callable[[], bool] | None = None) -> None:
         self.margin = margin
         self.grow = grow
         self.grow_margin = grow_margin
         self.grow_patience = grow_patience
         self.planned_micro_batch_size = planned_micro_batch_size
-        self.loader_batch_size = loader_batch_size or planned_micro_batch_size
-        """Samples per loaded batch: the micro-batches chosen cut it into even chunks."""
+        """The plan's micro-batch: growth goes back toward it, never above (MemoryPlanner lowers it to the batch
+        the loader yields where the first batch shows it yields fewer than planned)."""
         self.can_checkpoint = can_checkpoint
         self._can_split = can_split or _yes
         """Whether the micro-batch may go below the loaded batch (memplan.callback.exactness, decided when
@@ -102,7 +103,10 @@ class Adjuster:
         """Smallest micro-batch that ran out of memory; growth stays below it."""
         self._ooms_seen: dict[int, int] = {}
 
-    def decide(self, statuses: Sequence[RankStatus], micro_batch_size: int, checkpointing: bool) -> Change | None:
+    def decide(self, statuses: Sequence[RankStatus], layout: Layout) -> Change | None:
+        """The change every rank makes from the shared `layout` they run now, or None. The micro-batches
+        chosen cut the layout's loaded batch into even chunks."""
+        micro_batch_size, checkpointing = layout.micro_batch_size, layout.gradient_checkpointing
         oom_ranks = tuple(s.rank for s in statuses if s.oom_retries > self._ooms_seen.get(s.rank, 0))
         self._ooms_seen = {s.rank: s.oom_retries for s in statuses}
         if oom_ranks:
@@ -110,11 +114,11 @@ class Adjuster:
         tight = tuple(s.rank for s in statuses if _fraction_free(s.reading) is not None and not self.has_margin(s.reading))
         if tight:
             self.calm_checks = 0
-            return self._lower(statuses, tight, micro_batch_size, checkpointing)
+            return self._lower(statuses, tight, layout)
         roomy = all(self.roomy(s.reading) for s in statuses)
         self.calm_checks = self.calm_checks + 1 if roomy else 0
         if self.grow and self.calm_checks >= self.grow_patience:
-            return self._grow(micro_batch_size, checkpointing, tuple(s.rank for s in statuses))
+            return self._grow(layout, tuple(s.rank for s in statuses))
         return None
 
     def roomy(self, reading: MemoryReading) -> bool:
@@ -139,11 +143,12 @@ class Adjuster:
                       reason=f"rank(s) {_ranks(ranks)} ran out of memory and retried with micro-batch {smallest}"
                              f"{' and checkpointing' if checkpoint and not checkpointing else ''}")
 
-    def _lower(self, statuses, ranks, micro_batch_size, checkpointing) -> Change | None:
+    def _lower(self, statuses, ranks, layout: Layout) -> Change | None:
+        micro_batch_size, checkpointing = layout.micro_batch_size, layout.gradient_checkpointing
         worst = min((s for s in statuses if s.rank in ranks), key=lambda s: _fraction_free(s.reading))
         left = f"rank {worst.rank} has {format_bytes(worst.reading.headroom_bytes)} free at its peak, " \
                f"under the margin of {self.margin:.0%} of {format_bytes(worst.reading.device_total_bytes)}"
-        smaller = smaller_micro_batch(micro_batch_size, self.loader_batch_size)
+        smaller = smaller_micro_batch(micro_batch_size, layout.loader_batch_size)
         smaller = smaller if smaller is not None and self._can_split() else None
         if smaller is not None:
             return Change(micro_batch_size=smaller, gradient_checkpointing=checkpointing, cause="headroom",
@@ -153,10 +158,11 @@ class Adjuster:
                           reason=f"{left}: at micro-batch 1, activation checkpointing on")
         return None
 
-    def _grow(self, micro_batch_size, checkpointing, ranks) -> Change | None:
+    def _grow(self, layout: Layout, ranks) -> Change | None:
+        micro_batch_size, checkpointing = layout.micro_batch_size, layout.gradient_checkpointing
         cap = self.planned_micro_batch_size if self.ceiling is None else min(self.planned_micro_batch_size,
                                                                              self.ceiling - 1)
-        larger = larger_micro_batch(micro_batch_size, max(cap, 1), self.loader_batch_size)
+        larger = larger_micro_batch(micro_batch_size, max(cap, 1), layout.loader_batch_size)
         if larger is None:
             return None
         self.calm_checks = 0

@@ -18,8 +18,9 @@ from memplan.callback.retry import NONE, Failure, NothingFitsError, OomRetry
 class RunnerOptions:
     """How the callback runs a MicroBatchRunner for one fit: its layout, what it may do, and whom it tells."""
 
-    layout: Layout
-    """The shared layout the runner starts from (its micro-batch, loader batch and checkpointing)."""
+    shared_layout: Callable[[], Layout]
+    """The layout every rank shares now (MemoryPlanner.layout), read at each batch: its micro-batch and loader
+    batch, and the checkpointing the runner starts with. The runner keeps no copy of them."""
     can_checkpoint: bool
     """Whether an OOM at micro-batch 1 may turn gradient checkpointing on."""
     retry: bool

@@ -96,12 +96,9 @@ class MicroBatchRunner(StepWrapper):
     """Wraps the LightningModule's `training_step` (an instance attribute, removed by `remove`)."""
 
     def __init__(self, trainer: Any, module: Any, options: RunnerOptions) -> None:
-        layout = options.layout
-        self.micro_batch_size = layout.micro_batch_size
-        """This rank's micro-batch now (a shared decision, or lower after a local OOM)."""
-        self.loader_batch_size = layout.loader_batch_size
-        """Samples per loaded batch; at or above it a micro-batch runs the batch whole."""
-        self.gradient_checkpointing = layout.gradient_checkpointing
+        self._shared = options.shared_layout  # the layout every rank shares now: read, never copied
+        self._retried_to: int | None = None  # this rank's size after an OOM retried here, until the next shared decision
+        self.gradient_checkpointing = self._shared().gradient_checkpointing
         """Whether checkpointing is on for this rank."""
         self.retries = RetryState()
         """The sizes that ran and failed here, and the OOMs recovered from (memplan.callback.retry)."""
@@ -135,6 +132,18 @@ class MicroBatchRunner(StepWrapper):
         """Batches heavier per sample than the one planned for, run as smaller chunks before they ran."""
 
     @property
+    def micro_batch_size(self) -> int:
+        """This rank's micro-batch now: the shared layout's, or lower after an OOM retried here since the
+        last shared decision."""
+        shared = self._shared().micro_batch_size
+        return shared if self._retried_to is None else min(shared, self._retried_to)
+
+    @property
+    def loader_batch_size(self) -> int:
+        """Samples per loaded batch (the shared layout's); at or above it a micro-batch runs the batch whole."""
+        return self._shared().loader_batch_size
+
+    @property
     def oom_retries(self) -> int:
         """OOMs recovered from."""
         return self.retries.retries
@@ -166,13 +175,15 @@ class MicroBatchRunner(StepWrapper):
         self._skips_backward = compat.skip_backward_getter(self._trainer)
         self._has_rebuilt_buckets = compat.rebuilt_buckets_getter(self._ddp) if self._ddp is not None else None
 
-    def set_layout(self, micro_batch_size: int, gradient_checkpointing: bool) -> None:
-        """Apply a shared decision from the next batch on."""
-        if gradient_checkpointing and not self.gradient_checkpointing:
+    def layout_changed(self) -> None:
+        """A shared decision changed the shared layout: from the next batch this rank runs its micro-batch
+        (its own lower size after an OOM dropped) and its checkpointing; guarded, since the new layout is untried."""
+        checkpointing = self._shared().gradient_checkpointing
+        if checkpointing and not self.gradient_checkpointing:
             self._enable_checkpointing()
-        self.micro_batch_size = micro_batch_size
-        self.gradient_checkpointing = self.gradient_checkpointing or gradient_checkpointing
-        self.guarded = True  # a new layout is untried
+        self._retried_to = None
+        self.gradient_checkpointing = self.gradient_checkpointing or checkpointing
+        self.guarded = True
 
     # --- the wrapped training_step -----------------------------------------------------------
     def _training_step(self, args: tuple, kwargs: dict) -> Any:
@@ -361,7 +372,7 @@ class MicroBatchRunner(StepWrapper):
         smaller = self.retries.failed(failed, self.micro_batch_size, self.loader_batch_size)
         smaller = smaller if smaller is not None and self._splits(batch) else None
         if smaller is not None:
-            self.micro_batch_size = smaller
+            self._retried_to = smaller
         elif self._can_checkpoint and not self.gradient_checkpointing:
             self._enable_checkpointing()
             self.gradient_checkpointing = True

@@ -71,12 +71,11 @@ class FitStart(CallbackState):
         self._fit.adjuster = Adjuster(margin=self.settings.margin, grow=self.settings.grow, grow_margin=self.settings.grow_margin,
                                   grow_patience=self.settings.grow_patience, can_checkpoint=checkpointable,
                                   can_split=lambda: self._exactness(pl_module, self._fit.batch_now).can_split,
-                                  loader_batch_size=layout.loader_batch_size,
                                   planned_micro_batch_size=self._fit.planned_micro_batch_size or layout.micro_batch_size)
         if source == RESTORED:
             self._fit.adjuster.load_state_dict(self._fit.restored)
         if self._fit.adjusting or layout.chunks > 1:
-            self._install_runner(trainer, pl_module, layout, checkpointable)
+            self._install_runner(trainer, pl_module, checkpointable)
         self._fit.apply_record = dict(source=source, layout=layout.to_dict(),
                                       plan=None if self.plan is None else self.plan.to_dict(),
                                       rewrites=[r.to_dict() for r in self.rewrites],
@@ -285,7 +284,7 @@ class FitStart(CallbackState):
             return LossReduction(kind="unknown", describe=f"its training step could not be traced: {err}")
         return watcher.reduction()
 
-    def _install_runner(self, trainer, pl_module, layout: Layout, checkpointable: bool) -> None:
+    def _install_runner(self, trainer, pl_module, checkpointable: bool) -> None:
         fix = None if self._fit.adjusting else CHUNKS_FIX  # (with adjust, setup checked the Trainer already)
         if fix is not None:
             check_can_adjust(trainer, pl_module, fix)
@@ -296,7 +295,7 @@ class FitStart(CallbackState):
             rank_zero_warn(f"MemoryPlanner: backwards are not guarded under {blocker}; an OOM in a backward is not "
                            "retried (forwards still are), and a batch split into micro-batches holds that copy too")
         self._fit.runner = MicroBatchRunner(trainer, pl_module, RunnerOptions(
-            layout=layout, can_checkpoint=checkpointable and self._fit.adjusting,
+            shared_layout=lambda: self.layout, can_checkpoint=checkpointable and self._fit.adjusting,
             retry=self._fit.adjusting and not fsdp, can_guard=blocker is None and not fsdp,
             enable_checkpointing=lambda: enable_checkpointing(pl_module),
             on_retry=lambda retry: self._record_retry(trainer, retry),
@@ -330,12 +329,8 @@ class FitStart(CallbackState):
         rank_zero_warn(f"MemoryPlanner: the train loader yields {size} samples per batch, not the "
                        f"{before.loader_batch_size} of the layout ({why}){clamped}; micro-batches are cut from its "
                        f"{size}, and the global batch is {self.layout.global_batch_size}")
-        if self._fit.runner is not None:
-            self._fit.runner.loader_batch_size = size
-            self._fit.runner.micro_batch_size = min(self._fit.runner.micro_batch_size, size)
         if self._fit.adjuster is not None:  # growth stops at the batch the loader yields
             self._fit.adjuster.planned_micro_batch_size = min(self._fit.adjuster.planned_micro_batch_size, size)
-            self._fit.adjuster.loader_batch_size = size
         self._fit.log.write("loader", trainer.global_step, layout=self.layout.to_dict())
 
     def _unsplittable(self, err: ValueError) -> None:

@@ -32,9 +32,7 @@ from memplan.callback.rewrites import (
 from memplan.callback.session import FitSession
 from memplan.callback.sigterm import end_rank_on_sigterm
 from memplan.callback.settings import PlannerSettings
-from memplan.callback.runlog import (
-    RankLog, new_run_id,
-)
+from memplan.callback.rank_log import RankLog, new_run_id
 from memplan.plan import Plan
 from memplan.planner import Estimator, PlanRequest, make_plan
 

@@ -10,7 +10,8 @@ from typing import Any
 from memplan.callback.adjust import Adjuster
 from memplan.callback.chunking import MicroBatchRunner
 from memplan.callback.loss_reduction import LossReduction, LossWatcher
-from memplan.callback.runlog import LoggerRows, RankLog
+from memplan.callback.logger_rows import LoggerRows
+from memplan.callback.rank_log import RankLog
 from memplan.shapes import Scan
 from memplan.plan import Plan
 

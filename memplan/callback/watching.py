@@ -24,11 +24,11 @@ from memplan.callback.rewrites import (
 )
 from memplan.callback.oom_site import oom_site
 from memplan.callback.session import CallbackState
-from memplan.callback.runlog import (
-    logger_metrics, summary_line,
-)
+from memplan.callback.layout import Layout
+from memplan.callback.logger_rows import logger_metrics
 from memplan.compat.lightning import writes_logger_row
 from memplan.hardware import readings
+from memplan.units import format_bytes
 
 log = logging.getLogger("memplan.callback.memory_planner")  # (one logger for the callback's lines, as before)
 
@@ -61,7 +61,7 @@ class Watching(CallbackState):
             return
         self._fit.batch_now = batch  # (for a first decision whether a split is exact; not kept past the check)
         try:
-            change = self._fit.adjuster.decide(statuses, self.layout.micro_batch_size, self.layout.gradient_checkpointing)
+            change = self._fit.adjuster.decide(statuses, self.layout)
         finally:
             self._fit.batch_now = None
         if change is not None:
@@ -72,7 +72,7 @@ class Watching(CallbackState):
     def _update_guard(self, status: RankStatus) -> None:
         """Unguard this rank's backwards once a reading at the current layout shows the margin free
         and no OOM since the last check: those steps fit, and steps of the same shapes will. A change
-        of layout guards it again (set_layout), as does an OOM (memplan.callback.chunking)."""
+        of layout guards it again (layout_changed), as does an OOM (memplan.callback.chunking)."""
         retried = status.oom_retries > self._fit.oom_retries_seen
         self._fit.oom_retries_seen = status.oom_retries
         self._fit.runner.guarded = self.settings.guard == "always" or retried or not self._fit.adjuster.has_margin(status.reading)
@@ -114,7 +114,7 @@ class Watching(CallbackState):
     def _apply_change(self, trainer: pl.Trainer, change: Change) -> None:
         before = self.layout
         self.layout = before.with_micro_batch(change.micro_batch_size, change.gradient_checkpointing)
-        self._fit.runner.set_layout(change.micro_batch_size, change.gradient_checkpointing)
+        self._fit.runner.layout_changed()
         record = self._fit.log.write("change", trainer.global_step, cause=change.cause, ranks=list(change.ranks),
                                  reason=change.reason, before=before.to_dict(), after=self.layout.to_dict())
         self.changes.append(record)
@@ -197,8 +197,7 @@ class Watching(CallbackState):
         lines = []
         for rank, (peak, low, micro, checkpointing, ooms, dropped, _) in enumerate(rows):
             runs = self.layout.with_micro_batch(int(micro), bool(checkpointing))
-            lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low),
-                                      runs.micro_batch_size, runs.micro_batches_per_step, runs.gradient_checkpointing,
+            lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low), runs,
                                       int(ooms), int(dropped)))
         lines += readings.fallback_lines([int(row[-1]) for row in rows])
         rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines + summary_lines(self.rewrites, self._fit.mismatches)))
@@ -228,3 +227,15 @@ class Watching(CallbackState):
         if self._fit.adjuster is not None:
             state.update(self._fit.adjuster.state_dict())
         return state
+
+
+def summary_line(rank: int, peak_process_bytes: int | None, min_headroom_bytes: int | None, runs: Layout,
+                 oom_retries: int, dropped_lines: int = 0) -> str:
+    """One rank's end-of-fit summary, for people: its peak, least headroom, how it ran at the end (`runs`)."""
+    peak = "n/a" if peak_process_bytes is None else format_bytes(peak_process_bytes)
+    headroom = "n/a" if min_headroom_bytes is None else format_bytes(min_headroom_bytes)
+    dropped = f", {dropped_lines} log line(s) not written" if dropped_lines else ""
+    return (f"rank {rank}: peak {peak} in this process, least headroom {headroom}, micro-batch "
+            f"{runs.micro_batch_size} x {runs.micro_batches_per_step} per step"
+            f"{', checkpointing' if runs.gradient_checkpointing else ''}, "
+            f"{oom_retries} OOM retr{'y' if oom_retries == 1 else 'ies'}{dropped}")

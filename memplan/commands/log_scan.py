@@ -3,7 +3,7 @@ must pass), and `sample` lines on a fast path: checked and taken apart by one re
 chunk, with no JSON object built for them, and their figures folded as columns (SampleShape.fold).
 
 A rank log is almost all `sample` records, each written by the same code with the same keys in the
-same order (memplan.callback.runlog.RankLog.write). The first one parsed the slow way gives the
+same order (memplan.callback.rank_log.RankLog.write). The first one parsed the slow way gives the
 shape: a pattern of that exact line, key by key, that admits only what json.loads would read to the
 same values and what the slow way's checks (`problem`) would accept (byte figures within +-1 PiB,
 a step up to 10^12, a time from 1970 to 5138 written with a decimal point, no nested value, no

@@ -30,6 +30,12 @@ def adjuster(**overrides) -> Adjuster:
     return Adjuster(**options)
 
 
+def runs(micro: int, checkpointing: bool = False, *, loader: int = 8) -> Layout:
+    """The shared layout the ranks run now: `micro` of each loaded batch of `loader` on 2 ranks."""
+    return Layout(loader_batch_size=loader, micro_batch_size=micro, accumulate_grad_batches=1, world_size=2,
+                  gradient_checkpointing=checkpointing)
+
+
 def test_the_layout_keeps_the_global_batch_whatever_the_micro_batch():
     layout = Layout(loader_batch_size=12, micro_batch_size=12, accumulate_grad_batches=2, world_size=4)
     for micro in (12, 6, 5, 1):
@@ -56,7 +62,7 @@ def test_one_rank_under_the_margin_lowers_everyone_halving_then_checkpointing():
     decide = adjuster()
     micro, checkpointing, steps = 8, False, []
     for _ in range(5):
-        change = decide.decide([status(0, 0.5), status(1, 0.01)], micro, checkpointing)
+        change = decide.decide([status(0, 0.5), status(1, 0.01)], runs(micro, checkpointing))
         if change is None:
             steps.append(None)
             continue
@@ -68,14 +74,14 @@ def test_one_rank_under_the_margin_lowers_everyone_halving_then_checkpointing():
 
 def test_an_oom_on_one_rank_brings_everyone_to_its_micro_batch_and_caps_growth():
     decide = adjuster()
-    change = decide.decide([status(0, 0.5, micro=8), status(1, 0.5, micro=2, ooms=2, failed=4)], 8, False)
+    change = decide.decide([status(0, 0.5, micro=8), status(1, 0.5, micro=2, ooms=2, failed=4)], runs(8))
     assert (change.cause, change.ranks, change.micro_batch_size) == ("oom", (1,), 2)
     assert decide.ceiling == 4
     # the same OOM count again is old news; lasting headroom grows, but never back to 4
     micro, grown = 2, []
     for _ in range(4):
         change = decide.decide([status(0, 0.5, micro=micro), status(1, 0.5, micro=micro, ooms=2, failed=4)],
-                               micro, False)
+                               runs(micro))
         micro = change.micro_batch_size if change else micro
         grown.append(change and (change.cause, change.micro_batch_size))
     assert grown == [None, ("grow", 3), None, None]
@@ -84,20 +90,20 @@ def test_an_oom_on_one_rank_brings_everyone_to_its_micro_batch_and_caps_growth()
 def test_growth_needs_every_rank_roomy_for_patience_checks_and_stops_at_the_plan():
     decide = adjuster(grow_patience=3)
     roomy = [status(0, 0.5, micro=2), status(1, 0.5, micro=2)]
-    assert decide.decide(roomy, 2, False) is None and decide.decide(roomy, 2, False) is None
-    assert decide.decide([status(0, 0.5), status(1, 0.2)], 2, False) is None  # rank 1 not roomy: start over
-    assert [decide.decide(roomy, 2, False) for _ in range(2)] == [None, None]
-    change = decide.decide(roomy, 2, False)
+    assert decide.decide(roomy, runs(2)) is None and decide.decide(roomy, runs(2)) is None
+    assert decide.decide([status(0, 0.5), status(1, 0.2)], runs(2)) is None  # rank 1 not roomy: start over
+    assert [decide.decide(roomy, runs(2)) for _ in range(2)] == [None, None]
+    change = decide.decide(roomy, runs(2))
     assert (change.cause, change.micro_batch_size) == ("grow", 4)
-    assert adjuster(grow=False, grow_patience=1).decide(roomy, 2, False) is None
+    assert adjuster(grow=False, grow_patience=1).decide(roomy, runs(2)) is None
     at_plan = adjuster(grow_patience=1)
-    assert at_plan.decide(roomy, 8, False) is None
+    assert at_plan.decide(roomy, runs(8)) is None
 
 
 def test_the_adjusters_state_is_plain_and_restores():
     decide = adjuster()
-    decide.decide([status(0, 0.5, micro=2, ooms=1, failed=4)], 8, False)
-    decide.decide([status(0, 0.5, micro=2, ooms=1, failed=4)], 2, False)
+    decide.decide([status(0, 0.5, micro=2, ooms=1, failed=4)], runs(8))
+    decide.decide([status(0, 0.5, micro=2, ooms=1, failed=4)], runs(2))
     state = decide.state_dict()
     assert state == {"calm_checks": 1, "ceiling": 4}
     again = adjuster()
@@ -139,11 +145,11 @@ def test_sizes_cut_the_loaded_batch_into_the_fewest_even_chunks():
 
 def test_after_an_oom_growth_stays_below_the_size_that_failed():
     adjuster = Adjuster(margin=0.05, grow=True, grow_margin=0.25, grow_patience=1, planned_micro_batch_size=16,
-                        can_checkpoint=True, loader_batch_size=16)
+                        can_checkpoint=True)
     roomy = MemoryReading(device_total_bytes=100, headroom_bytes=60)
     oom = RankStatus(rank=1, reading=roomy, micro_batch_size=8, gradient_checkpointing=False, oom_retries=1,
                      oom_micro_batch_size=16)
     calm = RankStatus(rank=0, reading=roomy, micro_batch_size=8, gradient_checkpointing=False, oom_retries=0)
-    change = adjuster.decide([calm, oom], 16, False)
+    change = adjuster.decide([calm, oom], runs(16, loader=16))
     assert (change.cause, change.micro_batch_size) == ("oom", 8)
-    assert all(adjuster.decide([calm, oom], 8, False) is None for _ in range(5))  # never 15, never 16 again
+    assert all(adjuster.decide([calm, oom], runs(8, loader=16)) is None for _ in range(5))  # never 15, never 16 again

@@ -66,7 +66,7 @@ def test_simulated_fsdp1_chunks_but_the_last_run_under_no_sync_and_the_gradient_
     layout = Layout(loader_batch_size=8, micro_batch_size=2, accumulate_grad_batches=1, world_size=1,
                     gradient_checkpointing=False)
     runner = MicroBatchRunner(simulated_trainer(strategy), module, RunnerOptions(
-        layout=layout, can_checkpoint=False, retry=False, can_guard=False,
+        shared_layout=lambda: layout, can_checkpoint=False, retry=False, can_guard=False,
         enable_checkpointing=lambda: None, on_retry=lambda r: None, out_of_memory=lambda m, s: None,
         sharded_sync_off=sharded.gradient_sync_off(strategy, module)))
     runner.install()

@@ -6,6 +6,7 @@ import csv
 import errno
 import logging
 import os
+import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,10 +14,11 @@ from types import SimpleNamespace
 import pytest
 from callback_sim import Regression, make_plan, read_jsonl
 from pytorch_lightning.loggers import CSVLogger
+from subprocess_run import run_watched
 
 from memplan import compat
 from memplan.compat import lightning as compat_lightning
-from memplan.callback import MemoryPlanner, runlog
+from memplan.callback import MemoryPlanner, logger_rows, rank_log, runlog
 from memplan.callback.framework import MisconfigurationException
 
 
@@ -102,10 +104,10 @@ def test_a_disk_filling_mid_run_keeps_every_line_written_whole(make_trainer, tmp
         calls.append(data)
         if len(calls) > 3:
             raise OSError(errno.ENOSPC, "No space left on device")
-        runlog_append(fd, data, write)
+        real_append(fd, data, write)
 
-    runlog_append = runlog.append_line
-    monkeypatch.setattr(runlog, "append_line", fills_after_three)
+    real_append = rank_log.append_line
+    monkeypatch.setattr(rank_log, "append_line", fills_after_three)
     planner = MemoryPlanner(make_plan(4, 1), every_n_steps=1)
     with pytest.warns(UserWarning) as caught:
         make_trainer([planner], max_steps=5).fit(Regression())
@@ -122,24 +124,24 @@ def test_a_disk_filling_mid_run_keeps_every_line_written_whole(make_trainer, tmp
 def test_a_short_write_is_taken_back(tmp_path):
     path = tmp_path / "rank0.jsonl"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    runlog.append_line(fd, b'{"event": "sample", "step": 1}\n')
-    with pytest.raises(runlog.PartialLine, match="taken back") as err:
-        runlog.append_line(fd, b'{"event": "sample", "step": 2}\n', write=lambda f, data: os.write(f, data[:9]))
+    rank_log.append_line(fd, b'{"event": "sample", "step": 1}\n')
+    with pytest.raises(rank_log.PartialLine, match="taken back") as err:
+        rank_log.append_line(fd, b'{"event": "sample", "step": 2}\n', write=lambda f, data: os.write(f, data[:9]))
     assert err.value.errno == errno.ENOSPC and not err.value.left_behind
     os.close(fd)
     assert path.read_bytes() == b'{"event": "sample", "step": 1}\n'
 
 
 def test_a_part_line_that_cannot_be_taken_back_never_joins_the_next_record(tmp_path, monkeypatch):
-    log = runlog.RankLog(tmp_path, 0, "run-a")
+    log = rank_log.RankLog(tmp_path, 0, "run-a")
     read_end, write_end = os.pipe()  # a pipe cannot be truncated
     os.close(log._fd)
     log._fd = write_end
-    real = runlog.append_line
-    monkeypatch.setattr(runlog, "append_line", lambda fd, data: real(fd, data, write=lambda f, d: os.write(f, d[:5])))
+    real = rank_log.append_line
+    monkeypatch.setattr(rank_log, "append_line", lambda fd, data: real(fd, data, write=lambda f, d: os.write(f, d[:5])))
     with pytest.warns(UserWarning, match="cannot write its log"):
         log.write("sample", 1)
-    monkeypatch.setattr(runlog, "append_line", real)
+    monkeypatch.setattr(rank_log, "append_line", real)
     log.write("sample", 2)
     log.close()
     records, skipped = runlog.parse_lines(os.read(read_end, 4096))
@@ -235,7 +237,7 @@ class _Plain:
 
 
 def test_logger_rows_merge_once_into_the_rows_step_and_unwrap():
-    plain, slotted, rows = _Plain(), _Slotted(), runlog.LoggerRows()
+    plain, slotted, rows = _Plain(), _Slotted(), logger_rows.LoggerRows()
     rows.install([plain, slotted])
     rows.add({"memplan/x_gib": 1.0}, step=4, loggers=[plain, slotted])
     assert slotted.calls == [(4, {"memplan/x_gib": 1.0})]  # cannot be wrapped: a call of its own
@@ -257,7 +259,20 @@ def test_the_prediction_is_named_for_what_it_can_be_read_against():
     status = RankStatus(rank=0, reading=MemoryReading(process_bytes=3 << 30, peak_bytes=3 << 30),
                         micro_batch_size=4, gradient_checkpointing=False, oom_retries=0)
     layout = Layout(loader_batch_size=4, micro_batch_size=4, accumulate_grad_batches=1, world_size=1)
-    gpu = runlog.logger_metrics([status], layout, 2 << 30, on_gpu=True)
-    cpu = runlog.logger_metrics([status], layout, 2 << 30, on_gpu=False)
+    gpu = logger_rows.logger_metrics([status], layout, 2 << 30, on_gpu=True)
+    cpu = logger_rows.logger_metrics([status], layout, 2 << 30, on_gpu=False)
     assert gpu["memplan/predicted_peak_gib"] == 2.0 and gpu["memplan/rank0/peak_gib"] == 3.0
     assert cpu["memplan/predicted_tensor_peak_gib"] == 2.0 and "memplan/predicted_peak_gib" not in cpu
+
+
+def test_the_log_readers_import_the_schema_and_neither_the_writer_nor_lightning():
+    """`memplan report` and `memplan watch` read the schema (runlog.py) in a fresh interpreter, without the
+    callback's writer, its logger rows, torch or Lightning."""
+    code = ("import sys\n"
+            "import memplan.commands.report, memplan.commands.watch, memplan.commands.run_logs\n"
+            "import memplan.commands.log_reader, memplan.commands.log_scan\n"
+            "print(sorted(m for m in sys.modules if m.startswith('memplan.callback') or m.split('.')[0] in "
+            "('torch', 'pytorch_lightning', 'lightning')))\n")
+    done = run_watched([sys.executable, "-c", code], check=True)
+    assert done.stdout.strip().splitlines()[-1] == "['memplan.callback', 'memplan.callback.runlog']"
+

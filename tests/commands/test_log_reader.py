@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memplan.callback.runlog import RankLog
+from memplan.callback.rank_log import RankLog
 from memplan.commands import log_reader, run_history
 from memplan.units import GiB, MiB
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from memplan.commands.cli import main
-from memplan.callback.runlog import RankLog
+from memplan.callback.rank_log import RankLog
 from memplan.hardware.readings import MemoryReading
 from memplan.units import GiB, MiB
 
