@@ -101,3 +101,25 @@ def test_values_are_blamed_only_on_evidence():
     assert blame("Expected input batch_size (2) to match target batch_size (3) at dim 1", small, by_name=False) is None
     named = blame("RuntimeError: the width must be even", values)
     assert named is not None and named.keys == ("model.init_args.width",)
+
+
+def test_a_failure_is_blamed_from_its_fields_not_its_wording():
+    """memplan.config reads what failed from the EstimateError's fields: a message worded otherwise (no
+    'batch:' or 'model:' prefix, no 'raised ') is blamed all the same."""
+    from memplan.config.blame import estimate_blame
+    from memplan.estimator import EstimateError
+
+    raw = {"model": {"init_args": {"d_model": 100, "n_heads": 3}}, "data": {"init_args": {"batch_size": 2}}}
+    common = dict(raw=raw, model_class="pkg.Model", init_args=raw["model"]["init_args"], batch_spec=False)
+    batch = EstimateError("worded any way", argument="batch", detail="the training step could not take this batch "
+                          "(KeyError: 'y')")
+    found = estimate_blame(batch, **common)
+    assert found.key == "data"
+    assert str(found) == ("data and model.init_args do not work together: pkg.Model's training step failed on a batch "
+                          "from data: the training step could not take this batch (KeyError: 'y'); check "
+                          "model.init_args (the model's own sizes) and that data.init_args agree with it")
+    built = EstimateError("worded any way", argument="model", stage="build", detail="worded any way",
+                          cause="ValueError: the hidden size (100) is not a multiple of the heads (3)")
+    found = estimate_blame(built, **common)
+    assert found.key == "model.init_args.n_heads" and "does not divide model.init_args.d_model (100)" in str(found)
+    assert estimate_blame(EstimateError("loss: worded any way", argument="loss", detail="x"), **common) is None

@@ -28,6 +28,7 @@ from memplan.hardware.nvml import answers as nvml_answers
 from memplan.hardware.readings import cuda_device_facts, cuda_free_bytes
 from memplan.plan import Plan, model_class_name, model_fingerprint
 from memplan.planner import DeviceBudget, PlanRequest
+from memplan.planner.assemble import Asked, HostSide, request_for
 from memplan.planner.request import SEARCHED_PRECISIONS
 
 CPU_CAPABILITY = (8, 0)
@@ -35,26 +36,35 @@ CPU_CAPABILITY = (8, 0)
 (bf16 autocast included); with the precision fixed to the Trainer's it changes no ranking."""
 
 
-def planning_request(budgets: Sequence[DeviceBudget], *, world_size: int, nodes: int, global_batch_size: int,
-                     precision: str, margin: float, host_available_bytes: int | None,
-                     facts: Mapping[str, Any]) -> PlanRequest:
-    """The memplan.planner request for this Trainer: its precision only, the devices of one node
-    (each the tightest of its local index over the nodes), its global batch. `facts`: the PlanRequest
-    fields from the model (memplan.planner.tracing.model_facts) and, under FSDP, the strategy's (its
-    strategies=('fsdp',)); otherwise the Trainer's strategy is DDP's (or one device), never FSDP."""
+def check_planned_precision(precision: str) -> None:
+    """A Trainer precision the planner searches, else MisconfigurationException with the way out."""
     if precision not in SEARCHED_PRECISIONS:
         raise MisconfigurationException(
             f"MemoryPlanner plans for precision {', '.join(SEARCHED_PRECISIONS)}; the Trainer runs {precision!r}: "
             "estimate it with `memplan estimate` and pass plan=, or use one of those precisions")
-    per_node = world_size // nodes
+
+
+def planning_request(module: nn.Module, batch: Any, budgets: Sequence[DeviceBudget], *, nodes: int, asked: Asked,
+                     host: HostSide | None) -> PlanRequest:
+    """The memplan.planner request for this Trainer (memplan.planner.request_for, as `memplan suggest`'s): `asked`
+    holds its precision only, its global batch, and DDP (or one device) unless the strategy is FSDP; the devices
+    of one node, each the tightest of its local index over the nodes (`budgets`: every rank's, in rank order)."""
+    check_planned_precision(asked.precisions[0])
+    per_node = len(budgets) // nodes
     devices = tuple(
         DeviceBudget(name=b.name, cuda_index=b.cuda_index, total_bytes=b.total_bytes,
                      free_bytes=min(o.free_bytes for o in budgets[i::per_node]), compute_capability=b.compute_capability)
         for i, b in enumerate(budgets[:per_node])
     )
-    return PlanRequest(global_batch_size=global_batch_size, devices=devices, nodes=nodes, all_devices=True,
-                       host_available_bytes=host_available_bytes, precisions=(precision,), margin=margin,
-                       **{"strategies": ("ddp",), **facts})
+    return request_for(module, batch, asked=asked, devices=devices, nodes=nodes, host=host)
+
+
+def host_side(loader: Any, sample_bytes: int) -> HostSide:
+    """This host for the planner: the RAM its ranks may use, and what the train `loader` costs each rank."""
+    return HostSide(available_bytes=host_info().budget_bytes, sample_bytes=sample_bytes,
+                    num_workers=getattr(loader, "num_workers", 0) or 0,
+                    prefetch_factor=getattr(loader, "prefetch_factor", None) or 2,
+                    pin_memory=bool(getattr(loader, "pin_memory", False)))
 
 
 def device_budget(device: torch.device, local_world_size: int) -> DeviceBudget:

@@ -19,8 +19,8 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from memplan import compat
 from memplan.callback import fsdp_plan, sharded
 from memplan.callback.apply import (
-    apply_layout, can_checkpoint, current_loader_batch_size, device_budget, enable_checkpointing, first_train_batch,
-    layout_from_plan, planning_request,
+    apply_layout, can_checkpoint, check_planned_precision, current_loader_batch_size, device_budget, enable_checkpointing,
+    first_train_batch, host_side, layout_from_plan, planning_request,
     samples_per_rank, train_loader,
 )
 from memplan.callback.checks import (
@@ -40,10 +40,10 @@ from memplan.callback.rewrites import (
 )
 from memplan.callback.session import CallbackState
 from memplan.estimator.errors import EstimateError
-from memplan.hardware import host_info
+from memplan.batching import iter_tensors
 from memplan.plan import Plan
 from memplan.planner import Estimator, NoFit, PlanRequest, estimator_for
-from memplan.planner.tracing import block_classes, model_facts
+from memplan.planner.assemble import Asked
 
 RESTORED = "restored from the checkpoint"
 
@@ -175,25 +175,24 @@ class FitStart(CallbackState):
         """Estimate and plan on rank 0 with every rank's budget; every rank gets the same plan. Under
         an FSDP strategy: at setup, before configure_model shards the model (callback.fsdp_plan)."""
         device = trainer.strategy.root_device
-        fsdp, request_fields = None, None
+        fsdp = None
         if sharded.is_sharded(trainer.strategy):
             fsdp, assumed = fsdp_plan.planning_settings(trainer.strategy, pl_module)
             for line in assumed:
                 rank_zero_warn(f"MemoryPlanner: {line}")
-            request_fields = dict(strategies=("fsdp",), parameter_count=fsdp_plan.parameter_count(pl_module),
-                                  block_classes=block_classes(pl_module), allow_cpu_offload=fsdp.cpu_offload)
         budgets = gather_objects(device_budget(device, trainer.num_devices))
         global_batch = self.settings.global_batch_size or loader_batch * trainer.world_size * trainer.accumulate_grad_batches
+        asked = Asked(global_batch_size=global_batch, precisions=(str(trainer.precision),), all_devices=True,
+                      allow_checkpointing=self.settings.allow_checkpointing, checkpointable=can_checkpoint(pl_module),
+                      margin=min(0.5, 2 * self.settings.margin), strategies=("ddp",) if fsdp is None else ("fsdp",),
+                      allow_cpu_offload=fsdp is None or fsdp.cpu_offload)
 
         def plan() -> Plan:
-            request = planning_request(
-                budgets, world_size=trainer.world_size, nodes=trainer.num_nodes, global_batch_size=global_batch,
-                precision=str(trainer.precision), margin=min(0.5, 2 * self.settings.margin),
-                host_available_bytes=host_info().budget_bytes if device.type == "cuda" else None,
-                facts={**model_facts(pl_module, allow_checkpointing=self.settings.allow_checkpointing
-                                     and can_checkpoint(pl_module)), **(request_fields or {})},
-            )
+            check_planned_precision(str(trainer.precision))
             batch, on = self._batch_to_plan_for(trainer), "cpu" if device.type == "cpu" else None
+            host = None if device.type != "cuda" else host_side(train_loader(trainer), sum(
+                t.numel() * t.element_size() for t in iter_tensors(batch)) // max(1, loader_batch))
+            request = planning_request(pl_module, batch, budgets, nodes=trainer.num_nodes, asked=asked, host=host)
             try:
                 if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings
                     made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._plan_with, on)

@@ -133,12 +133,12 @@ def precision(flag: str) -> Callable[[str], str]:
 def gpu_name(flag: str) -> Callable[[str], Any]:
     """A GPU model from memplan's catalog ('H100-80GB', 'a100_80g'), as a GpuModel."""
     def parse(text: str) -> Any:
-        from memplan.hardware.catalog import lookup_gpu
+        from memplan.hardware.catalog import UnknownGpu, lookup_gpu
 
         try:
             return lookup_gpu(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err).replace("--gpu ", "", 1)) from None
+        except UnknownGpu as err:  # (argparse puts the flag's name before it)
+            raise argparse.ArgumentTypeError(err.what) from None
     parse.__name__ = flag
     return parse
 

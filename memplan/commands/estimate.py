@@ -45,14 +45,17 @@ def run(args: argparse.Namespace) -> int:
     options = dict(checkpointing=args.checkpointing, device=args.device,
                    strategy="ddp" if args.ddp else None, world_size=args.ddp or 1, loop=args.loop,
                    data_dependent=args.data_dependent)
+    from memplan.estimator.errors import NoRepeatedBlocks
+
     try:
         est = _estimate_config(args, options) if args.config else _estimate_demo(args, options)
+    except NoRepeatedBlocks as err:
+        if not args.checkpointing:  # (a config's own checkpointing setting: its message names it)
+            return arg.usage_error(str(err))
+        return arg.usage_error("--checkpointing: the model has no repeated blocks (an nn.ModuleList or nn.Sequential "
+                               "of >= 2 modules of one class) to checkpoint; drop --checkpointing")
     except ValueError as err:  # EstimateError and ConfigError are ValueErrors naming the field
-        message = str(err)
-        if message.startswith("checkpointing=True found no repeated blocks"):
-            message = ("--checkpointing: the model has no repeated blocks (an nn.ModuleList or nn.Sequential of >= 2 "
-                       "modules of one class) to checkpoint; drop --checkpointing")
-        return arg.usage_error(message)
+        return arg.usage_error(str(err))
     import dataclasses
 
     est = dataclasses.replace(est, notes=tuple(n.replace("pass device='H100-80GB' (or another) to choose",
@@ -85,14 +88,14 @@ def _device(text: str):
         return "cpu"
     if text.strip().lower() in ("cuda", "gpu", "local"):
         return None
-    from memplan.hardware.catalog import custom_gpu, lookup_gpu
+    from memplan.hardware.catalog import UnknownGpu, custom_gpu, lookup_gpu
     from memplan.units import parse_size
 
     try:
         return lookup_gpu(text)
-    except ValueError as err:
-        if "is ambiguous" in str(err):  # a family name (A100, V100): name the boards, as --gpu does
-            raise argparse.ArgumentTypeError(str(err).removeprefix("--gpu ")) from None
+    except UnknownGpu as err:
+        if err.boards:  # a family name (A100, V100): name the boards, as --gpu does
+            raise argparse.ArgumentTypeError(err.what) from None
     try:
         return custom_gpu(parse_size(text))
     except ValueError:

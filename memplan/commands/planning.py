@@ -19,15 +19,14 @@ from memplan.commands.progress import Progress
 from memplan.compat.versions import check_installed_once
 from memplan.config import LoadedConfig
 from memplan.estimator.fake import fake_model, new_fake_mode
-from memplan.estimator.optimizer_state import elementwise_state_bytes
 from memplan.batching import iter_tensors
 from memplan.hardware import GpuModel, host_info, nvml_unavailable_reason, visible_gpus
 from memplan.hardware.nvml import answers, why_silent
 from memplan.hardware.visible import visibility_problem
 from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, Plan, model_class_name, model_fingerprint
-from memplan.planner import DeviceBudget, HostLoad, NoFit, PlanRequest, estimator_for, make_plan
+from memplan.planner import DeviceBudget, NoFit, PlanRequest, estimator_for, make_plan
+from memplan.planner.assemble import Asked, HostSide, request_for
 from memplan.planner.background import BackgroundEstimator, can_fork
-from memplan.planner.tracing import model_facts, tokens_per_sample
 from memplan.planner.request import SEARCHED_PRECISIONS
 from memplan.units import GiB, TiB, format_bytes
 
@@ -195,29 +194,11 @@ def plan_config(
     with loaded.config_errors():  # a model that cannot be built is model.init_args' fault, named as such
         skeleton = fake_model(loaded.build_model, new_fake_mode(), device=torch.device("cpu"),
                               param_dtype=torch.float32)
-    facts = model_facts(skeleton, allow_checkpointing=wanted.allow_checkpointing)  # (its own checkpointing is kept)
-    has_blocks = facts["repeated_blocks"] > 0
-    facts["allow_checkpointing"] = facts["allow_checkpointing"] and has_blocks
     progress.say("reading batches" + (" from memplan.batch_spec" if loaded.settings.batch_spec is not None
                                         else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))
     base = loaded.example_batch(loaded.data_batch_size or 1)
-    hints = loaded.loader
-    request = PlanRequest(
-        global_batch_size=wanted.global_batch_size,
-        devices=hardware.devices,
-        nodes=nodes,
-        host_available_bytes=hardware.host_available_bytes,
-        host_load=HostLoad(
-            model_init_bytes=facts["parameter_bytes"],
-            sample_bytes=_sample_bytes(loaded),
-            num_workers=hints.num_workers, prefetch_factor=hints.prefetch_factor, pin_memory=hints.pin_memory,
-        ),
-        precisions=wanted.precisions,
-        margin=wanted.margin,
-        optimizer_state_bytes=elementwise_state_bytes(skeleton, loaded.optimizer),
-        tokens_per_sample=tokens_per_sample(base),
-        **facts,
-    )
+    request = request_of(loaded, hardware, wanted, skeleton, nodes=nodes)
+    has_blocks = request.repeated_blocks > 0
     estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device)
     if isinstance(hardware.estimate_device, GpuModel) and can_fork():  # fake tensors only: safe to fork
         estimator = BackgroundEstimator(estimator)
@@ -237,6 +218,20 @@ def plan_config(
         reasons = (*reasons, f"{_upper_first(loaded.planned_for)}.")
     return dataclasses.replace(plan, reasons=reasons, gpu_total_bytes=hardware.devices[0].total_bytes,
                                model_class=model_class_name(skeleton), model_fingerprint=model_fingerprint(skeleton))
+
+
+def request_of(loaded: LoadedConfig, hardware: Hardware, wanted: Wanted, skeleton: Any, *, nodes: int = 1) -> PlanRequest:
+    """The planner's request for this config (memplan.planner.request_for, as MemoryPlanner's): `skeleton`, the
+    config's model built on fake tensors; a batch of one sample from the config; the host's loader settings."""
+    hints = loaded.loader
+    asked = Asked(global_batch_size=wanted.global_batch_size, precisions=wanted.precisions,
+                  allow_checkpointing=wanted.allow_checkpointing, margin=wanted.margin)
+    one = loaded.example_batch(1)
+    host = HostSide(available_bytes=hardware.host_available_bytes, num_workers=hints.num_workers,
+                    sample_bytes=sum(t.numel() * t.element_size() for t in iter_tensors(one)),
+                    prefetch_factor=hints.prefetch_factor, pin_memory=hints.pin_memory)
+    return request_for(skeleton, one, asked=asked, devices=hardware.devices, nodes=nodes,
+                       host=host, optimizer=loaded.optimizer)
 
 
 def _setting(checkpointing) -> str:
@@ -301,6 +296,3 @@ def _plain_words(text: str, wanted: Wanted, why_no_checkpointing: str | None) ->
 def _upper_first(text: str) -> str:
     return text[:1].upper() + text[1:]
 
-
-def _sample_bytes(loaded: LoadedConfig) -> int:
-    return sum(t.numel() * t.element_size() for t in iter_tensors(loaded.example_batch(1)))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memplan.config.errors import ConfigError
+from memplan.estimator.errors import EstimateError
 
 _MAX_DEPTH = 6
 _FILLER = {"num", "n", "number", "of", "the"}
@@ -47,6 +48,33 @@ def blamed(message: str, raw: Mapping[str, Any], failed: str, *, by_name: bool =
     if found is None:
         return None
     return ConfigError(found.keys[0], " ".join(f"{found.what}: {failed}; {found.fix}".split()))  # one line
+
+
+def estimate_blame(err: EstimateError, *, raw: Mapping[str, Any], model_class: str, init_args: Mapping[str, Any],
+                   batch_spec: bool) -> ConfigError | None:
+    """The ConfigError for a failure to trace a config (`err`, from its fields: never its message), or None
+    to let it stand: about the batch, naming where the batch came from (memplan.batch_spec when `batch_spec`,
+    else data); about building the model, naming the model.init_args keys it comes from; about the model's
+    step, naming config values only when a divisor that does not divide shows it (blamed())."""
+    if err.argument == "batch":
+        key = "memplan.batch_spec" if batch_spec else "data"
+        fix = ("that memplan.batch_spec describes the batch exactly as training_step receives it (structure, "
+               "shapes, dtypes)" if batch_spec else "that data.init_args agree with it")
+        return ConfigError(key, f"{key} and model.init_args do not work together: {model_class}'s training step "
+                           f"failed on a batch from {key}: {err.detail}; check model.init_args (the model's own "
+                           f"sizes) and {fix}")
+    if err.argument != "model":
+        return None
+    if err.stage == "build" and err.cause is not None:  # the model's own constructor raised
+        what = err.cause
+        found = blamed(what, raw, f"{model_class}(**init_args) failed: {what}")
+        if found is not None:
+            return found
+        named = [name for name in init_args if re.search(rf"\b{re.escape(str(name))}\b", what)]
+        key = f"model.init_args.{named[0]}" if len(named) == 1 else "model.init_args"
+        return ConfigError(key, f"{key}: {model_class}(**init_args) failed: {what}; fix {key}")
+    # the step failed in the model: on config values that do not fit?
+    return blamed(err.detail or "", raw, f"{model_class}'s training step failed: {err.detail}", by_name=False)
 
 
 def int_values(section: Any, prefix: str, depth: int = 0) -> Iterator[tuple[str, int]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 
 from memplan.batching import resize_batch
-from memplan.config.blame import blamed
+from memplan.config.blame import estimate_blame
 from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
 from memplan.config.errors import ConfigError
 from memplan.config.first_batch import first_batch
@@ -207,33 +206,12 @@ class LoadedConfig:
         or data); one about building the model, naming model.init_args. Others pass unchanged."""
         try:
             yield
-        except EstimateError as err:
-            # The estimator's messages start with the argument at fault; drop its advice about arguments.
-            message = str(err)
-            if message.startswith("batch"):
-                key = "memplan.batch_spec" if self.settings.batch_spec is not None else "data"
-                fix = ("that memplan.batch_spec describes the batch exactly as training_step receives it (structure, "
-                       "shapes, dtypes)" if key == "memplan.batch_spec" else "that data.init_args agree with it")
-                what = message.split(". Pass the batch", 1)[0].removeprefix("batch: ")
-                raise ConfigError(key, f"{key} and model.init_args do not work together: {self.model.class_path}'s "
-                                  f"training step failed on a batch from {key}: {what}; check model.init_args (the "
-                                  f"model's own sizes) and {fix}") from err
-            if message.startswith("model: the callable that builds"):
-                what = message.split("raised ", 1)[-1].split(". Check that calling it", 1)[0]
-                found = blamed(what, self.raw, f"{self.model.class_path}(**init_args) failed: {what}")
-                if found is not None:
-                    raise found from err
-                named = [name for name in self.model.init_args if re.search(rf"\b{re.escape(str(name))}\b", what)]
-                key = f"model.init_args.{named[0]}" if len(named) == 1 else "model.init_args"
-                raise ConfigError(key, f"{key}: {self.model.class_path}(**init_args) failed: {what}; fix {key}"
-                                  ) from err
-            if message.startswith("model:"):  # the step failed in the model: on config values that do not fit?
-                what = message.removeprefix("model: ").split(". Check that", 1)[0]
-                found = blamed(what, self.raw, f"{self.model.class_path}'s training step failed: {what}",
-                               by_name=False)
-                if found is not None:
-                    raise found from err
-            raise
+        except EstimateError as err:  # (its fields, not its message: memplan.config.blame)
+            found = estimate_blame(err, raw=self.raw, model_class=self.model.class_path,
+                                   init_args=self.model.init_args, batch_spec=self.settings.batch_spec is not None)
+            if found is None:
+                raise
+            raise found from err
 
     @property
     def planned_for(self) -> str | None:

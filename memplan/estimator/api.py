@@ -188,9 +188,9 @@ class _Trace:
                     self._step()
         except (DataDependentOutputException, DynamicOutputShapeException) as err:
             raise EstimateError(
-                "model: the training step has an op whose output depends on tensor values "
-                f"({err.func if hasattr(err, 'func') else err}), e.g. boolean masking, nonzero or .item() on "
-                "an activation. memplan traces without data, so it cannot follow it; estimate a variant "
+                argument="model", stage="step", detail="the training step has an op whose output depends on tensor "
+                f"values ({err.func if hasattr(err, 'func') else err}), e.g. boolean masking, nonzero or .item() on "
+                "an activation", fix="memplan traces without data, so it cannot follow it; estimate a variant "
                 "without that op, or pass a loss= that avoids it"
             ) from err
         finally:
@@ -262,7 +262,8 @@ class _Trace:
         if not any(True for _ in iter_tensors(batch)):
             raise EstimateError(
                 f"batch has no tensors (got {type(batch).__name__}); pass one batch exactly as the training "
-                "step receives it, e.g. (inputs, targets) or a dict of tensors"
+                "step receives it, e.g. (inputs, targets) or a dict of tensors",
+                argument="batch", detail=f"the batch has no tensors (got {type(batch).__name__})"
             )
         with disable_current_modes():  # the user's real batch stays real
             batch = self.policy.convert_batch(batch)

@@ -24,6 +24,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from memplan.checkpoint_setting import Checkpointing
 from memplan.compat.torch import op_packet
+from memplan.estimator.errors import NoRepeatedBlocks
 
 _WRAPPED = "_memplan_checkpointed"
 
@@ -124,10 +125,12 @@ def blocks_to_checkpoint(model: nn.Module, which: CheckpointArg) -> list[tuple[s
             return []
         blocks = find_repeated_blocks(model)
         if not blocks:
-            raise ValueError(
+            raise NoRepeatedBlocks(
                 f"checkpointing={'True' if which is True else repr(str(setting))} found no repeated blocks (an "
                 "nn.ModuleList or nn.Sequential of >= 2 modules of one class) in the model; pass "
-                "checkpointing={BlockClass} naming the module classes to checkpoint"
+                "checkpointing={BlockClass} naming the module classes to checkpoint",
+                argument="checkpointing", detail="found no repeated blocks (an nn.ModuleList or nn.Sequential of "
+                ">= 2 modules of one class) in the model"
             )
         return [blocks[i] for i in setting.selected(len(blocks))]
     classes = tuple(which)

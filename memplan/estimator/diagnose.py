@@ -48,17 +48,17 @@ def explain_failure(err: BaseException, *, model: nn.Module, batch_tensors: Iter
         call = _describe_call(func, args)
         batch_storages = {storage_key(t) for t in batch_tensors}
         if any(_is_real(t) and storage_key(t) in batch_storages for t in _tensors(args)):
-            return EstimateError(f"batch: the model could not run {call}{in_module} on this batch ({what}). "
-                                 + _BATCH_FIX)
-        return EstimateError(f"model: the op {call} failed{in_module} in the {phase} ({what}). "
-                             + _op_fix(err))
+            return EstimateError(argument="batch", detail=f"the model could not run {call}{in_module} on this batch "
+                                 f"({what})", fix=_BATCH_FIX, cause=what)
+        return EstimateError(argument="model", stage="step", detail=f"the op {call} failed{in_module} in the {phase} "
+                             f"({what})", fix=_op_fix(err), cause=what)
     location = _user_location(err)
     if isinstance(err, _BATCH_SHAPED) and phase == "forward" and where in (None, "model"):
-        return EstimateError(f"batch: the training step could not take this batch ({what}{location}). "
-                             + _BATCH_FIX)
-    return EstimateError(f"model: the training step raised {what}{in_module} in the {phase}{location}. Check that "
-                         "it runs for real on this batch; if it does, this is memplan's to fix: report it with "
-                         "this message")
+        return EstimateError(argument="batch", detail=f"the training step could not take this batch ({what}{location})",
+                             fix=_BATCH_FIX, cause=what)
+    return EstimateError(argument="model", stage="step", detail=f"the training step raised {what}{in_module} in the "
+                         f"{phase}{location}", fix="Check that it runs for real on this batch; if it does, this is "
+                         "memplan's to fix: report it with this message", cause=what)
 
 
 def _failed_op(frames) -> tuple[object, tuple] | None:

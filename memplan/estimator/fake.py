@@ -50,17 +50,16 @@ def fake_model(
         except Exception as err:  # the user's builder: report it as theirs, with its own message
             built = _built_on_meta(model)  # (torch refuses some conversions of fake parameters that meta allows)
             if built is None:
+                cause = (f"{type(err).__name__}: {err} (while building on fake tensors, before any training step "
+                         f"ran{build.answered_reads()})")
                 raise EstimateError(
-                    f"model: the callable that builds the model raised {type(err).__name__}: {err} (while "
-                    f"building on fake tensors, before any training step ran{build.answered_reads()}). Check "
-                    "that calling it with no arguments builds the model; if it does, this is memplan's to fix: "
-                    "report it with this message"
+                    argument="model", stage="build", cause=cause, detail=f"the callable that builds the model raised "
+                    f"{cause}", fix="Check that calling it with no arguments builds the model; if it does, this is "
+                    "memplan's to fix: report it with this message"
                 ) from err
         if not isinstance(built, nn.Module):
-            raise EstimateError(
-                f"model: the callable returned {type(built).__name__}, not an nn.Module; it must build "
-                "and return the model"
-            )
+            raise EstimateError(argument="model", stage="build", detail=f"the callable returned "
+                                f"{type(built).__name__}, not an nn.Module; it must build and return the model")
         # Always re-made from fresh fakes: a builder that deep-copies layers under the fake mode
         # (nn.TransformerEncoder's clones) leaves parameters whose views report a storage object of
         # their own, which the tracker would count again as activations.

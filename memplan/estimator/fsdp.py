@@ -211,7 +211,8 @@ def _shard_as_configured(model: nn.Module, world_size: int, fake_mode) -> list[n
         with fake_mode, lazy_chunks():
             model.configure_model()
     except Exception as err:  # user code: one error naming it
-        raise EstimateError(f"model: its configure_model() failed on memplan's fake mesh of {world_size} "
+        raise EstimateError(argument="model", stage="step", cause=f"{type(err).__name__}: {err}",
+                            detail=f"its configure_model() failed on memplan's fake mesh of {world_size} "
                             f"data-parallel rank(s) ({type(err).__name__}: {err})") from err
     finally:
         if had is _MISSING:

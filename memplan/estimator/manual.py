@@ -121,9 +121,9 @@ class StandInTrainer:
         if name in _PASSIVE:
             return _PASSIVE[name]
         raise EstimateError(
-            f"model: training_step reads `self.trainer.{name}`, which memplan's estimate of a module that optimizes "
-            "manually does not stand in for (it traces without a Trainer). Estimate a training_step that does not "
-            "read it, or pass loss=callable(model, batch)")
+            argument="model", stage="step", detail=f"training_step reads `self.trainer.{name}`, which memplan's "
+            "estimate of a module that optimizes manually does not stand in for (it traces without a Trainer)",
+            fix="Estimate a training_step that does not read it, or pass loss=callable(model, batch)")
 
 
 def run_manual_step(model: nn.Module, batch: Any, trainer: StandInTrainer, *, policy: Any,

@@ -31,10 +31,10 @@ def conversions_in_step() -> Iterator[None]:
             if all(fn(t) is t for t in tensors):
                 return module
         raise EstimateError(
-            f"model: the training step converts the parameters of a {type(module).__name__} (Module.to(), "
-            ".float(), .half() or similar inside forward) to another dtype or device; memplan traces fake "
-            "parameters and cannot swap them mid-step. Convert the model once before training instead "
-            "(e.g. model.to(dtype) before fit), or pass precision= to memplan"
+            argument="model", stage="step", detail=f"the training step converts the parameters of a "
+            f"{type(module).__name__} (Module.to(), .float(), .half() or similar inside forward) to another dtype or "
+            "device; memplan traces fake parameters and cannot swap them mid-step", fix="Convert the model once "
+            "before training instead (e.g. model.to(dtype) before fit), or pass precision= to memplan"
         )
 
     with replaced_module_apply(_apply):

@@ -42,7 +42,7 @@ GENERIC_CUDA = "generic CUDA GPU (sm80)"
 def resolve_target(device) -> Target:
     """'cpu', a GPU model name from the catalog, a `memplan.hardware.GpuModel` (e.g. from
     `custom_gpu("24GiB")`), or None for the local GPU (a generic sm80 GPU when there is none, with a note)."""
-    from memplan.hardware.catalog import GpuModel, lookup_gpu
+    from memplan.hardware.catalog import GpuModel, UnknownGpu, lookup_gpu
 
     if isinstance(device, GpuModel):
         return _gpu_target(device)
@@ -63,8 +63,8 @@ def resolve_target(device) -> Target:
         return Target(name=GENERIC_CUDA, is_cuda=True, compute_capability=(8, 0), trace_device="cpu")
     try:
         model = lookup_gpu(device)
-    except ValueError as err:
-        raise ValueError(f"device: {err}") from None
+    except UnknownGpu as err:  # (named as this argument, not as the command line's --gpu)
+        raise ValueError(f"device: {err.what}") from None
     return _gpu_target(model)
 
 

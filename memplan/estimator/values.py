@@ -148,9 +148,10 @@ class ValueResolver:
     def _numpy(self, t: torch.Tensor):
         if self.mode == "error":
             raise EstimateError(
-                f"model: {self.module_path} reads an activation into numpy (e.g. scipy's linear_sum_assignment "
-                "in a Hungarian matcher), which a trace without data cannot give. Pass data_dependent='balanced' "
-                "or 'sample' to estimate() to answer it with random values of the same shape"
+                argument="model", stage="step", detail=f"{self.module_path} reads an activation into numpy (e.g. "
+                "scipy's linear_sum_assignment in a Hungarian matcher), which a trace without data cannot give",
+                fix="Pass data_dependent='balanced' or 'sample' to estimate() to answer it with random values of the "
+                "same shape"
             )
         self._assume("an activation read into numpy (e.g. a Hungarian matcher) got random values of its shape")
         with disable_current_modes():
@@ -203,10 +204,11 @@ class ValueResolver:
             return self._run_real(func, flat, spec, fill="zeros")  # the batch decides: exact
         if self.mode == "error":
             raise EstimateError(
-                f"model: {func} in {self.module_path} has an output whose shape depends on the values of an "
-                "activation, which a trace without data does not have. Pass data_dependent='balanced' (routing "
-                "spread evenly, checks assumed to pass) or data_dependent='sample' (values sampled at random) "
-                "to estimate(), or estimate a variant without that op"
+                argument="model", stage="step", detail=f"{func} in {self.module_path} has an output whose shape "
+                "depends on the values of an activation, which a trace without data does not have",
+                fix="Pass data_dependent='balanced' (routing spread evenly, checks assumed to pass) or "
+                "data_dependent='sample' (values sampled at random) to estimate(), or estimate a variant without "
+                "that op"
             )
         if func is aten._local_scalar_dense.default:
             value = _assumed_scalar(args[0])
@@ -221,9 +223,9 @@ class ValueResolver:
         nbytes = sum(t.numel() * t.element_size() for t in fakes)
         if nbytes > MATERIALIZE_MAX_BYTES:
             raise EstimateError(
-                f"model: {func} in {self.module_path} needs real values to know its output's shape, and its "
-                f"fake inputs ({nbytes >> 20} MiB) are too large to stand in by real ones. Estimate with a smaller "
-                "batch or sequence and scale, or estimate a variant without that op"
+                argument="model", stage="step", detail=f"{func} in {self.module_path} needs real values to know its "
+                f"output's shape, and its fake inputs ({nbytes >> 20} MiB) are too large to stand in by real ones",
+                fix="Estimate with a smaller batch or sequence and scale, or estimate a variant without that op"
             )
         with disable_current_modes():
             seed = self._seed(func, fakes)

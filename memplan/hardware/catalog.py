@@ -136,19 +136,29 @@ def known_gpu_names() -> tuple[str, ...]:
     return tuple(model.name for model in KNOWN_GPUS)
 
 
+class UnknownGpu(ValueError):
+    """A GPU name the catalog does not know, or a family name that stands for several boards. The message
+    names it as --gpu's; a caller that takes the name elsewhere says `what` after its own name for it."""
+
+    def __init__(self, name: str, *, boards: tuple[str, ...] = ()) -> None:
+        self.name = name
+        """The name as given."""
+        self.boards = boards
+        """The boards a family name stands for ('A100': A100-40GB, A100-80GB); empty for an unknown name."""
+        self.what = (f"{name!r} is ambiguous: say {' or '.join(boards)}." if boards else
+                     f"{name!r} is not a GPU memplan knows. Known: {', '.join(known_gpu_names())}. "
+                     "For any other GPU give its memory instead, e.g. --gpu-memory 24GiB.")
+        """What is wrong with the name, starting with it."""
+        super().__init__(f"--gpu {self.what}")
+
+
 def lookup_gpu(name: str) -> GpuModel:
     """A catalogued GPU by name or alias, ignoring case and punctuation ('h100', 'a100_80g',
-    'NVIDIA A100-SXM4-80GB'). Raises ValueError naming the known GPUs when nothing matches."""
+    'NVIDIA A100-SXM4-80GB'). Raises UnknownGpu (a ValueError) naming the known GPUs when nothing matches."""
     key = _key(name)
     if key in _INDEX:
         return _INDEX[key]
-    if key in _AMBIGUOUS:
-        options = " or ".join(_AMBIGUOUS[key])
-        raise ValueError(f"--gpu {name!r} is ambiguous: say {options}.")
-    raise ValueError(
-        f"--gpu {name!r} is not a GPU memplan knows. Known: {', '.join(known_gpu_names())}. "
-        f"For any other GPU give its memory instead, e.g. --gpu-memory 24GiB."
-    )
+    raise UnknownGpu(name, boards=_AMBIGUOUS.get(key, ()))
 
 
 def match_nvml_name(nvml_name: str) -> GpuModel | None:
@@ -167,7 +177,7 @@ def custom_gpu(total_bytes: int | str, compute_capability: tuple[int, int] = (8,
 
 
 __all__ = ["BF16_MIN_CAPABILITY", "GpuModel", "KNOWN_GPUS", "custom_gpu", "known_gpu_names",
-           "lookup_gpu", "match_nvml_name", "supports_bf16"]
+           "lookup_gpu", "match_nvml_name", "supports_bf16", "UnknownGpu"]
 
 
 # --- interconnect and compute, for the planner's communication cost (memplan/planner/costs.py) -------

@@ -222,3 +222,39 @@ def test_a_builder_that_converts_its_model_to_bf16_builds():
     given = estimate(module, x, device="cpu", loss=loss)
     assert built.parameters == given.parameters == 2 * sum(p.numel() for p in module.parameters())
     assert built.peak_allocated == given.peak_allocated
+
+
+def test_a_failure_carries_its_argument_detail_and_fix_as_fields():
+    """What another layer acts on (a config blames its keys) is in fields, and the message is made of them."""
+    wrong = (torch.randn(2, 9), torch.randint(0, 4, (2,)))
+    with pytest.raises(EstimateError) as batch_err:
+        estimate(build, wrong, loss=loss, device="cpu")
+    err = batch_err.value
+    assert (err.argument, err.stage) == ("batch", None)
+    assert err.detail.startswith("the model could not run aten.addmm.default(") and err.cause.startswith("RuntimeError")
+    assert err.fix.startswith("Pass the batch exactly as training_step receives it")
+    assert str(err) == f"batch: {err.detail}. {err.fix}"
+
+    def broken():
+        raise RuntimeError("config missing")
+
+    with pytest.raises(EstimateError) as build_err:
+        estimate(broken, BATCH, loss=loss, device="cpu")
+    err = build_err.value
+    assert (err.argument, err.stage) == ("model", "build")
+    assert err.cause.startswith("RuntimeError: config missing (while building on fake tensors")
+    assert str(err) == f"model: the callable that builds the model raised {err.cause}. {err.fix}"
+
+
+def test_checkpointing_without_repeated_blocks_is_its_own_error_type():
+    from memplan.estimator.errors import NoRepeatedBlocks
+
+    with pytest.raises(NoRepeatedBlocks) as caught:
+        estimate(build, BATCH, loss=loss, checkpointing=True, device="cpu")
+    assert caught.value.argument == "checkpointing" and str(caught.value).startswith("checkpointing=True found no")
+
+
+def test_a_gpu_family_name_is_refused_as_device_not_as_a_flag():
+    with pytest.raises(ValueError) as caught:
+        estimate(build, BATCH, loss=loss, device="A100")
+    assert str(caught.value) == "device: 'A100' is ambiguous: say A100-40GB or A100-80GB."
