@@ -187,6 +187,11 @@ def even_chunk(batch: int, chunks: int) -> int:
     return -(-batch // chunks)
 
 
+def smaller_or_even(batch: int, micro: int) -> int:
+    """`micro` lowered to the even chunk of `batch` with as many chunks: 8 for 16 at 10 (2 chunks)."""
+    return even_chunk(batch, -(-batch // micro))
+
+
 def smaller_micro_batch(size: int, batch: int | None = None) -> int | None:
     """The next micro-batch to try below `size`, or None at 1: the largest even chunk of the loaded
     `batch` (when given) of at most half of `size`, e.g. 16 -> 8 -> 4, and 9 -> 3 (3 + 3 + 3, not 4 + 4 + 1)."""

@@ -74,7 +74,7 @@ from typing import Any
 import torch
 
 from memplan import compat
-from memplan.callback.adjust import even_chunk
+from memplan.callback.adjust import smaller_or_even
 from memplan.callback.carrier import Recording, carry
 from memplan.callback.chunk_job import ChunkJob, ChunkResult, RunnerOptions
 from memplan.callback.held_logging import HeldLogging, replay_logged
@@ -143,6 +143,12 @@ class MicroBatchRunner(StepWrapper):
         """Samples per loaded batch (the shared layout's); at or above it a micro-batch runs the batch whole."""
         return self._shared().loader_batch_size
 
+    def _runs_whole(self) -> bool:
+        """micro_batch_size >= loader_batch_size, the shared layout read once (asked every step)."""
+        shared = self._shared()
+        micro = shared.micro_batch_size if self._retried_to is None else min(shared.micro_batch_size, self._retried_to)
+        return micro >= shared.loader_batch_size
+
     @property
     def oom_retries(self) -> int:
         """OOMs recovered from."""
@@ -197,7 +203,7 @@ class MicroBatchRunner(StepWrapper):
             batch, size, micro = heavier
             return self._run_guarded(args, kwargs, batch, size,
                                      deque((lo, hi, NONE) for lo, hi in chunk_bounds(0, size, micro)))
-        if not self.guarded and self.micro_batch_size >= self.loader_batch_size:
+        if not self.guarded and self._runs_whole():
             # unguarded, a whole batch: its forward here, its backward Lightning's
             output, error = self._run_unguarded(args, kwargs)
             if error is None:
@@ -390,10 +396,3 @@ class MicroBatchRunner(StepWrapper):
 
     def _no_sync(self) -> contextlib.AbstractContextManager:
         return self._block_sync() if self._block_sync is not None else _NO_OP  # DDP: model.no_sync()
-
-
-def smaller_or_even(batch: int, micro: int) -> int:
-    """`micro` lowered to the even chunk of `batch` with as many chunks: 8 for 16 at 10 (2 chunks)."""
-    return even_chunk(batch, -(-batch // micro))
-
-
