@@ -1,6 +1,33 @@
 """Every test runs with a private home and calibration file: no test reads or writes the developer's
-~/.cache/memplan/calibration.json (which would change CUDA estimates on a machine that has one)."""
+~/.cache/memplan/calibration.json (which would change CUDA estimates on a machine that has one).
+
+Under pytest-xdist (README's `-n 2`), the modules in ONE_WORKER run whole on one worker, each as one unit
+handed out before the single tests: their tests share work that a module-scoped fixture or a cache does
+once per process (on two workers it would be done twice). Every other test is handed out on its own, as
+`-n` does.
+(xdist's own `--dist loadgroup` does not group under pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
 import pytest
+
+#: test modules whose tests share work done once per process: a 2-rank launch (ddp_runs, fsdp_runs), every
+#: candidate of a search traced (test_planner_floors.every_trace, ~20-40 CPU-s a case, read by two tests)
+ONE_WORKER = frozenset({"tests/callback/test_callback_ddp.py", "tests/callback/test_callback_fsdp.py",
+                        "tests/test_planner_floors.py"})
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: ignored where xdist is not installed
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":  # `-n N` alone means "load"; another --dist asked for stands
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):
+        """Scopes as xdist's loadscope handles them (the largest first): a module of ONE_WORKER, or one test."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER else nodeid
+
+    return OneWorkerModules(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,13 @@ weights mean every sample of every global batch was counted once, at the right s
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
+import sys
 import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -340,6 +345,59 @@ class CausalLM(pl.LightningModule):
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(0, 64, (64, 16), generator=g)
         return torch.utils.data.DataLoader([{"input_ids": i, "labels": i} for i in ids], batch_size=8)
+
+
+def run_scenarios(main: Callable[[str, Path], None], out_root: Path, scenarios: list[str]) -> None:
+    """Run a driver's scenarios one after another in this rank (every rank runs the same list, so the
+    ranks meet in each scenario's fit: a 2-rank launch costs two interpreters, not two per scenario).
+    Scenario S writes under out_root/S; this rank's stdout and stderr while S runs go to
+    out_root/S/output_rank<R>.txt, and out_root/S/done_rank<R> is written once S returned. Each scenario
+    starts from the real readings.read_memory (a scenario may SIMULATE it). An exception ends the rank
+    (its traceback on the rank's own stderr), so the scenarios after it leave no done file."""
+    real_read_memory = readings.read_memory
+    for scenario in scenarios:
+        out = out_root / scenario
+        out.mkdir(parents=True, exist_ok=True)
+        readings.read_memory = real_read_memory
+        with _output_to(out / f"output_rank{_rank()}.txt"):
+            main(scenario, out)
+        (out / f"done_rank{_rank()}").write_text("")
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """File descriptors 1 and 2 (this process's and its children's stdout and stderr) go to `path`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "w") as file:
+        os.dup2(file.fileno(), 1)
+        os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def scenario_output(out: Path, ranks: int = 2) -> str:
+    """What a scenario run by run_scenarios printed: each rank's stdout and stderr, rank by rank."""
+    return "".join((out / f"output_rank{r}.txt").read_text(errors="replace") for r in range(ranks)
+                   if (out / f"output_rank{r}.txt").exists())
+
+
+def check_scenario_ran(out: Path, result: subprocess.CompletedProcess, ranks: int = 2) -> str:
+    """Fail unless every rank finished the scenario written under `out` (run_scenarios' done files); the
+    scenario's output (scenario_output)."""
+    output = scenario_output(out, ranks)
+    missing = [r for r in range(ranks) if not (out / f"done_rank{r}").exists()]
+    assert not missing, (f"scenario {out.name}: rank(s) {missing} did not finish it (the launch exited "
+                         f"{result.returncode})\n{output[-3000:]}\n--- launch stderr ---\n{result.stderr[-3000:]}")
+    return output
 
 
 def end_finished_rank() -> None:

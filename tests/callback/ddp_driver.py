@@ -1,9 +1,11 @@
-"""One MemoryPlanner scenario under Lightning DDP on CPU: gloo, 2 processes, strategy="ddp".
+"""MemoryPlanner scenarios under Lightning DDP on CPU: gloo, 2 processes, strategy="ddp".
 
-    python ddp_driver.py <scenario> <out_dir>
+    python ddp_driver.py <out_root> <scenario> [<scenario> ...]
 
 Lightning's "ddp" launcher starts rank 1 by running this script again (LOCAL_RANK=1), as it does a
-user's training script. Scenarios (SIMULATED devices: see callback_sim):
+user's training script; each rank then runs the scenarios one after another (callback_sim.run_scenarios:
+later fits find LOCAL_RANK set and the process group up, as a script calling fit twice does), each writing
+under <out_root>/<scenario> with its output in output_rank<R>.txt there. Scenarios (SIMULATED devices: see callback_sim):
   adjust  rank 1's memory readings are SIMULATED: too little headroom at the first two checks, then
           plenty; all ranks lower 8 -> 4 -> 2, then grow back to 8.
   oom     no plan given: rank 0 estimates and plans (memplan's planner, host RAM budgets), every rank
@@ -55,8 +57,8 @@ import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.strategies import DDPStrategy  # noqa: E402
 import torch  # noqa: E402
 from callback_sim import (  # noqa: E402
-    RecordingLogger, Regression, SimulatedBudget, TightenAt, end_finished_rank, make_plan, run_net, simulated_free, tracing,
-    weights_of,
+    RecordingLogger, Regression, SimulatedBudget, TightenAt, end_finished_rank, make_plan, run_net, run_scenarios,
+    simulated_free, tracing, weights_of,
 )
 from pytorch_lightning.callbacks import Callback  # noqa: E402
 
@@ -234,5 +236,5 @@ def main(scenario: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    run_scenarios(main, Path(sys.argv[1]), sys.argv[2:])
     end_finished_rank()  # destroys the process group and leaves without interpreter shutdown

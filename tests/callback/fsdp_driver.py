@@ -1,10 +1,14 @@
-"""One MemoryPlanner scenario under Lightning's ModelParallelStrategy (FSDP2) on CPU: gloo, 2 processes.
+"""MemoryPlanner scenarios under Lightning's ModelParallelStrategy (FSDP2) on CPU: gloo, 2 processes.
 
-    python fsdp_driver.py <scenario> <out_dir> [accumulate]
+    python fsdp_driver.py <out_root> <scenario>[-<accumulate>] [...]
+
+Each rank runs the scenarios one after another (callback_sim.run_scenarios), each writing under
+<out_root>/<scenario>[-<accumulate>] with its output in output_rank<R>.txt there.
 
 The model is callback_sim.ShardedRegression, the float64 MLP whose configure_model applies fully_shard
 to each repeated block, then to the module (the root), as Lightning's ModelParallelStrategy examples do. Each rank's
-loader yields 8 samples per batch (no batch-size attribute); a step takes `accumulate` batches per rank.
+loader yields 8 samples per batch (no batch-size attribute); a step takes `accumulate` batches per rank
+(1 unless the scenario's name ends in -<accumulate>).
 Scenarios:
   split   MemoryPlanner with a plan of micro-batch 2: each loaded batch of 8 runs as 4 chunks, the first
           three with FSDP2's gradient sync off, the last reduce-scattering.
@@ -31,7 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
-from callback_sim import CausalLM, ShardedRegression, end_finished_rank, make_plan, simulated_free  # noqa: E402
+from callback_sim import (  # noqa: E402
+    CausalLM, ShardedRegression, end_finished_rank, make_plan, run_scenarios, simulated_free,
+)
 from pytorch_lightning.strategies import ModelParallelStrategy  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
@@ -58,7 +64,12 @@ class MainCausalLM(CausalLM):
     """The same model, its class defined in this script (run as __main__, as most training scripts are)."""
 
 
-def main(scenario: str, out: Path, accumulate: int) -> None:
+def main(name: str, out: Path) -> None:
+    scenario, _, accumulate = name.partition("-")
+    run(scenario, out, int(accumulate or 1))
+
+
+def run(scenario: str, out: Path, accumulate: int) -> None:
     torch.set_num_threads(1)
     if scenario in ("hf_main", "hf_module"):
         trainer = pl.Trainer(
@@ -94,7 +105,5 @@ def main(scenario: str, out: Path, accumulate: int) -> None:
 
 
 if __name__ == "__main__":
-    directory = Path(sys.argv[2])
-    directory.mkdir(parents=True, exist_ok=True)
-    main(sys.argv[1], directory, int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    run_scenarios(main, Path(sys.argv[1]), sys.argv[2:])
     end_finished_rank()  # destroys the process group and leaves without interpreter shutdown

@@ -1,7 +1,8 @@
-"""MemoryPlanner under Lightning DDP on CPU (gloo, 2 processes, strategy="ddp"), each scenario in its
-own watched subprocess, so a hang (no CPU progress) fails the test and kills every rank instead of blocking
-the suite. The scenarios
-and their SIMULATED devices are in ddp_driver.py."""
+"""MemoryPlanner under Lightning DDP on CPU (gloo, 2 processes, strategy="ddp"), in watched subprocesses, so
+a hang (no CPU progress) fails the test and kills every rank instead of blocking the suite. The scenarios
+that end by themselves with success run in one launch (the ddp_runs fixture), each test reading its own
+scenario's folder and output; the others have a launch each. The scenarios and their SIMULATED devices
+are in ddp_driver.py."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from callback_sim import ddp_batches, read_jsonl, reference_weights
+from callback_sim import check_scenario_ran, ddp_batches, read_jsonl, reference_weights, scenario_output
 from subprocess_run import Watched, run_watched
 
 DRIVER = Path(__file__).with_name("ddp_driver.py")
@@ -19,14 +20,48 @@ DRIVER = Path(__file__).with_name("ddp_driver.py")
 pytestmark = pytest.mark.slow
 
 
-def run_scenario(scenario: str, out: Path) -> subprocess.CompletedProcess:
-    return run_watched([sys.executable, str(DRIVER), scenario, str(out)], cwd=out.parent)
+#: ddp_driver.py's scenarios that end by themselves with success and only this module reads: one launch runs
+#: them all (`fatal` fails the job, `sigterm` is stopped by its test and `spawn` starts workers of its own:
+#: a launch each, as are `final` and `lightning`, which other modules read)
+SHARED = ("adjust", "oom", "converge", "accumulate", "buckets", "buckets_plain", "mixed", "tokens", "tokens_plain")
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """SHARED, run once in one watched 2-rank launch (a hang fails every test reading it): (the folder holding
+    one folder per scenario, the launch's result). tests/conftest.py keeps this module on one xdist worker."""
+    root = tmp_path_factory.mktemp("ddp")
+    return root, run_watched([sys.executable, str(DRIVER), str(root), *SHARED], cwd=root)
+
+
+def run_scenario(scenario: str, root: Path) -> subprocess.CompletedProcess:
+    """A launch of its own for `scenario`, writing under root/<scenario>."""
+    return run_watched([sys.executable, str(DRIVER), str(root), scenario], cwd=root)
 
 
 def run_logs(scenario: str, out: Path) -> list[list[dict]]:
-    """Run a scenario that must succeed; each rank's MemoryPlanner log."""
-    result = run_scenario(scenario, out)
+    """Run a scenario that must succeed in a launch of its own, writing under `out` (root/<scenario>); each
+    rank's MemoryPlanner log."""
+    result = run_scenario(scenario, out.parent)
     assert result.returncode == 0, result.stderr[-3000:]
+    check_scenario_ran(out, result)
+    return rank_logs(out)
+
+
+def shared_scenario(ddp_runs: tuple[Path, subprocess.CompletedProcess], scenario: str) -> tuple[Path, str]:
+    """A scenario of the shared launch, which every rank must have finished: its folder and its output."""
+    root, result = ddp_runs
+    out = root / scenario
+    return out, check_scenario_ran(out, result)
+
+
+def shared_logs(ddp_runs: tuple[Path, subprocess.CompletedProcess], scenario: str) -> tuple[Path, list[list[dict]]]:
+    """A scenario of the shared launch, which must have succeeded: its folder and each rank's MemoryPlanner log."""
+    out, _ = shared_scenario(ddp_runs, scenario)
+    return out, rank_logs(out)
+
+
+def rank_logs(out: Path) -> list[list[dict]]:
     return [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
 
 
@@ -51,11 +86,9 @@ def check_trained_like_one_process(out: Path, steps: int, per_rank_batch: int = 
         torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-12, msg=name)
 
 
-def test_both_ranks_lower_together_when_one_rank_is_short_and_grow_back(tmp_path):
-    out = tmp_path / "adjust"
-    result = run_scenario("adjust", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
+def test_both_ranks_lower_together_when_one_rank_is_short_and_grow_back(ddp_runs):
+    out, output = shared_scenario(ddp_runs, "adjust")
+    logs = rank_logs(out)
     assert changes(logs[0]) == changes(logs[1])
     assert len({e["run"] for log in logs for e in log}) == 1  # one run id, from rank 0, on every record
     assert [(c["step"], c["cause"], c["ranks"], c["after"]["micro_batch_size"]) for c in changes(logs[0])] == [
@@ -69,12 +102,11 @@ def test_both_ranks_lower_together_when_one_rank_is_short_and_grow_back(tmp_path
     assert memplan_steps[0]["memplan/rank1/headroom_gib"] < 0.05 * 16  # rank 1's SIMULATED reading
     assert memplan_steps[0]["memplan/rank0/process_gib"] > 0
     assert [m["memplan/micro_batch_size"] for m in memplan_steps][:3] == [8, 4, 2]
-    assert "rank 1: peak 2.00 GiB in this process, least headroom 163.84 MiB" in result.stderr
+    assert "rank 1: peak 2.00 GiB in this process, least headroom 163.84 MiB" in output
 
 
-def test_an_oom_on_one_rank_is_retried_there_without_a_hang_and_then_shared(tmp_path):
-    out = tmp_path / "oom"
-    logs = run_logs("oom", out)
+def test_an_oom_on_one_rank_is_retried_there_without_a_hang_and_then_shared(ddp_runs):
+    out, logs = shared_logs(ddp_runs, "oom")
     # no plan was given: rank 0 planned, every rank applied the same plan (global batch 16 kept)
     applied = [log[0] for log in logs]
     assert all(a["source"] == "planned from an estimate" for a in applied)
@@ -92,7 +124,10 @@ def test_a_plain_memory_planner_runs_under_ddp_spawn_and_retries_an_oom_there(tm
     # ddp_spawn pickles the Trainer, callbacks included, into its workers: everything MemoryPlanner holds
     # must pickle (a lambda in __init__ once stopped it at setup)
     out = tmp_path / "spawn"
-    logs = run_logs("spawn", out)
+    result = run_scenario("spawn", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_scenario_ran(out, result, ranks=1)  # (the workers are not the driver's ranks)
+    logs = rank_logs(out)
     applied = [log[0] for log in logs]
     assert all(a["source"] == "planned from an estimate" for a in applied)
     assert applied[0]["layout"] == applied[1]["layout"] and applied[0]["layout"]["global_batch_size"] == 16
@@ -101,10 +136,9 @@ def test_a_plain_memory_planner_runs_under_ddp_spawn_and_retries_an_oom_there(tm
     check_trained_like_one_process(out, steps=4)
 
 
-def test_after_an_oom_both_ranks_settle_at_the_fewest_even_chunks_and_never_retry_a_failed_size(tmp_path):
+def test_after_an_oom_both_ranks_settle_at_the_fewest_even_chunks_and_never_retry_a_failed_size(ddp_runs):
     # the held-out job of issue 20: loader 16 per rank, rank 1 out of memory above 8 samples
-    out = tmp_path / "converge"
-    logs = run_logs("converge", out)
+    out, logs = shared_logs(ddp_runs, "converge")
     assert sum(len(retries(log)) for log in logs) <= 2
     assert retries(logs[1])[0][2:] == (16, 8)  # 16 failed, back to 8 (not 7, not 15)
     finals = [[e for e in log if e["event"] == "sample"][-1] for log in logs]
@@ -115,19 +149,17 @@ def test_after_an_oom_both_ranks_settle_at_the_fewest_even_chunks_and_never_retr
 
 def test_when_nothing_fits_the_job_ends_with_one_error_naming_the_rank(tmp_path):
     out = tmp_path / "fatal"
-    result = run_scenario("fatal", out)
+    result = run_scenario("fatal", tmp_path)
     assert result.returncode != 0
     assert ("NothingFitsError: MemoryPlanner: rank 1 ran out of memory at step 0 (batch 0) with "
-            "micro-batch 1 and activation checkpointing on, and nothing smaller fits. device:") in result.stderr
+            "micro-batch 1 and activation checkpointing on, and nothing smaller fits. device:") in (
+                result.stderr + scenario_output(out))  # (a rank's own stderr, or its traceback after the scenario)
     fatal = [e for e in read_jsonl(out / "memplan" / "rank1.jsonl") if e["event"] == "fatal"][-1]
     assert fatal["device_total_bytes"] > 0 and fatal["process_bytes"] > 0
 
 
-def test_chunks_with_accumulation_under_ddp_keep_every_gradient(tmp_path):
-    out = tmp_path / "accumulate"
-    result = run_scenario("accumulate", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    logs = [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
+def test_chunks_with_accumulation_under_ddp_keep_every_gradient(ddp_runs):
+    out, logs = shared_logs(ddp_runs, "accumulate")
     apply = logs[0][0]
     assert (apply["layout"]["loader_batch_size"], apply["layout"]["micro_batch_size"],
             apply["layout"]["accumulate_grad_batches"]) == (8, 2, 2)
@@ -137,23 +169,20 @@ def test_chunks_with_accumulation_under_ddp_keep_every_gradient(tmp_path):
     check_trained_like_one_process(out, steps=4, per_rank_batch=16)
 
 
-def test_ddp_rebuilds_its_buckets_in_the_order_a_plain_backward_gives(tmp_path):
+def test_ddp_rebuilds_its_buckets_in_the_order_a_plain_backward_gives(ddp_runs):
     # DDP launches bucket i's all-reduce only after buckets 0..i-1: a bucket order scrambled by the
     # gradient handoff would hold back every all-reduce for the rest of the run
     buckets = {}
     for scenario in ("buckets", "buckets_plain"):
-        out = tmp_path / scenario
-        result = run_scenario(scenario, out)
-        assert result.returncode == 0, result.stderr[-3000:]
+        out, _ = shared_scenario(ddp_runs, scenario)
         buckets[scenario] = json.loads((out / "buckets.json").read_text())
     assert buckets["buckets"] == buckets["buckets_plain"]
     assert buckets["buckets"].count(",") >= 3, buckets  # several buckets, so the order shows
-    check_trained_like_one_process(tmp_path / "buckets", steps=3)
+    check_trained_like_one_process(ddp_runs[0] / "buckets", steps=3)
 
 
-def test_ranks_on_different_paths_in_one_step_pair_their_backwards(tmp_path):
-    out = tmp_path / "mixed"
-    logs = run_logs("mixed", out)
+def test_ranks_on_different_paths_in_one_step_pair_their_backwards(ddp_runs):
+    out, logs = shared_logs(ddp_runs, "mixed")
     assert retries(logs[1]) == [(3, "forward", 8, 4)] and not retries(logs[0])
     # unguarded from the first step's reading; rank 1 guarded again by its OOM in step 3
     guarded = [[(e["step"], e["guarded"]) for e in log if e["event"] == "sample"][:3] for log in logs]
@@ -163,16 +192,14 @@ def test_ranks_on_different_paths_in_one_step_pair_their_backwards(tmp_path):
     check_trained_like_one_process(out, steps=6)
 
 
-def test_a_token_mean_loss_split_on_each_rank_trains_as_ddp_does_whole(tmp_path):
+def test_a_token_mean_loss_split_on_each_rank_trains_as_ddp_does_whole(ddp_runs):
     # DDP averages the ranks' gradients, each rank's loss being the mean over its own tokens: that is
     # what a split batch reproduces (README: "Loss semantics"), not a mean over all ranks' tokens
     weights = {}
     for scenario in ("tokens", "tokens_plain"):
-        out = tmp_path / scenario
-        result = run_scenario(scenario, out)
-        assert result.returncode == 0, result.stderr[-3000:]
+        out, _ = shared_scenario(ddp_runs, scenario)
         weights[scenario] = torch.load(out / "weights.pt")
-    assert read_jsonl(tmp_path / "tokens" / "memplan" / "rank1.jsonl")[0]["layout"]["micro_batch_size"] == 2
+    assert read_jsonl(ddp_runs[0] / "tokens" / "memplan" / "rank1.jsonl")[0]["layout"]["micro_batch_size"] == 2
     for name, value in weights["tokens"].items():
         torch.testing.assert_close(value, weights["tokens_plain"][name], rtol=0, atol=1e-12, msg=name)
 
@@ -185,7 +212,7 @@ def test_sigterm_to_one_rank_of_a_users_own_script_ends_the_job_with_every_ranks
 
     out = tmp_path / "sigterm"
     log1 = out / "memplan" / "rank1.jsonl"
-    with Watched([sys.executable, str(DRIVER), "sigterm", str(out)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+    with Watched([sys.executable, str(DRIVER), str(tmp_path), "sigterm"], cwd=tmp_path, stdout=subprocess.DEVNULL,
                  stderr=subprocess.DEVNULL) as job:
         job.wait_until(lambda: log1.exists() and '"event": "sample"' in log1.read_text(), "rank 1 logged a step")
         rank1 = next(p for p in job.processes() if _local_rank(p) == "1")

@@ -1,29 +1,42 @@
 """MemoryPlanner under Lightning's ModelParallelStrategy (FSDP2, fully_shard in configure_model) on CPU:
-gloo, 2 processes, each scenario in its own watched subprocess: a hang (no CPU progress) fails the test and
-kills every rank (scenarios in fsdp_driver.py)."""
+gloo, 2 processes, every scenario in one watched launch (the fsdp_runs fixture), each test reading its own
+scenario's folder and output: a hang (no CPU progress) fails the tests and kills every rank (scenarios in
+fsdp_driver.py)."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from callback_sim import ddp_batches, read_jsonl, reference_weights
+from callback_sim import check_scenario_ran, ddp_batches, read_jsonl, reference_weights
 from subprocess_run import run_watched
 
 DRIVER = Path(__file__).with_name("fsdp_driver.py")
 STEPS = 6  # fsdp_driver.STEPS
+#: every scenario of fsdp_driver.py (split-2: split with 2 loader batches a step)
+SCENARIOS = ("split", "split-2", "adjust", "planned", "hf_main", "hf_module")
 
 pytestmark = pytest.mark.slow
 
 
-def run_logs(scenario: str, out: Path, accumulate: int = 1) -> list[list[dict]]:
-    """Run a scenario that must succeed; each rank's MemoryPlanner log."""
-    result = run_watched([sys.executable, str(DRIVER), scenario, str(out), str(accumulate)], cwd=out.parent)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "`Trainer.fit` stopped: `max_steps=6` reached." in result.stdout + result.stderr
-    assert "the plan is for" not in result.stderr  # an FSDP plan, on the world size it was made for
-    return [read_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """SCENARIOS, run once in one watched 2-rank launch (a hang fails every test reading it): (the folder
+    holding one folder per scenario, the launch's result). tests/conftest.py keeps this module on one xdist
+    worker."""
+    root = tmp_path_factory.mktemp("fsdp")
+    return root, run_watched([sys.executable, str(DRIVER), str(root), *SCENARIOS], cwd=root)
+
+
+def run_logs(fsdp_runs: tuple[Path, subprocess.CompletedProcess], scenario: str) -> list[list[dict]]:
+    """A scenario of the shared launch, which must have succeeded; each rank's MemoryPlanner log."""
+    root, result = fsdp_runs
+    output = check_scenario_ran(root / scenario, result)
+    assert "`Trainer.fit` stopped: `max_steps=6` reached." in output
+    assert "the plan is for" not in output  # an FSDP plan, on the world size it was made for
+    return [read_jsonl(root / scenario / "memplan" / f"rank{r}.jsonl") for r in (0, 1)]
 
 
 def check_trained_unsplit(out: Path, accumulate: int) -> None:
@@ -36,9 +49,10 @@ def check_trained_unsplit(out: Path, accumulate: int) -> None:
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
-def test_chunks_with_gradient_sync_off_train_as_whole_batches(tmp_path, accumulate):
-    logs = run_logs("split", tmp_path / "split", accumulate)
-    check_trained_unsplit(tmp_path / "split", accumulate)
+def test_chunks_with_gradient_sync_off_train_as_whole_batches(fsdp_runs, accumulate):
+    scenario = "split" if accumulate == 1 else f"split-{accumulate}"
+    logs = run_logs(fsdp_runs, scenario)
+    check_trained_unsplit(fsdp_runs[0] / scenario, accumulate)
     for rank, log in enumerate(logs):
         applied = next(e for e in log if e["event"] == "apply")["layout"]
         assert (applied["loader_batch_size"], applied["micro_batch_size"]) == (8, 2), rank
@@ -47,17 +61,17 @@ def test_chunks_with_gradient_sync_off_train_as_whole_batches(tmp_path, accumula
         assert log[-1]["event"] == "end" and log[-1]["status"] == "finished"
 
 
-def test_all_ranks_lower_together_and_turn_checkpointing_on(tmp_path):
-    logs = run_logs("adjust", tmp_path / "adjust")
-    check_trained_unsplit(tmp_path / "adjust", 1)
+def test_all_ranks_lower_together_and_turn_checkpointing_on(fsdp_runs):
+    logs = run_logs(fsdp_runs, "adjust")
+    check_trained_unsplit(fsdp_runs[0] / "adjust", 1)
     decided = [[(e["step"], e["after"]["micro_batch_size"], e["after"]["gradient_checkpointing"])
                 for e in log if e["event"] == "change"] for log in logs]
     assert decided[0] == decided[1] == [(1, 4, False), (2, 2, False), (3, 1, False), (4, 1, True)]
     assert not any(e["event"] == "oom_retry" for log in logs for e in log)
 
 
-def test_without_a_plan_rank_0_plans_fsdp_before_configure_model_and_every_rank_applies_it(tmp_path):
-    logs = run_logs("planned", tmp_path / "planned")
+def test_without_a_plan_rank_0_plans_fsdp_before_configure_model_and_every_rank_applies_it(fsdp_runs):
+    logs = run_logs(fsdp_runs, "planned")
     plans = [next(e for e in log if e["event"] == "apply") for log in logs]
     assert plans[0]["plan"] == plans[1]["plan"] and plans[0]["source"] == "planned from an estimate"
     plan = plans[0]["plan"]
@@ -67,10 +81,10 @@ def test_without_a_plan_rank_0_plans_fsdp_before_configure_model_and_every_rank_
 
 
 @pytest.mark.parametrize("scenario", ["hf_main", "hf_module"])
-def test_a_causal_lm_held_as_self_model_is_planned_as_its_configure_model_shards_it(tmp_path, scenario):
+def test_a_causal_lm_held_as_self_model_is_planned_as_its_configure_model_shards_it(fsdp_runs, scenario):
     # the usual FSDP2 script: fully_shard on self.model's layers and self.model, the LightningModule defined
     # in the script run as __main__ (hf_main) or imported from a module (hf_module)
-    logs = run_logs(scenario, tmp_path / scenario)
+    logs = run_logs(fsdp_runs, scenario)
     plans = [next(e for e in log if e["event"] == "apply") for log in logs]
     assert plans[0]["plan"] == plans[1]["plan"] and plans[0]["source"] == "planned from an estimate"
     assert (plans[0]["plan"]["strategy"], plans[0]["plan"]["world_size"]) == ("fsdp", 2)
