@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import textwrap
 import types
@@ -195,10 +196,12 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
                                  r"\(did you mean 'batch_size'\?\)"),
     ("model: {class_path: memplan.demos.MLP}\ndata: {class_path: memplan.demos.MLP}\n", "data.class_path",
      r"data.class_path 'memplan.demos.MLP' is not a LightningDataModule subclass"),
-    ("model: {class_path: memplan.demos.MLP}\n", "memplan.batch_spec",
-     r"no batch to plan with: the config has no data: section .*; describe one batch in memplan.batch_spec "
+    ("model: {class_path: memplan.demos.MLP}\n", "trainer.callbacks[MemoryPlanner].init_args.suggest.batch_spec",
+     r"no batch to plan with: the config has no data: section .*; describe one batch in "
+     r"trainer.callbacks\[MemoryPlanner\].init_args.suggest.batch_spec .*class_path: memplan.MemoryPlanner, "
+     r"init_args: {suggest: {batch_spec: "
      r".*README: 'Describing the batch'"),
-    ("model: {class_path: memplan_test_user.OwnLoader}\n", "memplan.batch_spec",
+    ("model: {class_path: memplan_test_user.OwnLoader}\n", "trainer.callbacks[MemoryPlanner].init_args.suggest.batch_spec",
      r"no batch to plan with: OwnLoader loads its own data \(train_dataloader\), which memplan does not run"),
     (MLP_CONFIG + "optimizer: {class_path: AdamW, init_args: {lrr: 0.1}}\n", "optimizer.init_args.lrr",
      r"optimizer.init_args.lrr: AdamW has no argument 'lrr' \(did you mean 'lr'\?\)"),
@@ -271,14 +274,15 @@ def test_a_datamodule_that_fails_is_reported_as_the_users_with_its_message(tmp_p
         "batch_size: 4, in_features: 20", "batch_size: 4, shape: [1, 50]"))
     with raises_config_error("data", r"data: RandomImages\(\*\*data.init_args\) raised ValueError: RandomImages: "
                                      r"shape must be \[channels, height, width\]"
-                                     r".*or describe the batch in memplan.batch_spec"):
+                                     r".*or describe the batch in the MemoryPlanner callback's "
+                                     r"init_args.suggest.batch_spec"):
         loaded.example_batch(2)
 
 
-def test_a_global_batch_that_cannot_be_derived_asks_for_memplan_global_batch_size(tmp_path):
+def test_a_global_batch_that_cannot_be_derived_asks_for_the_planners_global_batch_size(tmp_path):
     loaded = load_text(tmp_path, MLP_CONFIG.replace("devices: 2", "devices: auto"))
-    with raises_config_error("memplan.global_batch_size", r"memplan.global_batch_size is not set, and trainer.devices "
-                                                          r"is 'auto', .*set memplan.global_batch_size"):
+    key = "trainer.callbacks[MemoryPlanner].init_args.global_batch_size"
+    with raises_config_error(key, rf"{re.escape(key)} is not set, and trainer.devices is 'auto', .*set {re.escape(key)}"):
         _ = loaded.global_batch_size
 
 
@@ -439,15 +443,20 @@ def test_write_planned_config_sets_the_plan_and_keeps_the_users_keys(tmp_path):
     assert trainer["max_steps"] == 100 and trainer["gradient_clip_val"] == 1.0
     assert trainer["callbacks"] == [
         {"class_path": "pytorch_lightning.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
-        {"class_path": "memplan.MemoryPlanner", "init_args": {"plan": str(tmp_path / "out" / "planned.plan.json")}},
+        {"class_path": "memplan.MemoryPlanner", "init_args": {  # the memplan: section moved in, beside the plan
+            "global_batch_size": 512, "suggest": {"precisions": ["bf16-mixed"]},
+            "plan": str(tmp_path / "out" / "planned.plan.json")}},
     ]
+    assert "its memplan: section is, into the MemoryPlanner callback's init_args" in text
     assert written["data"]["init_args"] == {"batch_size": 4, "in_features": 20, "num_classes": 3, "num_samples": 512}
     assert written["model"] == loaded.raw["model"] and written["optimizer"] == loaded.raw["optimizer"]
     assert json.loads((tmp_path / "out" / "planned.plan.json").read_text()) == plan.to_dict()
     assert Plan.from_dict(json.loads(plan_path_for(out).read_text())) == plan
 
-    again = load_config(out)  # the planned config reads back with the same global batch
+    again = load_config(out)  # the planned config reads back with the same global batch, from the callback
     assert again.global_batch_size == 512 and again.data_batch_size == 4 and again.accumulate_grad_batches == 16
+    assert again.settings.precisions == ("bf16-mixed",) and again.deprecations == ()
+    assert again.settings.key("global_batch_size") == "trainer.callbacks[1].init_args.global_batch_size"
 
 
 def test_write_planned_config_never_replaces_files_unless_forced(tmp_path):

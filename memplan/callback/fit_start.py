@@ -189,7 +189,7 @@ class FitStart(CallbackState):
         def plan() -> Plan:
             request = planning_request(
                 budgets, world_size=trainer.world_size, nodes=trainer.num_nodes, global_batch_size=global_batch,
-                precision=str(trainer.precision), margin=min(0.5, 2 * self.settings.margin),
+                precision=str(trainer.precision), margin=self.settings.planning_margin,
                 host_available_bytes=host_info().budget_bytes if device.type == "cuda" else None,
                 facts={**model_facts(pl_module, allow_checkpointing=self.settings.allow_checkpointing
                                      and can_checkpoint(pl_module)), **(request_fields or {})},

@@ -57,7 +57,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as err:
         raise ConfigError("", f"{path}: YAML error: {err}") from None
     if not isinstance(data, dict):
-        raise ConfigError("", f"{path} must hold a YAML mapping (model:, data:, trainer:, memplan:); got "
+        raise ConfigError("", f"{path} must hold a YAML mapping (model:, data:, trainer:); got "
                           f"{'an empty file' if data is None else type(data).__name__}")
     return data
 
