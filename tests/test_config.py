@@ -368,6 +368,18 @@ def test_optimizer_is_memplans_override_else_the_optimizer_section_else_the_mode
     assert load_text(tmp_path, MLP_CONFIG + section + "memplan: {optimizer: sgd}\n").optimizer == "sgd"
 
 
+def test_the_yaml_is_read_as_lightning_clis_parser_reads_it(tmp_path):
+    from jsonargparse import get_loader
+
+    text = MLP_CONFIG + "optimizer: {class_path: torch.optim.SGD, init_args: {lr: 1e-3, weight_decay: .5e-4}}\n"
+    loaded = load_text(tmp_path, text)
+    assert loaded.raw == get_loader("yaml")(textwrap.dedent(text))  # jsonargparse's loader: 1e-3 a float ...
+    assert loaded.optimizer_section.init_args == {"lr": 1e-3, "weight_decay": 0.5e-4}
+    with raises_config_error("", r"config.yaml holds only a key without a value \(model:\), which LightningCLI reads "
+                                 r"as a string, not a config; give it its value"):
+        load_text(tmp_path, "model:\n")  # ... and a lone key as a string, which YAML itself would not
+
+
 def test_overrides_merge_dotted_and_nested_keys(tmp_path):
     loaded = load_text(tmp_path, MLP_CONFIG, overrides={
         "memplan.global_batch_size": 48, "trainer": {"precision": 16}, "data.init_args.batch_size": 2})
