@@ -104,12 +104,13 @@ def user_module(monkeypatch):
         def training_step(self, batch, batch_idx):
             return self.layer(batch).sum()
 
-    class CountedGPT(GPTLM):
-        built: list[type] = []
+    class Counting(type(GPTLM)):
+        def __call__(cls, *args, **kwargs):  # counts builds without touching the frames __init__ inspects, nor
+            cls.built.append(cls)            # the signature LightningCLI's parser reads (a __new__ would hide it)
+            return super().__call__(*args, **kwargs)
 
-        def __new__(cls, *args, **kwargs):  # counts builds without touching the frames __init__ inspects
-            cls.built.append(cls)
-            return super().__new__(cls)
+    class CountedGPT(GPTLM, metaclass=Counting):
+        built: list[type] = []
 
     class OwnLoader(NoBatchSize):
         def train_dataloader(self):

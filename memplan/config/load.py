@@ -26,11 +26,12 @@ from memplan.config.blame import blamed
 from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
 from memplan.config.errors import ConfigError
 from memplan.config.first_batch import first_batch
+from memplan.config.lightning_parser import check_with_lightning
 from memplan.config.placement import SettingsDeprecation, find_settings
 from memplan.config.sections import check_sections
 from memplan.config.settings import MAX_PREFETCH_FACTOR, MAX_WORKERS, MemplanSettings, normalize_precision
-from memplan.config.trainer_checks import (check_accelerator, check_seed, check_strategy, device_count, positive_int,
-                                          trainer_class)
+from memplan.config.trainer_checks import (check_accelerator, check_seed, check_strategy, device_count,
+                                          lightning_package, positive_int, trainer_class)
 from memplan.config.yaml_file import expand_dotted, merge_overrides, read_yaml
 from memplan.estimator import EstimateError, MemoryEstimate, estimate
 from memplan.plan import MAX_BATCH_SIZE, check_count
@@ -331,6 +332,7 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         except ValueError as err:
             raise ConfigError(key, str(err)) from None
     loaded.loader  # noqa: B018  (its ranges checked now, before any work)
+    check_with_lightning(raw, lightning_package(model.cls))  # the rest, as LightningCLI's own parser reads it
     if optimizer is not None:  # its own checks (a negative lr ...) before any trace: on one parameter
         loaded._build_optimizer([nn.Parameter(torch.zeros(1))])
     if placed.deprecation:
