@@ -20,7 +20,8 @@
 #   --trainer.accelerator=cpu --trainer.devices=N, DDP or FSDP (below), and a MemoryPlanner callback
 #   without a plan: at fit start it estimates the model on one real batch with the CPU estimator, budgets
 #   from host RAM (within the cgroup limit, shared by the node's processes), plans on rank 0 for the
-#   config's memplan.global_batch_size, and applies the same plan on every rank. No planned.yaml is written.
+#   config's global_batch_size (its MemoryPlanner entry's init_args, which then is the callback used; or a
+#   deprecated memplan: section's), and applies the same plan on every rank. No planned.yaml is written.
 #   The strategy: --trainer.strategy=ddp, or, where the config's trainer.strategy names FSDP (FSDPStrategy,
 #   ModelParallelStrategy, "fsdp") or MEMPLAN_CPU_STRATEGY=fsdp, Lightning's ModelParallelStrategy (FSDP2:
 #   data_parallel_size=N, tensor_parallel_size=1; FSDPStrategy needs a GPU), which needs a model whose
@@ -80,13 +81,15 @@ fi
 if [[ "$GPU_COUNT" -eq 0 ]]; then
     NPROC="${MEMPLAN_CPU_PROCS:-2}"
     [[ "$NPROC" =~ ^[1-9][0-9]*$ ]] || { echo "$0: MEMPLAN_CPU_PROCS must be a positive integer; got $NPROC" >&2; exit 2; }
-    read -r GLOBAL_BATCH CONFIG_STRATEGY <<< "$(run_step "reading $CONFIG" "$PYTHON" -c 'import sys, yaml
+    read -r GLOBAL_BATCH CONFIG_STRATEGY HAS_PLANNER <<< "$(run_step "reading $CONFIG" "$PYTHON" -c 'import sys, yaml
+from memplan.config.placement import planner_entries
 config = yaml.safe_load(open(sys.argv[1])) or {}
-section = config.get("memplan") or {}
+section = config.get("memplan") or {}  # deprecated: memplan reads it until memplan.config.placement.REMOVED_IN
 strategy = (config.get("trainer") or {}).get("strategy") or ""
 name = str(strategy.get("class_path", "") if isinstance(strategy, dict) else strategy)
 fsdp = "fsdp" in name.lower() or name.endswith("ModelParallelStrategy")
-print(section.get("global_batch_size") or "-", "fsdp" if fsdp else "ddp")' "$CONFIG")"
+has = bool(planner_entries(config.get("trainer")))
+print(section.get("global_batch_size") or "-", "fsdp" if fsdp else "ddp", int(has))' "$CONFIG")"
     [[ "$GLOBAL_BATCH" != "-" ]] || GLOBAL_BATCH=""
     CPU_STRATEGY="${MEMPLAN_CPU_STRATEGY:-$CONFIG_STRATEGY}"
     case "$CPU_STRATEGY" in
@@ -95,8 +98,11 @@ print(section.get("global_batch_size") or "-", "fsdp" if fsdp else "ddp")' "$CON
                              --trainer.strategy.data_parallel_size="$NPROC" --trainer.strategy.tensor_parallel_size=1) ;;
         *) echo "$0: MEMPLAN_CPU_STRATEGY must be ddp or fsdp; got $CPU_STRATEGY" >&2; exit 2 ;;
     esac
-    PLANNER_ARGS=(--trainer.callbacks+=memplan.MemoryPlanner)
-    [[ -z "$GLOBAL_BATCH" ]] || PLANNER_ARGS+=(--trainer.callbacks.global_batch_size="$GLOBAL_BATCH")
+    PLANNER_ARGS=()  # the config's own MemoryPlanner entry (its init_args: global_batch_size ...), else one added
+    if [[ "$HAS_PLANNER" != 1 ]]; then
+        PLANNER_ARGS=(--trainer.callbacks+=memplan.MemoryPlanner)
+        [[ -z "$GLOBAL_BATCH" ]] || PLANNER_ARGS+=(--trainer.callbacks.global_batch_size="$GLOBAL_BATCH")
+    fi
     echo "memplan: no GPU here; training on $NPROC CPU process(es) under $CPU_STRATEGY, MemoryPlanner planning" \
         "at fit start" >&2
     export CUDA_VISIBLE_DEVICES=""

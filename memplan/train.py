@@ -2,8 +2,9 @@
 
     python -m torch.distributed.run --nproc-per-node=4 --nnodes=1 --standalone -m memplan.train fit --config planned.yaml
 
-The same as a LightningCLI training script, except that it accepts (and ignores) a config's `memplan:`
-section, so a config can be planned and trained from one file. The plan itself reaches the Trainer through
+The same as a LightningCLI training script, except that it still accepts (and ignores) an old config's
+top-level `memplan:` section (deprecated: memplan's settings now live in the MemoryPlanner callback's
+init_args, which any LightningCLI accepts). The plan itself reaches the Trainer through
 the MemoryPlanner callback entry that `memplan suggest --output` writes. It runs LightningModules of either
 Lightning package: the CLI of the package the config's model class comes from (`lightning.pytorch` or
 `pytorch_lightning`; LightningCLI refuses the other one's classes).

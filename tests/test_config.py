@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import textwrap
 import types
@@ -103,12 +104,13 @@ def user_module(monkeypatch):
         def training_step(self, batch, batch_idx):
             return self.layer(batch).sum()
 
-    class CountedGPT(GPTLM):
-        built: list[type] = []
+    class Counting(type(GPTLM)):
+        def __call__(cls, *args, **kwargs):  # counts builds without touching the frames __init__ inspects, nor
+            cls.built.append(cls)            # the signature LightningCLI's parser reads (a __new__ would hide it)
+            return super().__call__(*args, **kwargs)
 
-        def __new__(cls, *args, **kwargs):  # counts builds without touching the frames __init__ inspects
-            cls.built.append(cls)
-            return super().__new__(cls)
+    class CountedGPT(GPTLM, metaclass=Counting):
+        built: list[type] = []
 
     class OwnLoader(NoBatchSize):
         def train_dataloader(self):
@@ -195,10 +197,12 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
                                  r"\(did you mean 'batch_size'\?\)"),
     ("model: {class_path: memplan.demos.MLP}\ndata: {class_path: memplan.demos.MLP}\n", "data.class_path",
      r"data.class_path 'memplan.demos.MLP' is not a LightningDataModule subclass"),
-    ("model: {class_path: memplan.demos.MLP}\n", "memplan.batch_spec",
-     r"no batch to plan with: the config has no data: section .*; describe one batch in memplan.batch_spec "
+    ("model: {class_path: memplan.demos.MLP}\n", "trainer.callbacks[MemoryPlanner].init_args.suggest.batch_spec",
+     r"no batch to plan with: the config has no data: section .*; describe one batch in "
+     r"trainer.callbacks\[MemoryPlanner\].init_args.suggest.batch_spec .*class_path: memplan.MemoryPlanner, "
+     r"init_args: {suggest: {batch_spec: "
      r".*README: 'Describing the batch'"),
-    ("model: {class_path: memplan_test_user.OwnLoader}\n", "memplan.batch_spec",
+    ("model: {class_path: memplan_test_user.OwnLoader}\n", "trainer.callbacks[MemoryPlanner].init_args.suggest.batch_spec",
      r"no batch to plan with: OwnLoader loads its own data \(train_dataloader\), which memplan does not run"),
     (MLP_CONFIG + "optimizer: {class_path: AdamW, init_args: {lrr: 0.1}}\n", "optimizer.init_args.lrr",
      r"optimizer.init_args.lrr: AdamW has no argument 'lrr' \(did you mean 'lr'\?\)"),
@@ -271,14 +275,15 @@ def test_a_datamodule_that_fails_is_reported_as_the_users_with_its_message(tmp_p
         "batch_size: 4, in_features: 20", "batch_size: 4, shape: [1, 50]"))
     with raises_config_error("data", r"data: RandomImages\(\*\*data.init_args\) raised ValueError: RandomImages: "
                                      r"shape must be \[channels, height, width\]"
-                                     r".*or describe the batch in memplan.batch_spec"):
+                                     r".*or describe the batch in the MemoryPlanner callback's "
+                                     r"init_args.suggest.batch_spec"):
         loaded.example_batch(2)
 
 
-def test_a_global_batch_that_cannot_be_derived_asks_for_memplan_global_batch_size(tmp_path):
+def test_a_global_batch_that_cannot_be_derived_asks_for_the_planners_global_batch_size(tmp_path):
     loaded = load_text(tmp_path, MLP_CONFIG.replace("devices: 2", "devices: auto"))
-    with raises_config_error("memplan.global_batch_size", r"memplan.global_batch_size is not set, and trainer.devices "
-                                                          r"is 'auto', .*set memplan.global_batch_size"):
+    key = "trainer.callbacks[MemoryPlanner].init_args.global_batch_size"
+    with raises_config_error(key, rf"{re.escape(key)} is not set, and trainer.devices is 'auto', .*set {re.escape(key)}"):
         _ = loaded.global_batch_size
 
 
@@ -364,6 +369,18 @@ def test_optimizer_is_memplans_override_else_the_optimizer_section_else_the_mode
     assert load_text(tmp_path, MLP_CONFIG + section + "memplan: {optimizer: sgd}\n").optimizer == "sgd"
 
 
+def test_the_yaml_is_read_as_lightning_clis_parser_reads_it(tmp_path):
+    from jsonargparse import get_loader
+
+    text = MLP_CONFIG + "optimizer: {class_path: torch.optim.SGD, init_args: {lr: 1e-3, weight_decay: .5e-4}}\n"
+    loaded = load_text(tmp_path, text)
+    assert loaded.raw == get_loader("yaml")(textwrap.dedent(text))  # jsonargparse's loader: 1e-3 a float ...
+    assert loaded.optimizer_section.init_args == {"lr": 1e-3, "weight_decay": 0.5e-4}
+    with raises_config_error("", r"config.yaml holds only a key without a value \(model:\), which LightningCLI reads "
+                                 r"as a string, not a config; give it its value"):
+        load_text(tmp_path, "model:\n")  # ... and a lone key as a string, which YAML itself would not
+
+
 def test_overrides_merge_dotted_and_nested_keys(tmp_path):
     loaded = load_text(tmp_path, MLP_CONFIG, overrides={
         "memplan.global_batch_size": 48, "trainer": {"precision": 16}, "data.init_args.batch_size": 2})
@@ -439,15 +456,20 @@ def test_write_planned_config_sets_the_plan_and_keeps_the_users_keys(tmp_path):
     assert trainer["max_steps"] == 100 and trainer["gradient_clip_val"] == 1.0
     assert trainer["callbacks"] == [
         {"class_path": "pytorch_lightning.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
-        {"class_path": "memplan.MemoryPlanner", "init_args": {"plan": str(tmp_path / "out" / "planned.plan.json")}},
+        {"class_path": "memplan.MemoryPlanner", "init_args": {  # the memplan: section moved in, beside the plan
+            "global_batch_size": 512, "suggest": {"precisions": ["bf16-mixed"]},
+            "plan": str(tmp_path / "out" / "planned.plan.json")}},
     ]
+    assert "its memplan: section is, into the MemoryPlanner callback's init_args" in text
     assert written["data"]["init_args"] == {"batch_size": 4, "in_features": 20, "num_classes": 3, "num_samples": 512}
     assert written["model"] == loaded.raw["model"] and written["optimizer"] == loaded.raw["optimizer"]
     assert json.loads((tmp_path / "out" / "planned.plan.json").read_text()) == plan.to_dict()
     assert Plan.from_dict(json.loads(plan_path_for(out).read_text())) == plan
 
-    again = load_config(out)  # the planned config reads back with the same global batch
+    again = load_config(out)  # the planned config reads back with the same global batch, from the callback
     assert again.global_batch_size == 512 and again.data_batch_size == 4 and again.accumulate_grad_batches == 16
+    assert again.settings.precisions == ("bf16-mixed",) and again.deprecations == ()
+    assert again.settings.key("global_batch_size") == "trainer.callbacks[1].init_args.global_batch_size"
 
 
 def test_write_planned_config_never_replaces_files_unless_forced(tmp_path):

@@ -110,7 +110,7 @@ def test_a_failure_is_blamed_from_its_fields_not_its_wording():
     from memplan.estimator import EstimateError
 
     raw = {"model": {"init_args": {"d_model": 100, "n_heads": 3}}, "data": {"init_args": {"batch_size": 2}}}
-    common = dict(raw=raw, model_class="pkg.Model", init_args=raw["model"]["init_args"], batch_spec=False)
+    common = dict(raw=raw, model_class="pkg.Model", init_args=raw["model"]["init_args"], batch_spec_key=None)
     batch = EstimateError("worded any way", argument="batch", detail="the training step could not take this batch "
                           "(KeyError: 'y')")
     found = estimate_blame(batch, **common)
@@ -118,6 +118,10 @@ def test_a_failure_is_blamed_from_its_fields_not_its_wording():
     assert str(found) == ("data and model.init_args do not work together: pkg.Model's training step failed on a batch "
                           "from data: the training step could not take this batch (KeyError: 'y'); check "
                           "model.init_args (the model's own sizes) and that data.init_args agree with it")
+    spec_key = "trainer.callbacks[1].init_args.suggest.batch_spec"  # where the config writes its batch_spec
+    found = estimate_blame(batch, **{**common, "batch_spec_key": spec_key})
+    assert found.key == spec_key and str(found).startswith(f"{spec_key} and model.init_args do not work together")
+    assert f"that {spec_key} describes the batch exactly" in str(found)
     built = EstimateError("worded any way", argument="model", stage="build", detail="worded any way",
                           cause="ValueError: the hidden size (100) is not a multiple of the heads (3)")
     found = estimate_blame(built, **common)

@@ -1,19 +1,23 @@
-"""Every config in configs/ loads, gives the batch its model's training_step takes, traces, and is a
-LightningCLI config (with a CLI that accepts the memplan: section)."""
+"""Every config in configs/ loads, gives the batch its model's training_step takes, traces, and (with
+benchmarks/configs/) is a config a plain LightningCLI accepts: memplan's settings are the MemoryPlanner callback's
+init_args, which LightningCLI checks against MemoryPlanner's signature."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from subprocess_run import run_watched
 import pytorch_lightning as pl
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import memplan
+from memplan import MemoryPlanner
 from memplan.config import add_memplan_argument, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SHIPPED = sorted([*CONFIGS.glob("*.yaml"), *(CONFIGS.parent / "benchmarks" / "configs").glob("*.yaml")])
 
 EXPECTED = {
     # name: (model class, parameters, global batch size, optimizer state per fp32 parameter byte)
@@ -32,7 +36,8 @@ def test_the_four_demo_configs_are_shipped():
 def test_shipped_config_loads_and_traces(path):
     assert path.read_text().startswith("# "), f"{path.name}: start with a comment saying what it is"
     loaded = load_config(path)
-    assert "memplan" in loaded.raw
+    assert "memplan" not in loaded.raw and loaded.deprecations == ()  # settings in the callback, none deprecated
+    assert loaded.settings.key("precisions").startswith("trainer.callbacks[0].init_args.")
     batch = loaded.example_batch(2)
 
     with FakeTensorMode():
@@ -51,13 +56,9 @@ def test_shipped_config_loads_and_traces(path):
 
 
 def lightning_cli_print_config(path: Path, monkeypatch, capsys) -> str:
-    """`fit --config PATH --print_config` through a LightningCLI that accepts the memplan: section;
-    the printed config (asserting the CLI accepted it)."""
-    from pytorch_lightning.cli import LightningCLI
-
-    class CLI(LightningCLI):
-        def add_arguments_to_parser(self, parser):
-            add_memplan_argument(parser)
+    """`fit --config PATH --print_config` through a plain LightningCLI (nothing of memplan's added); the
+    printed config (asserting the CLI accepted it)."""
+    from pytorch_lightning.cli import LightningCLI as CLI
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     with pytest.raises(SystemExit) as exited:
@@ -68,21 +69,39 @@ def lightning_cli_print_config(path: Path, monkeypatch, capsys) -> str:
     return printed.out
 
 
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Lightning's use of jsonargparse's old API
-def test_shipped_config_is_a_lightning_cli_config(path, monkeypatch, capsys):
-    printed = lightning_cli_print_config(path, monkeypatch, capsys)
-    assert f"class_path: {load_config(path).model.class_path}" in printed
+def test_shipped_config_is_a_plain_lightning_cli_config(path, monkeypatch, capsys):
+    printed = yaml.safe_load(lightning_cli_print_config(path, monkeypatch, capsys))
+    assert printed["model"]["class_path"] == load_config(path).model.class_path
+    (planner,) = [c for c in printed["trainer"]["callbacks"] if c["class_path"] == "memplan.MemoryPlanner"]
+    written = yaml.safe_load(path.read_text())["trainer"]["callbacks"][0]["init_args"]
+    assert {k: planner["init_args"][k] for k in written} == written  # memplan's settings, as LightningCLI reads them
+    MemoryPlanner(**written)  # and the callback takes them (its own checks, suggest: included)
 
 
-def test_plain_lightning_cli_refuses_the_memplan_section_that_add_memplan_argument_accepts(monkeypatch, capsys):
+def test_plain_lightning_cli_refuses_a_top_level_memplan_section_that_add_memplan_argument_accepts(
+        tmp_path, monkeypatch, capsys):
     from pytorch_lightning.cli import LightningCLI
 
+    old = yaml.safe_load((CONFIGS / "mlp.yaml").read_text())
+    del old["trainer"]["callbacks"]
+    old["memplan"] = {"global_batch_size": 1024}  # the deprecated place (memplan.config.placement)
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     with pytest.raises(SystemExit) as exited:
         LightningCLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                     args=["fit", "--config", str(CONFIGS / "mlp.yaml"), "--print_config"])
+                     args=["fit", "--config", str(tmp_path / "old.yaml"), "--print_config"])
     assert exited.value.code == 2 and "Option 'memplan.global_batch_size' is not accepted" in capsys.readouterr().err
+
+    class CLI(LightningCLI):
+        def add_arguments_to_parser(self, parser):
+            add_memplan_argument(parser)
+
+    with pytest.raises(SystemExit) as exited:
+        CLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+            args=["fit", "--config", str(tmp_path / "old.yaml"), "--print_config"])
+    assert exited.value.code == 0
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -346,7 +346,7 @@ def test_a_requeued_slurm_job_reuses_its_plan_and_replans_when_the_config_change
     assert again.returncode == 0, again.stderr[-2000:]
     assert suggests == [] and "reusing" in again.stderr and planned.read_text() == before
     text = yaml.safe_load(MLP.read_text())
-    text["memplan"]["global_batch_size"] = 512  # the user edited the config before the requeue
+    text["trainer"]["callbacks"][0]["init_args"]["global_batch_size"] = 512  # the user edited it before the requeue
     config.write_text(yaml.safe_dump(text))
     changed, suggests = _slurm_run(tmp_path, config)
     assert changed.returncode == 0, changed.stderr[-2000:]

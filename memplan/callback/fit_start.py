@@ -184,7 +184,7 @@ class FitStart(CallbackState):
         global_batch = self.settings.global_batch_size or loader_batch * trainer.world_size * trainer.accumulate_grad_batches
         asked = Asked(global_batch_size=global_batch, precisions=(str(trainer.precision),), all_devices=True,
                       allow_checkpointing=self.settings.allow_checkpointing, checkpointable=can_checkpoint(pl_module),
-                      margin=min(0.5, 2 * self.settings.margin), strategies=("ddp",) if fsdp is None else ("fsdp",),
+                      margin=self.settings.planning_margin, strategies=("ddp",) if fsdp is None else ("fsdp",),
                       allow_cpu_offload=fsdp is None or fsdp.cpu_offload)
 
         def plan() -> Plan:

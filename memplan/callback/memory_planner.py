@@ -95,7 +95,7 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
         batch_arg_name: the attribute holding the train loader's batch size.
         log_dir: folder of the per-rank logs. Default: ``<trainer.log_dir>/memplan``.
         planner: ``callable(PlanRequest, estimator) -> Plan`` for planning now. Default:
-            :func:`memplan.planner.make_plan` (plans keep twice ``margin`` free, so a plan that
+            :func:`memplan.planner.make_plan` (plans keep ``plan_margin`` free, so a plan that
             fits is not lowered at once).
         loss_reduction: how training_step's loss reduces over the batch, so a batch split into
             chunks trains as the whole batch would. ``"auto"``: recognised from the first planning
@@ -113,6 +113,13 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
         max_shape: the per-sample shapes to plan for, by the batch's field, where you know the
             largest input: ``{"input_ids": (2048,), "labels": (2048,)}``. The first batch's tensors
             are grown to them (values repeated) for planning; no loader scan.
+        plan_margin: fraction of each device's memory a plan keeps free (planning now, and
+            ``memplan suggest`` reading this callback's entry in a config). Default: twice ``margin``, at
+            most 0.5.
+        suggest: what only ``memplan suggest`` reads from this callback's entry in a LightningCLI config,
+            planning before any Trainer exists: ``precisions`` it may choose, ``batch_spec``, ``optimizer``,
+            ``num_workers``, ``prefetch_factor``, ``pin_memory`` (:mod:`memplan.config.placement`).
+            Checked here; training ignores it.
         exact: only make changes that train exactly as the user's settings would (the default). With
             ``False`` MemoryPlanner may also split or rewrite batches where that changes the training
             (BatchNorm statistics, an unknown loss weighted by samples, manual optimization's batch,
@@ -150,13 +157,15 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
         exact: bool = True,
         scan_batches: int = SCAN_BATCHES,
         max_shape: Mapping[str | int, Sequence[int]] | None = None,
+        plan_margin: float | None = None,
+        suggest: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = PlannerSettings(
             plan=plan, global_batch_size=global_batch_size, every_n_steps=every_n_steps, margin=margin, adjust=adjust,
             grow=grow, grow_margin=grow_margin, grow_patience=grow_patience, guard=guard,
             allow_checkpointing=allow_checkpointing, strict=strict, batch_arg_name=batch_arg_name, log_dir=log_dir,
             planner=planner, loss_reduction=loss_reduction, mean_over=mean_over, exact=exact,
-            scan_batches=scan_batches, max_shape=max_shape)
+            scan_batches=scan_batches, max_shape=max_shape, plan_margin=plan_margin, suggest=suggest)
         """The arguments, checked (memplan.callback.settings); never changed by a fit."""
         self._fit: FitSession | None = None  # one fit's state, from setup to teardown
         self._restored: dict[str, Any] | None = None  # a checkpoint's state_dict, until fit start takes it

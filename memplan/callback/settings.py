@@ -56,6 +56,12 @@ class PlannerSettings:
     """Batches read at fit start to plan for the heaviest; 0: the first."""
     max_shape: Mapping[str | int, Sequence[int]] | None = None
     """Per-sample shapes to plan for, by the batch's field; None: found (memplan.shapes)."""
+    plan_margin: float | None = None
+    """Fraction of each device's memory a plan keeps free (at fit start, and in `memplan suggest`); None:
+    twice margin, at most 0.5."""
+    suggest: Mapping[str, Any] | None = None
+    """What only `memplan suggest` reads, planning before a Trainer exists (precisions, batch_spec, optimizer,
+    num_workers, prefetch_factor, pin_memory: memplan.config.placement); training ignores it."""
 
     def __post_init__(self) -> None:
         if self.plan is not None and not isinstance(self.plan, (Plan, str, os.PathLike)):
@@ -78,6 +84,17 @@ class PlannerSettings:
             raise ValueError(f"MemoryPlanner(planner=...) must be callable(PlanRequest, estimator) -> Plan; got "
                              f"{self.planner!r}")
         self._check_loss()
+        if self.plan_margin is not None and (isinstance(self.plan_margin, bool) or not isinstance(
+                self.plan_margin, (int, float)) or not 0.0 <= self.plan_margin < 1.0):
+            raise ValueError(f"MemoryPlanner(plan_margin=...) is a fraction of device memory in [0, 1), or None for "
+                             f"twice margin; got {self.plan_margin!r}")
+        if self.suggest is not None:
+            from memplan.config.placement import check_suggest
+
+            try:
+                check_suggest(self.suggest)
+            except ValueError as err:
+                raise ValueError(f"MemoryPlanner(suggest=...): {err}") from None
         for name in ("adjust", "grow", "allow_checkpointing", "strict", "exact"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"MemoryPlanner({name}=...) must be True or False; got {getattr(self, name)!r}")
@@ -102,6 +119,12 @@ class PlannerSettings:
         if self.mean_over is not None and self.loss_reduction == "sum":
             raise ValueError("MemoryPlanner(mean_over=...) says what a mean loss averages over; with "
                              "loss_reduction='sum' leave it None")
+
+    @property
+    def planning_margin(self) -> float:
+        """The fraction of memory a plan made at fit start keeps free: plan_margin, else twice margin (at most
+        0.5), so that a plan that fits is not lowered at once."""
+        return self.plan_margin if self.plan_margin is not None else min(0.5, 2 * self.margin)
 
     @property
     def declared(self) -> LossReduction | None:

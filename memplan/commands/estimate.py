@@ -13,7 +13,7 @@ from memplan.plan import MAX_BATCH_SIZE, MAX_WORLD_SIZE
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("estimate", help="peak memory of one training step, as a breakdown table")
-    p.add_argument("config", nargs="?", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
+    p.add_argument("config", nargs="?", help="a LightningCLI config (model: / data: / trainer:)")
     p.add_argument("--demo", type=arg.choice("--demo", _demo_names, "a bundled model"),
                    help="a bundled model instead of a config: mlp, cnn, resnet, gpt2-small")
     p.add_argument("--batch-size", type=arg.positive_int("--batch-size", "samples per device", MAX_BATCH_SIZE), required=True,
@@ -121,9 +121,9 @@ def _estimate_demo(args: argparse.Namespace, options: dict):
 
 
 def _estimate_config(args: argparse.Namespace, options: dict):
-    from memplan.config import load_config
+    from memplan.commands.loading import load_config_for_command
 
-    loaded = load_config(args.config)
+    loaded = load_config_for_command(args.config)
     precision = args.precision or loaded.trainer_precision or "32-true"
     optimizer = args.optimizer or loaded.optimizer
     _check_batch_memory(loaded.example_batch(1), args.batch_size)

@@ -78,11 +78,11 @@ def measure_in_subprocess(setting: Setting) -> Measurement:
 def _measure(setting: Setting) -> Measurement:
     import torch
 
-    from memplan.config import load_config
+    from memplan.commands.loading import load_config_for_command
     from memplan.truth import measure_cpu_peak, measure_cuda_peak
     from memplan.batching import map_tensors
 
-    loaded = load_config(setting.config)
+    loaded = load_config_for_command(setting.config, quiet=True)  # (validate said its deprecations)
     batch = loaded.example_batch(setting.batch_size)  # the data module is built outside the measurement
 
     def make_batch():  # a fresh copy, so the batch's bytes are allocated inside the measurement

@@ -116,15 +116,15 @@ class Wanted:
     global_batch_size: int
     """Samples per optimizer step over all ranks."""
     global_batch_source: str
-    """Where it came from: '--global-batch-size', 'memplan.global_batch_size' or the trainer keys."""
+    """Where it came from: '--global-batch-size', the global_batch_size setting's key or the trainer keys."""
     precisions: tuple[str, ...]
     """Precisions the planner may choose."""
     precisions_source: str
-    """'--precision' or 'memplan.precisions'."""
+    """'--precision' or the precisions setting's key."""
     allow_checkpointing: bool
     """Whether checkpointing may be turned on (before asking whether the model has blocks to checkpoint)."""
     checkpointing_source: str
-    """'--no-checkpointing' or 'memplan.allow_checkpointing'."""
+    """'--no-checkpointing' or the allow_checkpointing setting's key."""
     margin: float
     """Fraction of each GPU's free memory kept unused."""
 
@@ -132,18 +132,19 @@ class Wanted:
 def check_request(loaded: LoadedConfig, hardware: Hardware, *, nodes: int = 1, global_batch_size: int | None = None,
                   precisions: tuple[str, ...] | None = None, allow_checkpointing: bool | None = None,
                   margin: float | None = None) -> Wanted:
-    """Every check that needs no trace: flags over the config's `memplan:` section, the global batch against
+    """Every check that needs no trace: flags over the config's memplan settings, the global batch against
     the GPUs and nodes. Raises ValueError naming the flag or YAML key."""
     settings = loaded.settings
     wanted = Wanted(
         global_batch_size=global_batch_size or loaded.global_batch_size,
-        global_batch_source=("--global-batch-size" if global_batch_size else "memplan.global_batch_size"
+        global_batch_source=("--global-batch-size" if global_batch_size else settings.key("global_batch_size")
                              if settings.global_batch_size is not None else "the config's own global batch "
                              "(batch size x trainer.devices x trainer.num_nodes x trainer.accumulate_grad_batches)"),
         precisions=tuple(precisions or settings.precisions),
-        precisions_source="--precision" if precisions else "memplan.precisions",
+        precisions_source="--precision" if precisions else settings.key("precisions"),
         allow_checkpointing=settings.allow_checkpointing if allow_checkpointing is None else allow_checkpointing,
-        checkpointing_source="--no-checkpointing" if allow_checkpointing is False else "memplan.allow_checkpointing",
+        checkpointing_source=("--no-checkpointing" if allow_checkpointing is False
+                              else settings.key("allow_checkpointing")),
         margin=settings.margin if margin is None else margin,
     )
     unsearched = [p for p in wanted.precisions if p not in SEARCHED_PRECISIONS]
@@ -181,7 +182,7 @@ def plan_config(
     margin: float | None = None,
     progress: Progress | None = None,
 ) -> Plan:
-    """Plan the config on the hardware; flags override the config's `memplan:` section. Everything that
+    """Plan the config on the hardware; flags override the config's memplan settings. Everything that
     needs no trace is checked first (check_request)."""
     progress = progress or Progress(enabled=False)
     for outside in check_installed_once("memplan"):  # said once, here, not by each estimate
@@ -194,7 +195,7 @@ def plan_config(
     with loaded.config_errors():  # a model that cannot be built is model.init_args' fault, named as such
         skeleton = fake_model(loaded.build_model, new_fake_mode(), device=torch.device("cpu"),
                               param_dtype=torch.float32)
-    progress.say("reading batches" + (" from memplan.batch_spec" if loaded.settings.batch_spec is not None
+    progress.say("reading batches" + (f" from {loaded.settings.key('batch_spec')}" if loaded.settings.batch_spec is not None
                                         else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))
     base = loaded.example_batch(loaded.data_batch_size or 1)
     request = request_of(loaded, hardware, wanted, skeleton, nodes=nodes)
@@ -264,7 +265,7 @@ def _announced(estimator: Callable[..., Any], model_name: str, progress: Progres
 def _why_no_checkpointing(wanted: Wanted, has_blocks: bool) -> str | None:
     if not wanted.allow_checkpointing:
         return ("--no-checkpointing was given" if wanted.checkpointing_source == "--no-checkpointing"
-                else "memplan.allow_checkpointing is false")
+                else f"{wanted.checkpointing_source} is false")
     if not has_blocks:
         return "the model has no repeated blocks memplan can checkpoint"
     return None
@@ -277,7 +278,7 @@ def _plain_words(text: str, wanted: Wanted, why_no_checkpointing: str | None) ->
     allowing = "Allowing precisions=('bf16-mixed', '16-mixed', ...)"
     amp = f"allowing bf16-mixed or 16-mixed ({wanted.precisions_source})"
     ckpt = ("allowing activation checkpointing (drop --no-checkpointing)" if wanted.checkpointing_source ==
-            "--no-checkpointing" else "allowing activation checkpointing (memplan.allow_checkpointing: true)")
+            "--no-checkpointing" else f"allowing activation checkpointing ({wanted.checkpointing_source}: true)")
     if "allow_checkpointing=True would lower" in text:
         could = [amp] if allowing in text else []
         if why_no_checkpointing and "no repeated blocks" not in why_no_checkpointing:

@@ -15,7 +15,8 @@ from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, MAX_NODES
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("suggest", help="plan micro-batch, GPUs, precision and checkpointing for a config")
-    p.add_argument("config", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
+    p.add_argument("config", help="a LightningCLI config (model: / data: / trainer:; memplan's settings in the "
+                   "MemoryPlanner entry of trainer.callbacks)")
     p.add_argument("--gpus", type=arg.positive_int("--gpus", "GPUs per node", MAX_GPUS_PER_NODE,
                                                  hint="; for more GPUs, add nodes with --nodes"), default=None,
                    help="GPUs per node the plan may use (default: all visible / 1 named)")
@@ -27,13 +28,14 @@ def add_parser(subparsers) -> None:
                    help="number of nodes (default 1)")
     p.add_argument("--global-batch-size", type=arg.positive_int("--global-batch-size", "samples per optimizer "
                    "step over all GPUs", MAX_BATCH_SIZE), default=None, help="samples per optimizer step over all GPUs "
-                   "(default: memplan.global_batch_size, else the config's own)")
+                   "(default: MemoryPlanner's global_batch_size in the config, else the config's own)")
     p.add_argument("--precision", type=arg.precision("--precision"), action="append", default=None,
                    help="allowed precision: bf16-mixed, 16-mixed, 32-true or an alias (bf16, 16, 32); "
-                        "repeatable (default: memplan.precisions)")
+                        "repeatable (default: MemoryPlanner's suggest.precisions in the config)")
     p.add_argument("--no-checkpointing", action="store_true", help="never turn on gradient checkpointing")
     p.add_argument("--margin", type=arg.fraction("--margin", "of each GPU's free memory left unused"), default=None,
-                   help="fraction of each GPU's free memory left unused, in [0, 1) (default: memplan.margin, 0.10)")
+                   help="fraction of each GPU's free memory left unused, in [0, 1) (default: MemoryPlanner's plan_margin in "
+                        "the config, else twice its margin: 0.10)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (bytes as ints); no progress line")
     p.add_argument("--output", default=None, help="write the planned config here and the plan beside it "
                    "(<name>.plan.json); refuses to replace existing files without --force")
@@ -50,13 +52,13 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(enabled=None if not args.json else False)
     progress.say(f"loading {args.config}")
     from memplan.commands.planning import plan_config, resolve_hardware  # torch: seconds, with the line shown
-    from memplan.config import load_config
+    from memplan.commands.loading import load_config_for_command
     from memplan.planner import NoFit
 
     try:
         if args.output is not None:
             check_output(args.output, args.config, force=args.force)
-        loaded = load_config(args.config)
+        loaded = load_config_for_command(args.config, before_print=progress.clear)
         hardware = resolve_hardware(gpus=args.gpus, gpu=args.gpu, gpu_memory=args.gpu_memory)
         for note in hardware.notes:
             progress.clear()

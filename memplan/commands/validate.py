@@ -201,7 +201,7 @@ def report_lines(rows: Sequence[Row], device: str) -> list[str]:
 # --- the command: `memplan validate` -----------------------------------------------------------
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("validate", help="run real training steps on this machine and compare with the estimate")
-    p.add_argument("config", help="a LightningCLI config (model: / data: / trainer: / memplan:)")
+    p.add_argument("config", help="a LightningCLI config (model: / data: / trainer:)")
     p.add_argument("--batch-size", type=arg.positive_int("--batch-size", "samples per device", MAX_BATCH_SIZE), default=None,
                    help="micro-batch size per device (default: the plan's, else the config's data batch size)")
     p.add_argument("--plan", default=None, help="a plan file from memplan suggest --output (*.plan.json): "
@@ -244,12 +244,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from memplan.estimator.calibration import calibration_path, save_calibration
-    from memplan.config import load_config
+    from memplan.commands.loading import load_config_for_command
 
     if args.plan and args.batch_size is not None:
         return arg.usage_error("pass --batch-size or --plan, not both")
     try:
-        loaded = load_config(args.config)
+        loaded = load_config_for_command(args.config)
         plan = _read_plan(args.plan) if args.plan else None
         wrong_model = loaded.plan_mismatch(plan, plan_name=f"--plan {args.plan}") if plan else None
         if wrong_model is not None:

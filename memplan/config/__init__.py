@@ -1,4 +1,5 @@
-"""LightningCLI-style configs (class_path / init_args) plus a `memplan:` section: load, plan, write.
+"""LightningCLI configs (class_path / init_args) with memplan's settings in the MemoryPlanner callback's
+init_args (memplan.config.placement): load, plan, write.
 
     loaded = load_config("configs/gpt2-small.yaml")
     est = memplan.estimate(loaded.build_model, loaded.example_batch(8), device="A100-80GB")

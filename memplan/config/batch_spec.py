@@ -1,5 +1,5 @@
-"""`memplan.batch_spec`: a batch described by per-sample shapes, dtypes and value ranges, for models
-whose datamodule memplan should not (or cannot) run.
+"""`batch_spec` (the MemoryPlanner callback's init_args.suggest.batch_spec): a batch described by per-sample
+shapes, dtypes and value ranges, for models whose datamodule memplan should not (or cannot) run.
 
     batch_spec:                                   # a dict batch: training_step gets batch["input"] ...
       input:  {shape: [1024], dtype: int64, high: 50257}

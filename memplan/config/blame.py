@@ -51,15 +51,15 @@ def blamed(message: str, raw: Mapping[str, Any], failed: str, *, by_name: bool =
 
 
 def estimate_blame(err: EstimateError, *, raw: Mapping[str, Any], model_class: str, init_args: Mapping[str, Any],
-                   batch_spec: bool) -> ConfigError | None:
+                   batch_spec_key: str | None) -> ConfigError | None:
     """The ConfigError for a failure to trace a config (`err`, from its fields: never its message), or None
-    to let it stand: about the batch, naming where the batch came from (memplan.batch_spec when `batch_spec`,
-    else data); about building the model, naming the model.init_args keys it comes from; about the model's
+    to let it stand: about the batch, naming where the batch came from (`batch_spec_key`, the key path the
+    config's batch_spec is written at, else data); about building the model, naming the model.init_args keys it comes from; about the model's
     step, naming config values only when a divisor that does not divide shows it (blamed())."""
     if err.argument == "batch":
-        key = "memplan.batch_spec" if batch_spec else "data"
-        fix = ("that memplan.batch_spec describes the batch exactly as training_step receives it (structure, "
-               "shapes, dtypes)" if batch_spec else "that data.init_args agree with it")
+        key = batch_spec_key or "data"
+        fix = (f"that {key} describes the batch exactly as training_step receives it (structure, "
+               "shapes, dtypes)" if batch_spec_key else "that data.init_args agree with it")
         return ConfigError(key, f"{key} and model.init_args do not work together: {model_class}'s training step "
                            f"failed on a batch from {key}: {err.detail}; check model.init_args (the model's own "
                            f"sizes) and {fix}")

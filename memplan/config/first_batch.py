@@ -54,4 +54,5 @@ def first_batch(data: ClassSpec) -> tuple[Any, str | None]:
     except Exception as err:  # the user's datamodule: report it as theirs, with its own message
         raise ConfigError("data", (
             f"data: {step} raised {type(err).__name__}: {err}. memplan takes one batch from the datamodule; "
-            "fix data.init_args, or describe the batch in memplan.batch_spec instead")) from err
+            "fix data.init_args, or describe the batch in the MemoryPlanner callback's init_args.suggest.batch_spec "
+            "instead")) from err

@@ -1,4 +1,5 @@
-"""What a launch needs from a config: the torchrun command, and a LightningCLI that accepts `memplan:`."""
+"""What a launch needs from a config: the torchrun command, and (for old configs) a LightningCLI that accepts
+the deprecated top-level `memplan:` section."""
 from __future__ import annotations
 
 import sys
@@ -35,7 +36,9 @@ def torchrun_command(plan: Plan, config_path: str | Path, *, entry_point: str | 
 
 
 def add_memplan_argument(parser: Any) -> None:
-    """Let a LightningCLI parser accept (and ignore) a config's `memplan:` section:
+    """Let a LightningCLI parser accept (and ignore) an old config's top-level `memplan:` section, which
+    memplan reads until memplan.config.placement.REMOVED_IN (new configs keep memplan's settings in the
+    MemoryPlanner callback's init_args, which any LightningCLI accepts):
 
         class CLI(LightningCLI):
             def add_arguments_to_parser(self, parser):

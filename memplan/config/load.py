@@ -1,4 +1,5 @@
-"""Read a LightningCLI config (the YAML given to `fit --config`) and its optional `memplan:` section.
+"""Read a LightningCLI config (the YAML given to `fit --config`) and memplan's settings in it (the
+MemoryPlanner callback's init_args, or the deprecated `memplan:` section: memplan.config.placement).
 
 Nothing is instantiated when the config loads: classes are imported and their init_args checked
 against their signatures. The model is built only by `build_model`, which memplan calls under fake
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +25,12 @@ from memplan.config.blame import estimate_blame
 from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
 from memplan.config.errors import ConfigError
 from memplan.config.first_batch import first_batch
+from memplan.config.lightning_parser import check_with_lightning
+from memplan.config.placement import SettingsDeprecation, find_settings
 from memplan.config.sections import check_sections
 from memplan.config.settings import MAX_PREFETCH_FACTOR, MAX_WORKERS, MemplanSettings, normalize_precision
-from memplan.config.trainer_checks import (check_accelerator, check_seed, check_strategy, device_count, positive_int,
-                                          trainer_class)
+from memplan.config.trainer_checks import (check_accelerator, check_seed, check_strategy, device_count,
+                                          lightning_package, positive_int, trainer_class)
 from memplan.config.yaml_file import expand_dotted, merge_overrides, read_yaml
 from memplan.estimator import EstimateError, MemoryEstimate, estimate
 from memplan.plan import MAX_BATCH_SIZE, check_count
@@ -56,7 +60,7 @@ class LoadedConfig:
     raw: dict[str, Any]
     """The YAML as a dict, with the overrides merged in; the planned config is written from it."""
     settings: MemplanSettings
-    """The `memplan:` section (defaults where it is absent)."""
+    """memplan's settings (defaults where absent); settings.key(name) is where each is written."""
     model: ClassSpec
     """`model:`: the LightningModule."""
     data: ClassSpec | None
@@ -69,6 +73,9 @@ class LoadedConfig:
     """trainer.devices x trainer.num_nodes, or None when the devices depend on the machine ('auto', -1)."""
     accumulate_grad_batches: int
     """trainer.accumulate_grad_batches (default 1)."""
+    deprecations: tuple[str, ...] = ()
+    """What the config does that memplan will stop reading, each in one line with how to change it (a
+    top-level `memplan:` section); load_config also warns each as a SettingsDeprecation."""
 
     def build_model(self) -> nn.Module:
         """Instantiate the model: class_path(**init_args). memplan calls this under fake tensors
@@ -106,18 +113,19 @@ class LoadedConfig:
 
     @property
     def global_batch_size(self) -> int:
-        """memplan.global_batch_size, else the config's own: batch size x devices x nodes x accumulation."""
+        """The global_batch_size setting, else the config's own: batch size x devices x nodes x accumulation."""
         if self.settings.global_batch_size is not None:
             return self.settings.global_batch_size
-        fix = "set memplan.global_batch_size (samples per optimizer step, over all GPUs)"
+        key = self.settings.key("global_batch_size")
+        fix = f"set {key} (samples per optimizer step, over all GPUs)"
         if self.data_batch_size is None:
-            raise ConfigError("memplan.global_batch_size", (
-                "memplan.global_batch_size is not set, and the config has no batch size to derive it from "
+            raise ConfigError(key, (
+                f"{key} is not set, and the config has no batch size to derive it from "
                 f"(the datamodule has no {' or '.join(BATCH_SIZE_ARGS)} argument); {fix}"))
         if self.trainer_world_size is None:
             devices = self.trainer.get("devices", "auto")
-            raise ConfigError("memplan.global_batch_size", (
-                f"memplan.global_batch_size is not set, and trainer.devices is {devices!r}, so the config's "
+            raise ConfigError(key, (
+                f"{key} is not set, and trainer.devices is {devices!r}, so the config's "
                 f"global batch depends on the machine; {fix}, or set trainer.devices to a number"))
         return self.data_batch_size * self.trainer_world_size * self.accumulate_grad_batches
 
@@ -129,7 +137,7 @@ class LoadedConfig:
 
     @property
     def optimizer(self) -> str | Callable[..., Any] | None:
-        """What to pass as memplan.estimate(optimizer=...): memplan.optimizer, else a callable(params)
+        """What to pass as memplan.estimate(optimizer=...): the optimizer setting, else a callable(params)
         building the `optimizer:` section, else None (the model's configure_optimizers)."""
         if self.settings.optimizer is not None:
             return self.settings.optimizer
@@ -149,7 +157,7 @@ class LoadedConfig:
 
     @property
     def loader(self) -> LoaderHints:
-        """DataLoader settings: data.init_args, else the memplan section, else the datamodule's and
+        """DataLoader settings: data.init_args, else memplan's settings, else the datamodule's and
         torch's defaults."""
         def pick(name: str, default: Any) -> Any:
             if self.data is not None and name in self.data.init_args:
@@ -166,7 +174,7 @@ class LoadedConfig:
             value = getattr(hints, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 key = (f"data.init_args.{name}" if self.data is not None and name in self.data.init_args
-                       else f"memplan.{name}")
+                       else self.settings.key(name))
                 raise ConfigError(key, f"{key} must be a whole number from {low} to {high} (DataLoader's "
                                   f"{name}, for the host-memory estimate); got {value!r}")
         return hints
@@ -208,7 +216,9 @@ class LoadedConfig:
             yield
         except EstimateError as err:  # (its fields, not its message: memplan.config.blame)
             found = estimate_blame(err, raw=self.raw, model_class=self.model.class_path,
-                                   init_args=self.model.init_args, batch_spec=self.settings.batch_spec is not None)
+                                   init_args=self.model.init_args,
+                                   batch_spec_key=self.settings.key("batch_spec") if self.settings.batch_spec is not None
+                                   else None)
             if found is None:
                 raise
             raise found from err
@@ -228,7 +238,7 @@ class LoadedConfig:
     @functools.cached_property
     def _datamodule_scan(self) -> tuple[Any, str | None]:
         if self.data is None:  # load_config refuses a config with neither
-            raise ConfigError("data", "no data: section and no memplan.batch_spec")
+            raise ConfigError("data", f"no data: section and no {self.settings.key('batch_spec')}")
         return first_batch(self.data)
 
 
@@ -236,11 +246,12 @@ _EMPTY = inspect.Parameter.empty
 
 
 def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> LoadedConfig:
-    """Read a LightningCLI YAML and its optional `memplan:` section; nothing is instantiated.
+    """Read a LightningCLI YAML and memplan's settings in it; nothing is instantiated.
 
-    overrides: merged over the YAML before it is read, nested ({"memplan": {"margin": 0.2}}) or
-    dotted ({"memplan.margin": 0.2, "trainer.precision": "bf16-mixed"}).
-    Raises ConfigError (a ValueError, exit_code 2) naming the key at fault and the fix.
+    overrides: merged over the YAML before it is read, nested ({"trainer": {"precision": "bf16-mixed"}}) or
+    dotted ({"trainer.precision": "bf16-mixed"}).
+    Raises ConfigError (a ValueError, exit_code 2) naming the key at fault and the fix. A top-level
+    `memplan:` section is still read, with a SettingsDeprecation warning saying how to move it.
     """
     path = Path(path)
     raw = read_yaml(path)
@@ -251,7 +262,8 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         raise ConfigError("model", (
             f"{path}: no model: section; memplan reads the YAML you pass to LightningCLI's `fit --config`, "
             "with model: {class_path: ..., init_args: {...}} at the top level"))
-    settings = MemplanSettings.from_dict(raw.get("memplan"))
+    placed = find_settings(raw, path)
+    settings = placed.settings
     model = parse_class_section(raw["model"], "model", base="LightningModule")
     data = parse_class_section(raw["data"], "data", base="LightningDataModule") if raw.get("data") is not None else None
     optimizer = None
@@ -264,10 +276,12 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
             and not c.__module__.startswith(("pytorch_lightning", "lightning")))
         why = (f"{model.cls.__name__} loads its own data (train_dataloader), which memplan does not run: it would "
                "build the model for real" if owns else "the config has no data: section (a LightningDataModule)")
-        raise ConfigError("memplan.batch_spec", (
-            f"no batch to plan with: {why}; describe one batch in memplan.batch_spec (per-sample shape, dtype "
-            "and value range of each tensor, as training_step receives them), e.g. memplan: {batch_spec: "
-            "{input: {shape: [1024], dtype: int64, high: 50257}}} (README: 'Describing the batch')"))
+        key = settings.key("batch_spec")
+        raise ConfigError(key, (
+            f"no batch to plan with: {why}; describe one batch in {key} (per-sample shape, dtype and value range "
+            "of each tensor, as training_step receives them), e.g. trainer: {callbacks: [{class_path: "
+            "memplan.MemoryPlanner, init_args: {suggest: {batch_spec: {input: {shape: [1024], dtype: int64, high: "
+            "50257}}}}}]} (README: 'Describing the batch')"))
     trainer = raw.get("trainer") or {}
     if not isinstance(trainer, Mapping):
         raise ConfigError("trainer", f"trainer must be a mapping of Trainer arguments; got {trainer!r}")
@@ -285,6 +299,7 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         path=path, raw=raw, settings=settings, model=model, data=data, optimizer_section=optimizer,
         trainer=dict(trainer), trainer_world_size=None if devices is None else devices * nodes,
         accumulate_grad_batches=positive_int(trainer, "accumulate_grad_batches"),
+        deprecations=(placed.deprecation,) if placed.deprecation else (),
     )
     found = loaded.batch_size_arg
     if found is not None and loaded.data_batch_size is not None and not 1 <= loaded.data_batch_size <= MAX_BATCH_SIZE:
@@ -296,6 +311,9 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         except ValueError as err:
             raise ConfigError(key, str(err)) from None
     loaded.loader  # noqa: B018  (its ranges checked now, before any work)
+    check_with_lightning(raw, lightning_package(model.cls))  # the rest, as LightningCLI's own parser reads it
     if optimizer is not None:  # its own checks (a negative lr ...) before any trace: on one parameter
         loaded._build_optimizer([nn.Parameter(torch.zeros(1))])
+    if placed.deprecation:
+        warnings.warn(placed.deprecation, SettingsDeprecation, stacklevel=2)
     return loaded

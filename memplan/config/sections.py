@@ -2,7 +2,9 @@
 
 LightningCLI's parser accepts only the keys it knows: its sections (trainer, model, data, optimizer,
 lr_scheduler, seed_everything), `config`, the fit method's own arguments (ckpt_path; weights_only in
-Lightning 2.6), and what its subclass adds (memplan's memplan.train adds `memplan:`). Any other key
+Lightning 2.6), and what its subclass adds (memplan.train still adds the deprecated `memplan:`, which
+memplan reads until memplan.config.placement.REMOVED_IN; memplan's settings now live in the MemoryPlanner
+callback's init_args, which every LightningCLI accepts). Any other key
 (a holder for YAML anchors, a note) would be planned, written back into the planned config, and then
 refused by the launch ("Subcommand 'fit' does not accept option 'defaults.lr'"): memplan refuses it
 first, naming it and the fix.
@@ -16,7 +18,8 @@ from typing import Any
 from memplan.config.errors import ConfigError
 
 SECTIONS = ("seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler", "ckpt_path", "memplan")
-"""The top-level keys every Lightning version memplan supports takes for `fit` (memplan: through memplan.train)."""
+"""The top-level keys every Lightning version memplan supports takes for `fit` (memplan:, deprecated, through
+memplan.train)."""
 ALSO_ACCEPTED = ("config",)
 """Keys LightningCLI takes that are not sections (`config:` names another config file)."""
 SUBCOMMANDS = ("fit", "validate", "test", "predict")

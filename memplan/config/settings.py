@@ -1,4 +1,11 @@
-"""The `memplan:` section of a config: what the planner may choose, and what it must keep."""
+"""memplan's settings in a config: what the planner may choose, and what it must keep.
+
+They live where a plain LightningCLI accepts them, in the MemoryPlanner callback's init_args under
+trainer.callbacks (memplan.config.placement finds them there): global_batch_size, allow_checkpointing and
+plan_margin are the callback's own arguments (it plans with them at fit start too), and what only
+`memplan suggest` needs, planning before any Trainer exists, goes under its `suggest:` argument. The old
+top-level `memplan:` section is still read, with a deprecation message (memplan.config.placement).
+Every message names the key where the setting was written (MemplanSettings.key)."""
 from __future__ import annotations
 
 import dataclasses
@@ -54,50 +61,65 @@ class MemplanSettings:
     """Batches each worker loads ahead, when data.init_args does not say."""
     pin_memory: bool | None = None
     """Whether loaders pin host memory, when data.init_args does not say."""
+    keys: Mapping[str, str] | None = None
+    """Each setting's YAML key path, as the config spells it (None: the old `memplan.<name>`)."""
+
+    def key(self, name: str) -> str:
+        """Where setting `name` is written (or would be) in the config, e.g.
+        'trainer.callbacks[0].init_args.global_batch_size' or 'memplan.global_batch_size'."""
+        return (self.keys or {}).get(name, f"memplan.{name}")
 
     def __post_init__(self) -> None:
         gbs = self.global_batch_size
         if gbs is not None and (not _is_int(gbs) or not 1 <= gbs <= MAX_BATCH_SIZE):
-            _fail("global_batch_size", f"must be a positive int up to {MAX_BATCH_SIZE:,} (samples per optimizer step, "
+            self._fail("global_batch_size", f"must be a positive int up to {MAX_BATCH_SIZE:,} (samples per optimizer step, "
                   "over all GPUs), or null to keep the config's own", gbs)
         if not isinstance(self.precisions, tuple) or not self.precisions:
-            _fail("precisions", f"must be a non-empty list of Lightning precision strings ({', '.join(PRECISIONS)})",
+            self._fail("precisions", f"must be a non-empty list of Lightning precision strings ({', '.join(PRECISIONS)})",
                   self.precisions)
         for precision in self.precisions:
             if precision not in PRECISIONS:
-                _fail("precisions", f"must hold Lightning precision strings ({', '.join(PRECISIONS)})", precision)
+                self._fail("precisions", f"must hold Lightning precision strings ({', '.join(PRECISIONS)})", precision)
         if not isinstance(self.allow_checkpointing, bool):
-            _fail("allow_checkpointing", "must be true or false", self.allow_checkpointing)
+            self._fail("allow_checkpointing", "must be true or false", self.allow_checkpointing)
         if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < 1:
-            _fail("margin", "must be a fraction in [0, 1), e.g. 0.10 to keep 10 % of each GPU free", self.margin)
+            self._fail("margin", "must be a fraction in [0, 1), e.g. 0.10 to keep 10 % of each GPU free", self.margin)
         if self.batch_spec is not None and not isinstance(self.batch_spec, BatchSpec):
-            _fail("batch_spec", "must be a BatchSpec (in YAML: per-sample shapes, dtypes and ranges)", self.batch_spec)
+            self._fail("batch_spec", "must be a BatchSpec (in YAML: per-sample shapes, dtypes and ranges)", self.batch_spec)
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
-            _fail("optimizer", f"must be one of {', '.join(OPTIMIZERS)}, or null to use the config's optimizer"
+            self._fail("optimizer", f"must be one of {', '.join(OPTIMIZERS)}, or null to use the config's optimizer"
                   f"{did_you_mean(str(self.optimizer), OPTIMIZERS)}", self.optimizer)
         if self.num_workers is not None and (not _is_int(self.num_workers) or not 0 <= self.num_workers <= MAX_WORKERS):
-            _fail("num_workers", f"must be an int >= 0 and at most {MAX_WORKERS} (DataLoader workers per rank)",
+            self._fail("num_workers", f"must be an int >= 0 and at most {MAX_WORKERS} (DataLoader workers per rank)",
                   self.num_workers)
         if self.prefetch_factor is not None and (not _is_int(self.prefetch_factor)
                                                  or not 1 <= self.prefetch_factor <= MAX_PREFETCH_FACTOR):
-            _fail("prefetch_factor", f"must be a positive int up to {MAX_PREFETCH_FACTOR} (batches loaded ahead per "
+            self._fail("prefetch_factor", f"must be a positive int up to {MAX_PREFETCH_FACTOR} (batches loaded ahead per "
                   "worker; DataLoader's default is 2)", self.prefetch_factor)
         if self.pin_memory is not None and not isinstance(self.pin_memory, bool):
-            _fail("pin_memory", "must be true or false", self.pin_memory)
+            self._fail("pin_memory", "must be true or false", self.pin_memory)
+
+    def _fail(self, name: str, requirement: str, got: Any) -> None:
+        shown = repr(got) if len(repr(got)) <= 40 else f"{repr(got)[:20]}... ({len(repr(got))} characters)"
+        raise ConfigError(self.key(name), f"{self.key(name)} {requirement}; got {shown}")
 
     @classmethod
-    def from_dict(cls, section: Mapping[str, Any] | None) -> MemplanSettings:
-        """From the YAML `memplan:` section (None or missing: the defaults). Unknown keys are refused by name."""
+    def from_dict(cls, section: Mapping[str, Any] | None, *, keys: Mapping[str, str] | None = None,
+                  where: str = "memplan") -> MemplanSettings:
+        """From a YAML mapping of settings (None: the defaults): the old `memplan:` section, or what
+        memplan.config.placement gathers from the MemoryPlanner callback. `keys`: each setting's YAML key
+        path (default `memplan.<name>`); `where`: the mapping's own key. Unknown keys are refused by name."""
         if section is None:
-            return cls()
+            return cls(keys=keys)
         if not isinstance(section, Mapping):
-            raise ConfigError("memplan", f"memplan must be a mapping of settings (global_batch_size: ..., "
+            raise ConfigError(where, f"{where} must be a mapping of settings (global_batch_size: ..., "
                               f"precisions: [...]); got {section!r}")
-        known = [f.name for f in dataclasses.fields(cls)]
+        named = cls(keys=keys).key
+        known = [f.name for f in dataclasses.fields(cls) if f.name != "keys"]
         for key in section:
             if key not in known:
-                raise ConfigError(f"memplan.{key}", (
-                    f"memplan.{key} is not a memplan setting{did_you_mean(str(key), known)}; "
+                raise ConfigError(f"{where}.{key}", (
+                    f"{where}.{key} is not a memplan setting{did_you_mean(str(key), known)}; "
                     f"the settings are {', '.join(known)}"))
         values = dict(section)
         if "precisions" in values:
@@ -105,15 +127,10 @@ class MemplanSettings:
             given = [given] if isinstance(given, (str, int)) else given
             if isinstance(given, list):
                 values["precisions"] = tuple(dict.fromkeys(
-                    normalize_precision(p, name=f"memplan.precisions[{i}]") for i, p in enumerate(given)))
+                    normalize_precision(p, name=f"{named('precisions')}[{i}]") for i, p in enumerate(given)))
         if values.get("batch_spec") is not None:
-            values["batch_spec"] = parse_batch_spec(values["batch_spec"])
-        return cls(**values)
-
-
-def _fail(name: str, requirement: str, got: Any) -> None:
-    shown = repr(got) if len(repr(got)) <= 40 else f"{repr(got)[:20]}... ({len(repr(got))} characters)"
-    raise ConfigError(f"memplan.{name}", f"memplan.{name} {requirement}; got {shown}")
+            values["batch_spec"] = parse_batch_spec(values["batch_spec"], named("batch_spec"))
+        return cls(**values, keys=keys)
 
 
 def _is_int(value: Any) -> bool:

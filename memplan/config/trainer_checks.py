@@ -68,7 +68,8 @@ def check_seed(seed: Any) -> None:
                           f"{SEED_RANGE[0]} to {SEED_RANGE[1]}; got {seed!r}")
 
 
-def _lightning_package(model_cls: type) -> str:
+def lightning_package(model_cls: type) -> str:
+    """The Lightning package the model class is written for: 'lightning.pytorch' or 'pytorch_lightning'."""
     return "lightning.pytorch" if any(c.__module__.startswith("lightning.pytorch") for c in model_cls.__mro__) \
         else "pytorch_lightning"
 
@@ -83,7 +84,7 @@ def check_accelerator(accelerator: Any, model_cls: type) -> None:
             return
         raise ConfigError("trainer.accelerator", f"trainer.accelerator.class_path {name or '(missing)'!r}: memplan "
                           "plans CUDA GPUs (CUDAAccelerator) and CPU; set trainer.accelerator to gpu or auto")
-    known = sorted(importlib.import_module(_lightning_package(model_cls) + ".accelerators")
+    known = sorted(importlib.import_module(lightning_package(model_cls) + ".accelerators")
                    .AcceleratorRegistry.available_accelerators())
     if isinstance(accelerator, str) and accelerator.lower() in known:
         raise ConfigError("trainer.accelerator", f"trainer.accelerator {accelerator!r}: memplan plans CUDA GPUs "
@@ -106,7 +107,7 @@ def check_strategy(strategy: Any, model_cls: type) -> None:
     if not isinstance(strategy, str):
         raise ConfigError("trainer.strategy", f"trainer.strategy must be a strategy name (e.g. ddp, fsdp) or a "
                           f"class_path mapping; got {strategy!r}")
-    known = importlib.import_module(_lightning_package(model_cls) + ".strategies").StrategyRegistry.available_strategies()
+    known = importlib.import_module(lightning_package(model_cls) + ".strategies").StrategyRegistry.available_strategies()
     planned = [k for k in known if k.startswith(("ddp", "fsdp")) or k == "single_device"]
     if strategy in planned:
         return

@@ -16,6 +16,7 @@ import yaml
 
 from memplan.config.errors import ConfigError
 from memplan.config.load import BATCH_SIZE_ARGS, LoadedConfig
+from memplan.config.placement import PLANNER_CLASS_PATHS, callback_arguments
 from memplan.plan import Plan
 from memplan.units import format_bytes
 
@@ -62,9 +63,10 @@ def write_planned_config(loaded: LoadedConfig, plan: Plan, path: str | Path, *,
     Sets trainer.devices (the planned GPUs' indices when the plan chose local GPUs, else the count per
     node), num_nodes, precision, accumulate_grad_batches and strategy, and the micro-batch size in the
     datamodule's batch_size / train_batch_size init_arg. `callback` (e.g. planner_callback(plan_path_for(path)))
-    is appended to trainer.callbacks, replacing an entry of the same class_path. Every other key keeps
-    its value and order; the `memplan:` section is left out, since LightningCLI refuses keys it does not
-    know; YAML comments are not carried over.
+    goes into trainer.callbacks: merged into the config's own MemoryPlanner entry (its other init_args,
+    memplan's settings included, kept), else appended. Every other key keeps its value and order; a
+    deprecated top-level `memplan:` section is left out (LightningCLI refuses keys it does not know), its
+    settings moved into the MemoryPlanner entry; YAML comments are not carried over.
 
     Safe with the user's files: without `force`, an existing config or plan file at the target raises
     OutputExists naming each one. Each file is written to a temporary file in the same folder and
@@ -76,7 +78,9 @@ def write_planned_config(loaded: LoadedConfig, plan: Plan, path: str | Path, *,
         raise ConfigError("", f"refusing to overwrite the source config {path}; "
                           "write the planned config to another file")
     raw = copy.deepcopy(loaded.raw)
-    raw.pop("memplan", None)
+    legacy = raw.pop("memplan", None)
+    if callback is not None and isinstance(legacy, Mapping) and callback.get("class_path") in PLANNER_CLASS_PATHS:
+        callback = {**callback, "init_args": {**callback_arguments(legacy), **(callback.get("init_args") or {})}}
     raw["trainer"] = _planned_trainer(dict(raw.get("trainer") or {}), plan, callback, loaded.model.cls)
     _set_batch_size(raw, loaded, plan.micro_batch_size)
     fsdp1 = plan.strategy == "fsdp" and raw["trainer"]["strategy"]["class_path"] == FSDP_CLASS_PATH
@@ -201,12 +205,26 @@ def _planned_trainer(trainer: dict[str, Any], plan: Plan, callback: Mapping[str,
     elif not (plan.strategy == "ddp" and is_ddp_strategy(trainer.get("strategy"))):
         trainer["strategy"] = plan.strategy  # a DDP variant of the user's (find_unused_parameters ...) is kept
     if callback is not None:
-        existing = trainer.get("callbacks") or []
-        existing = [existing] if isinstance(existing, Mapping) else list(existing)
-        ours = callback.get("class_path")
-        kept = [c for c in existing if not (isinstance(c, Mapping) and c.get("class_path") == ours)]
-        trainer["callbacks"] = [*kept, dict(callback)]
+        trainer["callbacks"] = _with_callback(trainer.get("callbacks"), callback)
     return trainer
+
+
+def _with_callback(callbacks: Any, callback: Mapping[str, Any]) -> list[Any]:
+    """trainer.callbacks with `callback` in: merged into the user's MemoryPlanner entry where there is one (in
+    its place, its class_path and other init_args kept: the user's training settings and memplan's), else
+    replacing an entry of the same class_path, else appended."""
+    existing = [callbacks] if isinstance(callbacks, Mapping) else list(callbacks or [])
+    ours = callback.get("class_path")
+    merge = ours in PLANNER_CLASS_PATHS
+    for i, entry in enumerate(existing):
+        if isinstance(entry, Mapping) and (entry.get("class_path") == ours
+                                           or merge and entry.get("class_path") in PLANNER_CLASS_PATHS):
+            init_args = {**(entry.get("init_args") or {}), **(callback.get("init_args") or {})} if merge \
+                else dict(callback.get("init_args") or {})
+            existing[i] = {**entry, "class_path": entry["class_path"] if merge else ours, "init_args": init_args}
+            others = [e for e in existing[i + 1:] if not (isinstance(e, Mapping) and e.get("class_path") == ours)]
+            return [*existing[:i + 1], *others]
+    return [*existing, dict(callback)]
 
 
 FSDP_CLASS_PATH = "FSDPStrategy"
@@ -298,6 +316,7 @@ def _header(loaded: LoadedConfig, plan: Plan, plan_path: Path) -> str:
            if plan.strategy == "fsdp" else "."),
         f"Predicted peak per GPU {format_bytes(plan.predicted_peak_bytes)} of "
         f"{format_bytes(plan.device_budget_bytes)} usable. Plan file: {plan_path.name}.",
-        "The source's memplan: section and comments are not carried over.",
+        "The source's comments are not carried over" + (" (its memplan: section is, into the MemoryPlanner "
+                                                         "callback's init_args)." if "memplan" in loaded.raw else "."),
     ]
     return "".join(f"# {line}\n" for line in lines)

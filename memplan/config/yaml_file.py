@@ -1,9 +1,9 @@
-"""Read the config file as LightningCLI reads it (jsonargparse's YAML rules), bounded in size, and merge
-overrides (nested or dotted keys) over it."""
+"""Read the config file as LightningCLI reads it, with jsonargparse's own YAML loader (`1e-3` is a float, not
+the string YAML 1.1 makes it; dates stay strings), bounded in size, and merge overrides (nested or dotted
+keys) over it."""
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,23 +12,6 @@ import yaml
 
 from memplan.config.errors import ConfigError
 from memplan.files import CONFIG_MAX_BYTES, FileTooLarge, NotAFile, read_bounded
-
-
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """Reads YAML as LightningCLI does (jsonargparse's loader): `1e-3` is a float, not the string
-    YAML 1.1 makes it, and dates stay strings."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"""^(?:
-    [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+][0-9]+)?
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -44,8 +27,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise ConfigError("", f"config file {path} is not UTF-8 text (byte {err.start}); pass the YAML you give "
                           "LightningCLI's --config") from None
+    from jsonargparse import get_loader
+
     try:
-        data = yaml.load(text, Loader=_Loader)
+        data = get_loader("yaml")(text)  # the loader LightningCLI's parser reads --config with
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -56,8 +41,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError("", f"{where}: YAML syntax error at {line}: {what}") from None
     except yaml.YAMLError as err:
         raise ConfigError("", f"{path}: YAML error: {err}") from None
+    if isinstance(data, str) and isinstance(yaml.safe_load(text), dict):  # jsonargparse reads `model:` alone so
+        raise ConfigError("", f"{path} holds only a key without a value ({data.strip()}), which LightningCLI reads as "
+                          "a string, not a config; give it its value, e.g. model: {class_path: ..., init_args: {...}}")
     if not isinstance(data, dict):
-        raise ConfigError("", f"{path} must hold a YAML mapping (model:, data:, trainer:, memplan:); got "
+        raise ConfigError("", f"{path} must hold a YAML mapping (model:, data:, trainer:); got "
                           f"{'an empty file' if data is None else type(data).__name__}")
     return data
 

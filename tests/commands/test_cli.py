@@ -25,7 +25,7 @@ def test_suggest_off_box_keeps_the_global_batch_and_fits(capsys):
     assert code == 0
     plan = Plan.from_dict(json.loads(out))
     config = yaml.safe_load(Path(MLP).read_text())
-    assert plan.global_batch_size == config["memplan"]["global_batch_size"]
+    assert plan.global_batch_size == config["trainer"]["callbacks"][0]["init_args"]["global_batch_size"]
     assert plan.micro_batch_size * plan.world_size * plan.accumulate_grad_batches == plan.global_batch_size
     assert plan.predicted_peak_bytes <= plan.device_budget_bytes
     # The demo MLP's step is bound by the host's per-op launch cost (planner/costs.py): more GPUs do not
