@@ -244,7 +244,7 @@ class Plan:
         out = dataclasses.asdict(self)
         out["format"] = PLAN_FORMAT
         out["gpus"] = list(self.gpus)
-        out["reasons"] = list(self.reasons)
+        out["reasons"] = [str(r) for r in self.reasons]  # (the text: a Reason's code stays in memory)
         out["block_classes"] = list(self.block_classes)
         out["headroom_bytes"] = self.headroom_bytes
         out["alternatives"] = [dataclasses.asdict(a) for a in self.alternatives]

@@ -44,8 +44,13 @@ from memplan.batching import iter_tensors
 from memplan.plan import Plan
 from memplan.planner import Estimator, NoFit, PlanRequest, estimator_for
 from memplan.planner.assemble import Asked
+from memplan.planner.reasons import Words
 
 RESTORED = "restored from the checkpoint"
+CALLBACK_WORDS = Words(allow_amp="running the Trainer at precision='bf16-mixed' or '16-mixed'",
+                       allow_checkpointing="allowing MemoryPlanner(allow_checkpointing=True)",
+                       checkpointing_refused="MemoryPlanner(allow_checkpointing=False)")
+"""MemoryPlanner's settings, as the plan's account and NoFit name them (the Trainer's precision, its arguments)."""
 
 
 class FitStart(CallbackState):
@@ -185,7 +190,7 @@ class FitStart(CallbackState):
         asked = Asked(global_batch_size=global_batch, precisions=(str(trainer.precision),), all_devices=True,
                       allow_checkpointing=self.settings.allow_checkpointing, checkpointable=can_checkpoint(pl_module),
                       margin=self.settings.planning_margin, strategies=("ddp",) if fsdp is None else ("fsdp",),
-                      allow_cpu_offload=fsdp is None or fsdp.cpu_offload)
+                      allow_cpu_offload=fsdp is None or fsdp.cpu_offload, words=CALLBACK_WORDS)
 
         def plan() -> Plan:
             check_planned_precision(str(trainer.precision))

@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.markup import escape
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from memplan.hardware.catalog import match_nvml_name
 from memplan.hardware.host import HostInfo
@@ -91,13 +93,13 @@ def _host_caption(host: HostInfo) -> str:
 
 
 def devices_table(gpus: Sequence[GpuInfo], host: HostInfo, *,
-                  env: Mapping[str, str] = os.environ) -> Table:
-    """Rich table for `memplan devices`: one row per GPU in CUDA order, the host in the caption."""
+                  env: Mapping[str, str] = os.environ) -> Table | Group:
+    """Rich table for `memplan devices`: one row per GPU in CUDA order, the host in the caption. Without a GPU,
+    why, and the host, as lines of text (in a table's one cell the sentence would fold at the table's width,
+    even piped)."""
     if not gpus:
-        table = Table(title="GPUs", show_header=False, caption=_host_caption(host))
-        table.add_column("note")
-        table.add_row(f"[yellow]{escape(_no_gpu_note(env))}[/yellow]")
-        return table
+        return Group(Text("GPUs: none", style="bold"), Text(_no_gpu_note(env), style="yellow"),
+                     Text(_host_caption(host), style="dim"))
     table = Table(title="GPUs (row = CUDA index)", caption=_host_caption(host))
     for header, justify in (("cuda", "right"), ("nvml", "right"), ("name", "left"),
                             ("used / total", "right"), ("free", "right"), ("cc", "center"),

@@ -24,8 +24,9 @@ from memplan.hardware import GpuModel, host_info, nvml_unavailable_reason, visib
 from memplan.hardware.nvml import answers, why_silent
 from memplan.hardware.visible import visibility_problem
 from memplan.plan import MAX_BATCH_SIZE, MAX_GPUS_PER_NODE, Plan, model_class_name, model_fingerprint
-from memplan.planner import DeviceBudget, NoFit, PlanRequest, estimator_for, make_plan
+from memplan.planner import DeviceBudget, PlanRequest, estimator_for, make_plan
 from memplan.planner.assemble import Asked, HostSide, request_for
+from memplan.planner.reasons import Words
 from memplan.planner.background import BackgroundEstimator, can_fork
 from memplan.planner.request import SEARCHED_PRECISIONS
 from memplan.units import GiB, TiB, format_bytes
@@ -199,22 +200,15 @@ def plan_config(
                                         else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))
     base = loaded.example_batch(loaded.data_batch_size or 1)
     request = request_of(loaded, hardware, wanted, skeleton, nodes=nodes)
-    has_blocks = request.repeated_blocks > 0
     estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device)
     if isinstance(hardware.estimate_device, GpuModel) and can_fork():  # fake tensors only: safe to fork
         estimator = BackgroundEstimator(estimator)
-    why_no_checkpointing = _why_no_checkpointing(wanted, has_blocks)
-    try:
+    try:  # (the plan's account and NoFit speak of the flags and keys: the request's words)
         with loaded.config_errors():
             plan = make_plan(request, _announced(estimator, model_name, progress))
-    except NoFit as err:
-        raise NoFit(_plain_words(str(err), wanted, why_no_checkpointing),
-                    ddp_needed_bytes_per_gpu=err.ddp_needed_bytes_per_gpu,
-                    fsdp_needed_bytes_per_gpu=err.fsdp_needed_bytes_per_gpu,
-                    budget_bytes_per_gpu=err.budget_bytes_per_gpu) from None
     finally:
         progress.clear()
-    reasons = tuple(_plain_words(r, wanted, why_no_checkpointing) for r in plan.reasons)
+    reasons = plan.reasons
     if loaded.planned_for is not None:  # which batch of the loader the figures are for (memplan.shapes)
         reasons = (*reasons, f"{_upper_first(loaded.planned_for)}.")
     return dataclasses.replace(plan, reasons=reasons, gpu_total_bytes=hardware.devices[0].total_bytes,
@@ -226,7 +220,7 @@ def request_of(loaded: LoadedConfig, hardware: Hardware, wanted: Wanted, skeleto
     config's model built on fake tensors; a batch of one sample from the config; the host's loader settings."""
     hints = loaded.loader
     asked = Asked(global_batch_size=wanted.global_batch_size, precisions=wanted.precisions,
-                  allow_checkpointing=wanted.allow_checkpointing, margin=wanted.margin)
+                  allow_checkpointing=wanted.allow_checkpointing, margin=wanted.margin, words=words_of(wanted))
     one = loaded.example_batch(1)
     host = HostSide(available_bytes=hardware.host_available_bytes, num_workers=hints.num_workers,
                     sample_bytes=sum(t.numel() * t.element_size() for t in iter_tensors(one)),
@@ -262,36 +256,14 @@ def _announced(estimator: Callable[..., Any], model_name: str, progress: Progres
     return estimate_at
 
 
-def _why_no_checkpointing(wanted: Wanted, has_blocks: bool) -> str | None:
-    if not wanted.allow_checkpointing:
-        return ("--no-checkpointing was given" if wanted.checkpointing_source == "--no-checkpointing"
-                else f"{wanted.checkpointing_source} is false")
-    if not has_blocks:
-        return "the model has no repeated blocks memplan can checkpoint"
-    return None
-
-
-def _plain_words(text: str, wanted: Wanted, why_no_checkpointing: str | None) -> str:
-    """The planner's words about its request (PlanRequest fields) in the words of the user's inputs."""
-    text = text.replace("No activation checkpointing (not allowed by the request).",
-                        f"No activation checkpointing ({why_no_checkpointing}).")
-    allowing = "Allowing precisions=('bf16-mixed', '16-mixed', ...)"
-    amp = f"allowing bf16-mixed or 16-mixed ({wanted.precisions_source})"
-    ckpt = ("allowing activation checkpointing (drop --no-checkpointing)" if wanted.checkpointing_source ==
-            "--no-checkpointing" else f"allowing activation checkpointing ({wanted.checkpointing_source}: true)")
-    if "allow_checkpointing=True would lower" in text:
-        could = [amp] if allowing in text else []
-        if why_no_checkpointing and "no repeated blocks" not in why_no_checkpointing:
-            could.append(ckpt)
-        start = text.index("Allowing ")
-        end = text.index("would lower what DDP needs.") + len("would lower what DDP needs.")
-        replacement = f"{_upper_first(' and '.join(could))} would lower what DDP needs." if could else ""
-        if why_no_checkpointing and "no repeated blocks" in why_no_checkpointing:
-            replacement += " Activation checkpointing cannot help: the model has no repeated blocks to checkpoint."
-        text = text[:start] + replacement.strip() + text[end:]
-    elif allowing in text:
-        text = text.replace(f"{allowing} would", f"{_upper_first(amp)} would")
-    return text
+def words_of(wanted: Wanted) -> Words:
+    """The flags and YAML keys the user gave, as the plan's account and NoFit name them."""
+    flag = wanted.checkpointing_source == "--no-checkpointing"
+    return Words(
+        allow_amp=f"allowing bf16-mixed or 16-mixed ({wanted.precisions_source})",
+        allow_checkpointing="allowing activation checkpointing (drop --no-checkpointing)" if flag
+        else f"allowing activation checkpointing ({wanted.checkpointing_source}: true)",
+        checkpointing_refused="--no-checkpointing was given" if flag else f"{wanted.checkpointing_source} is false")
 
 
 def _upper_first(text: str) -> str:

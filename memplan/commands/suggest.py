@@ -76,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
         if args.gpus is not None and plan.gpus_per_node < args.gpus:  # said in the table otherwise; never silent
-            why = next((r for r in plan.reasons if r.startswith("Uses ")), "")
+            from memplan.planner.reasons import GPUS_USED
+
+            why = next((r for r in plan.reasons if getattr(r, "code", None) == GPUS_USED), "")
             print(f"memplan: note: the plan uses {plan.gpus_per_node} of the {args.gpus} GPUs per node --gpus gives. "
                   f"{why}", file=sys.stderr)
     else:

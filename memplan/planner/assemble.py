@@ -8,9 +8,10 @@ sample and the host load per rank are read here, the same way for both. Pure: no
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from memplan.planner.reasons import Words
 from memplan.planner.request import SEARCHED_PRECISIONS, STRATEGIES, DeviceBudget, HostLoad, PlanRequest
 
 _MODEL_CHECKPOINTS = object()
@@ -39,6 +40,9 @@ class Asked:
     """Whether FSDP with CPU offload may be chosen."""
     all_devices: bool = False
     """Use every GPU given (the callback: the Trainer's world size is fixed)."""
+    words: Words = field(default_factory=Words)
+    """How the user names these settings (flags and YAML keys, or MemoryPlanner's arguments), for the plan's
+    account and NoFit."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +74,7 @@ def request_for(model: Any, batch: Any, *, asked: Asked, devices: Sequence[Devic
     if checkpointable is _MODEL_CHECKPOINTS:
         checkpointable = facts["repeated_blocks"] > 0
     facts["allow_checkpointing"] = facts["allow_checkpointing"] and bool(checkpointable)
+    facts["checkpointable"] = bool(checkpointable)
     if facts["parameter_count"] is None and tuple(asked.strategies) == ("fsdp",):  # FSDP is the Trainer's: searched
         facts["parameter_count"] = sum(p.numel() for p in model.parameters()) or None
     host_load = None if host is None else HostLoad(
@@ -79,7 +84,7 @@ def request_for(model: Any, batch: Any, *, asked: Asked, devices: Sequence[Devic
         global_batch_size=asked.global_batch_size, devices=tuple(devices), nodes=nodes,
         host_available_bytes=None if host is None else host.available_bytes, host_load=host_load,
         precisions=tuple(asked.precisions), margin=asked.margin, strategies=tuple(asked.strategies),
-        allow_cpu_offload=asked.allow_cpu_offload, all_devices=asked.all_devices,
+        allow_cpu_offload=asked.allow_cpu_offload, all_devices=asked.all_devices, words=asked.words,
         optimizer_state_bytes=elementwise_state_bytes(model, optimizer), tokens_per_sample=tokens_per_sample(batch),
         **facts,
     )

@@ -12,6 +12,7 @@ from memplan.planner.alternatives import alternatives
 from memplan.planner.candidates import SPEED_TIE, Candidate, fastest
 from memplan.planner.checkpoint_reasons import checkpoint_speed_reason
 from memplan.planner.layout_reasons import strategy_reasons
+from memplan.planner.reasons import GPUS_USED, Reason, no_checkpointing
 from memplan.planner.request import PlanRequest
 from memplan.planner.wording import (find_setting, format_seconds, layout_name, plural, same_setting, timing_fields,
                                      why_unfit)
@@ -114,7 +115,7 @@ def _on_cpu(request: PlanRequest, text: str) -> str:
     """A plan for CPU ranks (the callback on a machine without a GPU) speaks of devices, not GPUs."""
     if request.devices[0].name != "cpu":
         return text
-    return re.sub(r"\bGPU(s?)\b", lambda m: f"device{m.group(1)}", text)
+    return Reason(re.sub(r"\bGPU(s?)\b", lambda m: f"device{m.group(1)}", text), getattr(text, "code", ""))
 
 
 # --- reasons -------------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ def _checkpointing_reason(request: PlanRequest, w: Candidate, search: _Search) -
                 "runs; memplan adds none on top.")
     if not w.checkpointing:
         if not request.allow_checkpointing:
-            return "No activation checkpointing (not allowed by the request)."
+            return no_checkpointing(request)
         return (f"No activation checkpointing: this setting fits without it, and recomputing each block's "
                 f"forward would cost {_recompute_cost(w, search)}.")
     plain = find_setting(search, w, checkpointing=NONE)
@@ -236,7 +237,8 @@ def _left_out_reasons(request: PlanRequest, w: Candidate, search: _Search) -> li
                 f"Left out {d.label}: only {format_bytes(d.free_bytes)} free of {format_bytes(d.total_bytes)}"
                 f"{f' (other processes hold {format_bytes(held)})' if held else ''}; using it would cap every "
                 f"GPU's budget at {format_bytes(request.budget_bytes(d.free_bytes))}.")
-    reasons.append(f"Uses {w.gpus_per_node} of {len(usable)} GPUs per node: {_more_gpus(request, w, search, len(usable))}.")
+    reasons.append(Reason(f"Uses {w.gpus_per_node} of {len(usable)} GPUs per node: "
+                          f"{_more_gpus(request, w, search, len(usable))}.", GPUS_USED))
     return reasons
 
 

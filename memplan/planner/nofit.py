@@ -8,6 +8,7 @@ from memplan.checkpoint_setting import FULL, NONE
 
 from memplan.estimator.cuda.overheads import nccl_buffer_bytes
 from memplan.estimator.result import MemoryEstimate
+from memplan.planner.reasons import what_would_help
 from memplan.units import format_bytes
 
 if TYPE_CHECKING:
@@ -117,10 +118,9 @@ def no_fit_error(search: _Search) -> NoFit:
             f"budget of {format_bytes(widest.budget_bytes)} ({request.margin:.0%} margin kept). FSDP full "
             f"shard {where} would need {'' if fsdp_traced else 'about '}{format_bytes(fsdp_needed)} per GPU "
             f"({'traced, its most frugal layout' if fsdp_traced else 'approximate'}), {verdict}.")
-        if not amp or not request.allow_checkpointing:
-            allow = [x for x, ok in (("precisions=('bf16-mixed', '16-mixed', ...)", amp),
-                                     ("allow_checkpointing=True", request.allow_checkpointing)) if not ok]
-            lines.append(f"Allowing {' and '.join(allow)} would lower what DDP needs.")
+        helps = what_would_help(request, amp_allowed=amp)
+        if helps:
+            lines.append(helps)
     else:
         lines.append(f"GPU memory is not the limit: DDP needs {format_bytes(ddp_needed)} per GPU {where} "
                      f"with {setting} (FSDP full shard about {format_bytes(fsdp_needed)}).")

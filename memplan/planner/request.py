@@ -5,9 +5,10 @@ ValueError naming the field and the fix, so a bad request fails before any trace
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memplan.hardware.catalog import GpuModel, match_nvml_name, supports_bf16
+from memplan.planner.reasons import Words
 
 SEARCHED_PRECISIONS: tuple[str, ...] = ("bf16-mixed", "16-mixed", "32-true")
 """Lightning precision strings the planner searches, in order of preference at equal speed."""
@@ -176,6 +177,11 @@ class PlanRequest:
     user_checkpointing: str | None = None
     """What the model checkpoints itself, in words (HF gradient_checkpointing_enable, torch's
     checkpoint_wrapper); the plan keeps it and adds none. None: nothing found."""
+    checkpointable: bool = True
+    """Whether the model has anything to checkpoint (repeated blocks, or a switch of its own). False: allowing
+    checkpointing cannot help, and the plan's account says so instead of suggesting it."""
+    words: Words = field(default_factory=Words)
+    """How the caller's user names the settings the plan's account and NoFit tell them to change."""
 
     def __post_init__(self) -> None:
         for name in ("devices", "precisions"):  # a list is as good as a tuple; store the tuple
@@ -214,6 +220,10 @@ class PlanRequest:
         if self.user_checkpointing is not None and not isinstance(self.user_checkpointing, str):
             raise ValueError(f"PlanRequest.user_checkpointing must be a description or None; got "
                              f"{self.user_checkpointing!r}")
+        if not isinstance(self.checkpointable, bool):
+            raise ValueError(f"PlanRequest.checkpointable must be True or False; got {self.checkpointable!r}")
+        if not isinstance(self.words, Words):
+            raise ValueError(f"PlanRequest.words must be a memplan.planner.reasons.Words; got {self.words!r}")
         if not any(self.global_batch_size % (self.nodes * g) == 0 for g in range(1, len(self.devices) + 1)):
             raise ValueError(
                 f"PlanRequest.global_batch_size ({self.global_batch_size}) must be divisible by the world size, "

@@ -104,3 +104,13 @@ def test_a_model_that_cannot_be_built_names_the_init_arg(capsys, tmp_path, comma
     assert code == 2
     assert "model.init_args.dropout: memplan.demos.GPTLM(**init_args) failed: ValueError: dropout probability" in err
     assert "calling it with no arguments" not in err
+
+
+def test_no_checkpointing_flag_on_a_model_without_blocks_is_not_offered_back(capsys, tmp_path):
+    # the model has nothing to checkpoint: dropping --no-checkpointing would not help, and is not suggested
+    huge = config(tmp_path, in_features=20000, hidden=8000, depth=1)
+    code, _, err = run(capsys, "suggest", "--gpu-memory", "1GiB", "--precision", "32", "--no-checkpointing", huge)
+    assert code == 1 and "Nothing fits" in err
+    assert "Allowing bf16-mixed or 16-mixed (--precision) would lower what DDP needs." in err
+    assert "Activation checkpointing cannot help: the model has no repeated blocks to checkpoint." in err
+    assert "drop --no-checkpointing" not in err

@@ -70,3 +70,14 @@ def test_empty_cuda_visible_devices_is_named_as_the_cause(nvml_sim):
     view = devices_dict(visible_gpus(env), HOST, env=env)
     assert view["nvml"]["available"] is True and view["gpus"] == []
     assert "CUDA_VISIBLE_DEVICES=''" in view["note"]
+
+
+def test_piped_devices_output_keeps_each_sentence_on_one_line(nvml_sim, capsys):
+    # stdout is pytest's capture, not a terminal (as with `memplan devices | tee`): no fold at 80 columns
+    from memplan.commands.cli import main
+
+    nvml_sim(two_gpus(), init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    note = next(line for line in out.splitlines() if "NVML is unavailable" in line)
+    assert len(note) > 80 and "--gpu H100-80GB" in note and "--gpu-memory 24GiB" in note
