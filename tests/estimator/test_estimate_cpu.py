@@ -8,7 +8,6 @@ from torch import nn
 
 from memplan.demos import GPTLM, MLP
 from memplan.estimator.api import estimate
-from memplan.estimator.errors import EstimateError
 from memplan.truth import measure_cpu_peak
 from memplan.units import MiB
 
@@ -134,11 +133,6 @@ def test_plain_loops_that_hold_gradients_through_the_forward(loop):
     assert any(said in n for n in held.notes), held.notes
     truth = measure_cpu_peak(_ForwardPeak, make_batch, loss=loss, optimizer="sgd", loop=loop)
     assert relative_error(held.peak_allocated, truth) < 0.001, (held.peak_allocated, truth)
-
-
-def test_an_unknown_loop_is_refused_naming_the_orders():
-    with pytest.raises(EstimateError, match="loop must be 'lightning'.*'torch-keep-grads'.*got 'fabric'"):
-        estimate(_ForwardPeak, (torch.randn(4, 1024),), loss=lambda m, b: m(b[0]), device="cpu", loop="fabric")
 
 
 def test_configure_optimizers_is_the_default_optimizer():

@@ -167,8 +167,9 @@ def test_data_dependent_op_on_activations_is_explained():
         estimate(Masked, BATCH, loss=lambda m, b: m(b[0]), device="cpu", data_dependent="error")
 
 
-def test_an_unknown_loop_names_both_orders():
-    with pytest.raises(EstimateError, match=r"^loop must be 'lightning' .* or 'torch' .*; got 'pytorch'"):
+def test_an_unknown_loop_names_every_order():
+    with pytest.raises(EstimateError, match=r"^loop must be 'lightning' .*, 'torch' .*, 'torch-zero-after-forward' "
+                                            r".* or 'torch-keep-grads' .*; got 'pytorch'"):
         estimate(build, BATCH, loss=loss, device="cpu", loop="pytorch")
 
 
