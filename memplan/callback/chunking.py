@@ -135,8 +135,7 @@ class MicroBatchRunner(StepWrapper):
     def micro_batch_size(self) -> int:
         """This rank's micro-batch now: the shared layout's, or lower after an OOM retried here since the
         last shared decision."""
-        shared = self._shared().micro_batch_size
-        return shared if self._retried_to is None else min(shared, self._retried_to)
+        return self._micro_of(self._shared())
 
     @property
     def loader_batch_size(self) -> int:
@@ -146,8 +145,11 @@ class MicroBatchRunner(StepWrapper):
     def _runs_whole(self) -> bool:
         """micro_batch_size >= loader_batch_size, the shared layout read once (asked every step)."""
         shared = self._shared()
-        micro = shared.micro_batch_size if self._retried_to is None else min(shared.micro_batch_size, self._retried_to)
-        return micro >= shared.loader_batch_size
+        return self._micro_of(shared) >= shared.loader_batch_size
+
+    def _micro_of(self, shared: Any) -> int:
+        """`shared`'s micro-batch, or this rank's lower size after an OOM retried here."""
+        return shared.micro_batch_size if self._retried_to is None else min(shared.micro_batch_size, self._retried_to)
 
     @property
     def oom_retries(self) -> int:
