@@ -78,6 +78,11 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
     return (t for _, t in named_tensors(obj))
 
 
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in `obj` (numel x element size)."""
+    return sum(t.numel() * t.element_size() for t in iter_tensors(obj))
+
+
 def _fields(batch: Any) -> str:
     shown = [f"{path} {tuple(t.shape)}" for path, t in named_tensors(batch)]
     return ", ".join(shown[:8]) + (f" and {len(shown) - 8} more" if len(shown) > 8 else "") if shown else "none"

@@ -40,7 +40,7 @@ from memplan.callback.rewrites import (
 )
 from memplan.callback.session import CallbackState
 from memplan.estimator.errors import EstimateError
-from memplan.batching import iter_tensors
+from memplan.batching import tensor_bytes
 from memplan.plan import Plan
 from memplan.planner import Estimator, NoFit, PlanRequest, estimator_for
 from memplan.planner.assemble import Asked
@@ -195,8 +195,7 @@ class FitStart(CallbackState):
         def plan() -> Plan:
             check_planned_precision(str(trainer.precision))
             batch, on = self._batch_to_plan_for(trainer), "cpu" if device.type == "cpu" else None
-            host = None if device.type != "cuda" else host_side(train_loader(trainer), sum(
-                t.numel() * t.element_size() for t in iter_tensors(batch)) // max(1, loader_batch))
+            host = None if device.type != "cuda" else host_side(train_loader(trainer), tensor_bytes(batch) // max(1, loader_batch))
             request = planning_request(pl_module, batch, budgets, nodes=trainer.num_nodes, asked=asked, host=host)
             try:
                 if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings

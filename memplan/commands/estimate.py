@@ -132,11 +132,11 @@ def _estimate_config(args: argparse.Namespace, options: dict):
 
 def _check_batch_memory(one_sample, batch_size: int) -> None:
     """--batch-size whose batch (built for real in host memory, to trace the step on it) would not fit here."""
-    from memplan.batching import iter_tensors
+    from memplan.batching import tensor_bytes
     from memplan.hardware import host_info
     from memplan.units import format_bytes
 
-    sample = sum(t.numel() * t.element_size() for t in iter_tensors(one_sample))
+    sample = tensor_bytes(one_sample)
     available = host_info().available_bytes
     if sample * batch_size > available // 2:
         raise arg.UsageError(

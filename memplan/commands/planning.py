@@ -19,7 +19,7 @@ from memplan.commands.progress import Progress
 from memplan.compat.versions import check_installed_once
 from memplan.config import LoadedConfig
 from memplan.estimator.fake import fake_model, new_fake_mode
-from memplan.batching import iter_tensors
+from memplan.batching import tensor_bytes
 from memplan.hardware import GpuModel, host_info, nvml_unavailable_reason, visible_gpus
 from memplan.hardware.nvml import answers, why_silent
 from memplan.hardware.visible import visibility_problem
@@ -223,7 +223,7 @@ def request_of(loaded: LoadedConfig, hardware: Hardware, wanted: Wanted, skeleto
                   allow_checkpointing=wanted.allow_checkpointing, margin=wanted.margin, words=words_of(wanted))
     one = loaded.example_batch(1)
     host = HostSide(available_bytes=hardware.host_available_bytes, num_workers=hints.num_workers,
-                    sample_bytes=sum(t.numel() * t.element_size() for t in iter_tensors(one)),
+                    sample_bytes=tensor_bytes(one),
                     prefetch_factor=hints.prefetch_factor, pin_memory=hints.pin_memory)
     return request_for(skeleton, one, asked=asked, devices=hardware.devices, nodes=nodes,
                        host=host, optimizer=loaded.optimizer)
