@@ -19,6 +19,7 @@ from torch import nn
 from memplan import compat
 from memplan.callback.framework import COMBINED_LOADERS, MisconfigurationException
 from memplan.callback.layout import Layout, loaded_batch_size
+from memplan.callback.mesh import data_parallel_nodes
 from memplan.callback.plan_file import find_plan_file
 from memplan.callback.rewrites import checkpointing_is_on
 from memplan.checkpoint_setting import Checkpointing
@@ -45,11 +46,20 @@ def check_planned_precision(precision: str) -> None:
 
 
 def planning_request(module: nn.Module, batch: Any, budgets: Sequence[DeviceBudget], *, nodes: int, asked: Asked,
-                     host: HostSide | None) -> PlanRequest:
+                     host: HostSide | None, data_parallel: int | None = None) -> PlanRequest:
     """The memplan.planner request for this Trainer (memplan.planner.request_for, as `memplan suggest`'s): `asked`
     holds its precision only, its global batch, and DDP (or one device) unless the strategy is FSDP; the devices
-    of one node, each the tightest of its local index over the nodes (`budgets`: every rank's, in rank order)."""
+    of one node, each the tightest of its local index over the nodes (`budgets`: every rank's, in rank order).
+
+    `data_parallel`: the ranks that train different samples (memplan.callback.mesh), where fewer than the
+    ranks: the planner sees that many ranks (on `mesh.data_parallel_nodes` nodes), each the tightest of all,
+    since every rank of a data-parallel rank's group holds what it holds."""
     check_planned_precision(asked.precisions[0])
+    if data_parallel is not None and data_parallel < len(budgets):
+        tightest = min(budgets, key=lambda b: b.free_bytes)
+        nodes = data_parallel_nodes(data_parallel, nodes)
+        return request_for(module, batch, asked=asked, devices=(tightest,) * (data_parallel // nodes), nodes=nodes,
+                           host=host)
     per_node = len(budgets) // nodes
     devices = tuple(
         DeviceBudget(name=b.name, cuda_index=b.cuda_index, total_bytes=b.total_bytes,

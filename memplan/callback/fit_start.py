@@ -17,7 +17,7 @@ from pytorch_lightning.utilities.parsing import lightning_hasattr
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from memplan import compat
-from memplan.callback import fsdp_plan, sharded
+from memplan.callback import fsdp_plan, mesh, sharded
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, check_planned_precision, current_loader_batch_size, device_budget, enable_checkpointing,
     first_train_batch, host_side, layout_from_plan, planning_request,
@@ -58,6 +58,10 @@ class FitStart(CallbackState):
 
     def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fit.restored, self._restored = self._restored, None
+        if self._fit.adjusting or self._fit.given_plan is None:  # (configure_model has run: the parameters exist)
+            mesh.check_tensor_parallel(trainer, pl_module)
+        if self._fit.setup_failure is not None:
+            raise self._fit.setup_failure
         # the batch size can be set where the model (hparams, datamodule) has it and builds the loader
         settable = self._settable(trainer, pl_module)
         layout, source = self._resolve_layout(trainer, pl_module, settable)
@@ -81,11 +85,13 @@ class FitStart(CallbackState):
             self._fit.adjuster.load_state_dict(self._fit.restored)
         if self._fit.adjusting or layout.chunks > 1:
             self._install_runner(trainer, pl_module, checkpointable)
-        self._fit.apply_record = dict(source=source, layout=layout.to_dict(),
+        self._fit.apply_record = dict(source=source, layout=layout.to_dict(), ranks=trainer.world_size,
                                       plan=None if self.plan is None else self.plan.to_dict(),
                                       rewrites=[r.to_dict() for r in self.rewrites],
                                       planned_for=self._fit.scan.describe() if self._fit.scan is not None else None)
-        rank_zero_info(f"MemoryPlanner ({source}): {layout.describe()}")
+        ranks = ("" if trainer.world_size == layout.world_size else f" ({trainer.world_size} ranks, {layout.world_size} "
+                 "of them data-parallel: the others train the same batches)")
+        rank_zero_info(f"MemoryPlanner ({source}): {layout.describe()}{ranks}")
 
     def _record_apply(self, trainer: pl.Trainer) -> None:
         """The apply record, at the step training starts from: Lightning restores a resumed fit's step
@@ -100,7 +106,7 @@ class FitStart(CallbackState):
 
     def _resolve_layout(self, trainer: pl.Trainer, pl_module: pl.LightningModule, settable: bool
                         ) -> tuple[Layout, str]:
-        restored = restored_layout(self._fit.restored, trainer.world_size)
+        restored = restored_layout(self._fit.restored, self._fit.data_parallel)
         if restored is not None:
             self.plan = self._fit.given_plan
             self._fit.planned_micro_batch_size = int(self._fit.restored.get("planned_micro_batch_size", 0))
@@ -146,23 +152,24 @@ class FitStart(CallbackState):
         """The plan on this Trainer, making only the changes `self.exactness` allows: the loader's batch and
         accumulation kept where a rewrite is not exact (drop_last included), and a plan that would then
         split the batch refused where a split is not exact. A plan that changes nothing asks nothing."""
-        layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
+        data_parallel = self._fit.data_parallel  # the ranks that train different samples (callback.mesh)
+        layout = layout_from_plan(self.plan, world_size=data_parallel, loader_batch_size=loader_batch,
                                   settable=settable)
         if (layout.loader_batch_size, layout.accumulate_grad_batches, layout.chunks) == (
                 loader_batch, trainer.accumulate_grad_batches, 1):
             return layout
         exactness = self._exactness(pl_module, first_train_batch(trainer))
         if not exactness.can_rewrite:
-            layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
+            layout = layout_from_plan(self.plan, world_size=data_parallel, loader_batch_size=loader_batch,
                                       settable=settable, keep_accumulation=trainer.accumulate_grad_batches)
         if self.settings.exact and layout.loader_batch_size != loader_batch:
             loader = train_loader(trainer)
-            why = drop_last_blocks(loader, samples_per_rank(loader, trainer.world_size), loader_batch,
+            why = drop_last_blocks(loader, samples_per_rank(loader, data_parallel), loader_batch,
                                    layout.loader_batch_size)
             if why is not None:
                 self.exactness = exactness = dataclasses.replace(
                     exactness, can_rewrite=False, no_rewrite=f"{why}. Pass MemoryPlanner(exact=False) to allow it")
-                layout = layout_from_plan(self.plan, world_size=trainer.world_size, loader_batch_size=loader_batch,
+                layout = layout_from_plan(self.plan, world_size=data_parallel, loader_batch_size=loader_batch,
                                           settable=settable, keep_accumulation=trainer.accumulate_grad_batches)
         if not pl_module.automatic_optimization and not exactness.can_rewrite and layout.loader_batch_size < loader_batch:
             raise MisconfigurationException(
@@ -186,7 +193,8 @@ class FitStart(CallbackState):
             for line in assumed:
                 rank_zero_warn(f"MemoryPlanner: {line}")
         budgets = gather_objects(device_budget(device, trainer.num_devices))
-        global_batch = self.settings.global_batch_size or loader_batch * trainer.world_size * trainer.accumulate_grad_batches
+        data_parallel = self._fit.data_parallel  # the ranks that train different samples (callback.mesh)
+        global_batch = self.settings.global_batch_size or loader_batch * data_parallel * trainer.accumulate_grad_batches
         asked = Asked(global_batch_size=global_batch, precisions=(str(trainer.precision),), all_devices=True,
                       allow_checkpointing=self.settings.allow_checkpointing, checkpointable=can_checkpoint(pl_module),
                       margin=self.settings.planning_margin, strategies=("ddp",) if fsdp is None else ("fsdp",),
@@ -196,7 +204,8 @@ class FitStart(CallbackState):
             check_planned_precision(str(trainer.precision))
             batch, on = self._batch_to_plan_for(trainer), "cpu" if device.type == "cpu" else None
             host = None if device.type != "cuda" else host_side(train_loader(trainer), tensor_bytes(batch) // max(1, loader_batch))
-            request = planning_request(pl_module, batch, budgets, nodes=trainer.num_nodes, asked=asked, host=host)
+            request = planning_request(pl_module, batch, budgets, nodes=trainer.num_nodes, asked=asked, host=host,
+                                       data_parallel=data_parallel)
             try:
                 if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings
                     made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._plan_with, on)
@@ -207,9 +216,9 @@ class FitStart(CallbackState):
                                                          self._settable(trainer, pl_module))
             except EstimateError as err:  # the model or its batch cannot be traced: the message names why
                 raise MisconfigurationException(f"MemoryPlanner: {err}") from err
-            if made.world_size != trainer.world_size:
+            if made.world_size != data_parallel:
                 rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "
-                               f"{trainer.world_size}, so its micro-batch runs on {trainer.world_size} with the "
+                               f"{data_parallel} data-parallel, so its micro-batch runs on {data_parallel} with the "
                                "accumulation recomputed")
             return made, reduction, None if self._fit.scan is None else dataclasses.replace(self._fit.scan, batch=None)
 

@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from memplan.callback.framework import MODEL_PARALLEL_STRATEGIES, MisconfigurationException
-from memplan.callback.sharded import check_data_parallel
 from memplan.estimator.fsdp import DTYPES, SHARDING_STRATEGIES, FsdpSettings
 from memplan.plan import Plan
 
@@ -46,7 +45,6 @@ def planning_settings(strategy: Any, module: nn.Module) -> tuple[FsdpSettings, l
             "none before configure_model (it builds its layers there): plan it with `memplan suggest CONFIG "
             "--output plan.json` and pass MemoryPlanner(plan='plan.json')")
     if isinstance(strategy, MODEL_PARALLEL_STRATEGIES):
-        check_data_parallel(strategy)
         if callable(getattr(type(module), "configure_model", None)) and \
                 type(module).configure_model is not getattr(_lightning_base(module), "configure_model", None):
             return FsdpSettings(configure_model=True), []  # traced as the model shards itself: nothing assumed
@@ -82,12 +80,14 @@ def _lightning_base(module: nn.Module) -> type | None:
 
 
 def with_settings(estimator: Callable[..., Any], settings: FsdpSettings) -> Callable[..., Any]:
-    """The planner's estimator with every FSDP candidate traced under the strategy's own settings
-    (the planner proposes sharding strategies; the Trainer's strategy has one already)."""
+    """The planner's estimator with every candidate traced under the strategy's own FSDP settings (the
+    planner proposes sharding strategies; the Trainer's strategy has one already). A one-rank candidate
+    too: MemoryPlanner plans the data-parallel ranks, and a ModelParallelStrategy whose data-parallel mesh
+    has one rank still runs fully_shard over it (whole parameters, FSDP's all-gather and reduce-scatter
+    buffers)."""
 
     def estimate_at(**kwargs: Any) -> Any:
-        if kwargs.get("fsdp") is not None:
-            kwargs["fsdp"] = settings
+        kwargs["fsdp"] = settings
         return estimator(**kwargs)
 
     return estimate_at

@@ -13,7 +13,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from memplan import batching, compat
-from memplan.callback import sharded
+from memplan.callback import mesh, sharded
 from memplan.callback.apply import (
     current_loader_batch_size, load_plan, plan_device_mismatch, plan_mismatches, plan_model_mismatch,
 )
@@ -257,7 +257,7 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
 
     # --- setup: environment checks -----------------------------------------------------------
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._fit = FitSession(adjusting=self.settings.adjust)
+        self._fit = FitSession(adjusting=self.settings.adjust, data_parallel=mesh.data_parallel_size(trainer))
         self.plan = self.layout = self.log_path = self.exactness = None
         self.changes, self.rewrites = [], []
         for outside in compat.check_installed():
@@ -274,8 +274,10 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
             check_can_adjust(trainer, pl_module)
             if sharded.is_sharded(trainer.strategy):
                 sharded.refuse_guard_always(trainer.strategy, self.settings.guard)
-                sharded.check_data_parallel(trainer.strategy)
                 rank_zero_warn(sharded.NO_RETRY.format(strategy=sharded.strategy_name(trainer.strategy)))
+        repeated = mesh.repeated_work(trainer)
+        if repeated is not None:  # (said again in the end-of-fit summary)
+            rank_zero_warn(f"MemoryPlanner: {repeated}")
         if self.settings.plan is not None:
             self._fit.given_plan = load_plan(self.settings.plan)
             wrong_model = plan_model_mismatch(self._fit.given_plan, pl_module)
@@ -288,8 +290,15 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
             # FSDP: traced now, on rank 0, before configure_model shards the model (its all-gathers
             # would wait for the other ranks)
             settable = self._settable(trainer, pl_module)
-            self._fit.setup_plan = self._plan_now(trainer, pl_module, current_loader_batch_size(
-                trainer, pl_module, self.settings.batch_arg_name if settable else None))
+            try:
+                self._fit.setup_plan = self._plan_now(trainer, pl_module, current_loader_batch_size(
+                    trainer, pl_module, self.settings.batch_arg_name if settable else None))
+            except (MisconfigurationException, RuntimeError) as err:  # (RuntimeError: rank 0's, on the others)
+                if not mesh.has_tensor_parallel_ranks(trainer):
+                    raise
+                # a configure_model applying tensor parallelism fails on memplan's fake mesh: fit start, where
+                # the configured parameters show it, refuses that by name, else raises this (callback.mesh)
+                self._fit.setup_failure = err
         self._fit.every = self.settings.every_n_steps or trainer.log_every_n_steps or DEFAULT_EVERY_N_STEPS
         if not (self.settings.every_n_steps or trainer.log_every_n_steps):
             rank_zero_info(f"MemoryPlanner: Trainer(log_every_n_steps=0): memory is checked every "
@@ -316,8 +325,10 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
                                         "folder every rank can write, e.g. MemoryPlanner(log_dir='/tmp/memplan')")
 
     def _check_plan(self, trainer: pl.Trainer, plan: Plan) -> None:
-        mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=trainer.world_size,
-                                     nodes=trainer.num_nodes, fsdp=sharded.is_sharded(trainer.strategy))
+        data_parallel = self._fit.data_parallel  # (the ranks a plan counts: memplan.callback.mesh)
+        mismatches = plan_mismatches(plan, precision=str(trainer.precision), world_size=data_parallel,
+                                     nodes=mesh.data_parallel_nodes(data_parallel, trainer.num_nodes),
+                                     fsdp=sharded.is_sharded(trainer.strategy))
         self._fit.mismatches = mismatches
         other_device = plan_device_mismatch(plan, trainer.strategy.root_device)
         if other_device is not None:

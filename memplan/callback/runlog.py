@@ -26,7 +26,9 @@ from typing import Any
 LOG_GLOB = "rank*.jsonl"
 """The files of one log folder."""
 EVENTS = ("apply", "loader", "sample", "change", "oom_retry", "fatal", "summary", "end")
-"""apply: the layout a fit starts with (its `layout.world_size` says how many ranks write); loader: the
+"""apply: the layout a fit starts with (`ranks`: how many ranks write; `layout.world_size`: how many of them are
+data-parallel, train different samples: fewer under a ModelParallelStrategy whose data-parallel mesh is smaller than
+the world; logs before `ranks` have the two equal); loader: the
 loader's real batch size; sample: a reading; change: a shared layout change; oom_retry: an OOM retried;
 fatal: an OOM that ended the run; summary: the rank's figures at the end of fit; end: the log closed
 (`status` "finished" or the error that ended the fit, `dropped_lines`)."""

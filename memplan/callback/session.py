@@ -27,12 +27,18 @@ class FitSession:
 
     adjusting: bool
     """Whether this fit adjusts (the setting, less what the fit rules out: manual optimization)."""
+    data_parallel: int = 1
+    """Ranks that train different samples (memplan.callback.mesh.data_parallel_size): the world size, or
+    a ModelParallelStrategy's data-parallel mesh size. The global batch, the layout and the plan count by it."""
     restored: dict[str, Any] | None = None
     """MemoryPlanner.state_dict from the checkpoint this fit resumes, if any."""
     given_plan: Plan | None = None
     """The plan given as an argument, loaded."""
     setup_plan: Plan | None = None
     """FSDP: the plan made at setup, before configure_model."""
+    setup_failure: Exception | None = None
+    """ModelParallelStrategy with tensor-parallel ranks: why planning at setup failed, raised at fit start unless
+    the configured model is refused first for its tensor parallelism (memplan.callback.mesh)."""
     scan: Scan | None = None
     """The batch planned for, when planning at fit start."""
     watcher: LossWatcher | None = None

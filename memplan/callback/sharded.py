@@ -60,36 +60,6 @@ def refuse_guard_always(strategy: Any, guard: str) -> None:
                                         "every rank): use guard='auto'")
 
 
-def check_data_parallel(strategy: Any) -> None:
-    """ModelParallelStrategy with tensor parallelism: MisconfigurationException (memplan counts every
-    rank as a data-parallel rank: the global batch, the chunks, the estimate). Its message says when the
-    mesh is Lightning's default on one node (data_parallel_size=1, every device tensor-parallel), where a
-    fully_shard over device_mesh["data_parallel"] shards nothing and every rank trains the same batches."""
-    if not isinstance(strategy, MODEL_PARALLEL_STRATEGIES):
-        return
-    mesh = strategy.device_mesh
-    tensor_parallel = mesh["tensor_parallel"].size()
-    if tensor_parallel <= 1:
-        return
-    try:
-        data_parallel = mesh["data_parallel"].size()
-    except (KeyError, RuntimeError):
-        data_parallel = None
-    fix = (f"use ModelParallelStrategy(data_parallel_size={strategy.world_size}, tensor_parallel_size=1) with "
-           "fully_shard in configure_model, or drop MemoryPlanner")
-    if data_parallel == 1:
-        raise MisconfigurationException(
-            f"this ModelParallelStrategy has data_parallel_size=1 and tensor_parallel_size={tensor_parallel} (what "
-            f"ModelParallelStrategy() chooses on one node): a fully_shard over device_mesh['data_parallel'] shards "
-            f"nothing, and all {tensor_parallel} ranks train on the same batches unless configure_model applies "
-            f"tensor parallelism, which memplan does not model. MemoryPlanner plans FSDP over data-parallel ranks: "
-            f"{fix}")
-    raise MisconfigurationException(
-        f"MemoryPlanner plans, splits batches and counts the global batch for data parallelism (FSDP2 over all "
-        f"ranks); this ModelParallelStrategy has tensor_parallel_size={tensor_parallel}, which memplan does not "
-        f"model: {fix}")
-
-
 def fully_sharded_modules(module: nn.Module) -> list[nn.Module]:
     """The modules `fully_shard` was applied to (FSDP2), outermost first."""
     from torch.distributed.fsdp import FSDPModule

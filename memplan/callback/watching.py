@@ -16,6 +16,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from memplan.callback import mesh
 from memplan.callback.chunking import NothingFitsError, OomRetry
 from memplan.callback.adjust import Change, RankStatus, gather_statuses
 from memplan.callback.collectives import gather_rows
@@ -200,6 +201,9 @@ class Watching(CallbackState):
             lines.append(summary_line(rank, None if peak < 0 else int(peak), None if low < 0 else int(low), runs,
                                       int(ooms), int(dropped)))
         lines += readings.fallback_lines([int(row[-1]) for row in rows])
+        repeated = mesh.repeated_work(trainer)
+        if repeated is not None:  # (warned at setup; the summary is where the plan is stated)
+            lines.append(repeated)
         rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines + summary_lines(self.rewrites, self._fit.mismatches)))
 
     def _close(self, status: str) -> None:

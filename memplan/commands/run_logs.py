@@ -148,8 +148,8 @@ class RunWatcher:
             shown_run = runs[0]
         state = reader.runs[shown_run.run]
         histories = [state.ranks[r] for r in sorted(state.ranks)]
-        sizes = [a["layout"].get("world_size") for h in histories for a in h.applies
-                 if isinstance(a.get("layout"), dict)]
+        sizes = [a.get("ranks", a["layout"].get("world_size")) for h in histories for a in h.applies
+                 if isinstance(a.get("layout"), dict)]  # (ranks: every rank; layout.world_size: the data-parallel)
         sizes = [s for s in sizes if isinstance(s, int) and not isinstance(s, bool) and 0 < s <= 1 << 18]
         return RunLogs(folder=folder, versions=versions, run=shown_run,
                        other_runs=[r for r in runs if r is not shown_run], histories=histories,

@@ -22,11 +22,20 @@ Scenarios:
           decoder layers and to `self.model`; a plain MemoryPlanner() plans it at setup (in a process of its
           own, the class sent by value) by running that configure_model on a fake mesh.
   hf_module  the same with the class from an importable module (callback_sim.CausalLM).
+  mesh    ModelParallelStrategy() with default arguments (on one node: data_parallel_size=1,
+          tensor_parallel_size=2), ShardedRegression's configure_model sharding over device_mesh["data_parallel"]
+          (one rank: nothing sharded); a plain MemoryPlanner plans at setup with a planner whose micro-batch is at
+          most 2, so each loaded batch of 8 runs as 4 chunks. Each rank writes samples_rank<R>.json (the
+          samples of each training_step call, and of each optimizer step).
+  tp      the same mesh, configure_model also applying tensor parallelism (ColwiseParallel over
+          device_mesh["tensor_parallel"]) to the first block: MemoryPlanner refuses it at fit start; each rank
+          writes the message to refused_rank<R>.txt (the scenario then ends normally, for the next one).
 Rank 0 writes weights.pt (full, unsharded); MemoryPlanner writes memplan/rank<R>.jsonl.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -42,6 +51,7 @@ from pytorch_lightning.strategies import ModelParallelStrategy  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from memplan.callback import MemoryPlanner  # noqa: E402
+from memplan.callback.framework import MisconfigurationException  # noqa: E402
 from memplan.hardware import readings  # noqa: E402
 
 RANK = int(os.environ.get("LOCAL_RANK", "0"))
@@ -64,6 +74,48 @@ class MainCausalLM(CausalLM):
     """The same model, its class defined in this script (run as __main__, as most training scripts are)."""
 
 
+class TensorParallelRegression(ShardedRegression):
+    """ShardedRegression with its first block's Linear split column-wise over device_mesh["tensor_parallel"]
+    (its output replicated again), then fully_shard over device_mesh["data_parallel"]: 2-D parallelism."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+        parallelize_module(self.net["blocks"][0], self.device_mesh["tensor_parallel"],
+                           {"linear": ColwiseParallel(output_layouts=Replicate())})
+        super().configure_model()
+
+
+def micro_batch_of_two(request, estimator):
+    """memplan's planner, its micro-batch at most 2 (module level: MemoryPlanner sends it to its planning process)."""
+    from memplan.planner import make_plan as plan_with_memplan
+
+    return plan_with_memplan(dataclasses.replace(request, max_micro_batch_size=2), estimator)
+
+
+def run_default_mesh(scenario: str, out: Path, accumulate: int) -> None:
+    """The mesh and tp scenarios: ModelParallelStrategy() with default arguments on 2 devices."""
+    model = ShardedRegression(with_attr=False) if scenario == "mesh" else TensorParallelRegression(with_attr=False)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=ModelParallelStrategy(), max_steps=STEPS, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accumulate_grad_batches=accumulate,
+        callbacks=[MemoryPlanner(log_dir=out / "memplan", planner=micro_batch_of_two)])
+    try:
+        trainer.fit(model)
+    except MisconfigurationException as err:
+        if scenario != "tp":
+            raise
+        (out / f"refused_rank{trainer.global_rank}.txt").write_text(str(err))
+        return
+    (out / f"samples_rank{trainer.global_rank}.json").write_text(json.dumps(
+        {"seen": model.seen, "steps": model.step_samples}))
+    weights = full_weights(model)
+    if trainer.global_rank == 0:
+        torch.save(weights, out / "weights.pt")
+
+
 def main(name: str, out: Path) -> None:
     scenario, _, accumulate = name.partition("-")
     run(scenario, out, int(accumulate or 1))
@@ -71,6 +123,9 @@ def main(name: str, out: Path) -> None:
 
 def run(scenario: str, out: Path, accumulate: int) -> None:
     torch.set_num_threads(1)
+    if scenario in ("mesh", "tp"):
+        run_default_mesh(scenario, out, accumulate)
+        return
     if scenario in ("hf_main", "hf_module"):
         trainer = pl.Trainer(
             accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),

@@ -146,34 +146,15 @@ def test_a_model_built_in_configure_model_cannot_be_planned_at_setup():
         fsdp_plan.planning_settings(simulated_fsdp1_strategy(), Empty())
 
 
-def test_fsdp_candidates_are_traced_with_the_strategy_s_settings():
+def test_every_candidate_is_traced_with_the_strategy_s_settings():
     seen = []
     settings = fsdp_plan.FsdpSettings(sharding_strategy="SHARD_GRAD_OP")
     estimate = fsdp_plan.with_settings(lambda **kw: seen.append(kw.get("fsdp")), settings)
     estimate(micro_batch_size=1, fsdp=fsdp_plan.FsdpSettings(sharding_strategy="FULL_SHARD", cpu_offload=True))
-    estimate(micro_batch_size=1)  # a one-rank candidate: no FSDP
-    assert seen == [settings, None]
+    # a one-rank candidate (a data-parallel mesh of one rank): fully_shard still runs over it
+    estimate(micro_batch_size=1, world_size=1)
+    assert seen == [settings, settings]
 
-
-
-def test_tensor_parallelism_is_refused_by_name():
-    strategy = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2)
-    strategy._device_mesh = {"tensor_parallel": types.SimpleNamespace(size=lambda: 2)}  # SIMULATED mesh
-    with pytest.raises(MisconfigurationException, match="tensor_parallel_size=2, which memplan does not model"):
-        sharded.check_data_parallel(strategy)
-    strategy._device_mesh = {"tensor_parallel": types.SimpleNamespace(size=lambda: 1)}
-    sharded.check_data_parallel(strategy)
-
-
-def test_lightnings_default_mesh_on_one_node_is_named():
-    # ModelParallelStrategy() on one node: data_parallel_size=1, every device tensor-parallel (SIMULATED mesh)
-    strategy = ModelParallelStrategy()
-    strategy._device_mesh = {"tensor_parallel": types.SimpleNamespace(size=lambda: 4),
-                             "data_parallel": types.SimpleNamespace(size=lambda: 1)}
-    with pytest.raises(MisconfigurationException, match=r"data_parallel_size=1 and tensor_parallel_size=4 \(what "
-                                                        r"ModelParallelStrategy\(\) chooses on one node\).*shards "
-                                                        r"nothing.*same batches"):
-        sharded.check_data_parallel(strategy)
 
 
 def test_a_ddp_plan_under_fsdp_and_an_fsdp_plan_under_ddp_are_named():
