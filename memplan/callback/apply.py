@@ -6,6 +6,7 @@ the model has no such attribute the loader's batch is kept and split into micro-
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -53,13 +54,15 @@ def planning_request(module: nn.Module, batch: Any, budgets: Sequence[DeviceBudg
 
     `data_parallel`: the ranks that train different samples (memplan.callback.mesh), where fewer than the
     ranks: the planner sees that many ranks (on `mesh.data_parallel_nodes` nodes), each the tightest of all,
-    since every rank of a data-parallel rank's group holds what it holds."""
+    since every rank of a data-parallel rank's group holds what it holds; and each the host RAM of its group."""
     check_planned_precision(asked.precisions[0])
     if data_parallel is not None and data_parallel < len(budgets):
         tightest = min(budgets, key=lambda b: b.free_bytes)
-        nodes = data_parallel_nodes(data_parallel, nodes)
-        return request_for(module, batch, asked=asked, devices=(tightest,) * (data_parallel // nodes), nodes=nodes,
-                           host=host)
+        ranks_per_node, planned_nodes = len(budgets) // nodes, data_parallel_nodes(data_parallel, nodes)
+        per_node = data_parallel // planned_nodes
+        if host is not None and host.available_bytes is not None:  # the node's RAM, shared by all its ranks
+            host = dataclasses.replace(host, available_bytes=host.available_bytes * per_node // ranks_per_node)
+        return request_for(module, batch, asked=asked, devices=(tightest,) * per_node, nodes=planned_nodes, host=host)
     per_node = len(budgets) // nodes
     devices = tuple(
         DeviceBudget(name=b.name, cuda_index=b.cuda_index, total_bytes=b.total_bytes,

@@ -15,7 +15,7 @@ from memplan.callback import mesh
 from memplan.callback.apply import planning_request
 from memplan.callback.framework import MisconfigurationException
 from memplan.planner import DeviceBudget
-from memplan.planner.assemble import Asked
+from memplan.planner.assemble import Asked, HostSide
 
 
 def model_parallel_trainer(data_parallel: int, tensor_parallel: int):
@@ -91,8 +91,10 @@ def test_the_planner_sees_the_data_parallel_ranks_each_as_tight_as_the_tightest(
                             compute_capability=(8, 0)) for free in (6, 4, 5, 7)]
     module, batch = Regression(), (torch.zeros(8, 6, dtype=torch.float64), torch.zeros(8, 1, dtype=torch.float64))
     asked = Asked(global_batch_size=16, precisions=("32-true",), all_devices=True, strategies=("fsdp",))
-    request = planning_request(module, batch, budgets, nodes=1, asked=asked, host=None, data_parallel=1)
+    host = HostSide(available_bytes=32 << 30, sample_bytes=56)
+    request = planning_request(module, batch, budgets, nodes=1, asked=asked, host=host, data_parallel=1)
     assert (request.nodes, [d.free_bytes for d in request.devices]) == (1, [4 << 30])
+    assert request.host_available_bytes == 8 << 30  # the node's RAM is shared by its 4 ranks, not planned for 1
     request = planning_request(module, batch, budgets, nodes=2, asked=asked, host=None, data_parallel=2)
     assert (request.nodes, [d.free_bytes for d in request.devices]) == (2, [4 << 30])  # one per node
     request = planning_request(module, batch, budgets, nodes=1, asked=asked, host=None, data_parallel=4)
