@@ -218,7 +218,7 @@ class FitStart(CallbackState):
                 raise MisconfigurationException(f"MemoryPlanner: {err}") from err
             if made.world_size != data_parallel:
                 rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "
-                               f"{data_parallel} data-parallel, so its micro-batch runs on {data_parallel} with the "
+                               f"{data_parallel} data-parallel rank(s), so its micro-batch runs on {data_parallel} with the "
                                "accumulation recomputed")
             return made, reduction, None if self._fit.scan is None else dataclasses.replace(self._fit.scan, batch=None)
 
