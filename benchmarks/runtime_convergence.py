@@ -43,8 +43,8 @@ def _jsonl(path: Path) -> list[dict]:
 def run() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "converge"
-        done = subprocess.run([sys.executable, str(DRIVER), "converge", str(out)], capture_output=True, text=True,
-                              timeout=600, cwd=tmp)
+        done = subprocess.run([sys.executable, str(DRIVER), tmp, "converge"], capture_output=True, text=True,
+                              timeout=600, cwd=tmp)  # ddp_driver.py <out_root> <scenario>: writes <out_root>/converge
         if done.returncode != 0:
             raise SystemExit(f"the converge job failed:\n{done.stderr[-3000:]}")
         logs = [_jsonl(out / "memplan" / f"rank{r}.jsonl") for r in range(WORLD)]

@@ -78,9 +78,9 @@ class Adjuster:
     headroom is under `margin` x its device memory; after an OOM on some rank, every rank takes the
     size that rank went back to (the largest that ran there). Grow after `grow_patience` checks in a
     row where every rank has `grow_margin` x its memory free, by bisection between the size that runs
-    and the smallest that ran out of memory (or the planned size), only to a size that cuts the loaded
-    batch into fewer even chunks: 8 x 2 for a batch of 16, never 15 + 1 or 7 + 7 + 2. A size that ran
-    out of memory is never grown back to. Checkpointing, once on, stays on.
+    and the smallest that ran out of memory (or the planned size, at most the loaded batch), only to a
+    size that cuts the loaded batch into fewer even chunks: 8 x 2 for a batch of 16, never 15 + 1 or
+    7 + 7 + 2. A size that ran out of memory is never grown back to. Checkpointing, once on, stays on.
     """
 
     def __init__(self, *, margin: float, grow: bool, grow_margin: float, grow_patience: int,
@@ -91,8 +91,8 @@ class Adjuster:
         self.grow_margin = grow_margin
         self.grow_patience = grow_patience
         self.planned_micro_batch_size = planned_micro_batch_size
-        """The plan's micro-batch: growth goes back toward it, never above (MemoryPlanner lowers it to the batch
-        the loader yields where the first batch shows it yields fewer than planned)."""
+        """The plan's micro-batch: growth goes back toward it, never above, nor above the loaded batch
+        (`growth_cap`)."""
         self.can_checkpoint = can_checkpoint
         self._can_split = can_split or _yes
         """Whether the micro-batch may go below the loaded batch (memplan.callback.exactness, decided when
@@ -160,15 +160,22 @@ class Adjuster:
 
     def _grow(self, layout: Layout, ranks) -> Change | None:
         micro_batch_size, checkpointing = layout.micro_batch_size, layout.gradient_checkpointing
-        cap = self.planned_micro_batch_size if self.ceiling is None else min(self.planned_micro_batch_size,
-                                                                             self.ceiling - 1)
-        larger = larger_micro_batch(micro_batch_size, max(cap, 1), layout.loader_batch_size)
+        larger = larger_micro_batch(micro_batch_size, self.growth_cap(layout), layout.loader_batch_size)
         if larger is None:
             return None
         self.calm_checks = 0
         return Change(micro_batch_size=larger, gradient_checkpointing=checkpointing, cause="grow", ranks=ranks,
                       reason=f"every rank has had {self.grow_margin:.0%} of its memory free for "
                              f"{self.grow_patience} checks: micro-batch {micro_batch_size} -> {larger}")
+
+    def growth_cap(self, layout: Layout) -> int:
+        """The largest micro-batch growth may reach from `layout`: the planned size, below the smallest that ran
+        out of memory, and at most the loaded batch (a batch never runs in chunks larger than itself: a plan's
+        micro-batch above the loader's batch is a size growth cannot reach, and bisecting toward it overshoots)."""
+        cap = min(self.planned_micro_batch_size, layout.loader_batch_size)
+        if self.ceiling is not None:
+            cap = min(cap, self.ceiling - 1)
+        return max(cap, 1)
 
     def state_dict(self) -> dict[str, int]:
         return {"calm_checks": self.calm_checks, "ceiling": self.ceiling or 0}

@@ -31,7 +31,8 @@ data-parallel, train different samples: fewer under a ModelParallelStrategy whos
 the world; logs before `ranks` have the two equal); loader: the
 loader's real batch size; sample: a reading; change: a shared layout change; oom_retry: an OOM retried;
 fatal: an OOM that ended the run; summary: the rank's figures at the end of fit; end: the log closed
-(`status` "finished" or the error that ended the fit, `dropped_lines`)."""
+(`status` "finished" or the error that ended the fit, `signal` the name of the signal that ended it or null,
+`dropped_lines`; logs written before `signal` lack the key)."""
 DICT_FIELDS = ("layout", "plan", "before", "after")
 """Fields that hold objects (a layout or plan as a dict)."""
 

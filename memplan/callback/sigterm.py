@@ -37,7 +37,12 @@ GRACE_S = 20
 
 
 class RankTerminated(SystemExit):
-    """A signal ended this rank of a multi-rank run; `code` is the shell's 128 + signal number."""
+    """A signal ended this rank of a multi-rank run; `code` is the shell's 128 + signal number, `signal_name` the
+    signal's name ('SIGTERM'), which MemoryPlanner's log records (numbers differ between platforms)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signal_name = signal.Signals(signum).name
 
 
 def end_rank_on_sigterm(trainer: Any, *, grace_s: int = GRACE_S) -> bool:
@@ -88,4 +93,4 @@ class _SigtermHandler:
             launcher.kill(signum)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.alarm(self._grace_s)
-        raise RankTerminated(128 + signum)
+        raise RankTerminated(signum)

@@ -25,6 +25,7 @@ from memplan.callback.rewrites import (
 )
 from memplan.callback.oom_site import oom_site
 from memplan.callback.session import CallbackState
+from memplan.callback.sigterm import RankTerminated
 from memplan.callback.layout import Layout
 from memplan.callback.logger_rows import logger_metrics
 from memplan.compat.lightning import writes_logger_row
@@ -167,7 +168,8 @@ class Watching(CallbackState):
             log.error("MemoryPlanner: rank %d ran out of memory at step %d, %s, where MemoryPlanner does not retry. "
                       "%s. What can help: %s.", trainer.global_rank, trainer.global_step, site.where,
                       reading.describe(), site.fix)
-        self._close(f"failed: {type(exception).__name__}: {str(exception)[:200]}")
+        self._close(f"failed: {type(exception).__name__}: {str(exception)[:200]}",
+                    signal=exception.signal_name if isinstance(exception, RankTerminated) else None)
 
     def _finish(self, trainer: pl.Trainer) -> None:
         """The last step's reading, when no check took it (every rank: a collective), then the summary."""
@@ -206,7 +208,9 @@ class Watching(CallbackState):
             lines.append(repeated)
         rank_zero_info("MemoryPlanner summary:\n  " + "\n  ".join(lines + summary_lines(self.rewrites, self._fit.mismatches)))
 
-    def _close(self, status: str) -> None:
+    def _close(self, status: str, *, signal: str | None = None) -> None:
+        """Close this rank's log with its `end` record: `status` ("finished" or the error that ended the fit) and
+        `signal`, the name of the signal that ended it ('SIGTERM'; None: none)."""
         if self._fit is None:
             return
         if self._fit.apply_record is not None and self._fit.log is not None:  # ended before training started
@@ -218,7 +222,7 @@ class Watching(CallbackState):
             self._fit.runner = None
         if self._fit.log is not None:
             rank_log, self._fit.log = self._fit.log, None
-            rank_log.write("end", self._fit.last_step, status=status, dropped_lines=rank_log.dropped)
+            rank_log.write("end", self._fit.last_step, status=status, signal=signal, dropped_lines=rank_log.dropped)
             rank_log.close()
             if rank_log.dropped:
                 warnings.warn(f"MemoryPlanner: rank {rank_log.rank} could not write {rank_log.dropped} of "

@@ -58,9 +58,7 @@ def run(args: argparse.Namespace) -> int:
         return arg.usage_error(str(err))
     import dataclasses
 
-    est = dataclasses.replace(est, notes=tuple(n.replace("pass device='H100-80GB' (or another) to choose",
-                                                         "pass --device H100-80GB (or another GPU) to choose")
-                                               for n in est.notes))
+    est = dataclasses.replace(est, notes=tuple(_in_our_words(n) for n in est.notes))
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))
     else:
@@ -68,6 +66,16 @@ def run(args: argparse.Namespace) -> int:
 
         output_console().print(est)
     return arg.EXIT_OK
+
+
+def _in_our_words(note: str) -> str:
+    """An estimator note as this command words it, rendered from its code and fields: the generic-GPU note names
+    --device where memplan.estimate's names its device= argument."""
+    from memplan.estimator.notes import GENERIC_GPU, generic_gpu_note
+
+    if getattr(note, "code", "") == GENERIC_GPU:
+        return generic_gpu_note(**note.fields, choose="pass --device H100-80GB (or another GPU)")
+    return note
 
 
 def _demo_names() -> tuple[str, ...]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,6 +230,16 @@ class RankHistory:
         return "finished" if self.summaries else None
 
     @property
+    def ended_by_signal(self) -> str | None:
+        """The name of the signal that ended the rank's fit ('SIGTERM'), from its `end` record; None: none."""
+        if not self.ends:
+            return None
+        end = self.ends[-1]
+        if "signal" not in end:  # a log written before the field
+            return signal_of_old_status(str(end.get("status", "")))
+        return end["signal"] if isinstance(end["signal"], str) and end["signal"] else None
+
+    @property
     def ended_at(self) -> float:
         """When the rank's log closed (its `end` record's time); +inf while it runs or when unknown."""
         when = self.ends[-1].get("time") if self.ends else self.fatals[-1].get("time") if self.fatals else None
@@ -246,3 +258,15 @@ class RunInfo:
     """The highest step any rank logged."""
     ranks: tuple[int, ...]
     """Ranks with records of it."""
+
+
+def signal_of_old_status(status: str) -> str | None:
+    """Compat, for logs written before the `end` record had its `signal` field: the signal read back out of the
+    status text the callback wrote then ('failed: RankTerminated: 143': 128 + 15, 'SIGTERM'), or None."""
+    match = re.search(r"RankTerminated: (\d+)\b", status)
+    if match is None or not 128 < int(match.group(1)) < 128 + 65:
+        return None
+    try:
+        return signal.Signals(int(match.group(1)) - 128).name
+    except ValueError:
+        return None

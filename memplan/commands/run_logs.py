@@ -66,7 +66,8 @@ class RunLogs:
         failed = [h for h in self.histories if h.ended not in (None, "finished")]
         if failed:
             first = min(failed, key=lambda h: (h.ended_at, h.rank))
-            text = f"rank {first.rank} {_with_signal(first.ended)}"
+            signal = first.ended_by_signal
+            text = f"rank {first.rank} {first.ended}{f' ({signal} received)' if signal else ''}"
             others = [h.rank for h in failed if h is not first]
             if others:
                 text += (f" (first to fail; then rank{'s' if len(others) > 1 else ''} "
@@ -74,19 +75,6 @@ class RunLogs:
             return text
         states = [h.ended for h in self.histories]
         return "finished" if states and None not in states and not self.missing_ranks else None
-
-
-def _with_signal(status: str) -> str:
-    """'failed: RankTerminated: 143' with the signal named: '... (SIGTERM)'."""
-    import signal
-
-    match = re.search(r"RankTerminated: (\d+)\b", status)
-    if match and 128 < int(match.group(1)) < 128 + 65:
-        try:
-            return f"{status} ({signal.Signals(int(match.group(1)) - 128).name} received)"
-        except ValueError:
-            return status
-    return status
 
 
 def log_folders(directory: str | Path) -> list[Path]:

@@ -31,6 +31,7 @@ from memplan.estimator.flops import CostCounter
 from memplan.estimator.fsdp import FsdpSettings, fake_process_group, follow_storage, shard_model
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.module_conversion import conversions_in_step
+from memplan.estimator.notes import generic_gpu_note
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator import manual
 from memplan.estimator.step import (
@@ -338,7 +339,7 @@ class _Trace:
         if self.target.emulates_cuda:
             notes.append("CUDA target traced on CPU fake tensors with CUDA's op semantics emulated")
         if self.target.name == GENERIC_CUDA:
-            notes.append("no local GPU: estimated for a generic sm80 GPU; pass device='H100-80GB' (or another) to choose")
+            notes.append(generic_gpu_note(self.target.compute_capability))
         if self.overheads is not None:
             notes.extend(self.overheads.notes)
         if self.checkpointed:

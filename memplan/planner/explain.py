@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import TYPE_CHECKING
 
 from memplan.checkpoint_setting import FULL, NONE
@@ -45,7 +44,7 @@ def describe_plan(request: PlanRequest, winner: Candidate, est: MemoryEstimate, 
         device_budget_bytes=winner.budget_bytes,
         host_bytes_per_rank=winner.host_bytes_per_rank,
         relative_speed=1.0,
-        reasons=tuple(_on_cpu(request, r) for r in _reasons(request, winner, est, search)),
+        reasons=tuple(_reasons(request, winner, est, search)),
         alternatives=tuple(alternatives(winner, search)),
         **timing_fields(winner.timing),
         speed_reason=(checkpoint_speed_reason(winner, search, request.repeated_blocks)
@@ -111,20 +110,14 @@ def _winner_edge(w: Candidate, other: Candidate) -> str:
     return "the predicted step time"
 
 
-def _on_cpu(request: PlanRequest, text: str) -> str:
-    """A plan for CPU ranks (the callback on a machine without a GPU) speaks of devices, not GPUs."""
-    if request.devices[0].name != "cpu":
-        return text
-    return Reason(re.sub(r"\bGPU(s?)\b", lambda m: f"device{m.group(1)}", text), getattr(text, "code", ""))
-
-
-# --- reasons -------------------------------------------------------------------------------------
+# --- reasons (a plan for CPU ranks speaks of devices, not GPUs: request.device_word) -------------------
 def _reasons(request: PlanRequest, w: Candidate, est: MemoryEstimate, search: _Search) -> list[str]:
+    device = request.device_word
     reasons = [
-        f"{plural(w.world_size, 'rank')} ({plural(request.nodes, 'node')} x {plural(w.gpus_per_node, 'GPU')}) x micro-batch "
-        f"{w.micro_batch_size} x {plural(w.accumulate_grad_batches, 'accumulation step')} = global batch "
+        f"{plural(w.world_size, 'rank')} ({plural(request.nodes, 'node')} x {plural(w.gpus_per_node, device)}) x "
+        f"micro-batch {w.micro_batch_size} x {plural(w.accumulate_grad_batches, 'accumulation step')} = global batch "
         f"{request.global_batch_size}, kept exactly.",
-        f"Predicted peak {format_bytes(est.device_total)} per GPU, traced at exactly this setting, within the "
+        f"Predicted peak {format_bytes(est.device_total)} per {device}, traced at exactly this setting, within the "
         f"{format_bytes(w.budget_bytes)} budget ({format_bytes(w.devices[-1].free_bytes)} free on "
         f"{w.devices[-1].label} less the {request.margin:.0%} margin): {format_bytes(w.budget_bytes - est.device_total)} "
         f"headroom. {plural(search.calls, 'estimator trace')} in the search.",
@@ -236,8 +229,8 @@ def _left_out_reasons(request: PlanRequest, w: Candidate, search: _Search) -> li
             reasons.append(
                 f"Left out {d.label}: only {format_bytes(d.free_bytes)} free of {format_bytes(d.total_bytes)}"
                 f"{f' (other processes hold {format_bytes(held)})' if held else ''}; using it would cap every "
-                f"GPU's budget at {format_bytes(request.budget_bytes(d.free_bytes))}.")
-    reasons.append(Reason(f"Uses {w.gpus_per_node} of {len(usable)} GPUs per node: "
+                f"{request.device_word}'s budget at {format_bytes(request.budget_bytes(d.free_bytes))}.")
+    reasons.append(Reason(f"Uses {w.gpus_per_node} of {len(usable)} {request.device_word}s per node: "
                           f"{_more_gpus(request, w, search, len(usable))}.", GPUS_USED))
     return reasons
 
@@ -271,7 +264,8 @@ def _more_gpus(request: PlanRequest, w: Candidate, search: _Search, available: i
             kind = "memory"
             known = [search.predicted_bytes(c) for c in with_it if c.group in search.explored]
             need = f" (the least any needs: {format_bytes(min(known))})" if known else ""
-            text = (f"with {gpus} nothing fits the {format_bytes(with_it[0].budget_bytes)} per-GPU budget{need}")
+            text = (f"with {gpus} nothing fits the {format_bytes(with_it[0].budget_bytes)} per-{request.device_word} "
+                    f"budget{need}")
         if kind not in said:  # the smallest count of each kind says it; larger ones are alike
             said.add(kind)
             parts.append(text)

@@ -256,6 +256,12 @@ class PlanRequest:
         """Whether FSDP candidates are searched: allowed, and the parameter count known."""
         return "fsdp" in self.strategies and self.parameter_count is not None
 
+    @property
+    def device_word(self) -> str:
+        """What the plan's account calls one of `devices`: 'GPU', or 'device' for CPU ranks (MemoryPlanner on a
+        machine without a GPU)."""
+        return "device" if self.devices[0].name == "cpu" else "GPU"
+
     def _check_devices(self) -> None:
         if not isinstance(self.devices, tuple) or not self.devices:
             raise ValueError("PlanRequest.devices must be a non-empty tuple of DeviceBudget (the GPUs of one node); "

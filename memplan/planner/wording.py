@@ -49,12 +49,14 @@ def why_unfit(search: _Search, c: Candidate, request: PlanRequest) -> str:
     """Why a candidate does not fit, in words."""
     if not search.possible(c):
         need = search.floors.floor(c)
-        return (f"needs at least {format_bytes(need)} per GPU (a lower bound from its resident training state and "
-                f"activations, floors.py: not traced), over the {format_bytes(c.budget_bytes)} budget")
+        return (f"needs at least {format_bytes(need)} per {request.device_word} (a lower bound from its resident "
+                f"training state and activations, floors.py: not traced), over the {format_bytes(c.budget_bytes)} "
+                "budget")
     if not search.fits_device(c):
         need = search.predicted_bytes(c)
         how = "traced" if c.trace_key in search.traces else "predicted"
-        return (f"needs {format_bytes(need)} per GPU ({how}), over the {format_bytes(c.budget_bytes)} budget "
+        return (f"needs {format_bytes(need)} per {request.device_word} ({how}), over the "
+                f"{format_bytes(c.budget_bytes)} budget "
                 f"by {format_bytes(need - c.budget_bytes)}")
     return (f"host RAM: {plural(c.gpus_per_node, 'rank')} x {format_bytes(c.host_bytes_per_rank)} = "
             f"{format_bytes(c.gpus_per_node * c.host_bytes_per_rank)} per node, over the "

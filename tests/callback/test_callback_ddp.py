@@ -221,6 +221,7 @@ def test_sigterm_to_one_rank_of_a_users_own_script_ends_the_job_with_every_ranks
     for rank in (0, 1):  # every rank's log whole: each line a record, the last one the end of the run
         log = read_jsonl(out / "memplan" / f"rank{rank}.jsonl")
         assert log[-1]["event"] == "end" and log[-1]["status"].startswith("failed"), log[-1]
+    assert read_jsonl(log1)[-1]["signal"] == "SIGTERM"  # recorded as a field, for memplan report to name
 
 
 def _local_rank(process) -> str | None:

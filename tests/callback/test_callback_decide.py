@@ -153,3 +153,16 @@ def test_after_an_oom_growth_stays_below_the_size_that_failed():
     change = adjuster.decide([calm, oom], runs(16, loader=16))
     assert (change.cause, change.micro_batch_size) == ("oom", 8)
     assert all(adjuster.decide([calm, oom], runs(8, loader=16)) is None for _ in range(5))  # never 15, never 16 again
+
+
+def test_growth_bisects_toward_the_loaded_batch_when_the_plan_asked_for_more():
+    # a plan of micro-batch 64 on a loader that yields 16 (known from the start): the layout runs 16 whole, and
+    # after lowering to 2, growth halves the way to 16, not the way to 64, which no chunk of 16 can reach
+    decide = adjuster(planned_micro_batch_size=64, grow_patience=1)
+    micro, grown = 2, []
+    for _ in range(3):
+        change = decide.decide([status(0, 0.5, micro=micro), status(1, 0.5, micro=micro)], runs(micro, loader=16))
+        micro = change.micro_batch_size if change else micro
+        grown.append(change and (change.cause, change.micro_batch_size))
+    assert grown == [("grow", 8), ("grow", 16), None]
+    assert decide.growth_cap(runs(2, loader=16)) == 16

@@ -6,6 +6,7 @@ import csv
 import errno
 import logging
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -20,6 +21,7 @@ from memplan import compat
 from memplan.compat import lightning as compat_lightning
 from memplan.callback import MemoryPlanner, logger_rows, rank_log, runlog
 from memplan.callback.framework import MisconfigurationException
+from memplan.callback.sigterm import RankTerminated
 
 
 def samples(planner: MemoryPlanner) -> list[int]:
@@ -179,6 +181,27 @@ def test_a_folder_another_rank_cannot_write_stops_this_rank_too(tmp_path):
         planner._open_log(trainer, tmp_path / "memplan")
     records, _ = runlog.parse_lines((tmp_path / "memplan" / "rank1.jsonl").read_bytes())
     assert [(r["event"], r["status"]) for r in records] == [("end", "failed: log folder not writable")]
+
+
+class _Signalled(Regression):
+    """Ended at its third step as the SIGTERM handler of a multi-rank fit ends a rank (memplan.callback.sigterm)."""
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 2:
+            raise RankTerminated(signal.SIGTERM)
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_rank_ended_by_a_signal_records_the_signal_in_its_log(make_trainer):
+    planner = MemoryPlanner(make_plan(4, 1))
+    with pytest.raises(RankTerminated):
+        make_trainer([planner], max_steps=5).fit(_Signalled())
+    end = read_jsonl(planner.log_path)[-1]
+    assert (end["event"], end["status"], end["signal"]) == ("end", "failed: RankTerminated: 143", "SIGTERM")
+    finished = MemoryPlanner(make_plan(4, 1))
+    make_trainer([finished], max_steps=2).fit(Regression())
+    end = read_jsonl(finished.log_path)[-1]
+    assert (end["event"], end["status"], end["signal"]) == ("end", "finished", None)
 
 
 # --- Lightning's logger --------------------------------------------------------------------------

@@ -340,6 +340,25 @@ def test_report_blames_the_rank_that_was_signalled_not_a_peers_secondary_error(t
     assert "rank 1 failed: RankTerminated: 143 (SIGTERM received) (first to fail; then rank 0)" in text
 
 
+def test_report_names_the_signal_the_log_records_not_one_read_back_from_the_status(tmp_path, capsys):
+    # a log written on macOS, where SIGUSR1 is 30 (exit 158); read here, 158 - 128 would be Linux's SIGPWR
+    log_dir = tmp_path / "memplan"
+    run_id = "20261124-050000-aaaaaa"
+    ends = {0: (1005.0, "failed: RuntimeError: Connection closed by peer", None),
+            1: (1000.0, "failed: RankTerminated: 158", "SIGUSR1")}
+    for rank, (when, status, signal_name) in ends.items():
+        with _fresh(log_dir, rank) as f:
+            for record in ({"event": "apply", "step": 0, "layout": {**LAYOUT_8, "world_size": 2}, "time": 900.0},
+                           {"event": "sample", "step": 3, **reading(GiB, GiB), "time": 990.0},
+                           {"event": "end", "step": 3, "status": status, "signal": signal_name, "dropped_lines": 0,
+                            "time": when}):
+                f.write(json.dumps({**record, "rank": rank, "run": run_id}) + "\n")
+    code, out, _ = run(capsys, "report", log_dir, "--output", tmp_path / "r.png")
+    text = " ".join(out.split())
+    assert code == 0
+    assert "rank 1 failed: RankTerminated: 158 (SIGUSR1 received) (first to fail; then rank 0)" in text
+
+
 def _fresh(log_dir: Path, rank: int):
     log_dir.mkdir(parents=True, exist_ok=True)
     return (log_dir / f"rank{rank}.jsonl").open("a")

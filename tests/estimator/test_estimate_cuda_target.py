@@ -4,12 +4,16 @@ Real-GPU agreement is measured by benchmarks on a GPU; these tests check the str
 """
 from __future__ import annotations
 
+import json
+import pickle
+
 import pytest
 import torch
 from torch import nn
 
 from memplan.demos import GPTLM
 from memplan.estimator.api import estimate
+from memplan.estimator.notes import GENERIC_GPU, generic_gpu_note
 from memplan.units import MiB
 
 
@@ -61,6 +65,18 @@ def test_no_local_gpu_falls_back_to_a_generic_target_and_says_so():
     est = estimate(tiny_gpt, BATCH, device=None)
     assert est.device.startswith("generic CUDA GPU")
     assert any("no local GPU" in note for note in est.notes)
+
+
+def test_the_generic_gpu_note_carries_its_code_and_fields_for_an_edge_to_word_its_own_way():
+    if torch.cuda.is_available():
+        pytest.skip("a local GPU is the default target here")
+    est = estimate(tiny_gpt, BATCH, device=None)
+    note = next(n for n in pickle.loads(pickle.dumps(est)).notes if getattr(n, "code", "") == GENERIC_GPU)
+    assert note == "no local GPU: estimated for a generic sm80 GPU; pass device='H100-80GB' (or another) to choose"
+    assert note.fields == {"compute_capability": (8, 0)}
+    assert generic_gpu_note(**note.fields, choose="pass --device A100-80GB") == (
+        "no local GPU: estimated for a generic sm80 GPU; pass --device A100-80GB to choose")
+    assert json.loads(json.dumps(est.to_dict()))["notes"] == [str(n) for n in est.notes]
 
 
 def test_ddp_adds_nccl_buffers_outside_the_allocator():
