@@ -5,8 +5,21 @@ Under pytest-xdist (README's `-n 2`), the modules in ONE_WORKER run whole on one
 handed out before the single tests: their tests share work that a module-scoped fixture or a cache does
 once per process (on two workers it would be done twice). Every other test is handed out on its own, as
 `-n` does.
-(xdist's own `--dist loadgroup` does not group under pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
-import pytest
+(xdist's own `--dist loadgroup` does not group under pytest 9.2: pytest-dev/pytest-xdist#1386.)
+
+Every test process computes on one CPU thread (OMP_NUM_THREADS=1, set here before torch is imported, so the
+child processes tests start inherit it too; a test that needs more threads sets them itself). README's `-n 2`
+runs two workers on two cores: with torch's default of one OpenMP thread per core each worker's threads spin
+waiting for a core the other worker holds, which cost 40 % more CPU time on tests/estimator (126 against 75
+CPU-seconds for test_estimate_cpu.py and test_checkpoint_settings.py on a 2-core AMD EPYC) for the same results."""
+import os
+
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)  # in case a plugin imported torch before this file set the variable
 
 #: test modules whose tests share work done once per process: a 2-rank launch (ddp_runs, fsdp_runs), every
 #: candidate of a search traced (test_planner_floors.every_trace, ~20-40 CPU-s a case, read by two tests)
