@@ -55,6 +55,16 @@ def edited(change) -> dict:
      "(did you mean 'save_dir'?); its arguments are save_dir, "),
     (lambda c: c["trainer"].update(max_stepz=3),
      "trainer.max_stepz", "trainer.max_stepz: Trainer has no argument 'max_stepz' (did you mean 'max_steps'?)"),
+    (lambda c: c.update(optimizer="Adamm"), "optimizer", "optimizer 'Adamm': LightningCLI finds no class by that name "
+     "(did you mean 'Adam'?); write its full import path (as optimizer: {class_path: package.module.ClassName})"),
+    (lambda c: c.update(optimizer={"class_path": "Adamm"}), "optimizer.class_path", "optimizer.class_path 'Adamm': "
+     "LightningCLI finds no class by that name (did you mean 'Adam'?)"),
+    (lambda c: c.update(optimizer={"class_path": "torch.nn.Linear"}), "optimizer.class_path",
+     "optimizer.class_path 'torch.nn.Linear' is not an Optimizer subclass; LightningCLI's optimizer must be one"),
+    (lambda c: c.update(lr_scheduler={"class_path": "torch.optim.lr_scheduler.StepLR"}), "lr_scheduler.init_args.step_size",
+     "lr_scheduler.init_args.step_size is missing: StepLR requires it (no default); add it under lr_scheduler.init_args"),
+    (lambda c: c["trainer"].update(logger=5), "trainer.logger",
+     "trainer.logger must be Logger or Iterable or true or false or null (Trainer's argument 'logger'); got 5"),
 ])
 def test_what_lightning_cli_would_refuse_is_refused_in_one_line_naming_the_key(tmp_path, change, key, message):
     path = tmp_path / "config.yaml"

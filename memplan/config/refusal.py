@@ -60,8 +60,16 @@ def refused(message: str, raw: Mapping[str, Any], package: str) -> ConfigError:
                            f"requires it (no default); add it under {prefix}")
     if found := re.match(r"Import path (\S+) does not correspond to a subclass of (\w+)", text):
         key, given = f"{reason.owner}.class_path", _lookup(raw, f"{reason.owner}.class_path") or found.group(1)
-        return ConfigError(key, f"{key} {given!r} is not a {found.group(2)} subclass; LightningCLI's {reason.owner} "
-                           "must be one")
+        base = found.group(2)
+        return ConfigError(key, f"{key} {given!r} is not {'an' if base[0] in 'AEIOU' else 'a'} {base} subclass; "
+                           f"LightningCLI's {reason.owner} must be one")
+    found = re.match(r"Expected a path but (\S+) either not accessible|Expected a dot import path string: (\S+)", text)
+    if found and reason.class_path is None:
+        key = reason.key + (".class_path" if isinstance(_lookup(raw, reason.key), Mapping) else "")
+        name = found.group(1) or found.group(2)
+        return ConfigError(key, f"{key} {name!r}: LightningCLI finds no class by that name"
+                           f"{_subclass_hint(reason.key, name)}; write its full import path (as {reason.key}: "
+                           "{class_path: package.module.ClassName})")
     if re.match(r"No module named|module '[^']+' has no attribute|cannot import name", text) and reason.class_path:
         key = f"{reason.owner}.class_path"
         if (problem := _import_problem(reason.class_path)) is not None:
@@ -177,6 +185,24 @@ def _import_problem(class_path: str) -> str | None:
         return None
     public = [n for n in vars(module) if not n.startswith("_")]
     return f"module {module_name!r} has no attribute {name!r}{did_you_mean(name, public)}"
+
+
+_BASES = {"optimizer": ("torch.optim", "Optimizer"), "lr_scheduler": ("torch.optim.lr_scheduler", "LRScheduler")}
+"""The base class whose subclasses LightningCLI looks a bare class name up among, per section."""
+
+
+def _subclass_hint(key: str, name: str) -> str:
+    """' (did you mean ...)' among the names of the section's base class's subclasses, or ''."""
+    if key not in _BASES:
+        return ""
+    module, base = _BASES[key]
+    found, todo = set(), [getattr(importlib.import_module(module), base)]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub.__name__ not in found:
+                found.add(sub.__name__)
+                todo.append(sub)
+    return did_you_mean(name, sorted(found))
 
 
 def _lookup(raw: Mapping[str, Any], key: str) -> Any:
