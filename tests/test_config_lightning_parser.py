@@ -145,6 +145,8 @@ def test_nested_class_path_values_are_built_by_the_parser_on_fake_tensors(tmp_pa
     (NESTED.replace("memplan_test_nested.Backbone", "memplan_test_nested.Backbon"),
      "model.init_args.backbone.class_path", "model.init_args.backbone.class_path 'memplan_test_nested.Backbon': module "
      "'memplan_test_nested' has no attribute 'Backbon' (did you mean 'Backbone'?)"),
+    (NESTED.replace("memplan_test_nested.Backbone", "memplan.demos.RandomVectors"), "model.init_args.backbone.class_path",
+     "model.init_args.backbone.class_path 'memplan.demos.RandomVectors' is not a Module subclass"),
     (NESTED.replace("memplan_test_nested.Backbone", "nowhere.Backbone"), "model.init_args.backbone.class_path",
      "model.init_args.backbone.class_path 'nowhere.Backbone': cannot import module 'nowhere'"),
     (NESTED.replace("width: 8, classes: 5", "width: 8, clases: 5"), "model.init_args.heads[0].init_args.clases",

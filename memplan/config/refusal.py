@@ -59,10 +59,10 @@ def refused(message: str, raw: Mapping[str, Any], package: str) -> ConfigError:
         return ConfigError(f"{prefix}.{name}", f"{prefix}.{name} is missing: {_name(_class(reason, package), reason)} "
                            f"requires it (no default); add it under {prefix}")
     if found := re.match(r"Import path (\S+) does not correspond to a subclass of (\w+)", text):
-        key, given = f"{reason.owner}.class_path", _lookup(raw, f"{reason.owner}.class_path") or found.group(1)
+        key, given = f"{reason.key}.class_path", _lookup(raw, f"{reason.key}.class_path") or found.group(1)
         base = found.group(2)
         return ConfigError(key, f"{key} {given!r} is not {'an' if base[0] in 'AEIOU' else 'a'} {base} subclass; "
-                           f"LightningCLI's {reason.owner} must be one")
+                           f"LightningCLI's {reason.key} must be one")
     found = re.match(r"Expected a path but (\S+) either not accessible|Expected a dot import path string: (\S+)", text)
     if found and reason.class_path is None:
         key = reason.key + (".class_path" if isinstance(_lookup(raw, reason.key), Mapping) else "")
