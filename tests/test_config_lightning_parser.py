@@ -162,3 +162,14 @@ def test_a_nested_class_is_refused_by_its_full_key_path(tmp_path, nested_module,
         load_config(path)
     assert info.value.key == key
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_the_values_memplan_plans_with_are_the_ones_lightning_cli_passes(tmp_path):
+    """A quoted number is an int to LightningCLI's parser ('4' -> 4): the batch size and loader settings are
+    read from what it parsed, as the launch passes them, not from the YAML text."""
+    quoted = edited(lambda c: c["data"]["init_args"].update(batch_size="4", num_workers="3"))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(quoted))
+    loaded = load_config(path)
+    assert loaded.data_batch_size == 4 and loaded.loader.num_workers == 3
+    assert loaded.data.init_args["batch_size"] == "4"  # as written, for the planned config

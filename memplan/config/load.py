@@ -101,12 +101,14 @@ class LoadedConfig:
 
     @property
     def data_batch_size(self) -> int | None:
-        """The datamodule's batch size: its init_arg, else its signature default (None if it has none)."""
+        """The datamodule's batch size as LightningCLI passes it: its init_arg, else its signature default (None if
+        it has none)."""
         found = self.batch_size_arg
         if found is None:
             return None
         spec = self.data if found[0] == "data" else self.model
-        value = spec.init_args.get(found[1], spec.value(found[1]))
+        value = spec.value(found[1])
+        value = spec.init_args.get(found[1]) if value is MISSING else value  # (a **kwargs argument: as written)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
@@ -158,8 +160,9 @@ class LoadedConfig:
         """DataLoader settings: data.init_args, else memplan's settings, else the datamodule's and
         torch's defaults."""
         def pick(name: str, default: Any) -> Any:
-            if self.data is not None and name in self.data.init_args:
-                return self.data.init_args[name]
+            if self.data is not None and name in self.data.init_args:  # given: as the parser read it ('3' -> 3)
+                value = self.data.value(name)
+                return self.data.init_args[name] if value is MISSING else value
             if getattr(self.settings, name) is not None:
                 return getattr(self.settings, name)
             if self.data is not None and self.data.value(name) not in (MISSING, None):
