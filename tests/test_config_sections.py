@@ -58,7 +58,7 @@ def test_an_anchor_holder_at_the_top_level_is_refused_by_name_with_the_fix(tmp_p
     def built(*args, **kwargs):
         raise AssertionError("a section was read before the top-level keys were checked")
 
-    monkeypatch.setattr(memplan.config.load, "parse_class_section", built)
+    monkeypatch.setattr(memplan.config.load, "parse_config", built)
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, ANCHORED))
     message = str(caught.value)

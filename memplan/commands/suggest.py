@@ -51,14 +51,18 @@ def run(args: argparse.Namespace) -> int:
         return arg.usage_error("--gpu and --gpu-memory name the same thing; pass one of them")
     progress = Progress(enabled=None if not args.json else False)
     progress.say(f"loading {args.config}")
-    from memplan.commands.planning import plan_config, resolve_hardware  # torch: seconds, with the line shown
     from memplan.commands.loading import load_config_for_command
-    from memplan.planner import NoFit
 
-    try:
+    try:  # a config refused by memplan's own checks (YAML, settings) imports no torch: no seconds for a refusal
         if args.output is not None:
             check_output(args.output, args.config, force=args.force)
         loaded = load_config_for_command(args.config, before_print=progress.clear)
+    finally:
+        progress.clear()  # a refusal prints on a clean line; planning says what it does next
+    from memplan.commands.planning import plan_config, resolve_hardware  # torch: seconds, with the line shown
+    from memplan.planner import NoFit
+
+    try:
         hardware = resolve_hardware(gpus=args.gpus, gpu=args.gpu, gpu_memory=args.gpu_memory)
         for note in hardware.notes:
             progress.clear()

@@ -6,17 +6,32 @@ init_args (memplan.config.placement): load, plan, write.
     out = "gpt2.planned.yaml"
     write_planned_config(loaded, plan, out, callback=planner_callback(plan_path_for(out)))
     print(" ".join(torchrun_command(plan, "gpt2.planned.yaml")))
-"""
-from memplan.config.batch_spec import BatchSpec, TensorSpec, parse_batch_spec
-from memplan.config.classes import ClassSpec
-from memplan.config.errors import ConfigError
-from memplan.config.launch import add_memplan_argument, torchrun_command
-from memplan.config.load import LoadedConfig, LoaderHints, load_config
-from memplan.config.settings import DEFAULT_PRECISIONS, MemplanSettings
-from memplan.config.write import plan_path_for, planner_callback, write_planned_config
 
-__all__ = [
-    "BatchSpec", "ClassSpec", "ConfigError", "DEFAULT_PRECISIONS", "LoadedConfig", "LoaderHints", "MemplanSettings",
-    "TensorSpec", "add_memplan_argument", "load_config", "parse_batch_spec", "plan_path_for", "planner_callback",
-    "torchrun_command", "write_planned_config",
-]
+Each name is imported when first used (PEP 562): `memplan.config.load_config` imports neither torch nor
+Lightning until a config passes memplan's own checks (a refused YAML or setting costs no torch import).
+"""
+import importlib
+
+_LAZY = {
+    **dict.fromkeys(("BatchSpec", "TensorSpec", "parse_batch_spec"), "memplan.config.batch_spec"),
+    "ClassSpec": "memplan.config.classes",
+    "ConfigError": "memplan.config.errors",
+    **dict.fromkeys(("add_memplan_argument", "torchrun_command"), "memplan.config.launch"),
+    **dict.fromkeys(("LoadedConfig", "LoaderHints", "load_config"), "memplan.config.load"),
+    **dict.fromkeys(("DEFAULT_PRECISIONS", "MemplanSettings"), "memplan.config.settings"),
+    **dict.fromkeys(("plan_path_for", "planner_callback", "write_planned_config"), "memplan.config.write"),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'memplan.config' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

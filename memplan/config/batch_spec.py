@@ -16,18 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from memplan.config.errors import ConfigError, did_you_mean
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "float64": torch.float64, "double": torch.float64,
-    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
-    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+if TYPE_CHECKING:
+    import torch
+
+DTYPES: dict[str, str] = {
+    "float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "float64": "float64", "double": "float64",
+    "int64": "int64", "long": "int64", "int32": "int32", "int": "int32",
+    "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool",
 }
+"""The dtype names a batch_spec takes, each with the torch dtype it names (torch.<name>): checked without torch."""
+FLOATING = ("float32", "float16", "bfloat16", "float64")
 _TENSOR_KEYS = frozenset({"shape", "dtype", "low", "high"})
 
 
@@ -57,7 +60,8 @@ class TensorSpec:
             value = getattr(self, bound)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"{bound} must be a number; got {value!r}")
-        integer = not self.torch_dtype.is_floating_point and self.torch_dtype != torch.bool
+        canonical = DTYPES[name]
+        integer = canonical not in FLOATING and canonical != "bool"
         if integer and self.high is None:
             raise ValueError(f"high is required for {name} tensors: the exclusive upper bound of the values "
                              "(e.g. the vocabulary size or the number of classes)")
@@ -65,16 +69,20 @@ class TensorSpec:
             raise ValueError(f"low and high must be ints for {name} tensors; got low={self.low!r}, high={self.high!r}")
         if self.low is not None and self.high is not None and not self.low < self.high:
             raise ValueError(f"low must be below high; got low={self.low!r}, high={self.high!r}")
-        if self.torch_dtype.is_floating_point and (self.low is None) != (self.high is None):
+        if canonical in FLOATING and (self.low is None) != (self.high is None):
             raise ValueError("low and high go together for floating-point tensors (uniform in [low, high)); "
                              "give both, or neither for N(0, 1)")
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype.removeprefix("torch.")]
+        import torch
+
+        return getattr(torch, DTYPES[self.dtype.removeprefix("torch.")])
 
     def make(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
         """A real tensor of shape (batch_size, *shape)."""
+        import torch
+
         size = (batch_size, *self.shape)
         dtype = self.torch_dtype
         if dtype == torch.bool:
@@ -97,6 +105,8 @@ class BatchSpec:
         """A deterministic batch of real tensors with `batch_size` samples."""
         if not _is_int(batch_size) or batch_size < 1:
             raise ValueError(f"batch size must be a positive int; got {batch_size!r}")
+        import torch
+
         generator = torch.Generator().manual_seed(0)
 
         def build(node: Any) -> Any:

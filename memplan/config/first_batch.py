@@ -2,15 +2,11 @@
 the estimate to trace on."""
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from memplan.config.classes import ClassSpec
+from memplan.config.classes import MISSING, ClassSpec
 from memplan.config.errors import ConfigError
-
-_EMPTY = inspect.Parameter.empty
-
 
 def heaviest_batch(loader: Any) -> tuple[Any, str | None]:
     """(the heaviest batch per sample of up to SCAN_BATCHES of `loader`, which one it is in words):
@@ -29,11 +25,11 @@ def first_batch(data: ClassSpec) -> tuple[Any, str | None]:
     """The batch to plan with from the datamodule's train_dataloader(), loaded in this process: the
     heaviest of its first batches for one loader (heaviest_batch), the first of each of several."""
     overrides: dict[str, Any] = {}
-    if data.signature_default("num_workers") is not _EMPTY:
+    if data.value("num_workers") is not MISSING:
         overrides["num_workers"] = 0  # one batch needs no worker processes
-    if data.signature_default("pin_memory") is not _EMPTY:
+    if data.value("pin_memory") is not MISSING:
         overrides["pin_memory"] = False  # nor pinned memory (which warns on a machine without a GPU)
-    if data.signature_default("persistent_workers") is not _EMPTY:
+    if data.value("persistent_workers") is not MISSING:
         overrides["persistent_workers"] = False  # torch refuses persistent workers without workers
     step = f"{data.cls.__name__}(**data.init_args)"
     try:

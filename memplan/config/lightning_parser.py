@@ -1,27 +1,28 @@
-"""The last check of a config: Lightning's own LightningArgumentParser, built as LightningCLI builds its
-`fit` parser, parses it (jsonargparse: every class_path imported, every init_args key and type checked
-against the signatures, trainer.callbacks, trainer.logger and lr_scheduler included), nothing instantiated.
-What it refuses, LightningCLI would refuse at launch: memplan refuses it first, in one line naming the key.
+"""A config as LightningCLI reads it: Lightning's own LightningArgumentParser, built as LightningCLI builds its
+`fit` parser, parses it (jsonargparse: every class_path imported, every init_args key and type checked against
+the signatures, trainer.callbacks, trainer.logger and lr_scheduler included), nothing instantiated. What it
+refuses, LightningCLI would refuse at launch: memplan refuses it first, in one line naming the key
+(memplan.config.refusal). It is the one authority on classes and their arguments; memplan's own checks
+(memplan.config.load) are of what only memplan needs: its settings, device and node counts, a strategy and
+accelerator it can plan.
 
-memplan's own checks (memplan.config.load) run before it and name the common mistakes with their fix
-(a misspelt init_arg with did-you-mean, a strategy memplan does not plan); this parser is the authority
-for the rest, so `memplan suggest` never plans a config its launch would refuse.
+The parsed namespace is what memplan builds from: the model (under fake tensors) and the datamodule are
+instantiated by the same parser, nested class_path values in their init_args (a backbone) included, as
+LightningCLI instantiates them; the optimizer by Lightning's instantiate_class, as LightningCLI calls it.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
-import re
-from collections.abc import Mapping
+import os
+import sys
+from collections.abc import Iterator, Mapping
 from typing import Any, Optional, Union
-
-from memplan.config.errors import ConfigError
 
 FIT_SKIPS = {"model", "train_dataloaders", "val_dataloaders", "datamodule"}
 """Trainer.fit's arguments LightningCLI's fit takes from its sections, not from the config (its subcommands())."""
-_NOISE = re.compile(r"^(Subtypes:|Given value|Errors:|Does not validate against any of the Union subtypes|"
-                    r"- Expected a <class 'NoneType'>|Expected a <class 'NoneType'>)")
 
 
 @functools.cache
@@ -45,53 +46,76 @@ def fit_parser(package: str) -> Any:
     return parser
 
 
-def check_with_lightning(raw: Mapping[str, Any], package: str) -> None:
-    """Parse the config (its `config:` key aside) as LightningCLI's fit would; a ConfigError naming the key
-    it refuses, with the parser's reason, in one line."""
+def parse_config(raw: Mapping[str, Any], package: str) -> Any:
+    """The config (its `config:` key aside) parsed as LightningCLI's fit parses it: a jsonargparse Namespace
+    with every default filled in. What the parser refuses is a ConfigError naming the key, in one line."""
     from jsonargparse import ArgumentError
+
+    from memplan.config.refusal import refused
 
     config = copy.deepcopy({key: value for key, value in raw.items() if key != "config"})  # (parse_object edits it)
     try:
-        fit_parser(package).parse_object(config)
+        with cwd_on_path():
+            return fit_parser(package).parse_object(config)
     except ArgumentError as err:
-        key, reason = refusal(str(err), raw)
-        raise ConfigError(key, f"{key or 'the config'}: LightningCLI would refuse this config at launch ({reason}); "
-                          f"fix {key or 'it'}") from None
+        raise refused(str(err), raw, package) from None
 
 
-def refusal(message: str, raw: Mapping[str, Any]) -> tuple[str, str]:
-    """(the YAML key, the reason in one line) from a jsonargparse error message: the key it names, made
-    exact where the config tells (the list index of the class_path at fault, the init_arg holding the
-    value refused), and the first reason under it (a Union's other alternatives left out)."""
-    found = re.search(r'(?:Parser key|Key) "([^"]+)"', message)
-    key = found.group(1) if found else ""
-    lines = [line.strip().lstrip("- ").strip() for line in message.splitlines()]
-    lines = [text for text in lines if text and not _NOISE.match(text) and not text.startswith(("Parser key", "Key \""))]
-    problem = next((i for i, text in enumerate(lines) if text.startswith("Problem with given class_path")), None)
-    reason = lines[problem + 1] if problem is not None and problem + 1 < len(lines) else (lines[0] if lines else "")
-    section = _lookup(raw, key)
-    if problem is not None:
-        class_path = re.search(r"class_path '([^']+)'", lines[problem]).group(1)
-        if isinstance(section, list):  # which entry: trainer.callbacks[i]
-            index = [i for i, entry in enumerate(section) if isinstance(entry, Mapping)
-                     and class_path.endswith(str(entry.get("class_path", "")).lstrip("."))]
-            if len(index) == 1:
-                key, section = f"{key}[{index[0]}]", section[index[0]]
-        reason = f"{class_path}: {reason}"
-        named = re.search(r"Option '([^'.]+)' is not accepted", reason)
-        init_args = section.get("init_args") if isinstance(section, Mapping) else None
-        got = re.search(r"Got value: (.*)$", reason)
-        if named:
-            key = f"{key}.init_args.{named.group(1)}"
-        elif got and isinstance(init_args, Mapping):
-            holding = [name for name, value in init_args.items() if str(value) == got.group(1)]
-            if len(holding) == 1:
-                key = f"{key}.init_args.{holding[0]}"
-    return key, reason or message.replace("\n", " ")
+def instantiate(cls: type, section: Any) -> Any:
+    """The parsed section (a Namespace with class_path and init_args) instantiated as LightningCLI instantiates
+    it: its init_args by the parser (nested class_path values, a backbone, built innermost first), then
+    cls(**init_args), called here so that what the class raises reaches the caller unchanged (the parser
+    would fold it into a Union's message)."""
+    from jsonargparse import Namespace
+
+    with cwd_on_path():
+        built = _init_args_parser(cls).instantiate(Namespace(init_args=section.get("init_args") or Namespace()))
+    kwargs = {name: value for name, value in vars(built.init_args).items() if not name.startswith("__")}
+    return cls(**kwargs, **(section.get("dict_kwargs") or {}))
 
 
-def _lookup(raw: Mapping[str, Any], key: str) -> Any:
-    node: Any = raw
-    for part in key.split(".") if key else []:
-        node = node.get(part) if isinstance(node, Mapping) else None
-    return node
+@functools.cache
+def _init_args_parser(cls: type) -> Any:
+    """A parser of cls's arguments alone (nested under `init_args`, the class itself not instantiated)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, "init_args", fail_untyped=False, instantiate=False)
+    return parser
+
+
+def instantiate_with(package: str, args: tuple[Any, ...], section: Any) -> Any:
+    """The parsed `optimizer`/`lr_scheduler` section on `args`, by Lightning's instantiate_class, as LightningCLI
+    builds them for configure_optimizers (nested values stay as parsed)."""
+    cli = importlib.import_module(f"{package}.cli")
+    return cli.instantiate_class(args, section.as_dict())
+
+
+def package_of(class_path: Any) -> str:
+    """The Lightning package the model's class_path is written for: 'lightning.pytorch' where it imports and
+    derives from lightning.pytorch's LightningModule, else 'pytorch_lightning' (the parser then says what is
+    wrong with the class_path)."""
+    module_name, _, name = str(class_path).rpartition(".")
+    try:
+        with cwd_on_path():
+            cls = getattr(importlib.import_module(module_name), name, None) if module_name else None
+    except ImportError:
+        cls = None
+    if isinstance(cls, type) and any(c.__module__.startswith("lightning.pytorch") for c in cls.__mro__):
+        return "lightning.pytorch"
+    return "pytorch_lightning"
+
+
+@contextlib.contextmanager
+def cwd_on_path() -> Iterator[None]:
+    """The working directory on sys.path: `python train.py` imports the user's modules from the directory it
+    runs in, and memplan does the same."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)

@@ -1,8 +1,8 @@
 """Read a LightningCLI config (the YAML given to `fit --config`) and memplan's settings in it (the
 MemoryPlanner callback's init_args, or the deprecated `memplan:` section: memplan.config.placement).
 
-Nothing is instantiated when the config loads: classes are imported and their init_args checked
-against their signatures. The model is built only by `build_model`, which memplan calls under fake
+Nothing is instantiated when the config loads: Lightning's own parser reads it (memplan.config.lightning_parser),
+after memplan's own checks, which import neither torch nor Lightning. The model is built only by `build_model`, which memplan calls under fake
 tensors, so a 7B-parameter config allocates no weights. The datamodule runs once, for one batch, the
 first time `example_batch` needs it.
 """
@@ -10,30 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-from memplan.batching import resize_batch
-from memplan.config.blame import estimate_blame
-from memplan.config.classes import ClassSpec, check_arguments, parse_class_section
+from memplan.config.classes import MISSING, ClassSpec, check_shape, from_parsed
 from memplan.config.errors import ConfigError
-from memplan.config.first_batch import first_batch
-from memplan.config.lightning_parser import check_with_lightning
+from memplan.config.lightning_parser import package_of, parse_config
 from memplan.config.placement import SettingsDeprecation, find_settings
 from memplan.config.sections import check_sections
 from memplan.config.settings import MAX_PREFETCH_FACTOR, MAX_WORKERS, MemplanSettings, normalize_precision
-from memplan.config.trainer_checks import (check_accelerator, check_seed, check_strategy, device_count,
-                                          lightning_package, positive_int, trainer_class)
+from memplan.config.trainer_checks import check_accelerator, check_seed, check_strategy, device_count, positive_int
 from memplan.config.yaml_file import expand_dotted, merge_overrides, read_yaml
-from memplan.estimator import EstimateError, MemoryEstimate, estimate
 from memplan.plan import MAX_BATCH_SIZE, check_count
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from memplan.estimator import MemoryEstimate
 
 BATCH_SIZE_ARGS = ("batch_size", "train_batch_size")
 """init_args names that hold the per-GPU (micro-)batch size, looked for in this order."""
@@ -89,6 +85,8 @@ class LoadedConfig:
             raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
         if self.settings.batch_spec is not None:
             return self.settings.batch_spec.make(batch_size)
+        from memplan.batching import resize_batch
+
         return resize_batch(self._datamodule_batch, batch_size)
 
     @property
@@ -97,18 +95,20 @@ class LoadedConfig:
         init_args are searched only when there is no datamodule."""
         spec = self.data if self.data is not None else self.model
         for name in BATCH_SIZE_ARGS:
-            if name in spec.init_args or spec.signature_default(name) is not _EMPTY:
+            if name in spec.init_args or spec.value(name) is not MISSING:
                 return spec.key, name
         return None
 
     @property
     def data_batch_size(self) -> int | None:
-        """The datamodule's batch size: its init_arg, else its signature default (None if it has none)."""
+        """The datamodule's batch size as LightningCLI passes it: its init_arg, else its signature default (None if
+        it has none)."""
         found = self.batch_size_arg
         if found is None:
             return None
         spec = self.data if found[0] == "data" else self.model
-        value = spec.init_args.get(found[1], spec.signature_default(found[1]))
+        value = spec.value(found[1])
+        value = spec.init_args.get(found[1]) if value is MISSING else value  # (a **kwargs argument: as written)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
@@ -160,12 +160,13 @@ class LoadedConfig:
         """DataLoader settings: data.init_args, else memplan's settings, else the datamodule's and
         torch's defaults."""
         def pick(name: str, default: Any) -> Any:
-            if self.data is not None and name in self.data.init_args:
-                return self.data.init_args[name]
+            if self.data is not None and name in self.data.init_args:  # given: as the parser read it ('3' -> 3)
+                value = self.data.value(name)
+                return self.data.init_args[name] if value is MISSING else value
             if getattr(self.settings, name) is not None:
                 return getattr(self.settings, name)
-            if self.data is not None and self.data.signature_default(name) is not _EMPTY:
-                return self.data.signature_default(name)
+            if self.data is not None and self.data.value(name) not in (MISSING, None):
+                return self.data.value(name)
             return default
 
         hints = LoaderHints(num_workers=pick("num_workers", 0), pin_memory=bool(pick("pin_memory", False)),
@@ -212,6 +213,9 @@ class LoadedConfig:
         """Around anything that traces this config (an estimate, the planner's search): an EstimateError
         about the batch is re-raised as a ConfigError naming where the batch came from (memplan.batch_spec
         or data); one about building the model, naming model.init_args. Others pass unchanged."""
+        from memplan.config.blame import estimate_blame
+        from memplan.estimator import EstimateError  # (called around a trace: torch is imported by then)
+
         try:
             yield
         except EstimateError as err:  # (its fields, not its message: memplan.config.blame)
@@ -239,10 +243,16 @@ class LoadedConfig:
     def _datamodule_scan(self) -> tuple[Any, str | None]:
         if self.data is None:  # load_config refuses a config with neither
             raise ConfigError("data", f"no data: section and no {self.settings.key('batch_spec')}")
+        from memplan.config.first_batch import first_batch
+
         return first_batch(self.data)
 
 
-_EMPTY = inspect.Parameter.empty
+def estimate(*args: Any, **kwargs: Any) -> MemoryEstimate:
+    """memplan.estimate, imported when first used (torch: seconds), so a refused config never imports it."""
+    from memplan.estimator import estimate as run
+
+    return run(*args, **kwargs)
 
 
 def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> LoadedConfig:
@@ -264,41 +274,32 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
             "with model: {class_path: ..., init_args: {...}} at the top level"))
     placed = find_settings(raw, path)
     settings = placed.settings
-    model = parse_class_section(raw["model"], "model", base="LightningModule")
-    data = parse_class_section(raw["data"], "data", base="LightningDataModule") if raw.get("data") is not None else None
-    optimizer = None
-    if raw.get("optimizer") is not None:
-        optimizer = parse_class_section(raw["optimizer"], "optimizer", base="Optimizer",
-                                        default_module="torch.optim", leading=1)
-    if data is None and settings.batch_spec is None:
-        owns = "train_dataloader" in vars(model.cls) or any(
-            "train_dataloader" in vars(c) for c in model.cls.__mro__[1:] if c.__name__ != "LightningModule"
-            and not c.__module__.startswith(("pytorch_lightning", "lightning")))
-        why = (f"{model.cls.__name__} loads its own data (train_dataloader), which memplan does not run: it would "
-               "build the model for real" if owns else "the config has no data: section (a LightningDataModule)")
-        key = settings.key("batch_spec")
-        raise ConfigError(key, (
-            f"no batch to plan with: {why}; describe one batch in {key} (per-sample shape, dtype and value range "
-            "of each tensor, as training_step receives them), e.g. trainer: {callbacks: [{class_path: "
-            "memplan.MemoryPlanner, init_args: {suggest: {batch_spec: {input: {shape: [1024], dtype: int64, high: "
-            "50257}}}}}]} (README: 'Describing the batch')"))
     trainer = raw.get("trainer") or {}
     if not isinstance(trainer, Mapping):
         raise ConfigError("trainer", f"trainer must be a mapping of Trainer arguments; got {trainer!r}")
     devices = device_count(trainer.get("devices", "auto"))
     nodes = positive_int(trainer, "num_nodes")
+    accumulate = positive_int(trainer, "accumulate_grad_batches")
     if trainer.get("precision") is not None:
         normalize_precision(trainer["precision"], name="trainer.precision")
     check_seed(raw.get("seed_everything"))
-    check_accelerator(trainer.get("accelerator"), model.cls)
-    check_strategy(trainer.get("strategy"), model.cls)
-    others = {k: v for k, v in trainer.items()
-              if k not in ("devices", "num_nodes", "accumulate_grad_batches", "precision", "accelerator", "strategy")}
-    check_arguments(trainer_class(model.cls), others, "trainer")
+    for key in ("model", "data", "optimizer"):
+        if raw.get(key) is not None:
+            check_shape(raw[key], key, bare_names=key == "optimizer")
+    # memplan's own checks are done, none importing torch or Lightning; now Lightning's parser reads the rest
+    package = package_of(raw["model"]["class_path"] if isinstance(raw["model"], Mapping) else raw["model"])
+    check_accelerator(trainer.get("accelerator"), package)
+    check_strategy(trainer.get("strategy"), package)
+    parsed = parse_config(raw, package)
+    sections = {key: from_parsed(raw[key], parsed[key], key, package) if raw.get(key) is not None else None
+                for key in ("model", "data", "optimizer")}
+    model = sections["model"]
+    if sections["data"] is None and settings.batch_spec is None:
+        raise no_batch(model.cls, settings.key("batch_spec"))
     loaded = LoadedConfig(
-        path=path, raw=raw, settings=settings, model=model, data=data, optimizer_section=optimizer,
-        trainer=dict(trainer), trainer_world_size=None if devices is None else devices * nodes,
-        accumulate_grad_batches=positive_int(trainer, "accumulate_grad_batches"),
+        path=path, raw=raw, settings=settings, model=model, data=sections["data"],
+        optimizer_section=sections["optimizer"], trainer=dict(trainer),
+        trainer_world_size=None if devices is None else devices * nodes, accumulate_grad_batches=accumulate,
         deprecations=(placed.deprecation,) if placed.deprecation else (),
     )
     found = loaded.batch_size_arg
@@ -311,9 +312,24 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
         except ValueError as err:
             raise ConfigError(key, str(err)) from None
     loaded.loader  # noqa: B018  (its ranges checked now, before any work)
-    check_with_lightning(raw, lightning_package(model.cls))  # the rest, as LightningCLI's own parser reads it
-    if optimizer is not None:  # its own checks (a negative lr ...) before any trace: on one parameter
-        loaded._build_optimizer([nn.Parameter(torch.zeros(1))])
+    if loaded.optimizer_section is not None:  # its own checks (a negative lr ...) before any trace: on one parameter
+        import torch
+
+        loaded._build_optimizer([torch.nn.Parameter(torch.zeros(1))])
     if placed.deprecation:
         warnings.warn(placed.deprecation, SettingsDeprecation, stacklevel=2)
     return loaded
+
+
+def no_batch(model_cls: type, key: str) -> ConfigError:
+    """The refusal of a config with neither a datamodule nor a batch_spec (`key`: where it goes)."""
+    owns = "train_dataloader" in vars(model_cls) or any(
+        "train_dataloader" in vars(c) for c in model_cls.__mro__[1:] if c.__name__ != "LightningModule"
+        and not c.__module__.startswith(("pytorch_lightning", "lightning")))
+    why = (f"{model_cls.__name__} loads its own data (train_dataloader), which memplan does not run: it would "
+           "build the model for real" if owns else "the config has no data: section (a LightningDataModule)")
+    return ConfigError(key, (
+        f"no batch to plan with: {why}; describe one batch in {key} (per-sample shape, dtype and value range "
+        "of each tensor, as training_step receives them), e.g. trainer: {callbacks: [{class_path: "
+        "memplan.MemoryPlanner, init_args: {suggest: {batch_spec: {input: {shape: [1024], dtype: int64, high: "
+        "50257}}}}}]} (README: 'Describing the batch')"))

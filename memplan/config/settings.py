@@ -15,7 +15,7 @@ from typing import Any
 
 from memplan.config.batch_spec import BatchSpec, parse_batch_spec
 from memplan.config.errors import ConfigError, did_you_mean
-from memplan.estimator.inputs import OPTIMIZERS
+from memplan.optimizers import OPTIMIZER_NAMES as OPTIMIZERS
 from memplan.plan import MAX_BATCH_SIZE
 from memplan.precision import PRECISIONS, Precision, canonical_precision
 

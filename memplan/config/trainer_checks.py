@@ -38,15 +38,6 @@ def device_count(devices: Any) -> int | None:
         f"got {devices!r}"))
 
 
-def trainer_class(model_cls: type) -> type:
-    """The Trainer of the Lightning package the model is written for (lightning.pytorch or pytorch_lightning)."""
-    if any(c.__module__.startswith("lightning.pytorch") for c in model_cls.__mro__):
-        from lightning.pytorch import Trainer
-    else:
-        from pytorch_lightning import Trainer
-    return Trainer
-
-
 SEED_RANGE = (0, 2**32 - 1)
 """The seeds Lightning's seed_everything takes (numpy's uint32)."""
 
@@ -68,14 +59,8 @@ def check_seed(seed: Any) -> None:
                           f"{SEED_RANGE[0]} to {SEED_RANGE[1]}; got {seed!r}")
 
 
-def lightning_package(model_cls: type) -> str:
-    """The Lightning package the model class is written for: 'lightning.pytorch' or 'pytorch_lightning'."""
-    return "lightning.pytorch" if any(c.__module__.startswith("lightning.pytorch") for c in model_cls.__mro__) \
-        else "pytorch_lightning"
-
-
-def check_accelerator(accelerator: Any, model_cls: type) -> None:
-    """trainer.accelerator: one Lightning knows, and one memplan plans (CUDA GPUs, or CPU)."""
+def check_accelerator(accelerator: Any, package: str) -> None:
+    """trainer.accelerator: one Lightning (`package`) knows, and one memplan plans (CUDA GPUs, or CPU)."""
     if accelerator is None or (isinstance(accelerator, str) and accelerator.lower() in PLANNED_ACCELERATORS):
         return
     if isinstance(accelerator, Mapping):  # an Accelerator class_path: its own business, if a CUDA one
@@ -84,7 +69,7 @@ def check_accelerator(accelerator: Any, model_cls: type) -> None:
             return
         raise ConfigError("trainer.accelerator", f"trainer.accelerator.class_path {name or '(missing)'!r}: memplan "
                           "plans CUDA GPUs (CUDAAccelerator) and CPU; set trainer.accelerator to gpu or auto")
-    known = sorted(importlib.import_module(lightning_package(model_cls) + ".accelerators")
+    known = sorted(importlib.import_module(package + ".accelerators")
                    .AcceleratorRegistry.available_accelerators())
     if isinstance(accelerator, str) and accelerator.lower() in known:
         raise ConfigError("trainer.accelerator", f"trainer.accelerator {accelerator!r}: memplan plans CUDA GPUs "
@@ -93,7 +78,7 @@ def check_accelerator(accelerator: Any, model_cls: type) -> None:
                       f"(Lightning knows {', '.join(known)}); got {accelerator!r}")
 
 
-def check_strategy(strategy: Any, model_cls: type) -> None:
+def check_strategy(strategy: Any, package: str) -> None:
     """trainer.strategy: one Lightning knows, and one memplan plans (DDP and its variants, FSDP, one
     device, auto). Another would be replaced by the plan's strategy, which memplan never does silently."""
     if strategy is None or strategy == "auto":
@@ -107,7 +92,7 @@ def check_strategy(strategy: Any, model_cls: type) -> None:
     if not isinstance(strategy, str):
         raise ConfigError("trainer.strategy", f"trainer.strategy must be a strategy name (e.g. ddp, fsdp) or a "
                           f"class_path mapping; got {strategy!r}")
-    known = importlib.import_module(lightning_package(model_cls) + ".strategies").StrategyRegistry.available_strategies()
+    known = importlib.import_module(package + ".strategies").StrategyRegistry.available_strategies()
     planned = [k for k in known if k.startswith(("ddp", "fsdp")) or k == "single_device"]
     if strategy in planned:
         return

@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from memplan.estimator.errors import EstimateError
+from memplan.optimizers import OPTIMIZER_NAMES
 from memplan.estimator.step import LossFn, loss_from_output
 
-OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
+_BUILDERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "sgd": lambda params: torch.optim.SGD(params, lr=1e-3),
     "sgd-momentum": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
     "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
@@ -18,6 +19,8 @@ OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "rmsprop": lambda params: torch.optim.RMSprop(params, lr=1e-3),
     "adagrad": lambda params: torch.optim.Adagrad(params, lr=1e-3),
 }
+OPTIMIZERS = {name: _BUILDERS[name] for name in OPTIMIZER_NAMES}
+"""Each of memplan.optimizers.OPTIMIZER_NAMES with its builder (a name without one fails here, at import)."""
 
 
 def is_lightning_module(model: nn.Module) -> bool:

@@ -185,8 +185,8 @@ YAML_CASES = [
     ("yaml-init-args-bool-for-int", {"data.init_args.batch_size": True}, "data.init_args.batch_size must be an int"),
     ("yaml-init-args-str-for-bool", {"data.init_args.pin_memory": "yes please"},
      "data.init_args.pin_memory must be true or false"),
-    ("yaml-nested-class-path", {"model.init_args.hidden": {"class_path": "nowhere.Width"}},
-     "model.init_args.hidden.class_path 'nowhere.Width': cannot import module 'nowhere'"),
+    ("yaml-nested-class-path", {"model.init_args.hidden": {"class_path": "nowhere.Width"}},  # MLP's hidden is an int
+     "model.init_args.hidden must be an int (MLP's argument 'hidden'); got {'class_path': 'nowhere.Width'}"),
     ("yaml-init-args-not-mapping", {"model.init_args": [1, 2]}, "model.init_args must be a mapping"),
     ("yaml-trainer-not-mapping", {"trainer": "fast"}, "trainer must be a mapping"),
     ("yaml-trainer-precision-64", {"trainer.precision": 64}, "trainer.precision 64: Lightning runs it"),
