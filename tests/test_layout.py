@@ -32,7 +32,7 @@ WIDE_BY_CONTRACT = {
 """Functions whose parameter list is fixed by a contract outside this codebase, and why."""
 
 LAYERS = (
-    {"units", "precision", "optimizers", "checkpoint_setting", "batching", "compat", "files", "shapes", "plan"},
+    {"units", "lazy", "precision", "optimizers", "checkpoint_setting", "batching", "compat", "files", "shapes", "plan"},
     {"hardware"},
     {"estimator"},
     {"truth", "analytic", "demos"},

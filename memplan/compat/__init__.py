@@ -15,7 +15,7 @@ The names below keep `from memplan import compat; compat.ddp_kwargs(...)` workin
 each is imported when first used (PEP 562), so `memplan.compat.versions` and `.lightning` import no torch.
 Do not name a global `torch` or `lightning` here: importing the submodules sets those attributes.
 """
-import importlib
+from memplan.lazy import lazy_exports
 
 _LAZY = {
     **dict.fromkeys(("attach_stand_in_trainer", "ddp_kwargs", "layer_sync", "logger_row_getter",
@@ -28,13 +28,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'memplan.compat' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -10,7 +10,7 @@ init_args (memplan.config.placement): load, plan, write.
 Each name is imported when first used (PEP 562): `memplan.config.load_config` imports neither torch nor
 Lightning until a config passes memplan's own checks (a refused YAML or setting costs no torch import).
 """
-import importlib
+from memplan.lazy import lazy_exports
 
 _LAZY = {
     **dict.fromkeys(("BatchSpec", "TensorSpec", "parse_batch_spec"), "memplan.config.batch_spec"),
@@ -25,13 +25,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'memplan.config' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -3,7 +3,7 @@
 Each name is imported when first used (PEP 562): memplan.estimator.errors and .result import no torch, so a
 command can catch an EstimateError, or a config can be refused, before torch is imported.
 """
-import importlib
+from memplan.lazy import lazy_exports
 
 _LAZY = {
     "estimate": "memplan.estimator.api",
@@ -14,13 +14,4 @@ _LAZY = {
 __all__ = ["estimate", "EstimateError", "MemoryEstimate", "PRECISIONS"]
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'memplan.estimator' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -3,26 +3,13 @@
 sys.modules, not timed); one that passes them is read by Lightning's own parser, which imports both."""
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from subprocess_run import run_watched
+from import_probe import ROOT, modules_imported
 
-ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "pytorch_lightning", "lightning")
-
-PROBE = """
-import runpy, sys
-sys.argv = ["memplan", *sys.argv[1:]]
-try:
-    runpy.run_module("memplan", run_name="__main__")
-except SystemExit as done:
-    code = done.code
-print("MODULES", [m for m in {heavy!r} if m in sys.modules], "CODE", code, file=sys.stderr)
-"""
 
 PLANNER = "trainer.callbacks[0].init_args"
 
@@ -41,12 +28,8 @@ def edited(path: str, value) -> dict:
 def refused(tmp_path: Path, argv: list[str], text: str) -> tuple[list[str], int, str]:
     path = tmp_path / "config.yaml"
     path.write_text(text)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = run_watched([sys.executable, "-c", PROBE.format(heavy=HEAVY), *[str(path) if a == "CONFIG" else a
-                                                                          for a in argv]], env=env, cwd=ROOT)
-    line = next(line for line in done.stderr.splitlines() if line.startswith("MODULES"))
-    modules, code = line.removeprefix("MODULES ").rsplit(" CODE ", 1)
-    return eval(modules), int(code), done.stderr  # noqa: S307  (our own probe's list)
+    modules, code, _, stderr = modules_imported([str(path) if a == "CONFIG" else a for a in argv], HEAVY)
+    return modules, code, stderr
 
 
 COMMANDS = {"suggest": ["suggest", "--gpu", "A100-80GB", "CONFIG"], "estimate": ["estimate", "CONFIG", "--batch-size", "4"]}

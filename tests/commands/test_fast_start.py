@@ -5,37 +5,20 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
-from pathlib import Path
 
 import pytest
-from subprocess_run import run_watched
+from import_probe import ROOT, modules_imported
 
 from memplan.commands.cli import main
 from memplan.commands.progress import Progress
 
-ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "pytorch_lightning", "lightning", "torchmetrics", "transformers", "matplotlib")
-
-PROBE = """
-import runpy, sys
-sys.argv = ["memplan", *sys.argv[1:]]
-try:
-    runpy.run_module("memplan", run_name="__main__")
-except SystemExit as done:
-    code = done.code
-print("MODULES", [m for m in {heavy!r} if m in sys.modules], "CODE", code, file=sys.stderr)
-"""
 
 
 def modules_after(*argv: str) -> tuple[list[str], int, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = run_watched([sys.executable, "-c", PROBE.format(heavy=HEAVY), *argv],
-                       env=env, cwd=ROOT)
-    line = next(line for line in done.stderr.splitlines() if line.startswith("MODULES"))
-    modules, code = line.removeprefix("MODULES ").rsplit(" CODE ", 1)
-    return eval(modules), int(code), done.stdout + done.stderr  # noqa: S307  (our own probe's list)
+    modules, code, stdout, stderr = modules_imported(list(argv), HEAVY)
+    return modules, code, stdout + stderr
 
 
 @pytest.mark.parametrize("argv", [
