@@ -19,7 +19,8 @@ recorded with its error and the others go on. Estimates run without any saved ca
 points to an empty folder), so they show memplan's sourced constants; `memplan validate` gets its own file.
 
 --dry-run runs the same steps on CPU with tiny sizes (tests/benchmarks/test_gpu_campaign.py); its figures
-are no GPU figures. `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
+are no GPU figures. Where a fresh process matters only on a GPU, the dry run shares one: an accuracy case's
+truth and estimates come from one child, and the planner-vs-bisection probes run in this process. `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
 """
 from __future__ import annotations
 
@@ -233,7 +234,8 @@ def validate(rec: Recorder, entry: dict, dry: bool) -> None:
 
 
 def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
-    """Each case's truth (GPU processes, measure_jobs at once) and native + emulated estimates (jobs at once)."""
+    """Each case's truth (GPU processes, measure_jobs at once) and native + emulated estimates (jobs at once);
+    a dry run gets all three from one CPU process per case (benchmarks.accuracy_gpu --dry-case)."""
     from benchmarks.accuracy_gpu import child_command, make_row, parse_child, summarize
 
     entry.update(cases=list(names), rows=[], missing=[])
@@ -257,12 +259,19 @@ def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
     with ThreadPoolExecutor(s.measure_jobs) as gpu_pool, ThreadPoolExecutor(s.jobs) as cpu_pool:
         futures = {}
         for name in names:
+            if dry:
+                futures[cpu_pool.submit(one, "dry-case", name, False)] = (name, "all")
+                continue
             futures[gpu_pool.submit(one, "measure", name, False)] = (name, "truth")
             futures[cpu_pool.submit(one, "estimate", name, False)] = (name, "native")
             futures[cpu_pool.submit(one, "estimate", name, True)] = (name, "emulated")
         for future in as_completed(futures):
             name, what = futures[future]
-            parts[name][what] = future.result()
+            got = future.result()
+            if what == "all":  # one child's three results, or its one error for all three
+                parts[name].update(got if "error" not in got else dict.fromkeys(("truth", "native", "emulated"), got))
+            else:
+                parts[name][what] = got
             if len(parts[name]) == 3:
                 row = make_row(name, parts[name]["truth"], parts[name]["native"], parts[name]["emulated"])
                 entry["rows"].append(row)
