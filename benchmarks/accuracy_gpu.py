@@ -97,10 +97,11 @@ def child_command(mode: str, name: str, *, cpu: bool = False, emulate: bool = Fa
     return [sys.executable, "-m", "benchmarks.accuracy_gpu", f"--{mode}", name, *(["--cpu"] if cpu else [])], env
 
 
-def _dry_case(name: str) -> dict:
-    """The dry run's three children of one case in one process: the CPU truth first, then the native and the
-    emulated estimate. On CPU the profiler's peak carries nothing over from one to the next; a GPU needs each in
-    a fresh process (allocator state, CUDA context), so only the dry run shares one."""
+def dry_case(name: str) -> dict:
+    """{"truth", "native", "emulated"}: the GPU campaign dry run's three children of one case, run in this process
+    on CPU (the profiler's peak first, then the native and the emulated estimate); each failure is recorded as a
+    failed child's {"error"}. On CPU nothing carries over from one to the next; a GPU needs each in a fresh
+    process (allocator state, CUDA context)."""
     out: dict[str, dict] = {}
     for what, emulate in (("truth", False), ("native", False), ("emulated", True)):
         before = os.environ.get("MEMPLAN_TRACE_ON_CPU")
@@ -196,9 +197,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measure", metavar="CASE")
     parser.add_argument("--estimate", metavar="CASE")
-    parser.add_argument("--dry-case", metavar="CASE",
-                        help="the GPU campaign's dry run: --measure, --estimate and the emulated estimate on CPU, "
-                             "in this one process")
     parser.add_argument("--only", nargs="*")
     parser.add_argument("--cpu", action="store_true",
                         help="with --measure / --estimate: on CPU (the GPU campaign's dry run)")
@@ -208,9 +206,6 @@ def main() -> int:
         return 0
     if args.estimate:
         print(json.dumps(_estimate(args.estimate, args.cpu)))
-        return 0
-    if args.dry_case:
-        print(json.dumps(_dry_case(args.dry_case)))
         return 0
     import torch
 

@@ -19,8 +19,9 @@ recorded with its error and the others go on. Estimates run without any saved ca
 points to an empty folder), so they show memplan's sourced constants; `memplan validate` gets its own file.
 
 --dry-run runs the same steps on CPU with tiny sizes (tests/benchmarks/test_gpu_campaign.py); its figures
-are no GPU figures. Where a fresh process matters only on a GPU, the dry run shares one: an accuracy case's
-truth and estimates come from one child, and the planner-vs-bisection probes run in this process. `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
+are no GPU figures. Where a fresh process matters only on a GPU, the dry run saves its start: the accuracy cases,
+the planner-vs-bisection probes and the part-2 probes run in this process (the CUDA probes, validate and
+`memplan suggest` still run as children). `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
 """
 from __future__ import annotations
 
@@ -235,8 +236,8 @@ def validate(rec: Recorder, entry: dict, dry: bool) -> None:
 
 def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
     """Each case's truth (GPU processes, measure_jobs at once) and native + emulated estimates (jobs at once);
-    a dry run gets all three from one CPU process per case (benchmarks.accuracy_gpu --dry-case)."""
-    from benchmarks.accuracy_gpu import child_command, make_row, parse_child, summarize
+    a dry run gets all three in this process (benchmarks.accuracy_gpu.dry_case)."""
+    from benchmarks.accuracy_gpu import child_command, dry_case, make_row, parse_child, summarize
 
     entry.update(cases=list(names), rows=[], missing=[])
     parts: dict[str, dict] = {name: {} for name in names}
@@ -255,32 +256,33 @@ def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
         except (json.JSONDecodeError, IndexError) as err:
             return {"error": f"unreadable output: {err}"}
 
+    def finished(name: str) -> None:
+        row = make_row(name, parts[name]["truth"], parts[name]["native"], parts[name]["emulated"])
+        entry["rows"].append(row)
+        entry["summary"] = summarize(entry["rows"])
+        errors = {k: v["error"] for k, v in parts[name].items() if "error" in v}
+        rec.log(f"accuracy {name}: allocated err native {_pct(row['native_err_allocated'])} "
+                f"emulated {_pct(row['emulated_err_allocated'])}" + (f" errors {errors}" if errors else ""))
+        rec.save()
+
     s = rec.settings
+    if dry:  # on CPU no allocator state or CUDA context to keep apart: the cases run here, one after another
+        for name in names:
+            parts[name] = (dry_case(name) if rec.left() > 10
+                           else dict.fromkeys(("truth", "native", "emulated"), {"error": "skipped: out of time"}))
+            finished(name)
     with ThreadPoolExecutor(s.measure_jobs) as gpu_pool, ThreadPoolExecutor(s.jobs) as cpu_pool:
         futures = {}
-        for name in names:
-            if dry:
-                futures[cpu_pool.submit(one, "dry-case", name, False)] = (name, "all")
-                continue
+        for name in [] if dry else names:
             futures[gpu_pool.submit(one, "measure", name, False)] = (name, "truth")
             futures[cpu_pool.submit(one, "estimate", name, False)] = (name, "native")
             futures[cpu_pool.submit(one, "estimate", name, True)] = (name, "emulated")
         for future in as_completed(futures):
             name, what = futures[future]
-            got = future.result()
-            if what == "all":  # one child's three results, or its one error for all three
-                parts[name].update(got if "error" not in got else dict.fromkeys(("truth", "native", "emulated"), got))
-            else:
-                parts[name][what] = got
+            parts[name][what] = future.result()
             if len(parts[name]) == 3:
-                row = make_row(name, parts[name]["truth"], parts[name]["native"], parts[name]["emulated"])
-                entry["rows"].append(row)
-                entry["summary"] = summarize(entry["rows"])
-                errors = {k: v["error"] for k, v in parts[name].items() if "error" in v}
-                rec.log(f"accuracy {name}: allocated err native {_pct(row['native_err_allocated'])} "
-                        f"emulated {_pct(row['emulated_err_allocated'])}" + (f" errors {errors}" if errors else ""))
-                rec.save()
-    order = {name: i for i, name in enumerate(names)}
+                finished(name)
+    order = {name: i for i, name in enumerate(entry["cases"])}
     entry["rows"].sort(key=lambda r: order[r["case"]])
     entry["missing"] = [r["case"] for r in entry["rows"] if "error" in r["truth"]]
     entry["out_of_time"] = [r["case"] for r in entry["rows"]
@@ -303,8 +305,11 @@ def plan_vs_bisect(rec: Recorder, entry: dict, config: str, dry: bool) -> None:
 
 
 def probe(rec: Recorder, entry: dict, name: str, dry: bool, cap_s: float) -> None:
-    from benchmarks.gpu_probes import RESULT_MARKER
+    from benchmarks.gpu_probes import RESULT_MARKER, run_probe
 
+    if dry:  # on CPU a fresh process only restarts Lightning: the probe runs here
+        entry.update(run_probe(name, cpu=True, repeat=1))
+        return
     dry_args = ["--cpu", "--repeat", "1"] if dry else []
     done = run_child(rec, [sys.executable, "-m", "benchmarks.gpu_probes", name, *dry_args],
                      env=dict(os.environ), cap_s=cap_s)
