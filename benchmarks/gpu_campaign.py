@@ -20,8 +20,8 @@ points to an empty folder), so they show memplan's sourced constants; `memplan v
 
 --dry-run runs the same steps on CPU with tiny sizes (tests/benchmarks/test_gpu_campaign.py); its figures
 are no GPU figures. Where a fresh process matters only on a GPU, the dry run saves its start: the accuracy cases,
-the planner-vs-bisection probes and the part-2 probes run in this process (the CUDA probes, validate and
-`memplan suggest` still run as children). `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
+the planner-vs-bisection steps, the part-2 probes and, where no driver is present, the CUDA probes run in this
+process (validate still runs as a child). `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
 """
 from __future__ import annotations
 
@@ -200,9 +200,13 @@ def _git_commit() -> str | None:
 
 
 def cuda_overheads(rec: Recorder, entry: dict) -> None:
-    from benchmarks.gpu_probes import RESULT_MARKER
+    from benchmarks.gpu_probes import RESULT_MARKER, run_probe
+    from memplan.hardware import nvml_available
 
     for key, probe, extra_env in (("lazy", "overheads", {}), ("eager", "context", {"CUDA_MODULE_LOADING": "EAGER"})):
+        if rec.settings.dry_run and not nvml_available():  # no driver: the probe says so without touching CUDA
+            entry[key] = run_probe(probe, cpu=True, repeat=1)
+            continue
         done = run_child(rec, [sys.executable, "-m", "benchmarks.gpu_probes", probe],
                          env=dict(os.environ, **extra_env), cap_s=180)
         entry[key] = (marked_json(done.stdout, RESULT_MARKER) if done.returncode == 0

@@ -14,13 +14,16 @@ BatchSizeFinder's time. The parent process never initialises CUDA, so every chil
 
     python -m benchmarks.plan_vs_bisect_gpu [--only gpt2-small ...]
 writes benchmarks/results/plan_vs_bisect_gpu.json and .md. The GPU campaign (benchmarks.gpu_campaign)
-runs `run_one` with a deadline; `--dry-run` there runs it on CPU against a small byte budget, with every child
-but `memplan suggest` run in the campaign's own process (see _run_child).
+runs `run_one` with a deadline; `--dry-run` there runs it on CPU against a small byte budget, with every child,
+`memplan suggest` included, run in the campaign's own process (_run_child, _suggest_here).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -159,6 +162,16 @@ def free_device_bytes() -> int:
     return gpu.free_bytes
 
 
+def _suggest_here(argv: list[str]) -> subprocess.CompletedProcess:
+    """`memplan ARGV` in this process, its output captured (the dry run, whose planning time is no figure)."""
+    from memplan.commands.cli import main as memplan
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = memplan(argv)
+    return subprocess.CompletedProcess(["memplan", *argv], code, out.getvalue(), err.getvalue())
+
+
 def _dry_budget(name: str, setting: list[str], timeout: float) -> int:
     """The dry run's 'free memory': the CPU peak two real steps at DRY_MICRO take."""
     return _run_child(["probe", name, str(DRY_MICRO), *setting, "--cpu-budget", "0"], timeout, in_process=True)["peak"]
@@ -175,7 +188,7 @@ def run_one(name: str, row: dict, *, dry: bool = False, deadline: float | None =
     suggest = [sys.executable, "-m", "memplan", "suggest", "--gpus", "1", *(DRY_SUGGEST if dry else []),
                config_path(name), "--json"]
     started = time.perf_counter()
-    done = run_group(suggest, cwd=ROOT, timeout=max(left(), 1))
+    done = _suggest_here(suggest[3:]) if dry else run_group(suggest, cwd=ROOT, timeout=max(left(), 1))
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(suggest[1:])} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
     plan = json.loads(done.stdout)
