@@ -97,6 +97,28 @@ def child_command(mode: str, name: str, *, cpu: bool = False, emulate: bool = Fa
     return [sys.executable, "-m", "benchmarks.accuracy_gpu", f"--{mode}", name, *(["--cpu"] if cpu else [])], env
 
 
+def dry_case(name: str) -> dict:
+    """{"truth", "native", "emulated"}: the GPU campaign dry run's three children of one case, run in this process
+    on CPU (the profiler's peak first, then the native and the emulated estimate); each failure is recorded as a
+    failed child's {"error"}. On CPU nothing carries over from one to the next; a GPU needs each in a fresh
+    process (allocator state, CUDA context)."""
+    out: dict[str, dict] = {}
+    for what, emulate in (("truth", False), ("native", False), ("emulated", True)):
+        before = os.environ.get("MEMPLAN_TRACE_ON_CPU")
+        if emulate:
+            os.environ["MEMPLAN_TRACE_ON_CPU"] = "1"
+        try:
+            out[what] = _measure(name, cpu=True) if what == "truth" else _estimate(name, cpu=True)
+        except Exception as err:  # noqa: BLE001 -- as a failed child: recorded, the others still run
+            out[what] = {"error": f"{type(err).__name__}: {err}"}
+        finally:
+            if before is None:
+                os.environ.pop("MEMPLAN_TRACE_ON_CPU", None)
+            else:
+                os.environ["MEMPLAN_TRACE_ON_CPU"] = before
+    return out
+
+
 def parse_child(returncode: int, stdout: str, stderr: str) -> dict:
     """The child's JSON line, or {"error": its last stderr line}."""
     if returncode != 0:

@@ -19,7 +19,9 @@ recorded with its error and the others go on. Estimates run without any saved ca
 points to an empty folder), so they show memplan's sourced constants; `memplan validate` gets its own file.
 
 --dry-run runs the same steps on CPU with tiny sizes (tests/benchmarks/test_gpu_campaign.py); its figures
-are no GPU figures. `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
+are no GPU figures. Where a fresh process matters only on a GPU, the dry run saves its start: the accuracy cases,
+the planner-vs-bisection steps, the part-2 probes and, where no driver is present, the CUDA probes run in this
+process (validate still runs as a child). `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
 """
 from __future__ import annotations
 
@@ -198,9 +200,13 @@ def _git_commit() -> str | None:
 
 
 def cuda_overheads(rec: Recorder, entry: dict) -> None:
-    from benchmarks.gpu_probes import RESULT_MARKER
+    from benchmarks.gpu_probes import RESULT_MARKER, run_probe
+    from memplan.hardware import nvml_available
 
     for key, probe, extra_env in (("lazy", "overheads", {}), ("eager", "context", {"CUDA_MODULE_LOADING": "EAGER"})):
+        if rec.settings.dry_run and not nvml_available():  # no driver: the probe says so without touching CUDA
+            entry[key] = run_probe(probe, cpu=True, repeat=1)
+            continue
         done = run_child(rec, [sys.executable, "-m", "benchmarks.gpu_probes", probe],
                          env=dict(os.environ, **extra_env), cap_s=180)
         entry[key] = (marked_json(done.stdout, RESULT_MARKER) if done.returncode == 0
@@ -233,8 +239,9 @@ def validate(rec: Recorder, entry: dict, dry: bool) -> None:
 
 
 def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
-    """Each case's truth (GPU processes, measure_jobs at once) and native + emulated estimates (jobs at once)."""
-    from benchmarks.accuracy_gpu import child_command, make_row, parse_child, summarize
+    """Each case's truth (GPU processes, measure_jobs at once) and native + emulated estimates (jobs at once);
+    a dry run gets all three in this process (benchmarks.accuracy_gpu.dry_case)."""
+    from benchmarks.accuracy_gpu import child_command, dry_case, make_row, parse_child, summarize
 
     entry.update(cases=list(names), rows=[], missing=[])
     parts: dict[str, dict] = {name: {} for name in names}
@@ -253,10 +260,24 @@ def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
         except (json.JSONDecodeError, IndexError) as err:
             return {"error": f"unreadable output: {err}"}
 
+    def finished(name: str) -> None:
+        row = make_row(name, parts[name]["truth"], parts[name]["native"], parts[name]["emulated"])
+        entry["rows"].append(row)
+        entry["summary"] = summarize(entry["rows"])
+        errors = {k: v["error"] for k, v in parts[name].items() if "error" in v}
+        rec.log(f"accuracy {name}: allocated err native {_pct(row['native_err_allocated'])} "
+                f"emulated {_pct(row['emulated_err_allocated'])}" + (f" errors {errors}" if errors else ""))
+        rec.save()
+
     s = rec.settings
+    if dry:  # on CPU no allocator state or CUDA context to keep apart: the cases run here, one after another
+        for name in names:
+            parts[name] = (dry_case(name) if rec.left() > 10
+                           else dict.fromkeys(("truth", "native", "emulated"), {"error": "skipped: out of time"}))
+            finished(name)
     with ThreadPoolExecutor(s.measure_jobs) as gpu_pool, ThreadPoolExecutor(s.jobs) as cpu_pool:
         futures = {}
-        for name in names:
+        for name in [] if dry else names:
             futures[gpu_pool.submit(one, "measure", name, False)] = (name, "truth")
             futures[cpu_pool.submit(one, "estimate", name, False)] = (name, "native")
             futures[cpu_pool.submit(one, "estimate", name, True)] = (name, "emulated")
@@ -264,14 +285,8 @@ def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
             name, what = futures[future]
             parts[name][what] = future.result()
             if len(parts[name]) == 3:
-                row = make_row(name, parts[name]["truth"], parts[name]["native"], parts[name]["emulated"])
-                entry["rows"].append(row)
-                entry["summary"] = summarize(entry["rows"])
-                errors = {k: v["error"] for k, v in parts[name].items() if "error" in v}
-                rec.log(f"accuracy {name}: allocated err native {_pct(row['native_err_allocated'])} "
-                        f"emulated {_pct(row['emulated_err_allocated'])}" + (f" errors {errors}" if errors else ""))
-                rec.save()
-    order = {name: i for i, name in enumerate(names)}
+                finished(name)
+    order = {name: i for i, name in enumerate(entry["cases"])}
     entry["rows"].sort(key=lambda r: order[r["case"]])
     entry["missing"] = [r["case"] for r in entry["rows"] if "error" in r["truth"]]
     entry["out_of_time"] = [r["case"] for r in entry["rows"]
@@ -294,8 +309,11 @@ def plan_vs_bisect(rec: Recorder, entry: dict, config: str, dry: bool) -> None:
 
 
 def probe(rec: Recorder, entry: dict, name: str, dry: bool, cap_s: float) -> None:
-    from benchmarks.gpu_probes import RESULT_MARKER
+    from benchmarks.gpu_probes import RESULT_MARKER, run_probe
 
+    if dry:  # on CPU a fresh process only restarts Lightning: the probe runs here
+        entry.update(run_probe(name, cpu=True, repeat=1))
+        return
     dry_args = ["--cpu", "--repeat", "1"] if dry else []
     done = run_child(rec, [sys.executable, "-m", "benchmarks.gpu_probes", name, *dry_args],
                      env=dict(os.environ), cap_s=cap_s)

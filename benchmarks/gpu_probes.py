@@ -427,16 +427,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="run on CPU with tiny sizes (the dry run)")
     parser.add_argument("--repeat", type=int, default=3, help="overhead: end-to-end runs without and with")
     args = parser.parse_args(argv)
-    if args.probe == "overheads":
-        result = overheads()
-    elif args.probe == "context":
-        result = context()
-    elif args.probe == "oom-retry":
-        result = oom_retry(args.cpu)
-    else:
-        result = overhead(args.cpu, args.repeat)
-    print(RESULT_MARKER + json.dumps(result), flush=True)
+    print(RESULT_MARKER + json.dumps(run_probe(args.probe, cpu=args.cpu, repeat=args.repeat)), flush=True)
     return 0
+
+
+def run_probe(probe: str, *, cpu: bool, repeat: int) -> dict:
+    """One probe's result in this process (main prints it for the campaign, which starts each in a fresh one)."""
+    if probe == "overheads":
+        return overheads()
+    if probe == "context":
+        return context()
+    if probe == "oom-retry":
+        return oom_retry(cpu)
+    return overhead(cpu, repeat)
 
 
 if __name__ == "__main__":

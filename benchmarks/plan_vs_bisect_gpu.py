@@ -14,12 +14,16 @@ BatchSizeFinder's time. The parent process never initialises CUDA, so every chil
 
     python -m benchmarks.plan_vs_bisect_gpu [--only gpt2-small ...]
 writes benchmarks/results/plan_vs_bisect_gpu.json and .md. The GPU campaign (benchmarks.gpu_campaign)
-runs `run_one` with a deadline; `--dry-run` there runs it on CPU against a small byte budget.
+runs `run_one` with a deadline; `--dry-run` there runs it on CPU against a small byte budget, with every child,
+`memplan suggest` included, run in the campaign's own process (_run_child, _suggest_here).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -46,8 +50,13 @@ def config_path(name: str) -> str:
     return str(ROOT / "configs" / f"{name}.yaml")
 
 
-def _run_child(args: list[str], timeout: float) -> dict:
-    """One fresh `python -m benchmarks.plan_vs_bisect_gpu --child ...`; its JSON line (RuntimeError if it failed)."""
+def _run_child(args: list[str], timeout: float, *, in_process: bool = False) -> dict:
+    """One fresh `python -m benchmarks.plan_vs_bisect_gpu --child ...`; its JSON line (RuntimeError if it failed).
+    `in_process` (the dry run only) runs the same child here instead: on CPU a probe's peak is the profiler's,
+    which no earlier probe disturbs, so the fresh process (needed on a GPU, where an OOM fragments the
+    allocator) would only cost another start of torch and Lightning."""
+    if in_process:
+        return _child_run(args)
     cmd = [sys.executable, "-m", "benchmarks.plan_vs_bisect_gpu", "--child", *args]
     out = run_group(cmd, cwd=ROOT, timeout=max(timeout, 1))
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith(MARKER)]
@@ -153,9 +162,19 @@ def free_device_bytes() -> int:
     return gpu.free_bytes
 
 
+def _suggest_here(argv: list[str]) -> subprocess.CompletedProcess:
+    """`memplan ARGV` in this process, its output captured (the dry run, whose planning time is no figure)."""
+    from memplan.commands.cli import main as memplan
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = memplan(argv)
+    return subprocess.CompletedProcess(["memplan", *argv], code, out.getvalue(), err.getvalue())
+
+
 def _dry_budget(name: str, setting: list[str], timeout: float) -> int:
     """The dry run's 'free memory': the CPU peak two real steps at DRY_MICRO take."""
-    return _run_child(["probe", name, str(DRY_MICRO), *setting, "--cpu-budget", "0"], timeout)["peak"]
+    return _run_child(["probe", name, str(DRY_MICRO), *setting, "--cpu-budget", "0"], timeout, in_process=True)["peak"]
 
 
 def run_one(name: str, row: dict, *, dry: bool = False, deadline: float | None = None,
@@ -169,7 +188,7 @@ def run_one(name: str, row: dict, *, dry: bool = False, deadline: float | None =
     suggest = [sys.executable, "-m", "memplan", "suggest", "--gpus", "1", *(DRY_SUGGEST if dry else []),
                config_path(name), "--json"]
     started = time.perf_counter()
-    done = run_group(suggest, cwd=ROOT, timeout=max(left(), 1))
+    done = _suggest_here(suggest[3:]) if dry else run_group(suggest, cwd=ROOT, timeout=max(left(), 1))
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(suggest[1:])} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
     plan = json.loads(done.stdout)
@@ -181,7 +200,7 @@ def run_one(name: str, row: dict, *, dry: bool = False, deadline: float | None =
     setting = ["--precision", precision, *(["--checkpointing"] if ckpt else [])]
     row["free_bytes"] = budget = _dry_budget(name, setting, left()) if dry else free_device_bytes()
     mm = _run_child(["memplan-max", name, *setting, "--budget", str(budget), "--start", str(plan["micro_batch_size"]),
-                     *(["--cpu"] if dry else [])], left())
+                     *(["--cpu"] if dry else [])], left(), in_process=dry)
     row.update(memplan_max_micro_batch=mm["memplan_max"], memplan_max_estimates=mm["estimates"],
                memplan_max_seconds=mm["seconds"])
     row["probes"] = []
@@ -189,7 +208,8 @@ def run_one(name: str, row: dict, *, dry: bool = False, deadline: float | None =
 
     def fits(m: int) -> bool:
         t = time.perf_counter()
-        got = _run_child(["probe", name, str(m), *setting, *(["--cpu-budget", str(budget)] if dry else [])], left())
+        got = _run_child(["probe", name, str(m), *setting, *(["--cpu-budget", str(budget)] if dry else [])], left(),
+                         in_process=dry)
         row["probes"].append({"micro_batch": m, **got, "seconds": time.perf_counter() - t})
         saved()
         return got["fits"]
@@ -200,7 +220,7 @@ def run_one(name: str, row: dict, *, dry: bool = False, deadline: float | None =
     row.update(truth_max_micro_batch=largest, truth_first_oom=failing,
                memplan_max_runs=any(p["micro_batch"] == mm["memplan_max"] and p["fits"] for p in row["probes"]),
                ratio=mm["memplan_max"] / largest if largest else None)
-    bsf = _run_child(["bsf", name, "--precision", precision, *(["--dry"] if dry else [])], left())
+    bsf = _run_child(["bsf", name, "--precision", precision, *(["--dry"] if dry else [])], left(), in_process=dry)
     row.update(batch_size_finder_seconds=bsf["seconds"], batch_size_finder_batch=bsf["optimal_batch_size"],
                suggest_over_batch_size_finder=row["suggest_seconds"] / bsf["seconds"])
     return row
@@ -219,7 +239,8 @@ def render(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _child_main(argv: list[str]) -> int:
+def _child_run(argv: list[str]) -> dict:
+    """What one `--child ARGV` process reports."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.plan_vs_bisect_gpu --child")
     p.add_argument("what", choices=("probe", "memplan-max", "bsf"))
     p.add_argument("config")
@@ -238,7 +259,11 @@ def _child_main(argv: list[str]) -> int:
         out = _child_memplan_max(a.config, a.precision, a.checkpointing, a.budget, a.start, a.cpu)
     else:
         out = _child_batch_size_finder(a.config, a.precision, a.dry)
-    print(MARKER + json.dumps(out), flush=True)
+    return out
+
+
+def _child_main(argv: list[str]) -> int:
+    print(MARKER + json.dumps(_child_run(argv)), flush=True)
     return 0
 
 

@@ -83,6 +83,35 @@ def test_nothing_starts_once_the_budget_is_spent(tmp_path):
     assert json.loads((tmp_path / "part1.json").read_text())["sections"]["late"]["status"] == "skipped: out of time"
 
 
+def test_a_dry_case_runs_its_three_children_in_one_process_and_keeps_each_failure(monkeypatch):
+    """The dry run measures and estimates a case in the campaign's process: the emulated estimate sees
+    MEMPLAN_TRACE_ON_CPU=1 (as its child's environment would give it) and nothing else does, and a failure is
+    that child's {"error"} while the others still run, as a failed child's would be."""
+    from benchmarks import accuracy_gpu
+
+    monkeypatch.delenv("MEMPLAN_TRACE_ON_CPU", raising=False)
+    seen = []
+
+    def measure(name, cpu=False):
+        seen.append(("measure", name, cpu, os.environ.get("MEMPLAN_TRACE_ON_CPU")))
+        return {"max_allocated": 1}
+
+    def estimate(name, cpu=False):
+        seen.append(("estimate", name, cpu, os.environ.get("MEMPLAN_TRACE_ON_CPU")))
+        if os.environ.get("MEMPLAN_TRACE_ON_CPU") == "1":
+            raise RuntimeError("emulation broke")
+        return {"peak_allocated": 2}
+
+    monkeypatch.setattr(accuracy_gpu, "_measure", measure)
+    monkeypatch.setattr(accuracy_gpu, "_estimate", estimate)
+    got = accuracy_gpu.dry_case("mlp-b64")
+    assert got == {"truth": {"max_allocated": 1}, "native": {"peak_allocated": 2},
+                   "emulated": {"error": "RuntimeError: emulation broke"}}
+    assert seen == [("measure", "mlp-b64", True, None), ("estimate", "mlp-b64", True, None),
+                    ("estimate", "mlp-b64", True, "1")]
+    assert "MEMPLAN_TRACE_ON_CPU" not in os.environ  # put back as it was
+
+
 # --- the converter on GPU-shaped parts -----------------------------------------------------------
 ENV = {"status": "done", "python": "3.12.3", "torch": "2.11.0+cu130", "torch_cuda": "13.0", "cudnn": 91300,
        "driver": "580.159.04", "cuda_driver": "13.0", "packages": {"pytorch-lightning": "2.6.6", "transformers": "5.17.0"},
