@@ -17,6 +17,7 @@ children in parallel under a deadline; `--measure/--estimate NAME --cpu` is its 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 from datetime import datetime, timezone
+from benchmarks.processes import environment_variable
 from benchmarks.results_io import write_results
 
 EXTRA_FAMILIES = ("mlp", "resnet18", "gpt2", "bert", "llama-gqa", "vit", "t5", "bart")
@@ -104,18 +106,11 @@ def dry_case(name: str) -> dict:
     process (allocator state, CUDA context)."""
     out: dict[str, dict] = {}
     for what, emulate in (("truth", False), ("native", False), ("emulated", True)):
-        before = os.environ.get("MEMPLAN_TRACE_ON_CPU")
-        if emulate:
-            os.environ["MEMPLAN_TRACE_ON_CPU"] = "1"
         try:
-            out[what] = _measure(name, cpu=True) if what == "truth" else _estimate(name, cpu=True)
+            with environment_variable("MEMPLAN_TRACE_ON_CPU", "1") if emulate else contextlib.nullcontext():
+                out[what] = _measure(name, cpu=True) if what == "truth" else _estimate(name, cpu=True)
         except Exception as err:  # noqa: BLE001 -- as a failed child: recorded, the others still run
             out[what] = {"error": f"{type(err).__name__}: {err}"}
-        finally:
-            if before is None:
-                os.environ.pop("MEMPLAN_TRACE_ON_CPU", None)
-            else:
-                os.environ["MEMPLAN_TRACE_ON_CPU"] = before
     return out
 
 

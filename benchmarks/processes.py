@@ -3,9 +3,11 @@ measurement's own children (`memplan validate`'s measuring process, loader worke
 the GPU while the next measurement runs."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 
 
 def run_group(argv: list[str], *, timeout: float, cwd=None, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -23,3 +25,18 @@ def run_group(argv: list[str], *, timeout: float, cwd=None, env: dict | None = N
             child.communicate()
             raise
     return subprocess.CompletedProcess(argv, child.returncode, out, err)
+
+
+@contextlib.contextmanager
+def environment_variable(name: str, value: str) -> Iterator[None]:
+    """os.environ[name] = value inside the block (what a child started with it would see, for work run in this
+    process instead); the previous value, or its absence, restored after."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import os
 import statistics
 import time
 from collections import OrderedDict
@@ -55,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.processes import environment_variable
 from benchmarks.results_io import machine, write_results
 
 GOAL_MEDIAN, GOAL_WORST = 0.01, 0.03
@@ -393,17 +393,10 @@ def _bert(precision: str, batch: int, *, optimizer: str = "adamw", checkpointing
         else:
             make = lambda p: AdamW2022(p, lr=5e-5, weight_decay=0.0)  # noqa: E731
         batch_ = {"input_ids": torch.randint(100, 30000, (batch, 512)), "labels": torch.randint(0, 2, (batch,))}
-        previous = os.environ.get("CUDA_MODULE_LOADING")
-        os.environ["CUDA_MODULE_LOADING"] = "EAGER"  # CUDA 11.2: no lazy loading
-        try:
+        with environment_variable("CUDA_MODULE_LOADING", "EAGER"):  # CUDA 11.2: no lazy loading
             with torch_1_10_softmax() if published_torch else contextlib.nullcontext():
                 return estimate(build, batch_, loss=lambda m, b: m(**b).loss, optimizer=make, precision=precision,
                                 device="V100-16GB", loop="torch-keep-grads")
-        finally:
-            if previous is None:
-                os.environ.pop("CUDA_MODULE_LOADING", None)
-            else:
-                os.environ["CUDA_MODULE_LOADING"] = previous
 
     return run
 
