@@ -61,7 +61,7 @@ class Settings:
     """One part's run."""
 
     part: int
-    """1 or 2."""
+    """1 to 4."""
     out: Path
     """Folder for part<N>.json and part<N>.log."""
     budget_s: float
@@ -323,6 +323,60 @@ def probe(rec: Recorder, entry: dict, name: str, dry: bool, cap_s: float) -> Non
     entry.update(marked_json(done.stdout, RESULT_MARKER))
 
 
+def memory_gaps(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
+    """benchmarks.gpu_extra's gap cases: each truth in a fresh GPU process (measure_jobs at once), its native and
+    emulated estimates in CPU processes (jobs at once); a dry run skips the estimates' second fresh process."""
+    from benchmarks.gpu_extra import RESULT_MARKER
+
+    entry.update(cases=list(names), rows={})
+
+    def one(mode: str, name: str, emulate: bool) -> dict:
+        if rec.left() <= 10:
+            return {"error": "skipped: out of time"}
+        env = dict(os.environ, OMP_NUM_THREADS="2", **({"MEMPLAN_TRACE_ON_CPU": "1"} if emulate else {}))
+        argv = [sys.executable, "-m", "benchmarks.gpu_extra", f"--{mode}", name, *(["--cpu"] if dry else [])]
+        try:
+            done = run_child(rec, argv, env=env, cap_s=300)
+        except subprocess.TimeoutExpired:
+            return {"error": "killed: out of time"}
+        if done.returncode != 0:
+            return {"error": done.stderr.strip()[-1500:] or f"exit {done.returncode}"}
+        return marked_json(done.stdout, RESULT_MARKER)
+
+    jobs = [(name, what, mode, emulate) for name in names
+            for what, mode, emulate in (("truth", "memory", False), ("native", "estimate", False),
+                                        ("emulated", "estimate", True)) if not (dry and what == "emulated")]
+    s = rec.settings
+    with ThreadPoolExecutor(s.measure_jobs) as gpu_pool, ThreadPoolExecutor(s.jobs) as cpu_pool:
+        futures = {(gpu_pool if mode == "memory" else cpu_pool).submit(one, mode, name, emulate): (name, what)
+                   for name, what, mode, emulate in jobs}
+        for future in as_completed(futures):
+            name, what = futures[future]
+            entry["rows"].setdefault(name, {})[what] = future.result()
+            rec.log(f"gap {name} {what}: {json.dumps(entry['rows'][name][what])[:300]}")
+            rec.save()
+
+
+def step_times(rec: Recorder, entry: dict, model: str, dry: bool) -> None:
+    """benchmarks.gpu_extra --time MODEL: one row per setting; the rows printed before a kill are kept."""
+    from benchmarks.gpu_extra import RESULT_MARKER
+
+    argv = [sys.executable, "-m", "benchmarks.gpu_extra", "--time", model, *(["--cpu"] if dry else [])]
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="8"))
+    rows = entry.setdefault("rows", [])
+    try:
+        out, err = child.communicate(timeout=max(1.0, rec.left()))
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, 9)
+        out, err = child.communicate()
+        entry["error"] = "killed: out of time"
+    rows.extend(json.loads(line[len(RESULT_MARKER):]) for line in out.splitlines() if line.startswith(RESULT_MARKER))
+    entry["exit"], entry["stderr_tail"] = child.returncode, err.strip()[-1500:]
+    for row in rows:
+        rec.log(f"step time {json.dumps(row)[:300]}")
+
+
 # --- the parts ------------------------------------------------------------------------------------
 def run_part(settings: Settings) -> dict:
     rec = Recorder(settings)
@@ -336,7 +390,20 @@ def run_part(settings: Settings) -> dict:
     with rec.section("environment") as e:
         if e is not None:
             environment(e, dry)
-    if settings.part == 1:
+    if settings.part == 3:
+        from benchmarks.gpu_extra import DRY_GAPS, gap_cases
+
+        with rec.section("memory_gaps") as e:
+            if e is not None:
+                memory_gaps(rec, e, list(DRY_GAPS if dry else gap_cases()), dry)
+    elif settings.part == 4:
+        from benchmarks.gpu_extra import TIME_MODELS
+
+        for model in TIME_MODELS:
+            with rec.section(f"step_time_{model}") as e:
+                if e is not None:
+                    step_times(rec, e, model, dry)
+    elif settings.part == 1:
         with rec.section("cuda_overheads") as e:
             if e is not None:
                 cuda_overheads(rec, e)
@@ -374,7 +441,8 @@ def run_part(settings: Settings) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", type=int, choices=(1, 2), required=True, help="which half of the campaign")
+    parser.add_argument("--part", type=int, choices=(1, 2, 3, 4), required=True,
+                        help="which part: 1 and 2 (issue 14), 3 memory gaps and 4 step times (issue 25)")
     parser.add_argument("--out", required=True, help="folder for part<N>.json and part<N>.log (e.g. $OUT)")
     parser.add_argument("--budget-s", type=float, default=540.0,
                         help="stop starting work and kill running children after this many seconds (default 540)")

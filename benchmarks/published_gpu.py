@@ -285,7 +285,7 @@ ACCUMULATION = 4
 creates the gradients, the others accumulate into them), then the loop's forward, backward, step and zero_grad."""
 
 
-def _vit(precision: str, batch: int, *, accumulate: bool = False):
+def _vit(precision: str, batch: int, *, accumulate: bool = False, device: str | None = "A100-80GB"):
     """The scripts' step on an A100. 32-true: model, loss, zero_grad, backward, step. 16-mixed: Fabric's
     autocast (weight cache on) and GradScaler. bf16-true: Fabric converts the module to bf16 and each float32
     batch (moved to the GPU by setup_dataloaders, and alive through the step) to a bf16 copy in the forward,
@@ -295,7 +295,7 @@ def _vit(precision: str, batch: int, *, accumulate: bool = False):
     def run(published_torch: bool):
         adam = {"lr": 5e-5}
         Adam = Adam2_0 if published_torch else torch.optim.Adam  # noqa: N806
-        common = {"device": "A100-80GB", "batch": _vit_batch(batch)}
+        common = {"device": device, "batch": _vit_batch(batch)}
         layout = torch_2_1_flash_layout() if published_torch else contextlib.nullcontext()
         with layout:
             if precision == "16-mixed":
