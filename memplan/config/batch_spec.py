@@ -34,6 +34,14 @@ FLOATING = ("float32", "float16", "bfloat16", "float64")
 _TENSOR_KEYS = frozenset({"shape", "dtype", "low", "high"})
 
 
+class TensorSpecError(ValueError):
+    """A tensor spec's bad field: `field` is its key ("shape", "dtype", "low", "high"); the message starts with it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass(frozen=True, kw_only=True)
 class TensorSpec:
     """One tensor of the batch, per sample (the batch dimension is added in front)."""
@@ -49,29 +57,29 @@ class TensorSpec:
     bounds are N(0, 1)."""
 
     def __post_init__(self) -> None:
-        # Messages start with the field name: parse_batch_spec prefixes the YAML key.
         if not isinstance(self.shape, tuple) or not all(_is_int(d) and d > 0 for d in self.shape):
-            raise ValueError("shape must be a list of positive ints (per sample, no batch dimension); "
-                             f"got {list(self.shape)!r}")
+            raise TensorSpecError("shape", "shape must be a list of positive ints (per sample, no batch "
+                                  f"dimension); got {list(self.shape)!r}")
         name = self.dtype.removeprefix("torch.") if isinstance(self.dtype, str) else self.dtype
         if name not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+            raise TensorSpecError("dtype", f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         for bound in ("low", "high"):
             value = getattr(self, bound)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise ValueError(f"{bound} must be a number; got {value!r}")
+                raise TensorSpecError(bound, f"{bound} must be a number; got {value!r}")
         canonical = DTYPES[name]
         integer = canonical not in FLOATING and canonical != "bool"
         if integer and self.high is None:
-            raise ValueError(f"high is required for {name} tensors: the exclusive upper bound of the values "
-                             "(e.g. the vocabulary size or the number of classes)")
+            raise TensorSpecError("high", f"high is required for {name} tensors: the exclusive upper bound of the "
+                                  "values (e.g. the vocabulary size or the number of classes)")
         if integer and not all(v is None or _is_int(v) for v in (self.low, self.high)):
-            raise ValueError(f"low and high must be ints for {name} tensors; got low={self.low!r}, high={self.high!r}")
+            raise TensorSpecError("low", f"low and high must be ints for {name} tensors; got low={self.low!r}, "
+                                  f"high={self.high!r}")
         if self.low is not None and self.high is not None and not self.low < self.high:
-            raise ValueError(f"low must be below high; got low={self.low!r}, high={self.high!r}")
+            raise TensorSpecError("low", f"low must be below high; got low={self.low!r}, high={self.high!r}")
         if canonical in FLOATING and (self.low is None) != (self.high is None):
-            raise ValueError("low and high go together for floating-point tensors (uniform in [low, high)); "
-                             "give both, or neither for N(0, 1)")
+            raise TensorSpecError("low", "low and high go together for floating-point tensors (uniform in "
+                                  "[low, high)); give both, or neither for N(0, 1)")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -140,9 +148,8 @@ def _parse(value: Any, key: str) -> Any:
                               f"[3, 224, 224] ([] for one number per sample); got {shape!r}")
         try:
             return TensorSpec(shape=tuple(shape), **{k: v for k, v in value.items() if k != "shape"})
-        except ValueError as err:
-            field = str(err).split(" ", 1)[0]
-            raise ConfigError(f"{key}.{field}", f"{key}.{err}") from None
+        except TensorSpecError as err:
+            raise ConfigError(f"{key}.{err.field}", f"{key}.{err}") from None
     if isinstance(value, Mapping):
         return {str(k): _parse(v, f"{key}.{k}") for k, v in value.items()}
     if isinstance(value, list):

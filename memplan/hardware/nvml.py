@@ -215,6 +215,9 @@ class GpuInfo:
     """Index of the MIG slice within its parent GPU; None for a whole GPU."""
     processes: tuple[GpuProcess, ...] = ()
     """Compute processes on the device, as listed at the moment of the reading."""
+    opened: bool = True
+    """False where NVML could not open the GPU (nvmlDeviceGetHandleByIndex failed): a place-holder keeping CUDA
+    ordinals in order, with no figures."""
 
     @property
     def bf16_supported(self) -> bool | None:
@@ -295,7 +298,8 @@ def list_gpus() -> tuple[GpuInfo, ...]:
             gpus.append(_read(handle, index=index))
         else:  # it stays in its place, so that CUDA ordinals still map to the right GPUs
             gpus.append(GpuInfo(index=index, uuid="", name="unknown (NVML cannot open it)", total_bytes=None,
-                                used_bytes=None, free_bytes=None, compute_capability=None, mig_mode=None))
+                                used_bytes=None, free_bytes=None, compute_capability=None, mig_mode=None,
+                                opened=False))
     return tuple(gpus)
 
 
@@ -306,7 +310,7 @@ def answers(gpu: GpuInfo) -> bool:
 
 def why_silent(gpu: GpuInfo) -> str:
     """Why a GPU that does not `answer` is left out, in words."""
-    if gpu.name.startswith("unknown (NVML cannot open it)"):
+    if not gpu.opened:
         return "NVML cannot open it (nvmlDeviceGetHandleByIndex failed)"
     if gpu.total_bytes == 0:
         return "NVML reports 0 bytes of memory on it"

@@ -12,7 +12,7 @@ from fake_nvml import SimGpu, SimProcess
 
 from memplan.commands.cli import main
 from memplan.hardware import readings
-from memplan.hardware.nvml import list_gpus, nvml_query, nvml_unavailable_reason
+from memplan.hardware.nvml import GpuInfo, answers, list_gpus, nvml_query, nvml_unavailable_reason, why_silent
 from memplan.hardware.visible import visibility_problem, visible_gpus
 from memplan.units import GiB
 
@@ -48,6 +48,15 @@ def test_a_gpu_nvml_cannot_open_keeps_its_place_for_cuda_ordinals(nvml_sim):
 
     sim.nvmlDeviceGetHandleByIndex = lost_middle
     assert [g.index for g in visible_gpus({"CUDA_VISIBLE_DEVICES": "2"})] == [2]  # not shifted onto another GPU
+    lost = visible_gpus({"CUDA_VISIBLE_DEVICES": "1"})[0]
+    assert not answers(lost) and why_silent(lost) == "NVML cannot open it (nvmlDeviceGetHandleByIndex failed)"
+
+
+def test_why_a_gpu_is_silent_does_not_depend_on_its_name():
+    # a board whose real name happens to read like the place-holder's is still one NVML opened
+    odd = GpuInfo(index=0, uuid="GPU-1", name="unknown (NVML cannot open it)", total_bytes=0, used_bytes=0,
+                  free_bytes=0, compute_capability=(9, 0), mig_mode=False)
+    assert why_silent(odd) == "NVML reports 0 bytes of memory on it"
 
 
 @pytest.mark.parametrize(("value", "fragment"), [
