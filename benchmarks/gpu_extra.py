@@ -348,13 +348,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.time:
         time_model(args.time, args.cpu)
         return 0
-    gap = gap_cases()[args.memory or args.estimate]
-    if args.estimate:
-        result = estimate_gap(gap, args.cpu)
-    else:
-        result = {"vit": measure_vit, "autocast": measure_autocast, "fsdp2": measure_fsdp2}[gap.kind](gap, args.cpu)
-    print(RESULT_MARKER + json.dumps({"case": gap.name, **result}), flush=True)
+    result = run_gap("estimate" if args.estimate else "memory", args.memory or args.estimate, args.cpu)
+    print(RESULT_MARKER + json.dumps(result), flush=True)
     return 0
+
+
+def run_gap(mode: str, name: str, cpu: bool) -> dict:
+    """One gap case's truth (mode 'memory') or memplan's estimate of it ('estimate'), as its result line holds it."""
+    gap = gap_cases()[name]
+    if mode == "estimate":
+        result = estimate_gap(gap, cpu)
+    else:
+        result = {"vit": measure_vit, "autocast": measure_autocast, "fsdp2": measure_fsdp2}[gap.kind](gap, cpu)
+    return {"case": gap.name, **result}
 
 
 if __name__ == "__main__":
