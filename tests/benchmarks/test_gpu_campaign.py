@@ -438,3 +438,19 @@ def test_dry_run_of_parts_3_and_4_then_the_converter(tmp_path):
     assert all(r["predicted"]["step_seconds"] > 0 for r in rendered)
     for name in ("memory_gaps_gpu", "step_time_gpu"):
         assert "DRY RUN on CPU" in (out / f"{name}.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_one_call_script_runs_the_parts_in_order_and_ends_on_its_own(tmp_path):
+    """benchmarks/gpu_campaign.sh with budgets too short for any section: it still writes all four parts, part 3
+    ends before part 2 starts (it ran beside part 1 and was waited for), part 4 runs last, and it exits by itself."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               PYTHON=sys.executable, PART1_S="3", PART2_S="3", PART3_S="3", PART4_S="3", OMP_NUM_THREADS="1")
+    raw = tmp_path / "raw"
+    done = run_watched(["bash", str(ROOT / "benchmarks" / "gpu_campaign.sh"), str(raw), "--dry-run"], cwd=ROOT, env=env)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]  # every section skipped: not all done
+    parts = {n: json.loads((raw / f"part{n}.json").read_text()) for n in (1, 2, 3, 4)}
+    assert all(p["dry_run"] and p["budget_s"] == 3 for p in parts.values())
+    assert parts[1]["started"] <= parts[3]["finished"] <= parts[2]["started"]
+    assert parts[2]["finished"] <= parts[4]["started"]
+    assert all(s["status"] == "skipped: out of time" for s in parts[2]["sections"].values())
