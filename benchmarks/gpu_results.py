@@ -48,6 +48,10 @@ def accuracy(parts, env, out: Path) -> None:
     lines = header("memplan's estimates vs a real GPU, on the zoo", env, "accuracy_gpu.json")
     for name, e in zip(("accuracy_zoo", "accuracy_extra"), entries):
         lines += status_line(e, name)
+    truths = [r for r in rows if "error" not in r["truth"]]
+    lines += [f"{len(rows)} cases, {len(truths)} with a measured truth; compared: native "
+              f"{sum('error' not in r['native'] for r in truths)}, emulated "
+              f"{sum('error' not in r['emulated'] for r in truths)} (the other estimates failed: listed at the end).", ""]
     lines += ["Error = (estimate - measured) / measured, over the steady-state step (step 2). native: traced on fake "
               "CUDA tensors; emulated: on fake CPU tensors with CUDA semantics (what a CPU-only machine does). "
               "allocated: peak_allocated vs torch.cuda.max_memory_allocated; reserved: peak_reserved vs "
