@@ -300,9 +300,10 @@ def time_model(model_name: str, cpu: bool) -> None:
             torch.manual_seed(0)
             if model_name == "gpt2-small":
                 model, batch = gpt2_small(cpu), gpt2_small_batch(micro, cpu)
+                row["model_source"] = "transformers GPT2LMHeadModel"
                 loss_fn = lambda m, b: m(**b).loss  # noqa: E731
             else:
-                model, batch = vit_model(cpu)[0], vit_batch(micro, cpu)
+                (model, row["model_source"]), batch = vit_model(cpu), vit_batch(micro, cpu)
                 loss_fn = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
             if ckpt:
                 apply_checkpointing(model, True)

@@ -201,6 +201,7 @@ def step_times(parts: dict[int, dict], env: dict, out: Path) -> None:
             else:
                 row["measure_error"] = row.pop("error")
             rows.append(row)
+    measured_sources = {f"{r['model']}: {r['model_source']}" for r in rows if r.get("model_source")}
     errors = [r["error"] for r in rows if "error" in r]
     summary = None if not errors else {"n": len(errors), "median_abs": statistics.median(map(abs, errors)),
                                        "worst": max(errors, key=abs), "median": statistics.median(errors)}
@@ -217,7 +218,8 @@ def step_times(parts: dict[int, dict], env: dict, out: Path) -> None:
               "(32-true: casts removed, fp32 peaks; checkpointing: the blocks' forward again). The traces ran on "
               "CPU (fake tensors), after the GPU run; the models are `benchmarks/gpu_extra.py`'s"
               + (" (tiny sizes: a dry run, nothing compared)" if dry else "")
-              + "; the predictions' models: " + ", ".join(f"{k}: {v}" for k, v in sources.items()) + ".", "",
+              + "; the predictions' models: " + ", ".join(f"{k}: {v}" for k, v in sources.items())
+              + (f" (measured: {', '.join(sorted(measured_sources))})" if measured_sources else "") + ".", "",
               "Error = predicted / measured - 1 (negative: memplan predicts a faster step than measured)."
               + ("" if summary is None else f" Over {summary['n']} settings: median |error| "
                  f"{100 * summary['median_abs']:.1f} %, median {100 * summary['median']:+.1f} %, worst "
