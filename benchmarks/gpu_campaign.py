@@ -1,7 +1,6 @@
-"""Every GPU figure memplan owes (issue 14), in two runs of under 10 minutes on the lent GPU machine.
+"""Every GPU figure memplan owes (issues 14 and 25), in parts of a few minutes each on the lent GPU machine.
 
-    python -m benchmarks.gpu_campaign --part 1 --out DIR [--budget-s 540] [--dry-run]
-    python -m benchmarks.gpu_campaign --part 2 --out DIR
+    python -m benchmarks.gpu_campaign --part 1|2|3|4 --out DIR [--budget-s 540] [--dry-run]
 
 Part 1, most valuable first: the environment (GPU, driver, torch, CUDA); the CUDA context, cuBLAS/cuBLASLt
 workspaces, cuDNN/SDPA/NCCL kernels and allocator segments (benchmarks.gpu_probes overheads, and the context
@@ -10,7 +9,9 @@ second run uses it); accuracy on the zoo (benchmarks.accuracy_gpu: torch's and N
 and the CPU-emulated estimates), then the zoo's missing fp32 / bf16-mixed / 16-mixed x checkpointing variants.
 Part 2: MemoryPlanner through a real CUDA OOM; the planner against bisection and Lightning's BatchSizeFinder
 (benchmarks.plan_vs_bisect_gpu) on gpt2-small; MemoryPlanner's per-step overhead on gpt2-small; the same
-planner comparison on resnet and cnn.
+planner comparison on resnet and cnn. Part 3 (benchmarks.gpu_extra): the published-figure memory gaps, each truth
+against memplan's native and emulated estimates. Part 4: measured step times of GPT-2 small and ViT-L/16
+(memplan's predictions are made afterwards, on CPU, by benchmarks.gpu_results).
 
 Everything runs in child processes; this process never creates a CUDA context. DIR/part<N>.json is rewritten
 after every finished piece and DIR/part<N>.log gets every line printed, so a run cut short returns what it
@@ -20,14 +21,16 @@ points to an empty folder), so they show memplan's sourced constants; `memplan v
 
 --dry-run runs the same steps on CPU with tiny sizes (tests/benchmarks/test_gpu_campaign.py); its figures
 are no GPU figures. Where a fresh process matters only on a GPU, the dry run saves its start: the accuracy cases,
-the planner-vs-bisection steps, the part-2 probes and, where no driver is present, the CUDA probes run in this
-process (validate still runs as a child). `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
+the planner-vs-bisection steps, the part-2 probes, part 3's cases (but FSDP2's, which set up a process group),
+part 4's step times and, where no driver is present, the CUDA probes run in this process (validate still runs as a
+child). `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import importlib.metadata
+import io
 import json
 import os
 import platform
@@ -310,6 +313,7 @@ def plan_vs_bisect(rec: Recorder, entry: dict, config: str, dry: bool) -> None:
 
 def probe(rec: Recorder, entry: dict, name: str, dry: bool, cap_s: float) -> None:
     from benchmarks.gpu_probes import RESULT_MARKER, run_probe
+    from benchmarks.gpu_report import one_line
 
     if dry:  # on CPU a fresh process only restarts Lightning: the probe runs here
         entry.update(run_probe(name, cpu=True, repeat=1))
@@ -319,14 +323,14 @@ def probe(rec: Recorder, entry: dict, name: str, dry: bool, cap_s: float) -> Non
                      env=dict(os.environ), cap_s=cap_s)
     entry["stderr_tail"] = done.stderr.strip()[-3000:]
     if done.returncode != 0:
-        raise RuntimeError(f"gpu_probes {name} exited {done.returncode}: {done.stderr.strip()[-600:]}")
+        raise RuntimeError(f"gpu_probes {name} exited {done.returncode}: {one_line(done.stderr)[:2000]}")
     entry.update(marked_json(done.stdout, RESULT_MARKER))
 
 
 def memory_gaps(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
     """benchmarks.gpu_extra's gap cases: each truth in a fresh GPU process (measure_jobs at once), its native and
     emulated estimates in CPU processes (jobs at once); a dry run skips the estimates' second fresh process."""
-    from benchmarks.gpu_extra import RESULT_MARKER
+    from benchmarks.gpu_extra import RESULT_MARKER, gap_cases, run_gap
 
     entry.update(cases=list(names), rows={})
 
@@ -343,28 +347,55 @@ def memory_gaps(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None
             return {"error": done.stderr.strip()[-1500:] or f"exit {done.returncode}"}
         return marked_json(done.stdout, RESULT_MARKER)
 
+    def here(mode: str, name: str, emulate: bool) -> dict:
+        """A dry run's case in this process (on CPU a fresh process only restarts Python); FSDP2's cases keep
+        theirs: they set up a process group."""
+        if gap_cases()[name].kind == "fsdp2":
+            return one(mode, name, emulate)
+        try:
+            return run_gap(mode, name, cpu=True)
+        except Exception as err:  # noqa: BLE001 -- recorded as its child's failure would be; the next case runs
+            return {"error": f"{type(err).__name__}: {err}"[:1500]}
+
+    def record(name: str, what: str, result: dict) -> None:
+        entry["rows"].setdefault(name, {})[what] = result
+        rec.log(f"gap {name} {what}: {json.dumps(result)[:300]}")
+        rec.save()
+
     jobs = [(name, what, mode, emulate) for name in names
             for what, mode, emulate in (("truth", "memory", False), ("native", "estimate", False),
                                         ("emulated", "estimate", True)) if not (dry and what == "emulated")]
+    if dry:  # one after another: the estimates and the loops share this process's torch state
+        for name, what, mode, emulate in jobs:
+            record(name, what, here(mode, name, emulate) if rec.left() > 10 else {"error": "skipped: out of time"})
+        return
     s = rec.settings
     with ThreadPoolExecutor(s.measure_jobs) as gpu_pool, ThreadPoolExecutor(s.jobs) as cpu_pool:
         futures = {(gpu_pool if mode == "memory" else cpu_pool).submit(one, mode, name, emulate): (name, what)
                    for name, what, mode, emulate in jobs}
         for future in as_completed(futures):
             name, what = futures[future]
-            entry["rows"].setdefault(name, {})[what] = future.result()
-            rec.log(f"gap {name} {what}: {json.dumps(entry['rows'][name][what])[:300]}")
-            rec.save()
+            record(name, what, future.result())
 
 
 def step_times(rec: Recorder, entry: dict, model: str, dry: bool) -> None:
     """benchmarks.gpu_extra --time MODEL: one row per setting; the rows printed before a kill are kept."""
-    from benchmarks.gpu_extra import RESULT_MARKER
+    from benchmarks.gpu_extra import RESULT_MARKER, time_model
 
-    argv = [sys.executable, "-m", "benchmarks.gpu_extra", "--time", model, *(["--cpu"] if dry else [])]
+    rows = entry.setdefault("rows", [])
+    if dry:  # on CPU nothing but Python restarts in a fresh process: the settings run here
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            time_model(model, cpu=True)
+        rows.extend(json.loads(line[len(RESULT_MARKER):]) for line in printed.getvalue().splitlines()
+                    if line.startswith(RESULT_MARKER))
+        entry["exit"] = 0
+        for row in rows:
+            rec.log(f"step time {json.dumps(row)[:300]}")
+        return
+    argv = [sys.executable, "-m", "benchmarks.gpu_extra", "--time", model]
     child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="8"))
-    rows = entry.setdefault("rows", [])
     try:
         out, err = child.communicate(timeout=max(1.0, rec.left()))
     except subprocess.TimeoutExpired:

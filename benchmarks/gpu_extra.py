@@ -300,9 +300,10 @@ def time_model(model_name: str, cpu: bool) -> None:
             torch.manual_seed(0)
             if model_name == "gpt2-small":
                 model, batch = gpt2_small(cpu), gpt2_small_batch(micro, cpu)
+                row["model_source"] = "transformers GPT2LMHeadModel"
                 loss_fn = lambda m, b: m(**b).loss  # noqa: E731
             else:
-                model, batch = vit_model(cpu)[0], vit_batch(micro, cpu)
+                (model, row["model_source"]), batch = vit_model(cpu), vit_batch(micro, cpu)
                 loss_fn = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
             if ckpt:
                 apply_checkpointing(model, True)
@@ -348,13 +349,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.time:
         time_model(args.time, args.cpu)
         return 0
-    gap = gap_cases()[args.memory or args.estimate]
-    if args.estimate:
-        result = estimate_gap(gap, args.cpu)
-    else:
-        result = {"vit": measure_vit, "autocast": measure_autocast, "fsdp2": measure_fsdp2}[gap.kind](gap, args.cpu)
-    print(RESULT_MARKER + json.dumps({"case": gap.name, **result}), flush=True)
+    result = run_gap("estimate" if args.estimate else "memory", args.memory or args.estimate, args.cpu)
+    print(RESULT_MARKER + json.dumps(result), flush=True)
     return 0
+
+
+def run_gap(mode: str, name: str, cpu: bool) -> dict:
+    """One gap case's truth (mode 'memory') or memplan's estimate of it ('estimate'), as its result line holds it."""
+    gap = gap_cases()[name]
+    if mode == "estimate":
+        result = estimate_gap(gap, cpu)
+    else:
+        result = {"vit": measure_vit, "autocast": measure_autocast, "fsdp2": measure_fsdp2}[gap.kind](gap, cpu)
+    return {"case": gap.name, **result}
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
-"""Turn the GPU campaign's raw results (DIR/part1.json, DIR/part2.json) into committed result files.
+"""Turn the GPU campaign's raw results (DIR/part1.json .. DIR/part4.json) into committed result files.
 
     python -m benchmarks.gpu_results DIR [--results benchmarks/results]
 
-writes, for whatever the parts measured (a section that failed or ran out of time is reported as such):
-  accuracy_gpu.{md,json}        estimates vs torch's and NVML's peaks, native and CPU-emulated, per case
+writes, for whatever the parts measured (a section that failed, ran out of time or never started says so, and
+each figure it lacks reads "not measured"):
+  accuracy_gpu.{md,json}        estimates vs torch's and NVML's peaks, native and CPU-emulated, per case (part 1)
   cuda_overheads_gpu.{md,json}  CUDA context, cuBLAS workspaces, kernels, allocator segments; the JSON's
                                 `replaces` maps each constant of memplan/estimator/cuda/overheads.py to the measured figure
   calibration_gpu.json          the same as a memplan calibration file (MEMPLAN_CALIBRATION=... on that machine)
   validate_gpu.{md,json}        `memplan validate` on the GPU, before and with its calibration
-  plan_vs_bisect_gpu.{md,json}  planned micro-batch vs the largest that runs; planning vs BatchSizeFinder time
-  callback_gpu.{md,json}        MemoryPlanner through a real CUDA OOM, NVML readings, overhead per step
-Every Markdown file names the device, driver, torch and CUDA versions. A dry run's results are refused for
-benchmarks/results (they are CPU figures); render them elsewhere with --results.
+  plan_vs_bisect_gpu.{md,json}  planned micro-batch vs the largest that runs; planning vs BatchSizeFinder time (part 2)
+  callback_gpu.{md,json}        MemoryPlanner through a real CUDA OOM, NVML readings, overhead per step (part 2)
+  memory_gaps_gpu.{md,json}     the published-figure gap cases: truth vs native and emulated estimates (part 3)
+  step_time_gpu.{md,json}       measured step times vs memplan's predicted step time, predicted here on CPU (part 4)
+Every Markdown file names the device, driver, torch and CUDA versions of the part it renders. A dry run's results
+are refused for benchmarks/results (they are CPU figures); render them elsewhere with --results.
 """
 from __future__ import annotations
 
@@ -22,79 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-from memplan.units import format_bytes
+from benchmarks.gpu_report import (NOT_MEASURED, environment, header, load_parts, one_line, section, status_line,
+                                   value, write)
+from benchmarks.gpu_report import nbytes as _b
+from benchmarks.gpu_report import pct as _pct
+from benchmarks.gpu_report import seconds as _f
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GOALS = {"median_abs": 0.03, "worst_abs": 0.06, "most_under": -0.02}
 """Issue 14's accuracy goals: median |error| <= 3 %, worst <= 6 %, never under by more than 2 %."""
-
-
-def load_parts(folder: Path) -> dict[int, dict]:
-    parts = {}
-    for n in (1, 2):
-        path = folder / f"part{n}.json"
-        if path.is_file():
-            try:
-                parts[n] = json.loads(path.read_text())
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} is not valid JSON ({err}); was the run cut off while writing it?") from err
-    if not parts:
-        raise ValueError(f"{folder} has neither part1.json nor part2.json; pass the folder the campaign wrote "
-                         "(the run tool's files_at)")
-    return parts
-
-
-def section(parts: dict[int, dict], name: str) -> dict | None:
-    for data in parts.values():
-        if name in data.get("sections", {}):
-            return data["sections"][name]
-    return None
-
-
-def environment(parts: dict[int, dict]) -> dict:
-    """The first part's environment section (both parts run on the same machine)."""
-    for data in parts.values():
-        env = data.get("sections", {}).get("environment")
-        if env and env.get("status") == "done":
-            return dict(env, date=data.get("started"), dry_run=data.get("dry_run", False))
-    return {"date": None, "dry_run": any(d.get("dry_run") for d in parts.values())}
-
-
-def header(title: str, env: dict, raw: str) -> list[str]:
-    """The title and the line naming the device, driver, torch and CUDA."""
-    gpu = env.get("gpu") or {}
-    packages = env.get("packages") or {}
-    cc = gpu.get("compute_capability")
-    lines = [f"# {title}", ""]
-    if env.get("dry_run"):
-        lines += ["**DRY RUN on CPU: these are not GPU figures.**", ""]
-    device = (f"{gpu.get('name')} ({format_bytes(gpu['total_bytes']) if gpu.get('total_bytes') else '?'}, "
-              f"sm{cc[0]}{cc[1]})" if gpu else "no GPU")
-    lines += [f"Device: {device}; driver {env.get('driver')} (CUDA {env.get('cuda_driver')}); torch {env.get('torch')} "
-              f"(CUDA {env.get('torch_cuda')}, cuDNN {env.get('cudnn')}); Lightning {packages.get('pytorch-lightning')}, "
-              f"transformers {packages.get('transformers')}; Python {env.get('python')}; measured {env.get('date')} "
-              f"on memplan {str(env.get('memplan_commit'))[:10]}. Raw figures: `{raw}`.", ""]
-    return lines
-
-
-def status_line(entry: dict | None, name: str) -> list[str]:
-    if entry is None:
-        return [f"`{name}`: not run (its part's JSON is missing).", ""]
-    if entry.get("status") == "done" and entry.get("out_of_time"):
-        return [f"`{name}`: {len(entry['out_of_time'])} cases cut off by the time budget: "
-                f"{', '.join(entry['out_of_time'])}.", ""]
-    if entry.get("status") != "done":
-        return [f"`{name}`: **{entry.get('status')}** after {entry.get('seconds', 0):.0f} s"
-                + (f": {entry['error'][:500]}" if entry.get("error") else "") + "; what it measured before is below.", ""]
-    return []
-
-
-def _pct(e: float | None) -> str:
-    return "-" if e is None else f"{100 * e:+.2f}%"
-
-
-def _b(n) -> str:
-    return "-" if n is None else format_bytes(int(n))
 
 
 # --- accuracy --------------------------------------------------------------------------------------
@@ -109,6 +48,10 @@ def accuracy(parts, env, out: Path) -> None:
     lines = header("memplan's estimates vs a real GPU, on the zoo", env, "accuracy_gpu.json")
     for name, e in zip(("accuracy_zoo", "accuracy_extra"), entries):
         lines += status_line(e, name)
+    truths = [r for r in rows if "error" not in r["truth"]]
+    lines += [f"{len(rows)} cases, {len(truths)} with a measured truth; compared: native "
+              f"{sum('error' not in r['native'] for r in truths)}, emulated "
+              f"{sum('error' not in r['emulated'] for r in truths)} (the other estimates failed: listed at the end).", ""]
     lines += ["Error = (estimate - measured) / measured, over the steady-state step (step 2). native: traced on fake "
               "CUDA tensors; emulated: on fake CPU tensors with CUDA semantics (what a CPU-only machine does). "
               "allocated: peak_allocated vs torch.cuda.max_memory_allocated; reserved: peak_reserved vs "
@@ -133,7 +76,7 @@ def accuracy(parts, env, out: Path) -> None:
         s = summarize(rs)
 
         def mw(key: str) -> str:
-            return "-" if key not in s else f"{100 * s[key]['median_abs']:.2f}% / {100 * s[key]['worst_abs']:.2f}%"
+            return NOT_MEASURED if key not in s else f"{100 * s[key]['median_abs']:.2f}% / {100 * s[key]['worst_abs']:.2f}%"
 
         lines.append(f"| {g} | {len(rs)} | {mw('native_err_allocated')} | {mw('native_err_reserved')} | "
                      f"{mw('native_err_nvml')} |")
@@ -147,16 +90,23 @@ def accuracy(parts, env, out: Path) -> None:
     for r in rows:
         t = r["truth"]
         if "error" in t:
-            lines.append(f"| {r['case']} | error: {t['error'][:120]} | | | | | | | | | |")
+            why = f"{NOT_MEASURED} ({one_line(t['error'])[:120]})"
+            lines.append(f"| {r['case']} | {why} |" + f" {NOT_MEASURED} |" * 9)
             continue
-        lines.append(f"| {r['case']} | {_b(t.get('max_allocated'))} | {_pct(r['native_err_allocated'])} | "
-                     f"{_pct(r['emulated_err_allocated'])} | {_b(t.get('max_reserved'))} | {_pct(r['native_err_reserved'])} | "
-                     f"{_pct(r['emulated_err_reserved'])} | {_b(t.get('nvml_process_peak'))} | {_pct(r['native_err_nvml'])} | "
-                     f"{_pct(r['emulated_err_nvml'])} | {_b(context_of(t))} |")
-    failed = [(r["case"], k, r[k]["error"]) for r in rows for k in ("native", "emulated") if "error" in r[k]]
+
+        def err(kind: str, figure: str) -> str:
+            return "estimate failed" if "error" in r[kind] else _pct(r[f"{kind}_err_{figure}"])
+
+        lines.append(f"| {r['case']} | {_b(t.get('max_allocated'))} | {err('native', 'allocated')} | "
+                     f"{err('emulated', 'allocated')} | {_b(t.get('max_reserved'))} | {err('native', 'reserved')} | "
+                     f"{err('emulated', 'reserved')} | {_b(t.get('nvml_process_peak'))} | {err('native', 'nvml')} | "
+                     f"{err('emulated', 'nvml')} | {_b(context_of(t))} |")
+    failed = [(r["case"], k, r[k]["error"]) for r in rows for k in ("native", "emulated")
+              if "error" in r[k] and "error" not in r["truth"]]
     if failed:
-        lines += ["", "Estimates that failed:", ""] + [f"- {c} ({k}): {e[:300]}" for c, k, e in failed]
-    _write(out, "accuracy_gpu", {"environment": env, "summary": summary, "rows": rows}, lines)
+        lines += ["", "Estimates that failed (the exception's line):", ""] + [
+            f"- {c} ({k}): {one_line(e)[:400]}" for c, k, e in failed]
+    write(out, "accuracy_gpu", {"environment": env, "summary": summary, "rows": rows}, lines)
 
 
 def _cases() -> dict:
@@ -199,7 +149,7 @@ def overheads(parts, env, out: Path) -> None:
                       ("cudnn_workspace_peak", "peak allocated above the start during a conv fwd+bwd"),
                       ("context_bare", "CUDA context after the first tensor (nothing else loaded)"),
                       ("context_after_kernels", "the same after cuBLAS, cuDNN and SDPA kernels ran")):
-        lines.append(f"| {name} | {_b(measured.get(name))} | - | {how} |")
+        lines.append(f"| {name} | {_b(measured.get(name))} | no constant | {how} |")
     alloc = lazy.get("allocator") or {}
     if alloc:
         lines += ["", f"Caching allocator: {len(alloc.get('rows', []))} steps of a fixed malloc/free sequence "
@@ -215,7 +165,7 @@ def overheads(parts, env, out: Path) -> None:
     if errors:
         lines += ["", "Sub-measurements that failed:", ""] + [f"- {k}: {v[:300]}" for k, v in errors.items()]
     calibration = _calibration(parts, env, measured, overheads_ratio, cc)
-    _write(out, "cuda_overheads_gpu", {"environment": env, "measured": measured, "replaces": replaces,
+    write(out, "cuda_overheads_gpu", {"environment": env, "measured": measured, "replaces": replaces,
                                        "calibration": calibration, "raw": entry}, lines)
     if calibration is not None and not env.get("dry_run"):
         (out / "calibration_gpu.json").write_text(json.dumps(
@@ -329,7 +279,7 @@ def validate(parts, env, out: Path) -> None:
     lines += ["", "Calibration written: " + ("none" if not cal else "; ".join(
         f"{k}: context {_b(v['context_bytes'])}, allocator overhead {v['allocator_overhead']:.4f}"
         for k, v in cal.get("entries", {}).items()))]
-    _write(out, "validate_gpu", {"environment": env, "validate": entry}, lines)
+    write(out, "validate_gpu", {"environment": env, "validate": entry}, lines)
 
 
 def plan_vs_bisect(parts, env, out: Path) -> None:
@@ -345,20 +295,40 @@ def plan_vs_bisect(parts, env, out: Path) -> None:
               "| config | precision | ckpt | planned (runs) | memplan max (runs) | truth max (first OOM) | ratio | "
               "suggest s | BatchSizeFinder s (its batch) | time ratio | goals |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for e in entries.values():
+    steps = []
+    for name, e in entries.items():
+        if e.get("config") is None:  # skipped: its status line says so
+            continue
         ratio, tr = e.get("ratio"), e.get("suggest_over_batch_size_finder")
         met = None if ratio is None or tr is None else (ratio >= 0.9 and e.get("memplan_max_runs") and tr <= 0.1)
+        ran = [p["micro_batch"] for p in e.get("probes", []) if p.get("fits")]
+        # a search cut short has not set whether memplan's sizes ran; the steps it did run may say
+        probed = {p["micro_batch"]: p.get("fits") for p in e.get("probes", [])}
+        e = dict(e, planned_runs=e.get("planned_runs", probed.get(e.get("planned_micro_batch"))),
+                 memplan_max_runs=e.get("memplan_max_runs", probed.get(e.get("memplan_max_micro_batch"))))
+        truth = (f"{e['truth_max_micro_batch']} ({value(e.get('truth_first_oom'))})"
+                 if e.get("truth_max_micro_batch") is not None
+                 else f"{NOT_MEASURED} (search cut short; {max(ran)} ran)" if ran else NOT_MEASURED)
         lines.append(f"| {e.get('config')} | {e.get('precision')} | {e.get('checkpointing')} | "
-                     f"{e.get('planned_micro_batch')} ({e.get('planned_runs')}) | {e.get('memplan_max_micro_batch')} "
-                     f"({e.get('memplan_max_runs')}) | {e.get('truth_max_micro_batch')} ({e.get('truth_first_oom')}) | "
-                     f"{'-' if ratio is None else f'{100 * ratio:.0f}%'} | {_f(e.get('suggest_seconds'))} | "
-                     f"{_f(e.get('batch_size_finder_seconds'))} ({e.get('batch_size_finder_batch')}) | "
-                     f"{'-' if tr is None else f'{tr:.3f}'} | {'-' if met is None else 'met' if met else 'NOT met'} |")
-    _write(out, "plan_vs_bisect_gpu", {"environment": env, "rows": list(entries.values())}, lines)
+                     f"{value(e.get('planned_micro_batch'))} ({_ran(e.get('planned_runs'))}) | "
+                     f"{value(e.get('memplan_max_micro_batch'))} ({_ran(e.get('memplan_max_runs'))}) | {truth} | "
+                     f"{NOT_MEASURED if ratio is None else f'{100 * ratio:.0f}%'} | {_f(e.get('suggest_seconds'))} | "
+                     f"{_f(e.get('batch_size_finder_seconds'))} ({value(e.get('batch_size_finder_batch'))}) | "
+                     f"{NOT_MEASURED if tr is None else f'{tr:.3f}'} | "
+                     f"{NOT_MEASURED if met is None else 'met' if met else 'NOT met'} |")
+        steps += [(e["config"], p) for p in e.get("probes", [])]
+    if steps:
+        lines += ["", "Real steps run (each in a fresh process), in the order the search ran them:", "",
+                  "| config | micro-batch | ran | max_memory_reserved | NVML process peak | seconds |",
+                  "|---|---:|---|---:|---:|---:|"]
+        for config, p in steps:
+            lines.append(f"| {config} | {p.get('micro_batch')} | {_ran(p.get('fits'))} | {_b(p.get('max_reserved'))} | "
+                         f"{_b(p.get('nvml_process_peak'))} | {_f(p.get('seconds'))} |")
+    write(out, "plan_vs_bisect_gpu", {"environment": env, "rows": list(entries.values())}, lines)
 
 
-def _f(x) -> str:
-    return "-" if x is None else f"{x:.1f}"
+def _ran(fits: bool | None) -> str:
+    return NOT_MEASURED if fits is None else "runs" if fits else "OOM"
 
 
 def callback(parts, env, out: Path) -> None:
@@ -368,16 +338,20 @@ def callback(parts, env, out: Path) -> None:
     lines = header("MemoryPlanner on the GPU: a real OOM, NVML readings, overhead", env, "callback_gpu.json")
     if oom is not None:
         lines += ["## A batch too large for the card", ""] + status_line(oom, "oom_retry")
-        log = oom.get("rank_log") or {}
-        lines += [f"GPT-2-small-class model ({oom.get('precision')}), loaded batch {oom.get('loaded_batch')} planned as "
+        log = oom.get("rank_log")
+        if log is None:
+            lines += [f"The fit's rank log: {NOT_MEASURED} (the probe ended before it returned one).", ""]
+        log = log or {}
+        lines += [] if "loaded_batch" not in oom else [f"GPT-2-small-class model ({oom.get('precision')}), loaded batch {oom.get('loaded_batch')} planned as "
                   f"one micro-batch (memplan's estimate puts it at ~1.5x the card's {_b(oom.get('device_total_bytes'))}). "
                   f"Finished: {oom.get('finished')} ({oom.get('global_step')} steps, {_f(oom.get('fit_seconds'))} s). "
                   f"Log events: {log.get('events')}.", ""]
         for e in log.get("notable", []):
             if e.get("event") in ("oom_retry", "change", "exception"):
                 lines.append(f"- {json.dumps(e)[:400]}")
-        lines += ["", "| step | process (NVML) | device used | device total | headroom | micro-batch | guarded |",
-                  "|---:|---:|---:|---:|---:|---:|---|"]
+        if log.get("readings"):
+            lines += ["", "| step | process (NVML) | device used | device total | headroom | micro-batch | guarded |",
+                      "|---:|---:|---:|---:|---:|---:|---|"]
         for r in log.get("readings", []):
             lines.append(f"| {r.get('step')} | {_b(r.get('process_bytes'))} | {_b(r.get('device_used_bytes'))} | "
                          f"{_b(r.get('device_total_bytes'))} | {_b(r.get('headroom_bytes'))} | "
@@ -395,29 +369,25 @@ def callback(parts, env, out: Path) -> None:
                       f"{100 * ovh['end_to_end_overhead']:+.2f}% | {ovh['own_us_per_step']:.1f} | "
                       f"{ovh['floor_us_per_step']:.1f} | {100 * ovh['own_overhead']:.3f}% | {goal} |"]
         failed = [r for r in ovh.get("runs", []) if "error" in r]
-        lines += [""] + [f"- run `{r['arm']}` failed: {r['error'][:300]}" for r in failed] if failed else []
-    _write(out, "callback_gpu", {"environment": env, "oom_retry": oom, "overhead": ovh}, lines)
-
-
-def _write(out: Path, name: str, data: dict, lines: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=repr) + "\n")
-    (out / f"{name}.md").write_text("\n".join(lines).rstrip() + "\n")
+        lines += [""] + [f"- run `{r['arm']}` failed: {one_line(r['error'])[:300]}" for r in failed] if failed else []
+    write(out, "callback_gpu", {"environment": env, "oom_retry": oom, "overhead": ovh}, lines)
 
 
 def convert(folder: Path, out: Path) -> list[str]:
     """Write every result file the parts allow; the names written."""
+    from benchmarks import gpu_extra_results
+
     parts = load_parts(folder)
-    env = environment(parts)
     started = time.time()
-    for fn in (overheads, accuracy, validate, plan_vs_bisect, callback):
-        fn(parts, env, out)
+    for part, fn in ((1, overheads), (1, accuracy), (1, validate), (2, plan_vs_bisect), (2, callback),
+                     (3, gpu_extra_results.memory_gaps), (4, gpu_extra_results.step_times)):
+        fn(parts, environment(parts, part), out)
     return sorted(p.name for p in out.glob("*_gpu.*") if p.stat().st_mtime >= started - 1)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", help="the folder holding part1.json / part2.json")
+    parser.add_argument("folder", help="the folder holding part1.json .. part4.json")
     parser.add_argument("--results", default=str(RESULTS), help="where to write (default benchmarks/results)")
     args = parser.parse_args(argv)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from subprocess_run import run_watched
 
-from benchmarks import gpu_campaign, gpu_results
+from benchmarks import gpu_campaign, gpu_extra_results, gpu_results
 from benchmarks.accuracy_gpu import EXTRA_PRECISIONS, extra_cases, make_row
 from benchmarks.plan_vs_bisect_gpu import search_largest
 from benchmarks.zoo import CASES
@@ -187,7 +188,7 @@ def test_results_name_the_device_and_give_constants_that_replace_the_sourced_one
     assert "gpt2-b4 (emulated): EstimateError: boom" in accuracy
     overheads = (out / "cuda_overheads_gpu.md").read_text()
     assert "nccl_one_rank: RuntimeError: no NCCL" in overheads
-    assert "| gpt2-small | bf16-mixed | False | 40 (True) | 46 (True) | 48 (49) | 96% |" in (out / "plan_vs_bisect_gpu.md").read_text()
+    assert "| gpt2-small | bf16-mixed | False | 40 (runs) | 46 (runs) | 48 (49) | 96% |" in (out / "plan_vs_bisect_gpu.md").read_text()
 
 
 def test_results_refuse_a_dry_run_for_the_committed_folder(tmp_path):
@@ -273,4 +274,183 @@ def test_cases_cut_off_by_the_budget_are_named(tmp_path):
     data["sections"]["accuracy_zoo"].update(status="done", out_of_time=["gpt2-b4"])
     (folder / "part1.json").write_text(json.dumps(data))
     gpu_results.convert(folder, tmp_path / "results")
-    assert "`accuracy_zoo`: 1 cases cut off by the time budget: gpt2-b4." in (tmp_path / "results" / "accuracy_gpu.md").read_text()
+    assert ("`accuracy_zoo`: 1 cases not measured, cut off by the time budget: gpt2-b4."
+            in (tmp_path / "results" / "accuracy_gpu.md").read_text())
+
+
+
+def test_sections_that_did_not_run_or_were_cut_short_read_not_measured(tmp_path):
+    """A skipped section, a failed probe and a search cut short say so; no cell reads None or a bare dash."""
+    folder = _parts(tmp_path)
+    part2 = json.loads((folder / "part2.json").read_text())
+    part2["sections"].update({
+        "oom_retry": {"status": "error", "seconds": 24.0, "error": "RuntimeError: gpu_probes oom-retry exited 1: boom",
+                      "stderr_tail": "boom"},
+        "plan_vs_bisect_gpt2-small": {"status": "out of time", "seconds": 91.0, "config": "gpt2-small",
+                                      "precision": "bf16-mixed", "checkpointing": False, "planned_micro_batch": 64,
+                                      "planned_runs": True, "memplan_max_micro_batch": 124, "suggest_seconds": 18.6,
+                                      "probes": [{"micro_batch": 64, "fits": True, "max_reserved": 70 * MiB,
+                                                  "nvml_process_peak": 80 * MiB, "seconds": 15.0},
+                                                 {"micro_batch": 130, "fits": True, "max_reserved": 140 * MiB,
+                                                  "nvml_process_peak": 150 * MiB, "seconds": 14.8}],
+                                      "error": "TimeoutExpired: probe gpt2-small 142"},
+        "callback_overhead": {"status": "skipped: out of time"},
+        "plan_vs_bisect_cnn": {"status": "skipped: out of time"}})
+    (folder / "part2.json").write_text(json.dumps(part2))
+    out = tmp_path / "results"
+    gpu_results.convert(folder, out)
+    pvb, cb = (out / "plan_vs_bisect_gpu.md").read_text(), (out / "callback_gpu.md").read_text()
+    assert ("| gpt2-small | bf16-mixed | False | 64 (runs) | 124 (not measured) | not measured (search cut short; "
+            "130 ran) | not measured | 18.6 | not measured (not measured) | not measured | not measured |") in pvb
+    assert "| gpt2-small | 130 | runs | 140.00 MiB | 150.00 MiB | 14.8 |" in pvb
+    assert "`plan_vs_bisect_cnn`: not measured (skipped: out of time" in pvb and "| None |" not in pvb
+    assert "`callback_overhead`: not measured (skipped: out of time" in cb
+    assert "`oom_retry`: **error** after 24 s: RuntimeError: gpu_probes oom-retry exited 1: boom" in cb
+    for md in out.glob("*.md"):
+        text = md.read_text()
+        assert not re.search(r"\bNone\b|\| - \|", text), (md.name, text)
+
+
+TRACEBACK = """Traceback (most recent call last):
+[rank0]:   File "/work/main/benchmarks/gpu_extra.py", line 272, in estimate_gap
+[rank0]:     est = estimate(case.build, ...)
+[rank0]:     raise AssertionError(
+[rank0]: AssertionError: Expects the parameter to already be moved to device cpu
+[rank0]: but got cuda:0
+"""
+
+
+def _gap_truth(allocated, reserved):
+    return {"device": "cuda", "max_allocated": allocated, "max_reserved": reserved,
+            "steady_max_allocated": allocated, "steady_max_reserved": reserved}
+
+
+def test_memory_gaps_give_signed_errors_and_each_failure_in_one_line(tmp_path):
+    """Part 3 in the campaign's layout (figures chosen here): truth vs native and emulated, allocated and
+    reserved; a failed estimate's traceback tail becomes its exception's line; a case the part never reached
+    reads "not measured"."""
+    rows = {"vit-l16-fp32-b16": {"truth": _gap_truth(1000 * MiB, 1100 * MiB),
+                                 "native": _estimate(990 * MiB, 1100 * MiB, 1900 * MiB),
+                                 "emulated": _estimate(1010 * MiB, 1067 * MiB, 1900 * MiB)},
+            "fsdp2-1gpu-fp32": {"truth": _gap_truth(2000 * MiB, 2200 * MiB), "native": {"error": TRACEBACK},
+                                "emulated": _estimate(2040 * MiB, 2200 * MiB, 3000 * MiB)}}
+    part3 = {"format": 1, "part": 3, "dry_run": False, "started": "2026-12-01T00:05:00+00:00", "sections": {
+        "environment": ENV, "memory_gaps": {"status": "done", "cases": [*rows, "autocast-cache-bert-b8"], "rows": rows}}}
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "part3.json").write_text(json.dumps(part3))
+    out = tmp_path / "results"
+    assert gpu_results.convert(folder, out) == ["memory_gaps_gpu.json", "memory_gaps_gpu.md"]
+    text = (out / "memory_gaps_gpu.md").read_text()
+    assert "NVIDIA H100 80GB HBM3" in text and "driver 580.159.04" in text and "(campaign part 3)" in text
+    assert ("| vit-l16-fp32-b16 | 1000.00 MiB | 990.00 MiB | -1.00% | 1010.00 MiB | +1.00% | 1.07 GiB | 1.07 GiB | "
+            "+0.00% | 1.04 GiB | -3.00% |") in text
+    assert "| fsdp2-1gpu-fp32 | 1.95 GiB | estimate failed | failed | 1.99 GiB | +2.00% |" in text
+    assert ("- fsdp2-1gpu-fp32 (native): AssertionError: Expects the parameter to already be moved to device cpu "
+            "but got cuda:0\n") in text and "Traceback" not in text and "[rank0]" not in text
+    assert "| autocast-cache-bert-b8 | not measured (no result" in text
+    summary = json.loads((out / "memory_gaps_gpu.json").read_text())["summary"]
+    assert summary["native_err_allocated"] == {"n": 1, "median_abs": pytest.approx(0.01), "worst": pytest.approx(-0.01)}
+    assert summary["emulated_err_reserved"]["worst"] == pytest.approx(-0.03)
+
+
+def test_measured_step_times_meet_the_planners_prediction(tmp_path):
+    """Part 4 in the campaign's layout, as a dry run writes it (gpu_extra's tiny models, so the predictions'
+    traces take seconds): each row gets predict_step's figure for its setting and the signed error; a failed
+    setting and a section that never started read "not measured"."""
+    def row(precision, micro, ckpt, seconds):
+        return {"model": "gpt2-small", "precision": precision, "micro_batch": micro, "checkpointing": ckpt,
+                "step_seconds_median": seconds, "step_seconds": [seconds], "parameters": 1, "tf32_matmul": False}
+
+    rows = [row("bf16-mixed", 1, False, 0.002), row("bf16-mixed", 2, False, 0.003), row("bf16-mixed", 2, True, 0.004),
+            row("32-true", 2, False, 0.005),
+            {**row("32-true", 2, True, 0.0), "error": "OutOfMemoryError: CUDA out of memory."}]
+    for r in rows[-1:]:
+        del r["step_seconds_median"]
+    part4 = {"format": 1, "part": 4, "dry_run": True, "started": "2026-12-01T00:10:00+00:00", "sections": {
+        "environment": {**ENV, "gpu": None},
+        "step_time_gpt2-small": {"status": "done", "rows": rows, "exit": 0},
+        "step_time_vit-l16": {"status": "skipped: out of time"}}}
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "part4.json").write_text(json.dumps(part4))
+    out = tmp_path / "results"
+    gpu_results.convert(folder, out)
+    got = json.loads((out / "step_time_gpu.json").read_text())
+    assert got["gpu"] == gpu_extra_results.DRY_RUN_GPU
+    timed = [r for r in got["rows"] if "predicted" in r]
+    assert len(timed) == 4
+    for r in timed:
+        assert r["error"] == pytest.approx(r["predicted"]["step_seconds"] / r["step_seconds_median"] - 1)
+        assert r["predicted"]["step_seconds"] == pytest.approx(
+            r["predicted"]["micro_step_seconds"] + r["predicted"]["optimizer_seconds"])
+    by = {(r["precision"], r["micro_batch"], r["checkpointing"]): r["predicted"]["step_seconds"] for r in timed}
+    assert by["bf16-mixed", 2, True] > by["bf16-mixed", 2, False]  # the blocks' forward runs again
+    errors = [r["error"] for r in timed]
+    assert got["summary"]["worst"] == max(errors, key=abs) and got["summary"]["n"] == 4
+    text = (out / "step_time_gpu.md").read_text()
+    assert "DRY RUN on CPU" in text and "The traces ran on CPU" in text
+    assert f"| gpt2-small | bf16-mixed | 2 | full | 0.0040 | {by['bf16-mixed', 2, True]:.4f} | " in text
+    assert "| gpt2-small | 32-true | 2 | full | not measured | not measured | not measured |" in text
+    assert "- gpt2-small 32-true micro-batch 2: OutOfMemoryError: CUDA out of memory." in text
+    assert "`step_time_vit-l16`: not measured (skipped: out of time" in text
+
+
+def test_step_times_are_predicted_for_the_measured_gpu_named_by_nvml():
+    assert gpu_extra_results.catalog_gpu({"gpu": {"name": "NVIDIA H200"}}) == "H200"
+    with pytest.raises(ValueError, match="'NVIDIA Imaginary 1'.*catalog"):
+        gpu_extra_results.catalog_gpu({"gpu": {"name": "NVIDIA Imaginary 1"}})
+
+
+@pytest.mark.slow
+def test_dry_run_of_parts_3_and_4_then_the_converter(tmp_path):
+    """Parts 3 and 4 on CPU with tiny sizes (their cases in the campaign's process, FSDP2's in a child), then
+    rendered: every gap case and every timed setting is there, and every timed setting gets a prediction."""
+    from benchmarks.gpu_extra import DRY_GAPS, TIME_MODELS, time_settings
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1")
+    raw = tmp_path / "raw"
+    for part in (3, 4):
+        done = run_watched([sys.executable, "-m", "benchmarks.gpu_campaign", "--part", str(part), "--out", str(raw),
+                            "--dry-run", "--jobs", "1", "--measure-jobs", "1", "--budget-s", "86400"],
+                           cwd=ROOT, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    part3 = json.loads((raw / "part3.json").read_text())["sections"]
+    part4 = json.loads((raw / "part4.json").read_text())["sections"]
+    assert all(s["status"] == "done" for s in [*part3.values(), *part4.values()])
+    gaps = part3["memory_gaps"]["rows"]
+    assert set(gaps) == set(DRY_GAPS)
+    for name in DRY_GAPS:
+        assert gaps[name]["truth"]["device"] == "cpu", gaps[name]
+        assert "error" not in gaps[name]["native"], gaps[name]
+    assert gaps["autocast-cache-lstm-b32"]["native"]["peak_allocated"] > 0
+    for model in TIME_MODELS:
+        timed = part4[f"step_time_{model}"]["rows"]
+        assert [(r["precision"], r["micro_batch"], r["checkpointing"]) for r in timed] == time_settings(model, True)
+        assert all(r["step_seconds_median"] > 0 for r in timed)
+    out = tmp_path / "md"
+    done = run_watched([sys.executable, "-m", "benchmarks.gpu_results", str(raw), "--results", str(out)],
+                       cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    rendered = json.loads((out / "step_time_gpu.json").read_text())["rows"]
+    assert len(rendered) == sum(len(time_settings(m, True)) for m in TIME_MODELS)
+    assert all(r["predicted"]["step_seconds"] > 0 for r in rendered)
+    for name in ("memory_gaps_gpu", "step_time_gpu"):
+        assert "DRY RUN on CPU" in (out / f"{name}.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_one_call_script_runs_the_parts_in_order_and_ends_on_its_own(tmp_path):
+    """benchmarks/gpu_campaign.sh with budgets too short for any section: it still writes all four parts, part 3
+    ends before part 2 starts (it ran beside part 1 and was waited for), part 4 runs last, and it exits by itself."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               PYTHON=sys.executable, PART1_S="3", PART2_S="3", PART3_S="3", PART4_S="3", OMP_NUM_THREADS="1")
+    raw = tmp_path / "raw"
+    done = run_watched(["bash", str(ROOT / "benchmarks" / "gpu_campaign.sh"), str(raw), "--dry-run"], cwd=ROOT, env=env)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]  # every section skipped: not all done
+    parts = {n: json.loads((raw / f"part{n}.json").read_text()) for n in (1, 2, 3, 4)}
+    assert all(p["dry_run"] and p["budget_s"] == 3 for p in parts.values())
+    assert parts[1]["started"] <= parts[3]["finished"] <= parts[2]["started"]
+    assert parts[2]["finished"] <= parts[4]["started"]
+    assert all(s["status"] == "skipped: out of time" for s in parts[2]["sections"].values())

@@ -126,6 +126,62 @@ def _logs_at_scale() -> tuple[str, ...]:
             f"{r['report']['peak_rss_mib']:.0f}", r["cpu"])
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f}"
+
+
+def _accuracy_gpu() -> tuple[str, ...]:
+    report = results("accuracy_gpu")
+    env, s, rows = report["environment"], report["summary"], report["rows"]
+    measured = [r for r in rows if "error" not in r["truth"]]
+    figures = []
+    for key in ("native_err_allocated", "native_err_reserved", "native_err_nvml"):
+        worst = _worst([r for r in measured if r[key] is not None], key)
+        figures += [pct(s[key]["median_abs"], 2), signed_pct(worst[key]), worst["case"]]
+    goal = all(s[k]["median_abs"] <= 0.03 and s[k]["worst_abs"] <= 0.06 and s[k]["most_under"] >= -0.02
+               for k in ("native_err_allocated", "native_err_reserved", "native_err_nvml"))
+    outside = [r["truth"]["nvml_process_peak"] - r["truth"]["max_reserved"] for r in measured
+               if r["truth"].get("nvml_process_peak") is not None]
+    context = results("cuda_overheads_gpu")["replaces"]["_CONTEXT_LAZY_BYTES[9]"]["now"]
+    return (env["gpu"]["name"], env["driver"], env["torch"], str(len(measured)), str(len(_zoo_cases())),
+            str(len(rows) - len(measured)), str(s["native_err_allocated"]["n"]), *figures,
+            "met" if goal else "not met", _mib(min(outside)), _mib(max(outside)), _mib(context))
+
+
+def _zoo_cases() -> dict:
+    from benchmarks.zoo import CASES
+
+    return CASES
+
+
+def _memory_gaps_vit() -> tuple[str, ...]:
+    rows = [r for r in results("memory_gaps_gpu")["rows"] if r["case"].startswith("vit-l16-")]
+    return (str(len(rows)), signed_pct(_worst(rows, "native_err_allocated")["native_err_allocated"]),
+            signed_pct(_worst(rows, "native_err_reserved")["native_err_reserved"]))
+
+
+def _step_time_gpu() -> tuple[str, ...]:
+    report = results("step_time_gpu")
+    rows = [r for r in report["rows"] if "error" in r]
+    s, worst = report["summary"], _worst(rows, "error")
+    by = {p: [r["error"] for r in rows if r["precision"] == p] for p in ("32-true", "bf16-mixed")}
+    return (report["environment"]["gpu"]["name"], str(s["n"]), pct(s["median_abs"], 1), signed_pct(s["worst"], 1),
+            worst["precision"], str(worst["micro_batch"]), signed_pct(min(by["32-true"]), 1),
+            signed_pct(max(by["32-true"]), 1), signed_pct(min(by["bf16-mixed"]), 1), signed_pct(max(by["bf16-mixed"]), 1))
+
+
+def _nccl_one_rank() -> tuple[str, ...]:
+    return (_mib(results("cuda_overheads_gpu")["measured"]["nccl_one_rank_outside_allocator"]),)
+
+
+def _plan_vs_bisect_gpu() -> tuple[str, ...]:
+    (row,) = [r for r in results("plan_vs_bisect_gpu")["rows"] if r.get("config") == "gpt2-small"]
+    ran = {p["micro_batch"]: p["fits"] for p in row["probes"]}
+    largest = max(m for m, fits in ran.items() if fits)
+    assert ran[row["memplan_max_micro_batch"]] and row.get("truth_max_micro_batch") is None  # the search was cut
+    return str(row["memplan_max_micro_batch"]), str(largest)
+
+
 @dataclass(frozen=True)
 class Claim:
     name: str
@@ -157,6 +213,27 @@ CLAIMS = [
           r"\(`([\w.-]+)`\) with the published torch's kernels reproduced.*?with this torch's kernels: median NUM %, "
           r"worst NUM % \(`([\w.-]+)`\)\. The goal \(median <= 1 %, worst <= 3 %\) is (met|not met)\..*?The (\d+) "
           r"bert-large figures .*? reproduce at median NUM %, worst NUM %\.").replace(" ", r"\s+"), _published_gpu),
+    Claim("accuracy_gpu",  # any space may be a line break
+          (r"(?s)First run on one ([\w.-]+(?: [\w.-]+)*) \(driver ([\d.]+), torch ([\w.+]+), "
+           r"`benchmarks/results/accuracy_gpu\.md`\): (\d+) of the zoo's (\d+) cases measured \(the other (\d+) "
+           r"cut off by the campaign's time budget\), (\d+) with a native estimate .*?Native: `peak_allocated` median "
+           r"\|error\| NUM %, worst NUM % \(`([\w.-]+)`\); `peak_reserved` median NUM %, worst NUM % "
+           r"\(`([\w.-]+)`\); `device_total` median NUM %, worst NUM % \(`([\w.-]+)`\)\. The goal \(median <= 3 %, "
+           r"worst <= 6 %, never under by more than 2 %\) is (met|not met)\. The memory outside the allocator "
+           r"\(NVML's process peak - `max_memory_reserved`\) measured (\d+)-(\d+) MiB against memplan's (\d+) MiB "
+           r"constant").replace(" ", r"\s+").replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"),
+          _accuracy_gpu),
+    Claim("memory_gaps_gpu",
+          r"\(`benchmarks/results/memory_gaps_gpu\.md`, (\d+) cases\): native `peak_allocated` within NUM %,\s+"
+          r"`peak_reserved` within NUM %", _memory_gaps_vit),
+    Claim("step_time_gpu",
+          (r"(?s)Against step times measured on one ([\w-]+ [\w-]+) \(.*?: (\d+) settings, .*?\) the predicted step is "
+           r"off by NUM % median and NUM % at worst \(GPT-2 small, ([\w-]+), micro-batch (\d+), checkpointing\): "
+           r"32-true within NUM % to NUM %, bf16-mixed from NUM % to NUM %").replace(" ", r"\s+")
+          .replace(r"[\w-]+\s+[\w-]+", r"[\w-]+ [\w-]+"), _step_time_gpu),
+    Claim("nccl_one_rank_gpu", r"a 1-rank NCCL group and its all-reduce took (\d+) MiB outside the allocator",
+          _nccl_one_rank),
+    Claim("plan_vs_bisect_gpu", r"\(cut short: memplan's (\d+) ran, and (\d+), on an H200", _plan_vs_bisect_gpu),
     Claim("torchtitan_memory",
           r"estimates NUM GiB `max_memory_reserved` against the published NUM GiB \(NUM %, within\s+the goal of "
           r"NUM %\), of which NUM GiB is cached by FSDP2's[^:]*:[^;]*one pool for all streams\s+gives NUM GiB",
