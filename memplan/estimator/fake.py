@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,6 +15,7 @@ from memplan.compat.torch import (
     disable_current_modes,
     op_schema,
 )
+from memplan.batching import map_tensors
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake_copy import copy_module_tree
 from memplan.estimator.tracker import REAL_FACTORY_MAX_NUMEL, _tensors_in
@@ -69,6 +71,26 @@ def fake_model(
             f"model must be an nn.Module or a zero-argument callable that builds one; got {type(model).__name__}"
         )
     return built.train()
+
+
+def batch_on_device(batch: Any, device: torch.device, fake_mode: FakeTensorMode) -> Any:
+    """`batch` with every tensor on the trace's `device`, whatever device the user's batch is on (call with
+    the trace's modes disabled). A tensor already there is the user's own; one elsewhere is moved by
+    `Tensor.to(device)`, as Lightning's `transfer_batch_to_device` moves a batch (dtype and shape kept, the
+    strides of a dense tensor kept, a view copied as its own elements): a real one (on a GPU, while the
+    trace runs on the CPU) keeps its values, which the trace reads where the batch decides a shape; a
+    meta one, which has none, becomes a fake on `device`. `Tensor.to` is what a loss watcher follows
+    (memplan.callback.loss_reduction)."""
+
+    def place(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device == device:
+            return tensor
+        if tensor.device.type == "meta":
+            with fake_mode:
+                return tensor.to(device)
+        return tensor.to(device)
+
+    return map_tensors(batch, place)
 
 
 def _built_on_meta(build: Callable[[], nn.Module]) -> nn.Module | None:
