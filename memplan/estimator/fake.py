@@ -81,16 +81,16 @@ def batch_on_device(batch: Any, device: torch.device, fake_mode: FakeTensorMode)
     trace runs on the CPU) keeps its values, which the trace reads where the batch decides a shape; a
     meta one, which has none, becomes a fake on `device`. `Tensor.to` is what a loss watcher follows
     (memplan.callback.loss_reduction)."""
+    return map_tensors(batch, lambda t: t if t.device == device else to_trace_device(t, device, fake_mode))
 
-    def place(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device == device:
-            return tensor
-        if tensor.device.type == "meta":
-            with fake_mode:
-                return tensor.to(device)
+
+def to_trace_device(tensor: torch.Tensor, device: torch.device, fake_mode: FakeTensorMode) -> torch.Tensor:
+    """`tensor.to(device)`: a real copy with its values, or, for a meta tensor (no values), a fake."""
+    if tensor.device.type == "meta":
+        with fake_mode:
+            return tensor.to(device)
+    with disable_current_modes():
         return tensor.to(device)
-
-    return map_tensors(batch, place)
 
 
 def _built_on_meta(build: Callable[[], nn.Module]) -> nn.Module | None:
@@ -108,7 +108,8 @@ def _built_on_meta(build: Callable[[], nn.Module]) -> nn.Module | None:
 
 def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode, device: torch.device, dtype: torch.dtype) -> nn.Module:
     with fake_mode:
-        return copy_module_tree(model, lambda t: _fake_like(t, device, dtype), device=device)
+        return copy_module_tree(model, lambda t: _fake_like(t, device, dtype), device=device,
+                                move=lambda t: to_trace_device(t, device, fake_mode))
 
 
 def _fake_like(tensor: torch.Tensor, device: torch.device, float_dtype: torch.dtype) -> torch.Tensor:

@@ -11,7 +11,9 @@ structural instead:
   `functools.partial`), and with the builtin containers (list, dict, set) copied, so that a training
   step appending to `self.outputs` leaves the original's list as it was;
 - every other object (files, locks, generators, lambdas, clients, the Trainer, plain tensors) is
-  shared with the original, never copied;
+  shared with the original, never copied, except a plain tensor on a device that is neither the CPU
+  nor the trace's (class weights a hook moved to the GPU, while the trace runs on the CPU): the copy
+  holds it on the trace's device (`move`), as a run there would;
 - a torchmetrics Metric is a module of the tree: its state tensors become fakes on the trace device
   (they live there in training, so they are counted), and its update/compute wrappers are rebuilt
   around the copy. Its update runs on the fakes (a confusion matrix of num_classes**2 counts is real
@@ -50,11 +52,11 @@ _DROPPED = frozenset({COMPILED_CALL_ATTRIBUTE})
 """Module attributes not carried over: `module.compile()`'s compiled call is bound to the original."""
 
 
-def copy_module_tree(model: nn.Module, make_fake, *, device: torch.device) -> nn.Module:
+def copy_module_tree(model: nn.Module, make_fake, *, device: torch.device, move) -> nn.Module:
     """The structural copy of `model` described above. `make_fake(tensor)` returns the fake that
     replaces a parameter's or buffer's data (call under the fake mode); metric states become fakes
-    on `device` in their own dtype."""
-    return _TreeCopy(make_fake, device).copy(model)
+    on `device` in their own dtype; `move(tensor)` puts a plain tensor held on another device on `device`."""
+    return _TreeCopy(make_fake, device, move).copy(model)
 
 
 def metric_states(model: nn.Module) -> Iterator[torch.Tensor]:
@@ -68,9 +70,10 @@ def metric_states(model: nn.Module) -> Iterator[torch.Tensor]:
 
 
 class _TreeCopy:
-    def __init__(self, make_fake, device: torch.device) -> None:
+    def __init__(self, make_fake, device: torch.device, move) -> None:
         self.make_fake = make_fake
         self.device = device
+        self.move = move
         self.memo: dict[int, object] = {}
         """id(original) -> its copy: modules, parameters, buffers and the containers copied."""
         self._alive: list[object] = []
@@ -136,6 +139,8 @@ class _TreeCopy:
         if found is not None:
             return found
         kind = type(value)
+        if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", self.device.type):
+            return self._remember(value, self.move(value))
         if kind in (list, dict, set) or (isinstance(value, dict) and kind.__module__ == "collections"):
             return self._copy_container(value)
         if kind is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
