@@ -21,7 +21,8 @@ structural instead:
   nothing resolves them, that update is skipped and `forward` returns a zero: the metric takes no
   gradient memory and its value never feeds the loss;
 - a LightningModule copy keeps the Trainer (configure_optimizers may read it) but its `log` and
-  `log_dict` do nothing, so tracing never writes into the Trainer's results.
+  `log_dict` do nothing, so tracing never writes into the Trainer's results; its `device` is the
+  trace's, where its weights are (the original's is cuda:0 on a GPU while the trace runs on the CPU).
 
 The original is never changed: nothing is set on it, its containers are not touched, and hooks
 added to the copy (checkpointing, gradient hooks) land in the copy's own hook dicts.
@@ -45,6 +46,7 @@ from memplan.compat.torch import (
     child_slots,
     parameter_slots,
 )
+from memplan.compat.lightning import DEVICE_ATTRIBUTE
 from memplan.compat.torchmetrics import metric_defaults
 from memplan.estimator.inputs import is_lightning_module
 
@@ -123,6 +125,8 @@ class _TreeCopy:
             copy.update, copy.forward = _tolerant(copy.update), _tolerant(copy.forward)
         if is_lightning_module(original):
             copy.log = copy.log_dict = _no_log  # never write into the (shared) Trainer's results
+            if DEVICE_ATTRIBUTE in copy.__dict__:
+                copy.__dict__[DEVICE_ATTRIBUTE] = self.device
 
     def _fake_metric_states(self, metric: nn.Module) -> None:
         """States and their defaults (torchmetrics keeps a copy of each state's initial value) as fakes."""

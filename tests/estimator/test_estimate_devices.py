@@ -81,3 +81,33 @@ def test_a_plain_tensor_the_model_holds_on_another_device_is_traced_on_the_trace
     weights = model.class_weights = model.class_weights.to("meta")
     assert everything(estimate(model, on_meta(batch), device="cpu")) == everything(on_cpu)
     assert model.class_weights is weights  # the user's module is left as it was
+
+
+class _PositionsOnSelfDevice(pl.LightningModule):
+    """Makes its positions on `self.device`, as LightningModules do (cuda:0 on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(64, 16)
+        self.pos = nn.Embedding(8, 16)
+        self.head = nn.Linear(16, 64)
+
+    def training_step(self, batch, batch_idx):
+        ids, labels = batch
+        positions = torch.arange(ids.shape[1], device=self.device)
+        logits = self.head(self.tok(ids) + self.pos(positions))
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def test_a_lightning_module_on_another_device_makes_its_step_tensors_on_the_trace_device():
+    torch.manual_seed(0)
+    batch = (torch.randint(0, 64, (4, 8)), torch.randint(0, 64, (4, 8)))
+    with torch.device("meta"):
+        elsewhere = _PositionsOnSelfDevice()
+    assert elsewhere.device.type == "meta"
+    assert everything(estimate(elsewhere, on_meta(batch), device="cpu")) == everything(
+        estimate(_PositionsOnSelfDevice(), batch, device="cpu"))
+    assert elsewhere.device.type == "meta"  # the user's module is left as it was
