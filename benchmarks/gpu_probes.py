@@ -10,7 +10,7 @@
 Memory outside the caching allocator is NVML's per-process figure less torch's reserved bytes; where NVML
 cannot see this process (a PID namespace), the device's `used` less its value before CUDA started, which is
 only right while nothing else runs on the device (the campaign runs these probes alone). `--cpu` runs the
-same code on CPU with tiny sizes: the campaign's dry run.
+same code on CPU with tiny sizes: the campaign's dry run (oom-retry meets a SIMULATED OOM there, the CPU having none).
 """
 from __future__ import annotations
 
