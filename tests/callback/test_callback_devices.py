@@ -14,12 +14,14 @@ from callback_sim import SimulatedBudget, make_plan, read_jsonl, tracing
 from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.strategies import SingleDeviceStrategy
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, TensorDataset
 
 from memplan.callback import MemoryPlanner
 from memplan.callback.loss_reduction import LossWatcher
 from memplan.demos import GPTLM
 from memplan.estimator.api import estimate
+from memplan.shapes import declared
 
 TINY = dict(vocab_size=512, context=32, d_model=32, n_layers=2, n_heads=2, dropout=0.1)
 
@@ -94,3 +96,25 @@ def test_the_loss_reduction_is_recognised_on_a_model_and_batch_on_another_device
     reduction = watcher.reduction()
     assert reduction.kind == "mean_count", reduction.describe
     assert reduction.count.path == (("index", 1),) and reduction.count.ignore_index == -100
+
+
+class _IndexOnItsDevice(TorchFunctionMode):
+    """CUDA's index_select refuses an index on another device than its input; the meta kernel takes a CPU
+    index, so this stands in for CUDA's device check (a checked rule, not a device)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.index_select, torch.Tensor.index_select):
+            source, index = args[0], args[2] if len(args) > 2 else kwargs["index"]
+            if index.device != source.device:
+                raise RuntimeError(f"index_select: index on {index.device}, input on {source.device}")
+        return func(*args, **kwargs)
+
+
+def test_a_declared_max_shape_grows_a_batch_on_another_device_there():
+    """MemoryPlanner(max_shape=) on a loader whose collate puts the batch on the GPU."""
+    batch = {"input_ids": torch.zeros(2, 3, dtype=torch.long, device="meta"), "mask": torch.ones(2, 3, device="meta")}
+    with _IndexOnItsDevice():
+        grown = declared(batch, 2, {"input_ids": (7,), "mask": (7,)})
+    assert {k: (tuple(t.shape), t.device.type) for k, t in grown.batch.items()} == {
+        "input_ids": ((2, 7), "meta"), "mask": ((2, 7), "meta")}
