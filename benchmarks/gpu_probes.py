@@ -10,7 +10,7 @@
 Memory outside the caching allocator is NVML's per-process figure less torch's reserved bytes; where NVML
 cannot see this process (a PID namespace), the device's `used` less its value before CUDA started, which is
 only right while nothing else runs on the device (the campaign runs these probes alone). `--cpu` runs the
-same code on CPU with tiny sizes: the campaign's dry run.
+same code on CPU with tiny sizes: the campaign's dry run (oom-retry meets a SIMULATED OOM there, the CPU having none).
 """
 from __future__ import annotations
 
@@ -276,6 +276,22 @@ def _quiet() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+DRY_OOM_ABOVE = 4
+"""The dry run's SIMULATED device memory: a forward of more samples raises torch.OutOfMemoryError."""
+
+
+def _simulated_oom(module, args) -> None:
+    """Forward pre-hook on the dry run's token embedding (never on a GPU): the SIMULATED OOM, in real steps only
+    (memplan's traces of the step run on fake tensors and use no memory)."""
+    import torch
+
+    from memplan.compat.torch import FakeTensor
+
+    idx = args[0]
+    if not isinstance(idx, FakeTensor) and idx.shape[0] > DRY_OOM_ABOVE:
+        raise torch.OutOfMemoryError(f"SIMULATED out of memory (dry run): {idx.shape[0]} samples > {DRY_OOM_ABOVE}")
+
+
 def oom_retry(cpu: bool) -> dict:
     """A loaded batch ~1.5x what the card holds, planned as one micro-batch: the first step runs out of
     memory for real; MemoryPlanner retries smaller on the same samples, and the fit must finish."""
@@ -301,10 +317,13 @@ def oom_retry(cpu: bool) -> dict:
         out.update(device_total_bytes=total, estimate_4=est[4], estimate_8=est[8], per_sample_bytes=per_sample)
     else:
         micro = 16
+        out["simulated_oom_above"] = DRY_OOM_ABOVE
     out["loaded_batch"] = micro
     steps = 3
     torch.manual_seed(0)
     model = GPTLM(**sizes)
+    if not on_gpu:  # the dry run meets no real OOM on the CPU: a SIMULATED one, so the retry path runs
+        model.tok.register_forward_pre_hook(_simulated_oom)
     data = RandomTokens(batch_size=micro, vocab_size=sizes["vocab_size"], context=sizes["context"],
                         num_samples=micro * (steps + 1))
     with tempfile.TemporaryDirectory() as tmp:
@@ -320,6 +339,7 @@ def oom_retry(cpu: bool) -> dict:
         out["finished"] = trainer.global_step == steps
         out["final_layout"] = None if planner.layout is None else _plain(planner.layout)
         out["changes"] = _plain(planner.changes)
+        out["loss_reduction"] = None if planner.exactness is None else planner.exactness.reduction.describe
         out["rank_log"] = _log_summary(next(iter(sorted((Path(tmp) / "memplan").glob("rank*.jsonl"))), None))
     if on_gpu:
         out["max_memory_allocated"] = torch.cuda.max_memory_allocated()

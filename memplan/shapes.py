@@ -183,7 +183,7 @@ def declared(batch: Any, size: int, max_shape: Any) -> Scan:
             raise ValueError(f"MemoryPlanner(max_shape=...): {key!r} declares a per-sample shape {shape}, but "
                              f"{path} has {t.dim() - 1} dimension(s) a sample ({tuple(t.shape)})")
         for dim, n in enumerate(shape, start=1):
-            t = t.index_select(dim, torch.arange(n) % t.shape[dim]) if t.shape[dim] else t.new_zeros(
+            t = t.index_select(dim, torch.arange(n, device=t.device) % t.shape[dim]) if t.shape[dim] else t.new_zeros(
                 (*t.shape[:dim], n, *t.shape[dim + 1:]))
         return t.contiguous()
 

@@ -19,6 +19,11 @@ DEVICE_MESH_ATTRIBUTE = "_device_mesh"
 """`LightningModule._device_mesh` (pytorch-lightning 2.4-2.6), which the public `device_mesh` property
 reads; the FSDP estimate sets it to its fake mesh around `configure_model()` (memplan.estimator.fsdp)."""
 
+DEVICE_ATTRIBUTE = "_device"
+"""`_DeviceDtypeModuleMixin._device` (lightning-fabric 2.0-2.6), which a LightningModule's public `device`
+property reads; the estimator's fake copy sets it to the trace's device, where the copy's weights are, so a
+step making tensors on `self.device` makes them there (memplan.estimator.fake_copy)."""
+
 
 def train_data_source(trainer: Any) -> Any:
     """`trainer.fit_loop._data_source` (pytorch-lightning 2.2-2.6): where the train loader comes from:

@@ -25,7 +25,7 @@ from memplan.estimator.cuda.composite import RealCompositePaths
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
-from memplan.estimator.fake import fake_model, new_fake_mode
+from memplan.estimator.fake import batch_on_device, fake_model, new_fake_mode
 from memplan.estimator.fake_copy import metric_states
 from memplan.estimator.flops import CostCounter
 from memplan.estimator.fsdp import FsdpSettings, fake_process_group, follow_storage, shard_model
@@ -35,7 +35,7 @@ from memplan.estimator.notes import generic_gpu_note
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator import manual
 from memplan.estimator.step import (
-    LOOP_NOTES, LossFn, Loop, PrecisionPolicy, SavedTensorsHooks, StepOptions, check_loop, iter_tensors, map_tensors,
+    LOOP_NOTES, LossFn, Loop, PrecisionPolicy, SavedTensorsHooks, StepOptions, check_loop, iter_tensors,
     run_training_step,
 )
 from memplan.estimator.streams import StreamNumbers, side_stream_bytes
@@ -223,12 +223,13 @@ class _Trace:
             for p in self.model.parameters():
                 tracker.forget(p)
                 p.register_post_accumulate_grad_hook(lambda q: tracker.forget(q.grad))
-        self._loader_batch = self.batch
-        self.batch = self._prepare_batch(self.batch)
+        loaded, self.batch = self._prepare_batch(self.batch)
+        self._loader_batch = None  # (kept alive only where counted)
         if self.loop == "lightning" and self.device.type == "cpu" and self.policy.param_dtype != torch.float32:
             # Lightning's '-true' precision converts each step's batch (training_epoch_loop: precision_plugin.
             # convert_input); the loader's float32 batch stays referenced beside the copy, in CPU memory.
-            for t in iter_tensors(self._loader_batch):
+            self._loader_batch = loaded
+            for t in iter_tensors(loaded):
                 tracker.track(t, Category.BATCH)
             self.notes.append("'-true' precision in Lightning's loop: the loader's float32 batch stays alive "
                               "beside the converted copy Lightning makes each step")
@@ -259,18 +260,17 @@ class _Trace:
         if self.manual is not None:
             self.manual.grad_scale = self.grad_scale
 
-    def _prepare_batch(self, batch: Any) -> Any:
+    def _prepare_batch(self, batch: Any) -> tuple[Any, Any]:
+        """The batch as the loader gives it on the trace's device, and as the step takes it (precision's)."""
         if not any(True for _ in iter_tensors(batch)):
             raise EstimateError(
                 f"batch has no tensors (got {type(batch).__name__}); pass one batch exactly as the training "
                 "step receives it, e.g. (inputs, targets) or a dict of tensors",
                 argument="batch", detail=f"the batch has no tensors (got {type(batch).__name__})"
             )
-        with disable_current_modes():  # the user's real batch stays real
-            batch = self.policy.convert_batch(batch)
-            if self.device.type != "cpu":
-                batch = map_tensors(batch, lambda t: t.to(self.device))
-        return batch
+        with disable_current_modes():  # the user's real batch stays real, on the trace's device
+            loaded = batch_on_device(batch, self.device, self.fake_mode)
+            return loaded, self.policy.convert_batch(loaded)
 
     def _step(self) -> None:
         saved_hooks = SavedTensorsHooks(self._pack)

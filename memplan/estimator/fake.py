@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,6 +15,7 @@ from memplan.compat.torch import (
     disable_current_modes,
     op_schema,
 )
+from memplan.batching import map_tensors
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake_copy import copy_module_tree
 from memplan.estimator.tracker import REAL_FACTORY_MAX_NUMEL, _tensors_in
@@ -71,6 +73,26 @@ def fake_model(
     return built.train()
 
 
+def batch_on_device(batch: Any, device: torch.device, fake_mode: FakeTensorMode) -> Any:
+    """`batch` with every tensor on the trace's `device`, whatever device the user's batch is on (call with
+    the trace's modes disabled). A tensor already there is the user's own; one elsewhere is moved by
+    `Tensor.to(device)`, as Lightning's `transfer_batch_to_device` moves a batch (dtype and shape kept, the
+    strides of a dense tensor kept, a view copied as its own elements): a real one (on a GPU, while the
+    trace runs on the CPU) keeps its values, which the trace reads where the batch decides a shape; a
+    meta one, which has none, becomes a fake on `device`. `Tensor.to` is what a loss watcher follows
+    (memplan.callback.loss_reduction)."""
+    return map_tensors(batch, lambda t: t if t.device == device else to_trace_device(t, device, fake_mode))
+
+
+def to_trace_device(tensor: torch.Tensor, device: torch.device, fake_mode: FakeTensorMode) -> torch.Tensor:
+    """`tensor.to(device)`: a real copy with its values, or, for a meta tensor (no values), a fake."""
+    if tensor.device.type == "meta":
+        with fake_mode:
+            return tensor.to(device)
+    with disable_current_modes():
+        return tensor.to(device)
+
+
 def _built_on_meta(build: Callable[[], nn.Module]) -> nn.Module | None:
     """The model `build` makes on the meta device, or None where that fails too. For a builder that fails
     on fake tensors only: `module.to(dtype)` swaps a fake parameter for its converted copy, which torch
@@ -86,7 +108,8 @@ def _built_on_meta(build: Callable[[], nn.Module]) -> nn.Module | None:
 
 def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode, device: torch.device, dtype: torch.dtype) -> nn.Module:
     with fake_mode:
-        return copy_module_tree(model, lambda t: _fake_like(t, device, dtype), device=device)
+        return copy_module_tree(model, lambda t: _fake_like(t, device, dtype), device=device,
+                                move=lambda t: to_trace_device(t, device, fake_mode))
 
 
 def _fake_like(tensor: torch.Tensor, device: torch.device, float_dtype: torch.dtype) -> torch.Tensor:

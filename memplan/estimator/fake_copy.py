@@ -11,7 +11,9 @@ structural instead:
   `functools.partial`), and with the builtin containers (list, dict, set) copied, so that a training
   step appending to `self.outputs` leaves the original's list as it was;
 - every other object (files, locks, generators, lambdas, clients, the Trainer, plain tensors) is
-  shared with the original, never copied;
+  shared with the original, never copied, except a plain tensor on a device that is neither the CPU
+  nor the trace's (class weights a hook moved to the GPU, while the trace runs on the CPU): the copy
+  holds it on the trace's device (`move`), as a run there would;
 - a torchmetrics Metric is a module of the tree: its state tensors become fakes on the trace device
   (they live there in training, so they are counted), and its update/compute wrappers are rebuilt
   around the copy. Its update runs on the fakes (a confusion matrix of num_classes**2 counts is real
@@ -19,7 +21,8 @@ structural instead:
   nothing resolves them, that update is skipped and `forward` returns a zero: the metric takes no
   gradient memory and its value never feeds the loss;
 - a LightningModule copy keeps the Trainer (configure_optimizers may read it) but its `log` and
-  `log_dict` do nothing, so tracing never writes into the Trainer's results.
+  `log_dict` do nothing, so tracing never writes into the Trainer's results; its `device` is the
+  trace's, where its weights are (the original's is cuda:0 on a GPU while the trace runs on the CPU).
 
 The original is never changed: nothing is set on it, its containers are not touched, and hooks
 added to the copy (checkpointing, gradient hooks) land in the copy's own hook dicts.
@@ -43,6 +46,7 @@ from memplan.compat.torch import (
     child_slots,
     parameter_slots,
 )
+from memplan.compat.lightning import DEVICE_ATTRIBUTE
 from memplan.compat.torchmetrics import metric_defaults
 from memplan.estimator.inputs import is_lightning_module
 
@@ -50,11 +54,11 @@ _DROPPED = frozenset({COMPILED_CALL_ATTRIBUTE})
 """Module attributes not carried over: `module.compile()`'s compiled call is bound to the original."""
 
 
-def copy_module_tree(model: nn.Module, make_fake, *, device: torch.device) -> nn.Module:
+def copy_module_tree(model: nn.Module, make_fake, *, device: torch.device, move) -> nn.Module:
     """The structural copy of `model` described above. `make_fake(tensor)` returns the fake that
     replaces a parameter's or buffer's data (call under the fake mode); metric states become fakes
-    on `device` in their own dtype."""
-    return _TreeCopy(make_fake, device).copy(model)
+    on `device` in their own dtype; `move(tensor)` puts a plain tensor held on another device on `device`."""
+    return _TreeCopy(make_fake, device, move).copy(model)
 
 
 def metric_states(model: nn.Module) -> Iterator[torch.Tensor]:
@@ -68,9 +72,10 @@ def metric_states(model: nn.Module) -> Iterator[torch.Tensor]:
 
 
 class _TreeCopy:
-    def __init__(self, make_fake, device: torch.device) -> None:
+    def __init__(self, make_fake, device: torch.device, move) -> None:
         self.make_fake = make_fake
         self.device = device
+        self.move = move
         self.memo: dict[int, object] = {}
         """id(original) -> its copy: modules, parameters, buffers and the containers copied."""
         self._alive: list[object] = []
@@ -120,6 +125,8 @@ class _TreeCopy:
             copy.update, copy.forward = _tolerant(copy.update), _tolerant(copy.forward)
         if is_lightning_module(original):
             copy.log = copy.log_dict = _no_log  # never write into the (shared) Trainer's results
+            if DEVICE_ATTRIBUTE in copy.__dict__:
+                copy.__dict__[DEVICE_ATTRIBUTE] = self.device
 
     def _fake_metric_states(self, metric: nn.Module) -> None:
         """States and their defaults (torchmetrics keeps a copy of each state's initial value) as fakes."""
@@ -136,6 +143,8 @@ class _TreeCopy:
         if found is not None:
             return found
         kind = type(value)
+        if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", self.device.type):
+            return self._remember(value, self.move(value))
         if kind in (list, dict, set) or (isinstance(value, dict) and kind.__module__ == "collections"):
             return self._copy_container(value)
         if kind is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):

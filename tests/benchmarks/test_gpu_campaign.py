@@ -228,6 +228,8 @@ def test_dry_run_of_both_parts_then_the_converter(tmp_path):
     assert abs(row["native_err_allocated"]) < 0.01
     assert part1["validate"]["mlp-first"]["json"]["within_goal"] is True
     assert part2["oom_retry"]["finished"] is True and part2["oom_retry"]["rank_log"]["events"]["sample"] >= 1
+    assert part2["oom_retry"]["rank_log"]["events"]["oom_retry"] >= 1  # the SIMULATED OOM was retried smaller
+    assert part2["oom_retry"]["loss_reduction"].startswith("cross_entropy: a mean over the targets")
     pvb = part2["plan_vs_bisect_mlp"]
     assert pvb["truth_max_micro_batch"] >= 1 and pvb["probes"] and pvb["planned_runs"] in (True, False)
     assert pvb["batch_size_finder_seconds"] > 0 and part2["callback_overhead"]["own_us_per_step"] > 0
