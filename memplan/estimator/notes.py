@@ -36,3 +36,21 @@ def generic_gpu_note(compute_capability: tuple[int, int], *, choose: str = CHOOS
     major, minor = compute_capability
     return Note(f"no local GPU: estimated for a generic sm{major}{minor} GPU; {choose} to choose", GENERIC_GPU,
                 {"compute_capability": (major, minor)})
+
+
+FSDP_EMULATED = "fsdp_emulated"
+"""Note code: strategy='fsdp' on a machine with a GPU, traced on CPU fake tensors with CUDA emulated."""
+NATIVE_FALLBACK = "native_fallback"
+"""Note code: the trace on fake CUDA tensors met `op`, which has no fake kernel there, and was traced again on CPU
+fake tensors with CUDA emulated."""
+
+
+def fsdp_emulated_note() -> Note:
+    return Note("strategy='fsdp': traced on CPU fake tensors with CUDA's semantics emulated, also on a machine with "
+                "a GPU (memplan shards the fake model over a fake CPU device mesh)", FSDP_EMULATED)
+
+
+def native_fallback_note(op: str) -> Note:
+    return Note(f"{op} has no fake kernel on CUDA: the step was traced again on CPU fake tensors with CUDA's "
+                "semantics emulated, so the op's CUDA-only work (cuDNN's RNN reserve, say) is modelled by its "
+                "CPU path", NATIVE_FALLBACK, {"op": op})
