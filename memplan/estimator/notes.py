@@ -1,6 +1,7 @@
 """The estimate's notes that an edge words its own way: each a `Note`, the text a Python caller reads, with a code
 and the fields it is rendered from, so that `memplan estimate` renders it again in its own words (its --device
-flag) from the fields, never by rewriting the text."""
+flag) from the fields, never by rewriting the text; and the notes a caller tells apart by code (where the step was
+traced, when not where this machine would trace it: memplan.estimator.trace_route)."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,7 +15,7 @@ CHOOSE_DEVICE = "pass device='H100-80GB' (or another)"
 
 class Note(str):
     """One of an estimate's notes as the user reads it (a str: the table, the JSON and MemoryEstimate.notes hold
-    the text), with `code`, what it is about ('' for a note no edge words otherwise), and `fields`, what it is
+    the text), with `code`, what it is about ('' for a note nothing tells apart by code), and `fields`, what it is
     rendered from."""
 
     code: str
