@@ -2,21 +2,16 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from memplan.compat.torch import (
-    FAKE_TENSOR_LOGGER,
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    disable_current_modes,
-)
+from memplan.compat.torch import DataDependentOutputException, DynamicOutputShapeException, disable_current_modes
 from memplan.compat.versions import VersionWarning, check_installed_once
 from memplan.estimator.checkpointing import (
     _WRAPPED, CheckpointArg, OwnCheckpointCalls, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
@@ -25,7 +20,7 @@ from memplan.estimator.cuda.composite import RealCompositePaths
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
-from memplan.estimator.fake import batch_on_device, fake_model, new_fake_mode
+from memplan.estimator.fake import batch_on_device, fake_model, new_fake_mode, quiet_fake_tensor_log
 from memplan.estimator.fake_copy import metric_states
 from memplan.estimator.flops import CostCounter
 from memplan.estimator.fsdp import FsdpSettings, fake_process_group, follow_storage, shard_model
@@ -41,15 +36,14 @@ from memplan.estimator.step import (
 from memplan.estimator.streams import StreamNumbers, side_stream_bytes
 from memplan.estimator.target import (GENERIC_CUDA, check_precision_on_target, memory_model,
                                       precision_lightning_runs, resolve_target, target_overheads)
-from memplan.estimator.trace_setting import TraceSetting
+from memplan.estimator.trace_route import fallback_after, trace_target
+from memplan.estimator.trace_setting import TraceSetting, check_strategy
 from memplan.estimator.tracker import Category, Phase, StorageTracker
 from memplan.estimator.values import DataDependent, ValueResolver
 from memplan.units import MiB
 
 TRACED_STEPS = 2
 """Step 1 creates the optimizer state lazily; step 2 is the steady state the peak is taken from."""
-
-STRATEGIES = (None, "ddp", "fsdp")
 
 
 def estimate(
@@ -79,7 +73,9 @@ def estimate(
         'blocks:4' the first 4 repeated blocks, 'every:2' every 2nd, 'op' torchtitan's per-op policy on each
         block), or a set of module classes to checkpoint.
     device: "cpu", a GPU model name ("A100-80GB"), a memplan.hardware GpuModel (custom_gpu("24GiB")),
-        or None for the local GPU.
+        or None for the local GPU. Where torch has CUDA and a GPU, a GPU target is traced on fake CUDA tensors,
+        else on fake CPU tensors with CUDA emulated; FSDP, and a step with an op that has no fake kernel on
+        CUDA (cuDNN's RNNs), take the emulated trace there too (memplan.estimator.trace_route; a note says so).
     strategy, world_size: None, or "ddp" / "fsdp" with the number of ranks (memory is per rank).
     loop: "lightning" (zero_grad after the forward, as Lightning runs it), "torch" (a plain loop:
         forward + loss, backward, step, zero_grad(set_to_none=True)), "torch-zero-after-forward" (a plain
@@ -96,7 +92,7 @@ def estimate(
     for outside in check_installed_once("memplan"):
         warnings.warn(f"memplan.estimate: {outside}", VersionWarning, stacklevel=2)
     policy = PrecisionPolicy.from_string(precision)
-    _check_strategy(strategy, world_size)
+    check_strategy(strategy, world_size)
     check_loop(loop)
     if strategy == "fsdp":
         fsdp = fsdp or FsdpSettings()
@@ -104,41 +100,33 @@ def estimate(
     target = resolve_target(device)
     check_precision_on_target(policy, target)
     policy, precision_note = precision_lightning_runs(policy, target, loop)
+    target, route_note = trace_target(target, strategy)
 
     started = time.perf_counter()
     group = fake_process_group(world_size) if strategy == "fsdp" else contextlib.nullcontext()
-    with warnings.catch_warnings(), _quiet_fake_tensor_log(), group:
+    with warnings.catch_warnings(), quiet_fake_tensor_log(), group:
         warnings.filterwarnings("ignore", message=".*self.log.*")
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
-        trace = _Trace(model, batch, loss, optimizer, TraceSetting(
-            policy=policy, checkpointing=checkpointing, target=target, strategy=strategy, loop=loop,
-            data_dependent=data_dependent, fsdp=fsdp, world_size=world_size))
-        if precision_note:
-            trace.notes.append(precision_note)
-        trace.run()
+        setting = TraceSetting(policy=policy, checkpointing=checkpointing, target=target, strategy=strategy, loop=loop,
+                               data_dependent=data_dependent, fsdp=fsdp, world_size=world_size)
+        trace = _traced(model, batch, loss, optimizer, setting, [n for n in (precision_note, route_note) if n])
     return trace.result(time.perf_counter() - started, world_size)
 
 
-@contextlib.contextmanager
-def _quiet_fake_tensor_log():
-    """FakeTensorMode logs a full traceback at ERROR when a meta kernel rejects its inputs (a batch the
-    model cannot take); memplan turns that failure into one EstimateError, so the log is noise."""
-    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+def _traced(model, batch, loss, optimizer, setting: TraceSetting, notes: list[str]) -> _Trace:
+    """The trace of `setting`, run, with `notes`; where a trace on fake CUDA tensors stops at an op without a fake
+    kernel, the trace with CUDA emulated on CPU instead (memplan.estimator.trace_route)."""
+    trace = _Trace(model, batch, loss, optimizer, setting)
+    trace.notes.extend(notes)
     try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def _check_strategy(strategy: str | None, world_size: int) -> None:
-    if strategy not in STRATEGIES:
-        raise EstimateError(f"strategy must be None, 'ddp' or 'fsdp'; got {strategy!r}")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise EstimateError(f"world_size must be a positive int; got {world_size!r}")
-    if world_size > 1 and strategy is None:
-        raise EstimateError(f"world_size={world_size} needs strategy='ddp' or 'fsdp'")
+        trace.run()
+        return trace
+    except EstimateError as err:
+        fallback = fallback_after(err, setting.target)
+        if fallback is None:
+            raise
+    target, note = fallback
+    return _traced(model, batch, loss, optimizer, replace(setting, target=target), [*notes, note])
 
 
 class _Trace:

@@ -61,6 +61,16 @@ def explain_failure(err: BaseException, *, model: nn.Module, batch_tensors: Iter
                          "memplan's to fix: report it with this message", cause=what)
 
 
+def op_without_fake_kernel(err: BaseException) -> str | None:
+    """The op ('aten._cudnn_init_dropout_state.default') whose missing fake kernel stopped the trace, where that is
+    what `err` (an EstimateError from `explain_failure`, or its cause) is; None for any other failure."""
+    cause = err.__cause__ if isinstance(err, EstimateError) else err
+    if not isinstance(cause, (UnsupportedOperatorException, NotImplementedError)):
+        return None
+    failed = _failed_op([frame for frame, _ in traceback.walk_tb(cause.__traceback__)])
+    return str(failed[0]) if failed is not None and failed[0] is not None else None
+
+
 def _failed_op(frames) -> tuple[object, tuple] | None:
     """(op, its (args, kwargs)) from the innermost tracker dispatch frame, or None if no op failed."""
     code = inspect.unwrap(StorageTracker.__torch_dispatch__).__code__  # under torch's dynamo-disable wrapper

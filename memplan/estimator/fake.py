@@ -1,6 +1,8 @@
 """Get a fake-tensor copy of the user's model without allocating a single weight."""
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -8,6 +10,7 @@ import torch
 from torch import nn
 
 from memplan.compat.torch import (
+    FAKE_TENSOR_LOGGER,
     DataDependentOutputException,
     FakeTensor,
     FakeTensorMode,
@@ -19,6 +22,19 @@ from memplan.batching import map_tensors
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake_copy import copy_module_tree
 from memplan.estimator.tracker import REAL_FACTORY_MAX_NUMEL, _tensors_in
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log():
+    """FakeTensorMode logs a full traceback at ERROR when a meta kernel rejects its inputs (a batch the
+    model cannot take); memplan turns that failure into one EstimateError, so the log is noise."""
+    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def new_fake_mode() -> FakeTensorMode:

@@ -1,6 +1,7 @@
 """The estimate's notes that an edge words its own way: each a `Note`, the text a Python caller reads, with a code
 and the fields it is rendered from, so that `memplan estimate` renders it again in its own words (its --device
-flag) from the fields, never by rewriting the text."""
+flag) from the fields, never by rewriting the text; and the notes a caller tells apart by code (where the step was
+traced, when not where this machine would trace it: memplan.estimator.trace_route)."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,7 +15,7 @@ CHOOSE_DEVICE = "pass device='H100-80GB' (or another)"
 
 class Note(str):
     """One of an estimate's notes as the user reads it (a str: the table, the JSON and MemoryEstimate.notes hold
-    the text), with `code`, what it is about ('' for a note no edge words otherwise), and `fields`, what it is
+    the text), with `code`, what it is about ('' for a note nothing tells apart by code), and `fields`, what it is
     rendered from."""
 
     code: str
@@ -36,3 +37,21 @@ def generic_gpu_note(compute_capability: tuple[int, int], *, choose: str = CHOOS
     major, minor = compute_capability
     return Note(f"no local GPU: estimated for a generic sm{major}{minor} GPU; {choose} to choose", GENERIC_GPU,
                 {"compute_capability": (major, minor)})
+
+
+FSDP_EMULATED = "fsdp_emulated"
+"""Note code: strategy='fsdp' on a machine with a GPU, traced on CPU fake tensors with CUDA emulated."""
+NATIVE_FALLBACK = "native_fallback"
+"""Note code: the trace on fake CUDA tensors met `op`, which has no fake kernel there, and was traced again on CPU
+fake tensors with CUDA emulated."""
+
+
+def fsdp_emulated_note() -> Note:
+    return Note("strategy='fsdp': traced on CPU fake tensors with CUDA's semantics emulated, also on a machine with "
+                "a GPU (memplan shards the fake model over a fake CPU device mesh)", FSDP_EMULATED)
+
+
+def native_fallback_note(op: str) -> Note:
+    return Note(f"{op} has no fake kernel on CUDA: the step was traced again on CPU fake tensors with CUDA's "
+                "semantics emulated, so the op's CUDA-only work (cuDNN's RNN reserve, say) is modelled by its "
+                "CPU path", NATIVE_FALLBACK, {"op": op})

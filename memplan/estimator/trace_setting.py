@@ -4,10 +4,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.estimator.checkpointing import CheckpointArg
+from memplan.estimator.errors import EstimateError
 from memplan.estimator.fsdp import FsdpSettings
 from memplan.estimator.step import Loop, PrecisionPolicy
 from memplan.estimator.target import Target
 from memplan.estimator.values import DataDependent
+
+STRATEGIES = (None, "ddp", "fsdp")
+"""estimate()'s strategies: one process, DDP, FSDP2."""
+
+
+def check_strategy(strategy: str | None, world_size: int) -> None:
+    """Refuse a strategy estimate() does not know, or a world size it cannot have."""
+    if strategy not in STRATEGIES:
+        raise EstimateError(f"strategy must be None, 'ddp' or 'fsdp'; got {strategy!r}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise EstimateError(f"world_size must be a positive int; got {world_size!r}")
+    if world_size > 1 and strategy is None:
+        raise EstimateError(f"world_size={world_size} needs strategy='ddp' or 'fsdp'")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,13 @@ aten/src/ATen/autocast_mode.h (shipped as torch/include/ATen/autocast_mode.h, li
 `TORCH_LIBRARY_IMPL(aten, Autocast, m)` and `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)` in
 aten/src/ATen/autocast_mode.cpp give the CUDA extras and the CPU policies. The ops CPU wraps are read
 at runtime from the dispatcher, so a newer torch's additions fall through instead of leaking CPU policy.
+
+Ops of other libraries (torchvision::nms, a user's torch.library op) with an AutocastCPU kernel: CUDA autocast
+runs the op's own AutocastCUDA kernel where it has one, and otherwise does not touch the op. Without one
+the op falls through here, as on CUDA. With one, its AutocastCPU kernel is kept: a C++ AutocastCUDA kernel
+casts only CUDA tensors, so it cannot run on the trace's CPU tensors, and the library's CPU rule is the
+nearest known (torchvision registers one template, cast to float32, on both keys). An op with an
+AutocastCUDA kernel and no AutocastCPU kernel is not cast here (its CUDA rule is not known on CPU).
 """
 from __future__ import annotations
 
@@ -26,7 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from memplan.compat.torch import OpOverload, dispatch_registrations, excluding_autocast_cpu, is_view, op_schema
+from memplan.compat.torch import (
+    OpOverload, destroy_library, dispatch_registrations, excluding_autocast_cpu, is_view, op_schema,
+)
 
 # --- CUDA policy (aten/src/ATen/autocast_mode.h, torch 2.13) -------------------------------------
 LOWER_PRECISION_FP = (
@@ -95,9 +104,41 @@ def cuda_policy() -> dict[str, str]:
 
 
 def cpu_autocast_ops() -> set[str]:
-    """The ops with a kernel on AutocastCPU in this torch build, as 'name.overload'."""
+    """The aten ops with a kernel on AutocastCPU in this torch build, as 'name.overload'."""
     registered = dispatch_registrations("AutocastCPU")
-    return {name.removeprefix("aten::") for name in registered}
+    return {name.removeprefix("aten::") for name in registered if name.startswith("aten::")}
+
+
+def other_cpu_autocast_ops() -> set[str]:
+    """The ops outside aten with a kernel on AutocastCPU and none on AutocastCUDA, as 'namespace::name.overload':
+    those CUDA autocast does not touch (see the module's docstring)."""
+    on_cuda = set(dispatch_registrations("AutocastCUDA"))
+    return {name for name in dispatch_registrations("AutocastCPU")
+            if not name.startswith("aten::") and name not in on_cuda}
+
+
+class KernelLibraries:
+    """One `torch.library.Library(namespace, "IMPL")` per namespace, opened when first used (a library registers
+    kernels for its own namespace's ops only); `destroy()` drops every kernel they registered."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, torch.library.Library] = {}
+
+    def library(self, namespace: str) -> torch.library.Library:
+        """The library registering kernels for `namespace`'s ops."""
+        if namespace not in self._open:
+            self._open[namespace] = torch.library.Library(namespace, "IMPL")
+        return self._open[namespace]
+
+    def impl(self, qualified_name: str, kernel, dispatch_key: str) -> None:
+        """Register `kernel` for 'namespace::name.overload' on `dispatch_key`."""
+        namespace, _, name = qualified_name.partition("::")
+        self.library(namespace).impl(name, kernel, dispatch_key)
+
+    def destroy(self) -> None:
+        for lib in reversed(self._open.values()):
+            destroy_library(lib)
+        self._open.clear()
 
 
 class CastCache:
@@ -136,16 +177,19 @@ def wrap_clear_autocast_cache(cache: CastCache) -> Callable[[], None]:
     return clear_autocast_cache
 
 
-def register_cuda_autocast(lib: torch.library.Library, *, lower_dtype: torch.dtype, cache: CastCache) -> None:
-    """Install CUDA's autocast policy on AutocastCPU through `lib` (destroy `lib` to remove it)."""
+def register_cuda_autocast(libraries: KernelLibraries, *, lower_dtype: torch.dtype, cache: CastCache) -> None:
+    """Install CUDA's autocast policy on AutocastCPU through `libraries` (destroy them to remove it)."""
     cpu_ops = cpu_autocast_ops()
     policies = cuda_policy()
+    lib = libraries.library("aten")
     for name, policy in policies.items():
         if name in SAME_ON_CPU and name in cpu_ops:
             continue
         lib.impl(name, _make_kernel(name, policy, lower_dtype, cache), "AutocastCPU")
     for name in sorted(cpu_ops - policies.keys()):
         lib.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
+    for name in sorted(other_cpu_autocast_ops()):
+        libraries.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
 
 
 @dataclass

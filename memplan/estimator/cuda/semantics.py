@@ -43,7 +43,9 @@ Known differences not emulated
   gradient is the same.
 - Batch norm: cuDNN `cudnn_batch_norm` (aten/src/ATen/native/cudnn/BatchNorm.cpp) saves a reserve
   tensor besides save_mean / save_var; per-channel sizes, negligible.
-- Autocast rules registered outside aten (torchvision ops on the Autocast key, `_cudnn_rnn`).
+- Autocast rules registered outside aten: an op's own AutocastCUDA kernel (torchvision's roi_align, nms ...)
+  is stood in for by its AutocastCPU kernel, an op with an AutocastCPU kernel only falls through
+  (autocast.py's docstring); `_cudnn_rnn`'s autocast is not emulated.
 - fused optimizers: no torch optimizer defaults to fused=True on CUDA (torch/optim/adam.py: "give the
   fused impl bake-in time"); a user's fused=True runs the CPU fused kernels, which like CUDA's keep
   no per-parameter temporaries.
@@ -63,8 +65,8 @@ from collections.abc import Iterator
 
 import torch
 
-from memplan.compat.torch import OpOverload, destroy_library, is_fake
-from memplan.estimator.cuda.autocast import CastCache, register_cuda_autocast, wrap_clear_autocast_cache
+from memplan.compat.torch import OpOverload, is_fake
+from memplan.estimator.cuda.autocast import CastCache, KernelLibraries, register_cuda_autocast, wrap_clear_autocast_cache
 from memplan.estimator.cuda.sdpa import cuda_sdpa_kernel, register_cpu_reference_kernels
 
 __all__ = ["emulate_cuda", "apply_cuda_optimizer_defaults"]
@@ -88,14 +90,15 @@ def emulate_cuda(*, compute_capability: tuple[int, int], autocast_dtype: torch.d
         raise ValueError(f"compute_capability must be (major, minor), e.g. (8, 0); got {compute_capability!r}")
     if autocast_dtype not in (None, torch.float16, torch.bfloat16):
         raise ValueError(f"autocast_dtype must be None, torch.float16 or torch.bfloat16; got {autocast_dtype!r}")
-    lib = torch.library.Library("aten", "IMPL")
+    libraries = KernelLibraries()
+    lib = libraries.library("aten")
     cache = CastCache()
     original_clear_autocast_cache = torch.clear_autocast_cache
     try:
         with warnings.catch_warnings():  # "Overriding a previously registered kernel": intended
             warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
             if autocast_dtype is not None:
-                register_cuda_autocast(lib, lower_dtype=autocast_dtype, cache=cache)
+                register_cuda_autocast(libraries, lower_dtype=autocast_dtype, cache=cache)
                 torch.clear_autocast_cache = wrap_clear_autocast_cache(cache)
             lib.impl("dropout", _dropout, "AutogradCPU")
             lib.impl("scaled_dot_product_attention", cuda_sdpa_kernel(compute_capability), "AutogradCPU")
@@ -108,7 +111,7 @@ def emulate_cuda(*, compute_capability: tuple[int, int], autocast_dtype: torch.d
     finally:
         torch.clear_autocast_cache = original_clear_autocast_cache
         cache.clear()
-        destroy_library(lib)
+        libraries.destroy()
 
 
 def apply_cuda_optimizer_defaults(optimizer: torch.optim.Optimizer) -> None:
