@@ -75,7 +75,8 @@ class CudaOverheads:
     cublas_workspace_bytes: int
     """One cuBLAS workspace, allocated through the caching allocator per (handle, stream)."""
     cublaslt_workspace_bytes: int = 0
-    """A separate cuBLASLt workspace per (handle, stream); 0 when unified with cuBLAS's (default)."""
+    """A separate cuBLASLt workspace per (handle, stream) (torch 2.11's default); 0 when
+    TORCH_CUBLASLT_UNIFIED_WORKSPACE=1 unifies it with cuBLAS's."""
     cudnn_context_bytes: int = 0
     """cuDNN's handle and kernels, loaded into the context by a step's first cuDNN op (convolution)."""
     cublas_workspaces: int = 2
