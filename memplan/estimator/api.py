@@ -213,9 +213,10 @@ class _Trace:
                 p.register_post_accumulate_grad_hook(lambda q: tracker.forget(q.grad))
         loaded, self.batch = self._prepare_batch(self.batch)
         self._loader_batch = None  # (kept alive only where counted)
-        if self.loop == "lightning" and self.device.type == "cpu" and self.policy.param_dtype != torch.float32:
+        if self.loop == "lightning" and not self.target.is_cuda and self.policy.param_dtype != torch.float32:
             # Lightning's '-true' precision converts each step's batch (training_epoch_loop: precision_plugin.
-            # convert_input); the loader's float32 batch stays referenced beside the copy, in CPU memory.
+            # convert_input) before moving it: the loader's float32 batch stays beside the copy in host memory,
+            # so it is counted only where the target's memory is the host's.
             self._loader_batch = loaded
             for t in iter_tensors(loaded):
                 tracker.track(t, Category.BATCH)
@@ -241,9 +242,8 @@ class _Trace:
         if self.strategy == "ddp":
             for nbytes in ddp_bucket_bytes(list(self.model.parameters())):
                 tracker.reserve(nbytes, Category.GRADIENTS)
-        if self.overheads is not None:
-            for nbytes in self.overheads.allocator_workspaces:
-                tracker.reserve(nbytes, Category.WORKSPACES)
+        if self.overheads is not None:  # cuBLAS(Lt) workspaces: taken at each thread's first call
+            tracker.workspaces = self.overheads.library_workspaces()
         self.grad_scale = torch.tensor(65536.0, device=self.device) if self.policy.grad_scaling else None
         if self.manual is not None:
             self.manual.grad_scale = self.grad_scale
@@ -315,7 +315,7 @@ class _Trace:
         peak = self.tracker.peak
         by = peak.by_category
         peak_reserved = self.memory.peak_reserved_bytes
-        context = self.overheads.context_bytes if self.overheads else 0
+        context = self.overheads.step_context_bytes(cudnn=self.tracker.workspaces.cudnn_used) if self.overheads else 0
         communication = 0
         if self.strategy in ("ddp", "fsdp") and self.target.is_cuda:
             from memplan.estimator.cuda.overheads import nccl_buffer_bytes

@@ -113,6 +113,8 @@ class StorageTracker(TorchDispatchMode):
         """A streams.StreamNumbers naming the stream each allocation is made on (None: all on the default
         stream); the caching allocator model keeps each stream's freed blocks for that stream."""
         self.forward_activations = 0
+        self.workspaces = None
+        """A cuda.workspaces.LibraryWorkspaces: cuBLAS(Lt) workspaces taken at first use (None: CPU target)."""
         self._accumulation: tuple | None = None
         """A backward `add` that may be the autograd engine's gradient accumulation, until the next op
         shows whether one input died with it (see _settle_accumulation)."""
@@ -332,6 +334,10 @@ class StorageTracker(TorchDispatchMode):
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
             self._transient(cuda_contiguous_copy_bytes(func, args))
+        if self.workspaces is not None:
+            for nbytes in self.workspaces.due(func, args, kwargs, backward=self.phase is Phase.BACKWARD,
+                                              stream=self._stream()):
+                self.reserve(nbytes, Category.WORKSPACES)
         self._transient(ctc_backward_scratch_bytes(func, args))
         return out
 

@@ -69,10 +69,18 @@ def test_a_cpu_plan_speaks_of_devices_not_gpus():
 
 
 def test_the_assumed_cuda_context_is_not_said_to_lie_outside_its_own_range(capsys):
+    code, out, _ = run(capsys, "estimate", "--demo", "mlp", "--batch-size", "8", "--device", "A100-80GB", "--json")
+    assert code == 0
+    note = next(n for n in json.loads(out)["notes"] if n.startswith("CUDA context"))
+    assert "640 MiB assumed, unmeasured" in note and "270-730" not in note
+    assert "memplan validate" in note
+
+
+def test_the_hopper_cuda_context_is_said_to_be_measured_and_where(capsys):
     code, out, _ = run(capsys, "estimate", "--demo", "mlp", "--batch-size", "8", "--device", "H100-80GB", "--json")
     assert code == 0
     note = next(n for n in json.loads(out)["notes"] if n.startswith("CUDA context"))
-    assert "768 MiB assumed, unmeasured" in note and "270-730" not in note
+    assert "742 MiB" in note and "measured on an H200" in note and "unmeasured" not in note
     assert "memplan validate" in note
 
 

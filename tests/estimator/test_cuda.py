@@ -32,22 +32,26 @@ def test_cublas_workspace_config_overrides_the_default(config, expected):
     assert cublas_workspace_bytes(A100, env={"CUBLAS_WORKSPACE_CONFIG": config}) == expected
 
 
-def test_workspaces_are_two_cublas_workspaces_unless_cublaslt_is_split_off():
-    assert cuda_overheads(H100, env={}).allocator_workspaces == (32 * MiB, 32 * MiB)
+def test_cublaslt_has_its_own_workspace_unless_unified():
+    """torch 2.11 (measured on an H200): a separate 1 MiB cuBLASLt workspace per thread unless
+    TORCH_CUBLASLT_UNIFIED_WORKSPACE=1."""
+    assert cuda_overheads(H100, env={}).allocator_workspaces == (32 * MiB, 1 * MiB, 32 * MiB, 1 * MiB)
+    unified = cuda_overheads(H100, env={"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "1"})
+    assert unified.cublaslt_workspace_bytes == 0 and unified.allocator_workspaces == (32 * MiB, 32 * MiB)
     split = cuda_overheads(A100, env={"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0"})
     assert split.cublaslt_workspace_bytes == 1 * MiB  # CUBLASLT_WORKSPACE_SIZE default 1024 KiB
     assert sorted(split.allocator_workspaces) == [1 * MiB, 1 * MiB, 8519680, 8519680]
-    sized = cuda_overheads(A100, env={"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0", "CUBLASLT_WORKSPACE_SIZE": "4096"})
+    sized = cuda_overheads(A100, env={"CUBLASLT_WORKSPACE_SIZE": "4096"})
     assert sized.cublaslt_workspace_bytes == 4 * MiB
 
 
 def test_workspaces_through_the_allocator_model_show_up_as_reserved_segments():
     a100 = CachingAllocatorModel()
-    for n in cuda_overheads(A100, env={}).allocator_workspaces:
+    for n in cuda_overheads(A100, env={"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "1"}).allocator_workspaces:
         a100.malloc(n)  # 8.125 MiB: one 20 MiB segment, the second reuses its split-off rest
     assert (a100.allocated_bytes, a100.reserved_bytes) == (2 * 8519680, 20 * MiB)
     h100 = CachingAllocatorModel()
-    for n in cuda_overheads(H100, env={}).allocator_workspaces:
+    for n in cuda_overheads(H100, env={"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "1"}).allocator_workspaces:
         h100.malloc(n)  # 32 MiB each: >= 10 MiB, a segment of its own
     assert (h100.allocated_bytes, h100.reserved_bytes) == (64 * MiB, 64 * MiB)
 

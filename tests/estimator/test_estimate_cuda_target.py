@@ -48,7 +48,7 @@ def test_gpu_rounds_every_tensor_to_512_bytes_so_it_is_above_cpu(a100):
 
 def test_hopper_gets_bigger_cublas_workspaces_than_ampere(a100):
     h100 = estimate(tiny_gpt, BATCH, precision="bf16-mixed", device="H100-80GB")
-    assert h100.workspaces == 2 * 32 * MiB
+    assert h100.workspaces == 2 * 32 * MiB + 1 * MiB  # a cuBLAS workspace per thread, the forward's cuBLASLt one
     assert h100.workspaces > a100.workspaces
 
 

@@ -2,14 +2,15 @@
 
 Two kinds, which land in different places:
 - inside the caching allocator: cuBLAS / cuBLASLt workspaces. torch allocates them with
-  CUDACachingAllocator::allocate, so they count in max_memory_allocated and reserved. Feed
-  `CudaOverheads.allocator_workspaces` to the allocator model as never-freed mallocs made at
-  the first matmul of each thread.
-- outside it: the CUDA context (driver state and lazily loaded kernel images) and NCCL's
-  communicator buffers. NVML / nvidia-smi see them; torch.cuda.memory_* do not.
+  CUDACachingAllocator::allocate, so they count in max_memory_allocated and reserved. The trace
+  takes them as never-freed mallocs at each thread's first cuBLAS (cuBLASLt) call
+  (`CudaOverheads.library_workspaces`, memplan.estimator.cuda.workspaces).
+- outside it: the CUDA context (driver state and lazily loaded kernel images, cuDNN's once a step
+  runs it) and NCCL's communicator buffers. NVML / nvidia-smi see them; torch.cuda.memory_* do not.
 
-The context and NCCL figures are approximations taken from measurements reported in issues
-(cited below), rounded up; calibrate them on a real GPU before trusting them to 100 MiB.
+sm90's context figures were measured on an H200 (cited below); the other GPUs' context and the NCCL
+figures are approximations taken from measurements reported in issues, rounded up; calibrate them
+on a real GPU before trusting them to 100 MiB.
 """
 from __future__ import annotations
 
@@ -29,23 +30,39 @@ log = logging.getLogger(__name__)
 #   (pytorch/pytorch#86509)
 #   "~300MB" (ptrblck, pytorch/pytorch#107667), "around 400MB" (ptrblck, pytorch/pytorch#109888)
 #   426 MiB on an RTX 6000 Ada (sm89), torch 2.10 + CUDA 13.0 (unslothai/unsloth-zoo#1053)
-# A training step then lazily loads cuBLAS(Lt)/cuDNN/NCCL/Triton kernels: no measurement found,
+# A training step then lazily loads cuBLAS(Lt)/cuDNN/NCCL/Triton kernels: no measurement found for sm70/sm80,
 # estimated +100..300 MiB; assumed (unmeasured) to grow with the GPU generation. Range 270..730
 # MiB; the values below sit at the top of it (a planner should over- rather than under-estimate).
 _CONTEXT_LAZY_BYTES = {7: 512 * MiB, 8: 640 * MiB, 9: 768 * MiB}  # by compute-capability major
+# sm90, measured on an NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130 (CUDA 13.0), cuDNN 9.19
+# (benchmarks/results/gpu_campaign_raw/part1.json): NVML's per-process bytes less torch's reserved bytes,
+#   639,631,360 B after the first tensor (bare context), +69,206,016 B at the first matmul (cuBLAS, the
+#   Python thread), +67,108,864 B at the first backward (the autograd thread's cuBLAS handle): 740 MiB;
+#   over the zoo's training steps without cuDNN (MLPs, GPT-2, BERT, Llama, Mixtral): 740-742 MiB.
+# A step that runs cuDNN (convolutions) loads its handle and kernels besides: +18,874,368 B at the first
+# convolution in the probe, 758 MiB in every zoo step with one (CNNs, ResNet-18, MLP-Mixer's patch conv).
+_CONTEXT_LAZY_MEASURED_BYTES = {9: 742 * MiB}  # sm90 only; sm100+ keeps the assumed figure above
+_CUDNN_CONTEXT_BYTES = {9: 18 * MiB}  # by compute-capability major; 0 (unmeasured) elsewhere
 # CUDA_MODULE_LOADING=EAGER loads every kernel of every library at init: 666,632,192 B
 # (pytorch/pytorch#86509, CUDA 11.7), ">1000MB" (pytorch/pytorch#107667). Range 0.65..1.5 GB.
 _CONTEXT_EAGER_BYTES = 1536 * MiB
+# sm90 (same H200, driver, torch and CUDA as above): 1,310,720,000 B (1250 MiB) after the first tensor
+# with CUDA_MODULE_LOADING=EAGER; plus the cuBLAS handles of a step's two threads, measured under LAZY
+# (130 MiB, as above, 2 MiB of step kernels), assumed the same under EAGER: 1382 MiB.
+_CONTEXT_EAGER_BYTES_BY_MAJOR = {9: 1382 * MiB}
 
 # aten/src/ATen/cuda/CublasHandlePool.cpp (pytorch/pytorch), parseChosenWorkspaceSize():
 # ":4096:2:16:8 default, 32MiB for Hopper and Blackwell" -> 4096 KiB x 2 + 16 KiB x 8, or
 # 4096 x 8 x 1024 when properties->major is 9, 10, 11 or 12 (older versions: sm90 only).
 _CUBLAS_DEFAULT_BYTES = 4096 * KiB * 2 + 16 * KiB * 8  # 8.125 MiB
-_CUBLAS_BIG_BYTES = 32 * MiB
+_CUBLAS_BIG_BYTES = 32 * MiB  # measured on the H200 above: 33,554,432 B on the Python and the autograd thread
 _CUBLAS_BIG_MAJORS = (9, 10, 11, 12)
 # parseCUDABlasLtWorkspaceSize(): CUBLASLT_WORKSPACE_SIZE in KiB, "default size in KiB
-# according to #73328" = 1024. getCUDABlasLtWorkspaceSize(): unified with the cuBLAS
-# workspace unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0 (check_env: unset counts as unified).
+# according to #73328" = 1024. getCUDABlasLtWorkspace() (torch 2.11): a cuBLASLt workspace of its own
+# per (handle, stream) unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=1 (`check_env(...) == true`: unset is
+# separate). Measured on the H200 above (torch 2.11.0+cu130): a bf16 addmm with a bias left 1,048,576 B
+# beyond its output after the thread's cuBLAS workspace was taken. (pytorch main has since unified
+# them by default: there this overestimates by 1 MiB per thread.)
 _CUBLASLT_DEFAULT_KIB = 1024
 
 
@@ -58,7 +75,10 @@ class CudaOverheads:
     cublas_workspace_bytes: int
     """One cuBLAS workspace, allocated through the caching allocator per (handle, stream)."""
     cublaslt_workspace_bytes: int = 0
-    """A separate cuBLASLt workspace per (handle, stream); 0 when unified with cuBLAS's (default)."""
+    """A separate cuBLASLt workspace per (handle, stream) (torch 2.11's default); 0 when
+    TORCH_CUBLASLT_UNIFIED_WORKSPACE=1 unifies it with cuBLAS's."""
+    cudnn_context_bytes: int = 0
+    """cuDNN's handle and kernels, loaded into the context by a step's first cuDNN op (convolution)."""
     cublas_workspaces: int = 2
     """(handle, stream) pairs a step uses: the Python thread (forward, optimizer) and the
     autograd engine's device thread (backward); cuBLAS handles are per thread."""
@@ -67,7 +87,7 @@ class CudaOverheads:
 
     def __post_init__(self) -> None:
         for name in ("context_bytes", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
-                     "cublas_workspaces"):
+                     "cudnn_context_bytes", "cublas_workspaces"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"CudaOverheads.{name} must be a non-negative int; got {value!r}")
@@ -79,6 +99,16 @@ class CudaOverheads:
         if self.cublaslt_workspace_bytes:
             per_pair.append(self.cublaslt_workspace_bytes)
         return tuple(n for n in per_pair * self.cublas_workspaces if n)
+
+    def library_workspaces(self):
+        """A fresh cuda.workspaces.LibraryWorkspaces for one trace: the workspaces taken at first use."""
+        from memplan.estimator.cuda.workspaces import LibraryWorkspaces
+
+        return LibraryWorkspaces(self.cublas_workspace_bytes, self.cublaslt_workspace_bytes)
+
+    def step_context_bytes(self, *, cudnn: bool) -> int:
+        """The context outside the allocator for a step that did (or did not) run cuDNN."""
+        return self.context_bytes + (self.cudnn_context_bytes if cudnn else 0)
 
 
 def _check_cc(compute_capability: tuple[int, int]) -> tuple[int, int]:
@@ -107,32 +137,40 @@ def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] =
     major, minor = _check_cc(compute_capability)
     notes = []
     loading = env.get("CUDA_MODULE_LOADING", "LAZY").upper()
+    cudnn = _CUDNN_CONTEXT_BYTES.get(major, 0)
     if loading == "EAGER":
-        context = _CONTEXT_EAGER_BYTES
+        context = _CONTEXT_EAGER_BYTES_BY_MAJOR.get(major, _CONTEXT_EAGER_BYTES)
         notes.append("CUDA_MODULE_LOADING=EAGER: every kernel image is loaded at init "
-                     "(0.65-1.5 GB reported); 1.5 GiB assumed")
+                     + (f"({context // MiB} MiB measured on an H200, torch 2.11 + CUDA 13.0)" if major in
+                        _CONTEXT_EAGER_BYTES_BY_MAJOR else "(0.65-1.5 GB reported); 1.5 GiB assumed"))
+    elif major in _CONTEXT_LAZY_MEASURED_BYTES:
+        context = _CONTEXT_LAZY_MEASURED_BYTES[major]
+        notes.append(f"CUDA context for sm{major}{minor} with lazy module loading: {context // MiB} MiB, "
+                     f"+{cudnn // MiB} MiB when the step runs cuDNN, as measured on an H200 (driver 580, torch 2.11 "
+                     "+ CUDA 13.0); `memplan validate` on this GPU measures it for this machine")
     else:
         context = _CONTEXT_LAZY_BYTES[min(max(major, 7), 9)]
         notes.append(f"CUDA context for sm{major}{minor} with lazy module loading: {context // MiB} MiB assumed, "
                      "unmeasured (bare contexts are reported at 266-426 MiB, plus an estimated 100-300 MiB of "
                      "kernels loaded during a step, set high on purpose); `memplan validate` on this GPU measures it")
     calibrated = _calibrated_context((major, minor), env)
-    if calibrated is not None:
-        context = calibrated[0]
+    if calibrated is not None:  # measured on this machine by a step (with or without cuDNN): used as it is
+        context, cudnn = calibrated[0], 0
         notes[-1] = calibrated[1]
     cublas = cublas_workspace_bytes((major, minor), env)
     if "CUBLAS_WORKSPACE_CONFIG" in env:
         notes.append(f"cuBLAS workspace from CUBLAS_WORKSPACE_CONFIG: {cublas} bytes per handle")
-    unified = env.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE") != "0"
+    unified = env.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE") == "1"  # c10::utils::check_env: "1" true, "0" false
     lt = 0
     if not unified:
         raw = env.get("CUBLASLT_WORKSPACE_SIZE", "")
         lt_kib = int(raw) if raw.strip().isdigit() else _CUBLASLT_DEFAULT_KIB  # torch warns, keeps 1024
         lt = lt_kib * KiB
     notes.append("cuBLAS workspaces come from the caching allocator: one per (thread handle, "
-                 "stream), two in a training step (forward thread, autograd backward thread)")
-    return CudaOverheads(context_bytes=context, cublas_workspace_bytes=cublas,
-                         cublaslt_workspace_bytes=lt, notes=tuple(notes))
+                 "stream), taken at the thread's first matmul (forward thread, autograd backward thread)"
+                 + (f", and {lt // KiB} KiB more at its first cuBLASLt call (addmm with a bias)" if lt else ""))
+    return CudaOverheads(context_bytes=context, cublas_workspace_bytes=cublas, cublaslt_workspace_bytes=lt,
+                         cudnn_context_bytes=cudnn, notes=tuple(notes))
 
 
 def _calibrated_context(compute_capability: tuple[int, int], env: Mapping[str, str]) -> tuple[int, str] | None:
