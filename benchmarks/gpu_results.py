@@ -207,6 +207,7 @@ def _replaces(measured: dict, cc: tuple[int, int] | None) -> dict:
     from memplan.estimator.cuda import overheads as cuda
 
     now = cuda.cuda_overheads(cc, env={}) if cc else None
+    eager = cuda.cuda_overheads(cc, env={"CUDA_MODULE_LOADING": "EAGER"}) if cc else None
     major = None if cc is None else min(max(cc[0], 7), 9)
     big = cc is not None and cc[0] in getattr(cuda, "_CUBLAS_BIG_MAJORS", (9, 10, 11, 12))
     lazy, how = measured["context_training_step_max"], ("max over the zoo of NVML's process peak - "
@@ -217,8 +218,10 @@ def _replaces(measured: dict, cc: tuple[int, int] | None) -> dict:
     return {
         f"_CONTEXT_LAZY_BYTES[{major}]": {
             "unit": "bytes", "now": None if now is None else now.context_bytes, "measured": lazy, "how": how},
-        "_CONTEXT_EAGER_BYTES": {"unit": "bytes", "now": getattr(cuda, "_CONTEXT_EAGER_BYTES", None), "measured": measured["context_eager"],
-                                 "how": "CUDA_MODULE_LOADING=EAGER: context after the first tensor"},
+        "_CONTEXT_EAGER_BYTES": {"unit": "bytes", "now": None if eager is None else eager.context_bytes,
+                                 "measured": measured["context_eager"],
+                                 "how": "CUDA_MODULE_LOADING=EAGER: context after the first tensor (memplan's "
+                                        "figure adds the step's cuBLAS handles)"},
         "_CUBLAS_BIG_BYTES" if big else "_CUBLAS_DEFAULT_BYTES": {
             "unit": "bytes", "now": None if now is None else now.cublas_workspace_bytes,
             "measured": measured["cublas_workspace"],

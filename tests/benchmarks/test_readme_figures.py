@@ -154,6 +154,13 @@ def _zoo_cases() -> dict:
     return CASES
 
 
+def _gpu_fidelity() -> tuple[str, ...]:
+    summary = results("gpu_fidelity")["summary"]
+    return (str(summary["now_on_recorded"]["allocated"]["n"]),
+            *(f for key in ("allocated", "reserved", "nvml")
+              for f in (pct(summary["now_on_recorded"][key]["median_abs"], 2), signed_pct(summary["now_on_recorded"][key]["worst"]))))
+
+
 def _memory_gaps_vit() -> tuple[str, ...]:
     rows = [r for r in results("memory_gaps_gpu")["rows"] if r["case"].startswith("vit-l16-")]
     return (str(len(rows)), signed_pct(_worst(rows, "native_err_allocated")["native_err_allocated"]),
@@ -223,6 +230,10 @@ CLAIMS = [
            r"\(NVML's process peak - `max_memory_reserved`\) measured (\d+)-(\d+) MiB against memplan's (\d+) MiB "
            r"constant").replace(" ", r"\s+").replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"),
           _accuracy_gpu),
+    Claim("gpu_fidelity",
+          (r"(?s)re-estimated on CPU with CUDA emulated \(`benchmarks/results/gpu_fidelity\.md`, n=(\d+)\): "
+           r"`peak_allocated` median \|error\| NUM %, worst NUM %; `peak_reserved` median NUM %, worst NUM %; "
+           r"`device_total` median NUM %, worst NUM %").replace(" ", r"\s+"), _gpu_fidelity),
     Claim("memory_gaps_gpu",
           r"\(`benchmarks/results/memory_gaps_gpu\.md`, (\d+) cases\): native `peak_allocated` within NUM %,\s+"
           r"`peak_reserved` within NUM %", _memory_gaps_vit),
