@@ -95,6 +95,30 @@ def test_two_traced_micro_batches_make_a_line_per_op():
     assert {o.phase: o.bytes for o in unlike.ops(8, amp=True, checkpointing=False)} == {"forward": 8 * 5096, "optimizer": 50}
 
 
+def test_traces_that_differ_in_a_few_ops_still_make_a_line_per_op():
+    # transformers' causal-LM loss copies its shifted labels only when the batch has more than one sample: the
+    # trace at micro-batch 4 has one op more than the one at 1. The other ops still make lines (their weight
+    # reads stay flat), and the extra op scales from its own trace at micro-batches above the first.
+    def trace(micro: int) -> StepCosts:
+        ops = [op("forward", flops=100 * micro, nbytes=1000 + 4096 * micro, in_block=True) for _ in range(9)]
+        if micro > 1:
+            ops.insert(5, op("forward", "elementwise", flops=micro, nbytes=64 * micro, dtype="fp32"))
+        return costs_of(*ops, op("optimizer", "elementwise", flops=5, nbytes=50, dtype="fp32"))
+
+    profile = CostProfile(trace(1), high=trace(4), high_micro=4, traced_amp=True, parameter_count=1)
+    assert profile.two_points
+
+    def by_class(micro: int) -> dict:
+        return {(o.op_class, o.phase): (o.count, o.bytes) for o in profile.ops(micro, amp=True, checkpointing=False)}
+
+    assert by_class(8) == {("matmul", "forward"): (9, 1000 + 8 * 4096), ("elementwise", "forward"): (1, 8 * 64),
+                           ("elementwise", "optimizer"): (1, 50)}
+    assert by_class(1) == {("matmul", "forward"): (9, 1000 + 4096), ("elementwise", "optimizer"): (1, 50)}
+    # checkpointing recomputes the in-block ops of the lined-up trace
+    full = profile.ops(8, amp=True, checkpointing=True)
+    assert sum(o.count for o in full if o.phase == "recompute") == 9
+
+
 def test_derived_settings_recompute_in_block_ops_and_upcast_without_autocast():
     ops = costs_of(op("forward", flops=100, nbytes=10, in_block=True),
                    op("forward", flops=7, nbytes=3),                                   # outside the blocks
