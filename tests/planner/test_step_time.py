@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import statistics
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +57,35 @@ def test_many_small_ops_are_bound_by_the_host():
     ops = [op("forward", "elementwise", flops=10, nbytes=100) for _ in range(1000)]
     t = one_gpu(CostProfile(costs_of(*ops), traced_amp=True, parameter_count=10))
     assert t.micro_step_seconds == pytest.approx(1000 * costs.HOST_SECONDS_PER_OP)
+
+
+def test_the_host_floor_is_what_the_host_bound_steps_on_a_gpu_took_per_op():
+    # benchmarks/results/step_time_gpu.json: steps timed on an H200. Those bound by the host vary from step to step
+    # (the host's Python), those bound by the GPU hardly do; the host-bound ones' time per traced op is the floor.
+    rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/step_time_gpu.json").read_text())["rows"]
+
+    def deviation(r: dict) -> float:
+        median = statistics.median(r["step_seconds"])
+        return statistics.median(abs(x - median) for x in r["step_seconds"]) / median
+
+    gpu_bound = [r for r in rows if r["precision"] == "32-true"]
+    assert max(map(deviation, gpu_bound)) < 0.005
+    host_bound = [r for r in rows if deviation(r) > 0.02 and not r["checkpointing"]]
+    assert {(r["model"], r["micro_batch"]) for r in host_bound} == {("gpt2-small", 4), ("vit-l16", 32)}
+    for r in host_bound:
+        per_op = (r["step_seconds_median"] - r["predicted"]["optimizer_seconds"]) / r["predicted"]["host_ops"]
+        assert 0.75 * costs.HOST_SECONDS_PER_OP < per_op < 1.25 * costs.HOST_SECONDS_PER_OP, r["model"]
+        assert r["predicted"]["step_seconds"] == pytest.approx(r["step_seconds_median"], rel=0.2)
+
+
+def test_autocasts_casts_add_no_host_time():
+    # A host-bound step: 500 small ops, each with an autocast cast of its input. 32-true drops the casts; the host
+    # runs the same 500 ops either way (the casts are launched from inside them), so the two take as long.
+    ops = [o for _ in range(500) for o in (op("forward", "elementwise", flops=10, nbytes=100, dtype="fp32", cast=True),
+                                           op("forward", "elementwise", flops=10, nbytes=100))]
+    profile = CostProfile(costs_of(*ops), traced_amp=True, parameter_count=10)
+    amp, fp32 = one_gpu(profile), one_gpu(profile, precision="32-true")
+    assert amp.micro_step_seconds == pytest.approx(500 * costs.HOST_SECONDS_PER_OP) == fp32.micro_step_seconds
 
 
 def test_32_true_runs_matmuls_on_the_fp32_peak_and_convolutions_on_tf32():
