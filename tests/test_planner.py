@@ -476,12 +476,11 @@ def test_plan_with_the_real_estimator_matches_a_direct_estimate():
                               device="A100-80GB", strategy="ddp" if plan.world_size > 1 else None,
                               world_size=plan.world_size)
     assert plan.predicted_peak_bytes == direct.device_total <= plan.device_budget_bytes
-    # The small CNN's micro-steps are bound by the host (costs.HOST_SECONDS_PER_OP), so the fewest micro-steps win:
-    # micro-batch 256 on one GPU (2 steps) over two GPUs, where DDP's buckets leave room for micro-batch 64 (4 steps).
-    assert (plan.world_size, plan.precision, plan.micro_batch_size, plan.accumulate_grad_batches) == (1, "bf16-mixed", 256, 2)
-    # two traces each for the DDP groups (AMP, then 32-true, close on a host-bound step), one for the one-GPU group,
-    # two verifications (128, then the room it shows for 256)
-    assert len(calls) <= 7
+    # The small CNN's micro-steps are bound by the host (costs.HOST_SECONDS_PER_OP per op): 32-true, which runs no
+    # autocast casts, is the faster; the two GPUs' DDP buckets leave room for micro-batch 64.
+    assert (plan.world_size, plan.precision) == (2, "32-true")
+    assert plan.micro_batch_size < 256 and plan.accumulate_grad_batches > 1
+    assert len(calls) <= 6
 
 
 def test_all_devices_keeps_every_candidate_on_every_gpu():

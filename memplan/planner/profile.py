@@ -54,16 +54,13 @@ class ScaledOp:
     """Bytes one op reads and writes."""
     count: int = 1
     """How many identical ops."""
-    cast: bool = False
-    """Autocast's dtype conversions (OpCost.cast): launched from C++ inside the op that needs them, no host
-    time of their own in the step-time model."""
 
     def sharded(self, shard: int) -> ScaledOp:
         """The op over 1/shard of its tensors (an optimizer op under FSDP)."""
         if shard == 1:
             return self
         return ScaledOp(op_class=self.op_class, dtype=self.dtype, phase=self.phase, flops=self.flops / shard,
-                        bytes=self.bytes / shard, count=self.count, cast=self.cast)
+                        bytes=self.bytes / shard, count=self.count)
 
 
 class CostProfile:
@@ -140,10 +137,10 @@ class CostProfile:
                     dtype, nbytes = ("tf32" if op.convolution else "fp32"), 2 * nbytes
             phases = [op.phase] + (["recompute"] if self._recomputed(op, checkpointing, selected) else [])
             for phase in phases:
-                k = (op.op_class, dtype, phase, flops, nbytes, op.cast)
+                k = (op.op_class, dtype, phase, flops, nbytes)
                 merged[k] = merged.get(k, 0) + op.count
-        return [ScaledOp(op_class=c, dtype=d, phase=p, flops=f, bytes=b, count=n, cast=cast)
-                for (c, d, p, f, b, cast), n in merged.items()]
+        return [ScaledOp(op_class=c, dtype=d, phase=p, flops=f, bytes=b, count=n)
+                for (c, d, p, f, b), n in merged.items()]
 
     def _at(self, pair: tuple[OpCost | None, OpCost | None], micro: int) -> tuple[OpCost, float, float] | None:
         """(op, FLOPs, bytes) of a traced op at micro-batch `micro`; None where that micro-batch's layout has no

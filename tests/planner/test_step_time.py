@@ -78,16 +78,6 @@ def test_the_host_floor_is_what_the_host_bound_steps_on_a_gpu_took_per_op():
         assert r["predicted"]["step_seconds"] == pytest.approx(r["step_seconds_median"], rel=0.2)
 
 
-def test_autocasts_casts_add_no_host_time():
-    # A host-bound step: 500 small ops, each with an autocast cast of its input. 32-true drops the casts; the host
-    # runs the same 500 ops either way (the casts are launched from inside them), so the two take as long.
-    ops = [o for _ in range(500) for o in (op("forward", "elementwise", flops=10, nbytes=100, dtype="fp32", cast=True),
-                                           op("forward", "elementwise", flops=10, nbytes=100))]
-    profile = CostProfile(costs_of(*ops), traced_amp=True, parameter_count=10)
-    amp, fp32 = one_gpu(profile), one_gpu(profile, precision="32-true")
-    assert amp.micro_step_seconds == pytest.approx(500 * costs.HOST_SECONDS_PER_OP) == fp32.micro_step_seconds
-
-
 def test_32_true_runs_matmuls_on_the_fp32_peak_and_convolutions_on_tf32():
     matmul = op("forward", flops=10**12)
     conv = op("backward", flops=10**12, convolution=True)
