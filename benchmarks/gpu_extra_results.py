@@ -171,12 +171,14 @@ def cost_profile(model_name: str, *, cpu: bool, gpu: str, sources: dict[str, str
 def predict(profile, row: dict, gpu: str) -> dict:
     """predict_step for one measured setting: one GPU, no accumulation (what part 4 timed)."""
     from memplan.planner import StepSetting, predict_step
+    from memplan.planner.costs import host_ops
 
     t = predict_step(profile, StepSetting(
         precision=row["precision"], checkpointing=row["checkpointing"], micro_batch_size=row["micro_batch"],
         accumulate_grad_batches=1, world_size=1, gpus_per_node=1, nodes=1, sharding=None, offload=False, gpu_name=gpu))
+    ops = profile.ops(row["micro_batch"], amp=row["precision"] != "32-true", checkpointing=row["checkpointing"])
     return {"step_seconds": t.step_seconds, "micro_step_seconds": t.micro_step_seconds,
-            "optimizer_seconds": t.optimizer_seconds, "mfu": t.mfu}
+            "optimizer_seconds": t.optimizer_seconds, "mfu": t.mfu, "host_ops": host_ops(ops)}
 
 
 def step_times(parts: dict[int, dict], env: dict, out: Path) -> None:

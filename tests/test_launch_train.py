@@ -20,7 +20,7 @@ def test_planned_config_trains_under_torchrun_with_two_cpu_processes(tmp_path):
     elsewhere.mkdir()
     # a global batch with enough work per step that the step-time model uses both GPUs (the MLP demo's own
     # 1024 is host-bound: one GPU is as fast)
-    suggest = run_watched([*memplan, "suggest", "--gpus", "2", "--gpu", "A100-80GB", "--global-batch-size", "8192",
+    suggest = run_watched([*memplan, "suggest", "--gpus", "2", "--gpu", "A100-80GB", "--global-batch-size", "32768",
                            str(ROOT / "configs" / "mlp.yaml"), "--output", str(plans / "planned.yaml")],
                           cwd=plans, check=True)
     plan = json.loads((plans / "planned.plan.json").read_text())

@@ -476,7 +476,9 @@ def test_plan_with_the_real_estimator_matches_a_direct_estimate():
                               device="A100-80GB", strategy="ddp" if plan.world_size > 1 else None,
                               world_size=plan.world_size)
     assert plan.predicted_peak_bytes == direct.device_total <= plan.device_budget_bytes
-    assert (plan.world_size, plan.precision) == (2, "bf16-mixed")
+    # The small CNN's micro-steps are bound by the host (costs.HOST_SECONDS_PER_OP per op): 32-true, which runs no
+    # autocast casts, is the faster; the two GPUs' DDP buckets leave room for micro-batch 64.
+    assert (plan.world_size, plan.precision) == (2, "32-true")
     assert plan.micro_batch_size < 256 and plan.accumulate_grad_batches > 1
     assert len(calls) <= 6
 

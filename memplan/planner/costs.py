@@ -7,7 +7,8 @@ FLOPs, bytes moved, class, dtype and phase, counted on the same fake trace that 
 
     step = accumulation x micro-step + optimizer step + exposed communication
     micro-step = max(sum over ops of op time, ops x HOST_SECONDS_PER_OP)     the GPU, or eager PyTorch's
-                                                                              per-op launch cost, whichever is slower
+                                                                              per-op host cost, whichever is slower
+                                                                              (forward and backward each)
     op time = max(flops / (peak[dtype] x FLOP_EFFICIENCY[class]),          a per-op roofline
                   bytes / (HBM bandwidth x BANDWIDTH_EFFICIENCY[class]),
                   MIN_KERNEL_SECONDS)
@@ -40,7 +41,8 @@ The efficiency factors are checked against 18 published throughput figures (benc
 table in benchmarks/results/published_throughput.md: median |error| 6.2 %, worst 37.2 %); attention's come
 from the FlashAttention-2 and -3 papers, the rest are figures for well-tuned large kernels, not measured on
 each GPU. HOST_SECONDS_PER_OP and MIN_KERNEL_SECONDS matter only for small models and micro-batches, which
-no published figure covers: they are order-of-magnitude assumptions. Fits whose predicted speeds are within
+no published figure covers: the first is measured on one GPU host (its docstring), the second is an
+order-of-magnitude assumption. Fits whose predicted speeds are within
 candidates.SPEED_TIE tie, and the simpler setting wins.
 
 Data-parallel communication
@@ -100,9 +102,15 @@ BANDWIDTH_EFFICIENCY = {"matmul": 0.8, "attention": 0.8, "elementwise": 0.75, "r
 reductions (softmax, norms: two passes, a tail of partial sums) less."""
 MIN_KERNEL_SECONDS = 3e-6
 """The shortest a GPU kernel takes (launch latency and a tail wave), however little it does."""
-HOST_SECONDS_PER_OP = 10e-6
-"""Eager PyTorch's CPU cost per op (Python, dispatcher, autograd bookkeeping, the launch): a step of many
-small ops is bound by the host, not the GPU."""
+HOST_SECONDS_PER_OP = 40e-6
+"""Eager PyTorch's CPU cost per counted op (Python and the modules' code, the dispatcher with autocast, autograd
+bookkeeping, the views and reshapes between the ops that move data, the launch): a step of many small ops is bound
+by the host, not the GPU. Measured on the H200 host of the GPU campaign (benchmarks/results/step_time_gpu.md): the
+two steps without checkpointing that were bound by the host (their 10 timed steps deviate from their median by
+2.7 % and 6.8 % (median absolute deviation), the GPU-bound ones by under 0.5 %) took, less their optimizer step,
+34 us (GPT-2 small, transformers, bf16-mixed, micro-batch 4: 988 ops) and 43 us (ViT-L/16, bf16-mixed,
+micro-batch 32: 1488 ops) per op the trace counts, autocast's casts included; 10 us, the earlier guess, was
+3-4x short. A host's CPU sets it: a faster one is quicker."""
 
 RANK_RUNTIME_BYTES = 2 * GiB
 """Host RSS of one CUDA training process before the model and data: Python, torch, CUDA libraries."""
@@ -251,8 +259,13 @@ def ops_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[
 
 
 def _busy_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[int, int]) -> float:
-    """The GPU's time or the host's launch time, whichever is longer (kernels launch asynchronously)."""
-    return max(ops_seconds(ops, links, compute_capability), sum(op.count for op in ops) * HOST_SECONDS_PER_OP)
+    """The GPU's time or the host's time, whichever is longer (kernels launch asynchronously)."""
+    return max(ops_seconds(ops, links, compute_capability), host_ops(ops) * HOST_SECONDS_PER_OP)
+
+
+def host_ops(ops: list[ScaledOp]) -> int:
+    """The ops of `ops` that each cost the host HOST_SECONDS_PER_OP (all of them, autocast's casts too)."""
+    return sum(op.count for op in ops)
 
 
 @dataclass(frozen=True, kw_only=True)

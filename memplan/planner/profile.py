@@ -12,8 +12,13 @@ settings are derived without another trace:
   (OpCost.op_kept);
 - 32-true from an AMP trace: autocast's dtype casts go, and half-precision ops run in fp32 on twice
   the bytes;
-- a single trace (micro-batch 1 only, or traces whose ops do not line up): the forward and backward
-  ops grow in proportion to the micro-batch, the optimizer's stay.
+- traces that differ in a few ops (a model or loss that copies a strided view only when the batch has
+  more than one sample: transformers' causal-LM loss, a linear on a [1, ...] input run as one addmm):
+  the two op sequences are lined up by difflib's longest matching runs; an op found in one trace only
+  belongs to that trace's micro-batch layout: the first trace's at its own micro-batch, the second
+  trace's above it (scaled in proportion to the micro-batch from the second trace);
+- a single trace (micro-batch 1 only, or traces of which fewer than MIN_LINED_UP of the ops line up): the
+  forward and backward ops grow in proportion to the micro-batch, the optimizer's stay.
 
 Without counted costs (an estimator that does not count them, as the tests' simulated ones),
 `CostProfile.from_parameters` stands in: 2 FLOPs per parameter per token forward and 4 backward as
@@ -21,6 +26,7 @@ matmuls reading the weights once per pass, and an Adam step over the parameters.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from memplan.checkpoint_setting import Checkpointing
@@ -28,6 +34,8 @@ from memplan.estimator.flops import OpCost, StepCosts
 
 STEP_PHASES = ("forward", "backward")
 """Phases whose costs grow with the micro-batch."""
+MIN_LINED_UP = 0.8
+"""Fraction of each trace's ops that must line up for the two traces to make lines (else one trace scales)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,12 +75,11 @@ class CostProfile:
         self.tokens_per_sample = tokens_per_sample
         """Sequence positions per sample (1: the batch has no sequence dimension)."""
         self._low, self._low_micro = low.ops, low_micro
-        lined_up = (high is not None and high_micro > low_micro and len(high.ops) == len(low.ops)
-                    and all((a.op_class, a.phase, a.dtype) == (b.op_class, b.phase, b.dtype)
-                            for a, b in zip(low.ops, high.ops)))
-        self._high = high.ops if lined_up else None
+        pairs = _line_up(low.ops, high.ops) if high is not None and high_micro > low_micro else None
+        self._pairs = pairs if pairs is not None else [(op, None) for op in low.ops]
+        """(first trace's op or None, second trace's op or None) in step order."""
         self._high_micro = high_micro
-        self.two_points = lined_up
+        self.two_points = pairs is not None
         """Whether the costs are lines through two traced micro-batches (else proportional to one)."""
         self._cache: dict[tuple, list[ScaledOp]] = {}
         self.repeated_blocks = 1 + max((op.block for op in low.ops), default=-1)
@@ -117,8 +124,11 @@ class CostProfile:
     def _derive(self, micro: int, amp: bool, checkpointing: Checkpointing) -> list[ScaledOp]:
         selected = frozenset(checkpointing.selected(self.repeated_blocks))
         merged: dict[tuple, int] = {}
-        for i, op in enumerate(self._low):
-            flops, nbytes = self._at(i, op, micro)
+        for pair in self._pairs:
+            at = self._at(pair, micro)
+            if at is None:
+                continue
+            op, flops, nbytes = at
             dtype = op.dtype
             if self.traced_amp and not amp:
                 if op.cast:
@@ -132,14 +142,40 @@ class CostProfile:
         return [ScaledOp(op_class=c, dtype=d, phase=p, flops=f, bytes=b, count=n)
                 for (c, d, p, f, b), n in merged.items()]
 
-    def _at(self, i: int, op: OpCost, micro: int) -> tuple[float, float]:
-        """(FLOPs, bytes) of the i-th traced op at micro-batch `micro`."""
-        if op.phase == "optimizer":
-            return float(op.flops), float(op.bytes)
-        if self._high is not None:
-            hi = self._high[i]
+    def _at(self, pair: tuple[OpCost | None, OpCost | None], micro: int) -> tuple[OpCost, float, float] | None:
+        """(op, FLOPs, bytes) of a traced op at micro-batch `micro`; None where that micro-batch's layout has no
+        such op (an op of one trace only: module docstring)."""
+        low, high = pair
+        one = low if low is not None else high
+        if one.phase == "optimizer":  # the same whatever the micro-batch
+            return one, float(one.flops), float(one.bytes)
+        if low is not None and high is not None:
             span = (micro - self._low_micro) / (self._high_micro - self._low_micro)
-            return (max(0.0, op.flops + (hi.flops - op.flops) * span),
-                    max(0.0, op.bytes + (hi.bytes - op.bytes) * span))
-        ratio = micro / self._low_micro
-        return op.flops * ratio, op.bytes * ratio
+            return (high if micro > self._low_micro else low, max(0.0, low.flops + (high.flops - low.flops) * span),
+                    max(0.0, low.bytes + (high.bytes - low.bytes) * span))
+        if self.two_points and (micro > self._low_micro) != (high is not None):
+            return None  # another micro-batch's layout
+        ratio = micro / (self._low_micro if high is None else self._high_micro)
+        return one, one.flops * ratio, one.bytes * ratio
+
+
+def _key(op: OpCost) -> tuple:
+    return (op.op_class, op.phase, op.dtype, op.cast, op.in_block, op.block, op.convolution)
+
+
+def _line_up(low: tuple[OpCost, ...], high: tuple[OpCost, ...]) -> list[tuple[OpCost | None, OpCost | None]] | None:
+    """The two traces' ops paired in step order (an op of one trace only paired with None), or None where
+    fewer than MIN_LINED_UP of either trace's ops line up."""
+    a, b = [_key(o) for o in low], [_key(o) for o in high]
+    if a == b:
+        return list(zip(low, high))
+    pairs: list[tuple[OpCost | None, OpCost | None]] = []
+    i = j = 0
+    for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
+        pairs += [(o, None) for o in low[i:block.a]] + [(None, o) for o in high[j:block.b]]
+        pairs += list(zip(low[block.a:block.a + block.size], high[block.b:block.b + block.size]))
+        i, j = block.a + block.size, block.b + block.size
+    matched = sum(1 for x, y in pairs if x is not None and y is not None)
+    if matched < MIN_LINED_UP * max(len(a), len(b)):
+        return None
+    return pairs

@@ -173,7 +173,8 @@ def _step_time_gpu() -> tuple[str, ...]:
     s, worst = report["summary"], _worst(rows, "error")
     by = {p: [r["error"] for r in rows if r["precision"] == p] for p in ("32-true", "bf16-mixed")}
     return (report["environment"]["gpu"]["name"], str(s["n"]), pct(s["median_abs"], 1), signed_pct(s["worst"], 1),
-            worst["precision"], str(worst["micro_batch"]), signed_pct(min(by["32-true"]), 1),
+            worst["precision"], str(worst["micro_batch"]), "checkpointing" if worst["checkpointing"] else "no checkpointing",
+            signed_pct(min(by["32-true"]), 1),
             signed_pct(max(by["32-true"]), 1), signed_pct(min(by["bf16-mixed"]), 1), signed_pct(max(by["bf16-mixed"]), 1))
 
 
@@ -239,7 +240,7 @@ CLAIMS = [
           r"`peak_reserved` within NUM %", _memory_gaps_vit),
     Claim("step_time_gpu",
           (r"(?s)Against step times measured on one ([\w-]+ [\w-]+) \(.*?: (\d+) settings, .*?\) the predicted step is "
-           r"off by NUM % median and NUM % at worst \(GPT-2 small, ([\w-]+), micro-batch (\d+), checkpointing\): "
+           r"off by NUM % median and NUM % at worst \(GPT-2 small, ([\w-]+), micro-batch (\d+), ((?:no )?checkpointing)\): "
            r"32-true within NUM % to NUM %, bf16-mixed from NUM % to NUM %").replace(" ", r"\s+")
           .replace(r"[\w-]+\s+[\w-]+", r"[\w-]+ [\w-]+"), _step_time_gpu),
     Claim("nccl_one_rank_gpu", r"a 1-rank NCCL group and its all-reduce took (\d+) MiB outside the allocator",

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import statistics
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +59,25 @@ def test_many_small_ops_are_bound_by_the_host():
     assert t.micro_step_seconds == pytest.approx(1000 * costs.HOST_SECONDS_PER_OP)
 
 
+def test_the_host_floor_is_what_the_host_bound_steps_on_a_gpu_took_per_op():
+    # benchmarks/results/step_time_gpu.json: steps timed on an H200. Those bound by the host vary from step to step
+    # (the host's Python), those bound by the GPU hardly do; the host-bound ones' time per traced op is the floor.
+    rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/step_time_gpu.json").read_text())["rows"]
+
+    def deviation(r: dict) -> float:
+        median = statistics.median(r["step_seconds"])
+        return statistics.median(abs(x - median) for x in r["step_seconds"]) / median
+
+    gpu_bound = [r for r in rows if r["precision"] == "32-true"]
+    assert max(map(deviation, gpu_bound)) < 0.005
+    host_bound = [r for r in rows if deviation(r) > 0.02 and not r["checkpointing"]]
+    assert {(r["model"], r["micro_batch"]) for r in host_bound} == {("gpt2-small", 4), ("vit-l16", 32)}
+    for r in host_bound:
+        per_op = (r["step_seconds_median"] - r["predicted"]["optimizer_seconds"]) / r["predicted"]["host_ops"]
+        assert 0.75 * costs.HOST_SECONDS_PER_OP < per_op < 1.25 * costs.HOST_SECONDS_PER_OP, r["model"]
+        assert r["predicted"]["step_seconds"] == pytest.approx(r["step_seconds_median"], rel=0.2)
+
+
 def test_32_true_runs_matmuls_on_the_fp32_peak_and_convolutions_on_tf32():
     matmul = op("forward", flops=10**12)
     conv = op("backward", flops=10**12, convolution=True)
@@ -93,6 +115,30 @@ def test_two_traced_micro_batches_make_a_line_per_op():
     unlike = CostProfile(low, high=costs_of(high.ops[0]), high_micro=4, traced_amp=True, parameter_count=1)
     assert not unlike.two_points
     assert {o.phase: o.bytes for o in unlike.ops(8, amp=True, checkpointing=False)} == {"forward": 8 * 5096, "optimizer": 50}
+
+
+def test_traces_that_differ_in_a_few_ops_still_make_a_line_per_op():
+    # transformers' causal-LM loss copies its shifted labels only when the batch has more than one sample: the
+    # trace at micro-batch 4 has one op more than the one at 1. The other ops still make lines (their weight
+    # reads stay flat), and the extra op scales from its own trace at micro-batches above the first.
+    def trace(micro: int) -> StepCosts:
+        ops = [op("forward", flops=100 * micro, nbytes=1000 + 4096 * micro, in_block=True) for _ in range(9)]
+        if micro > 1:
+            ops.insert(5, op("forward", "elementwise", flops=micro, nbytes=64 * micro, dtype="fp32"))
+        return costs_of(*ops, op("optimizer", "elementwise", flops=5, nbytes=50, dtype="fp32"))
+
+    profile = CostProfile(trace(1), high=trace(4), high_micro=4, traced_amp=True, parameter_count=1)
+    assert profile.two_points
+
+    def by_class(micro: int) -> dict:
+        return {(o.op_class, o.phase): (o.count, o.bytes) for o in profile.ops(micro, amp=True, checkpointing=False)}
+
+    assert by_class(8) == {("matmul", "forward"): (9, 1000 + 8 * 4096), ("elementwise", "forward"): (1, 8 * 64),
+                           ("elementwise", "optimizer"): (1, 50)}
+    assert by_class(1) == {("matmul", "forward"): (9, 1000 + 4096), ("elementwise", "optimizer"): (1, 50)}
+    # checkpointing recomputes the in-block ops of the lined-up trace
+    full = profile.ops(8, amp=True, checkpointing=True)
+    assert sum(o.count for o in full if o.phase == "recompute") == 9
 
 
 def test_derived_settings_recompute_in_block_ops_and_upcast_without_autocast():
