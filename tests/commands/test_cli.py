@@ -45,7 +45,9 @@ def test_suggest_prints_a_table_with_reasons(capsys):
 
 def test_suggest_output_writes_a_planned_config_and_the_plan(capsys, tmp_path):
     out_path = tmp_path / "planned.yaml"
-    big = ("--global-batch-size", "1048576")  # enough work per step that two GPUs and AMP pay (planner/costs.py)
+    # enough work per step that two GPUs pay (planner/costs.py); AMP only allowed, so the planned config's
+    # precision differs from the config's 32-true, and the V100 (no bf16) gets 16-mixed
+    big = ("--global-batch-size", "1048576", "--precision", "16-mixed", "--precision", "bf16-mixed")
     code, out, _ = run(capsys, "suggest", "--gpus", "2", "--gpu", "V100-32GB", MLP, *big, "--output", str(out_path))
     assert code == 0
     planned = yaml.safe_load(out_path.read_text())
