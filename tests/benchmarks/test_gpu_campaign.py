@@ -206,19 +206,30 @@ def test_results_name_the_folder_when_it_holds_no_part(tmp_path, capsys):
 
 
 # --- the dry run, end to end ---------------------------------------------------------------------
+def _child_env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                OMP_NUM_THREADS="1")
+
+
+def _dry_run(raw, parts: tuple[int, ...]):
+    """The campaign's `parts` on CPU into `raw`, each asserted to exit 0. The campaign's own time budget (a GPU
+    lease's wall clock) is set far out: on a loaded machine the dry run is slow, not hung (run_watched tells the
+    two apart)."""
+    env = _child_env()
+    for part in parts:
+        done = run_watched([sys.executable, "-m", "benchmarks.gpu_campaign", "--part", str(part), "--out", str(raw),
+                            "--dry-run", "--jobs", "1", "--measure-jobs", "1", "--budget-s", "86400"],
+                           cwd=ROOT, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return raw
+
+
 @pytest.mark.slow
 def test_dry_run_of_both_parts_then_the_converter(tmp_path):
     """Both parts on CPU (a few minutes on 2 cores), then their results rendered. The campaign's own time
     budget (a GPU lease's wall clock) is set far out: on a loaded machine the dry run is slow, not hung
     (run_watched tells the two apart)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1")
-    raw = tmp_path / "raw"
-    for part in (1, 2):
-        done = run_watched([sys.executable, "-m", "benchmarks.gpu_campaign", "--part", str(part), "--out", str(raw),
-                            "--dry-run", "--jobs", "1", "--measure-jobs", "1", "--budget-s", "86400"],
-                           cwd=ROOT, env=env)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    raw = _dry_run(tmp_path / "raw", (1, 2))
     assert sorted(p.name for p in raw.iterdir()) == ["part1.json", "part1.log", "part2.json", "part2.log"]
     part1 = json.loads((raw / "part1.json").read_text())["sections"]
     part2 = json.loads((raw / "part2.json").read_text())["sections"]
@@ -235,7 +246,7 @@ def test_dry_run_of_both_parts_then_the_converter(tmp_path):
     assert pvb["batch_size_finder_seconds"] > 0 and part2["callback_overhead"]["own_us_per_step"] > 0
     out = tmp_path / "md"
     done = run_watched([sys.executable, "-m", "benchmarks.gpu_results", str(raw), "--results", str(out)],
-                       cwd=ROOT, env=env)
+                       cwd=ROOT, env=_child_env())
     assert done.returncode == 0, done.stderr
     for name in ("accuracy_gpu", "cuda_overheads_gpu", "validate_gpu", "plan_vs_bisect_gpu", "callback_gpu"):
         text = (out / f"{name}.md").read_text()
@@ -410,14 +421,7 @@ def test_dry_run_of_parts_3_and_4_then_the_converter(tmp_path):
     rendered: every gap case and every timed setting is there, and every timed setting gets a prediction."""
     from benchmarks.gpu_extra import DRY_GAPS, TIME_MODELS, time_settings
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1")
-    raw = tmp_path / "raw"
-    for part in (3, 4):
-        done = run_watched([sys.executable, "-m", "benchmarks.gpu_campaign", "--part", str(part), "--out", str(raw),
-                            "--dry-run", "--jobs", "1", "--measure-jobs", "1", "--budget-s", "86400"],
-                           cwd=ROOT, env=env)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    raw = _dry_run(tmp_path / "raw", (3, 4))
     part3 = json.loads((raw / "part3.json").read_text())["sections"]
     part4 = json.loads((raw / "part4.json").read_text())["sections"]
     assert all(s["status"] == "done" for s in [*part3.values(), *part4.values()])
@@ -433,7 +437,7 @@ def test_dry_run_of_parts_3_and_4_then_the_converter(tmp_path):
         assert all(r["step_seconds_median"] > 0 for r in timed)
     out = tmp_path / "md"
     done = run_watched([sys.executable, "-m", "benchmarks.gpu_results", str(raw), "--results", str(out)],
-                       cwd=ROOT, env=env)
+                       cwd=ROOT, env=_child_env())
     assert done.returncode == 0, done.stderr
     rendered = json.loads((out / "step_time_gpu.json").read_text())["rows"]
     assert len(rendered) == sum(len(time_settings(m, True)) for m in TIME_MODELS)
@@ -446,8 +450,7 @@ def test_dry_run_of_parts_3_and_4_then_the_converter(tmp_path):
 def test_the_one_call_script_runs_the_parts_in_order_and_ends_on_its_own(tmp_path):
     """benchmarks/gpu_campaign.sh with budgets too short for any section: it still writes all four parts, part 3
     ends before part 2 starts (it ran beside part 1 and was waited for), part 4 runs last, and it exits by itself."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               PYTHON=sys.executable, PART1_S="3", PART2_S="3", PART3_S="3", PART4_S="3", OMP_NUM_THREADS="1")
+    env = dict(_child_env(), PYTHON=sys.executable, PART1_S="3", PART2_S="3", PART3_S="3", PART4_S="3")
     raw = tmp_path / "raw"
     done = run_watched(["bash", str(ROOT / "benchmarks" / "gpu_campaign.sh"), str(raw), "--dry-run"], cwd=ROOT, env=env)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]  # every section skipped: not all done
