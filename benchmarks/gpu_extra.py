@@ -117,10 +117,9 @@ def gpt2_small_batch(batch: int, cpu: bool) -> dict:
 
 
 def _to(tree, device):
-    import torch
-    from torch.utils._pytree import tree_map
+    from memplan.batching import map_tensors
 
-    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tree)
+    return map_tensors(tree, lambda t: t.to(device))
 
 
 # --- memory truths ----------------------------------------------------------------------------------
