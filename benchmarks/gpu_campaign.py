@@ -1,17 +1,21 @@
 """Every GPU figure memplan owes (issues 14 and 25), in parts of a few minutes each on the lent GPU machine.
 
-    python -m benchmarks.gpu_campaign --part 1|2|3|4 --out DIR [--budget-s 540] [--dry-run]
+    python -m benchmarks.gpu_campaign --part 1|2|3|4|5 --out DIR [--budget-s 540] [--dry-run]
+                                      [--only SECTION,...] [--cases NAME,...]
 
 Part 1, most valuable first: the environment (GPU, driver, torch, CUDA); the CUDA context, cuBLAS/cuBLASLt
 workspaces, cuDNN/SDPA/NCCL kernels and allocator segments (benchmarks.gpu_probes overheads, and the context
 under CUDA_MODULE_LOADING=EAGER); `memplan validate` on the GPU and the calibration it writes, twice (the
 second run uses it); accuracy on the zoo (benchmarks.accuracy_gpu: torch's and NVML's peaks vs the native
 and the CPU-emulated estimates), then the zoo's missing fp32 / bf16-mixed / 16-mixed x checkpointing variants.
-Part 2: MemoryPlanner through a real CUDA OOM; the planner against bisection and Lightning's BatchSizeFinder
-(benchmarks.plan_vs_bisect_gpu) on gpt2-small; MemoryPlanner's per-step overhead on gpt2-small; the same
-planner comparison on resnet and cnn. Part 3 (benchmarks.gpu_extra): the published-figure memory gaps, each truth
-against memplan's native and emulated estimates. Part 4: measured step times of GPT-2 small and ViT-L/16
-(memplan's predictions are made afterwards, on CPU, by benchmarks.gpu_results).
+Part 2: MemoryPlanner through a real CUDA OOM; MemoryPlanner's per-step overhead on gpt2-small; the planner
+against bisection and Lightning's BatchSizeFinder (benchmarks.plan_vs_bisect_gpu) on gpt2-small, resnet and cnn.
+Part 3 (benchmarks.gpu_extra): the published-figure memory gaps, each truth against memplan's native and emulated
+estimates. Part 4: measured step times of GPT-2 small and ViT-L/16 (memplan's predictions are made afterwards, on
+CPU, by benchmarks.gpu_results), after a CUDA kernel profile of GPT-2 small's step (benchmarks.gpu_extra --profile).
+Part 5 (benchmarks.gpu_ops): each convolution's transient memory (cuDNN workspaces) and op-by-op allocator readings
+of zoo steps. `--only` runs the named sections of a part (the environment always); `--cases` keeps only the named
+accuracy / op-profile cases (a part cut short earlier).
 
 Everything runs in child processes; this process never creates a CUDA context. DIR/part<N>.json is rewritten
 after every finished piece and DIR/part<N>.log gets every line printed, so a run cut short returns what it
@@ -75,6 +79,13 @@ class Settings:
     """Estimate processes at once (CPU work)."""
     measure_jobs: int
     """GPU measurement processes at once (each reads only its own process's memory)."""
+    only: tuple[str, ...] = ()
+    """The sections to run (all when empty); the environment always runs."""
+    cases: tuple[str, ...] = ()
+    """The accuracy / op-profile cases to keep (all when empty)."""
+
+    def chosen(self, names) -> list[str]:
+        return [n for n in names if not self.cases or n in self.cases]
 
 
 class Recorder:
@@ -109,6 +120,10 @@ class Recorder:
         """A dict to fill; its status (done / error / out of time) and seconds are recorded however it ends."""
         entry: dict = {"status": "running"}
         self.data["sections"][name] = entry
+        if self.settings.only and name != "environment" and name not in self.settings.only:
+            entry["status"] = "skipped: not asked (--only)"
+            yield None
+            return
         if self.left() <= 5:
             entry["status"] = "skipped: out of time"
             self.log(f"{name}: skipped, out of time")
@@ -311,15 +326,14 @@ def plan_vs_bisect(rec: Recorder, entry: dict, config: str, dry: bool) -> None:
         rec.save()
 
 
-def probe(rec: Recorder, entry: dict, name: str, dry: bool, cap_s: float) -> None:
+def probe(rec: Recorder, entry: dict, name: str, dry: bool, cap_s: float, repeat: int = 1) -> None:
     from benchmarks.gpu_probes import RESULT_MARKER, run_probe
     from benchmarks.gpu_report import one_line
 
     if dry:  # on CPU a fresh process only restarts Lightning: the probe runs here
         entry.update(run_probe(name, cpu=True, repeat=1))
         return
-    dry_args = ["--cpu", "--repeat", "1"] if dry else []
-    done = run_child(rec, [sys.executable, "-m", "benchmarks.gpu_probes", name, *dry_args],
+    done = run_child(rec, [sys.executable, "-m", "benchmarks.gpu_probes", name, "--repeat", str(repeat)],
                      env=dict(os.environ), cap_s=cap_s)
     entry["stderr_tail"] = done.stderr.strip()[-3000:]
     if done.returncode != 0:
@@ -378,6 +392,21 @@ def memory_gaps(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None
             record(name, what, future.result())
 
 
+def kernel_profile(rec: Recorder, entry: dict, dry: bool) -> None:
+    """benchmarks.gpu_extra --profile: GPT-2 small's step under torch.profiler, kernels by CUDA time."""
+    from benchmarks.gpu_extra import RESULT_MARKER, profile_steps
+
+    if dry:
+        entry.update(profile_steps(cpu=True))
+        return
+    done = run_child(rec, [sys.executable, "-m", "benchmarks.gpu_extra", "--profile"],
+                     env=dict(os.environ, OMP_NUM_THREADS="8"), cap_s=120)
+    entry["stderr_tail"] = done.stderr.strip()[-1500:]
+    if done.returncode != 0:
+        raise RuntimeError(f"gpu_extra --profile exited {done.returncode}")
+    entry.update(marked_json(done.stdout, RESULT_MARKER))
+
+
 def step_times(rec: Recorder, entry: dict, model: str, dry: bool) -> None:
     """benchmarks.gpu_extra --time MODEL: one row per setting; the rows printed before a kill are kept."""
     from benchmarks.gpu_extra import RESULT_MARKER, time_model
@@ -430,10 +459,22 @@ def run_part(settings: Settings) -> dict:
     elif settings.part == 4:
         from benchmarks.gpu_extra import TIME_MODELS
 
+        with rec.section("kernel_profile") as e:
+            if e is not None:
+                kernel_profile(rec, e, dry)
         for model in TIME_MODELS:
             with rec.section(f"step_time_{model}") as e:
                 if e is not None:
                     step_times(rec, e, model, dry)
+    elif settings.part == 5:
+        from benchmarks.gpu_ops import DRY_PROFILE_CASES, PROFILE_CASES, conv_grid_section, op_profiles
+
+        with rec.section("conv_grid") as e:
+            if e is not None:
+                conv_grid_section(rec, e, dry)
+        with rec.section("op_profiles") as e:
+            if e is not None:
+                op_profiles(rec, e, settings.chosen(DRY_PROFILE_CASES if dry else PROFILE_CASES), dry)
     elif settings.part == 1:
         with rec.section("cuda_overheads") as e:
             if e is not None:
@@ -443,22 +484,19 @@ def run_part(settings: Settings) -> dict:
                 validate(rec, e, dry)
         with rec.section("accuracy_zoo") as e:
             if e is not None:
-                accuracy(rec, e, list(DRY_CASES if dry else CASES), dry)
+                accuracy(rec, e, settings.chosen(DRY_CASES if dry else CASES), dry)
         with rec.section("accuracy_extra") as e:
             if e is not None:
-                accuracy(rec, e, list(DRY_EXTRA_CASES if dry else extra_cases()), dry)
+                accuracy(rec, e, settings.chosen(DRY_EXTRA_CASES if dry else extra_cases()), dry)
     else:
         with rec.section("oom_retry") as e:
             if e is not None:
                 probe(rec, e, "oom-retry", dry, cap_s=240)
-        configs = ("mlp",) if dry else ("gpt2-small", "resnet", "cnn")
-        with rec.section(f"plan_vs_bisect_{configs[0]}") as e:
-            if e is not None:
-                plan_vs_bisect(rec, e, configs[0], dry)
         with rec.section("callback_overhead") as e:
             if e is not None:
-                probe(rec, e, "overhead", dry, cap_s=240)
-        for config in configs[1:]:
+                probe(rec, e, "overhead", dry, cap_s=150, repeat=2)
+        configs = ("mlp",) if dry else ("gpt2-small", "resnet", "cnn")
+        for config in configs:
             with rec.section(f"plan_vs_bisect_{config}") as e:
                 if e is not None:
                     plan_vs_bisect(rec, e, config, dry)
@@ -472,8 +510,8 @@ def run_part(settings: Settings) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", type=int, choices=(1, 2, 3, 4), required=True,
-                        help="which part: 1 and 2 (issue 14), 3 memory gaps and 4 step times (issue 25)")
+    parser.add_argument("--part", type=int, choices=(1, 2, 3, 4, 5), required=True,
+                        help="which part: 1 and 2 (issue 14), 3 memory gaps, 4 step times (issue 25), 5 op readings")
     parser.add_argument("--out", required=True, help="folder for part<N>.json and part<N>.log (e.g. $OUT)")
     parser.add_argument("--budget-s", type=float, default=540.0,
                         help="stop starting work and kill running children after this many seconds (default 540)")
@@ -481,12 +519,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 4)),
                         help="estimate processes at once (default: CPU count - 4, at most 8)")
     parser.add_argument("--measure-jobs", type=int, default=3, help="GPU measurement processes at once (default 3)")
+    parser.add_argument("--only", default="", help="comma-separated sections of the part to run (default: all)")
+    parser.add_argument("--cases", default="", help="comma-separated accuracy / op-profile cases to keep (default all)")
     args = parser.parse_args(argv)
     if args.budget_s <= 0 or args.jobs < 1 or args.measure_jobs < 1:
         parser.error("--budget-s must be > 0 and --jobs / --measure-jobs >= 1")
     data = run_part(Settings(part=args.part, out=Path(args.out), budget_s=args.budget_s, dry_run=args.dry_run,
-                             jobs=args.jobs, measure_jobs=args.measure_jobs))
-    return 0 if all(s["status"] == "done" for s in data["sections"].values()) else 1
+                             jobs=args.jobs, measure_jobs=args.measure_jobs,
+                             only=tuple(filter(None, args.only.split(","))),
+                             cases=tuple(filter(None, args.cases.split(",")))))
+    return 0 if all(s["status"] == "done" or s["status"].startswith("skipped: not asked")
+                    for s in data["sections"].values()) else 1
 
 
 if __name__ == "__main__":

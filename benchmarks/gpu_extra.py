@@ -3,6 +3,7 @@
     python -m benchmarks.gpu_extra --memory NAME [--cpu]     one gap case's truth, a plain loop written here
     python -m benchmarks.gpu_extra --estimate NAME           memplan's estimate of it (MEMPLAN_TRACE_ON_CPU=1: emulated)
     python -m benchmarks.gpu_extra --time MODEL [--cpu]      measured step times of MODEL's settings
+    python -m benchmarks.gpu_extra --profile [--cpu]         GPT-2 small's step, kernel by kernel (torch.profiler)
 
 Memory gaps (issue 22 section 3), each truth in a fresh process, none through memplan's step code:
 - `vit-l16-*`: torchvision's own vit_l_16 (head Linear(1024, 10)) trained as rasbt/pytorch-memory-optim's scripts
@@ -335,6 +336,68 @@ def time_model(model_name: str, cpu: bool) -> None:
 
 
 TIME_MODELS = ("gpt2-small", "vit-l16")
+PROFILE_SETTINGS = (("bf16-mixed", 8), ("32-true", 8))
+"""GPT-2 small's (precision, micro-batch) profiled: the step-time model's largest miss (bf16) beside fp32."""
+
+
+def profile_steps(cpu: bool) -> dict:
+    """GPT-2 small's step under torch.profiler, per setting: the step's wall time, the GPU's busy time (the sum of
+    its kernels), the kernel count, and the kernels and aten ops taking the most device time (per step)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    device = "cpu" if cpu else "cuda"
+    warmup, profiled = (1, 1) if cpu else (3, 3)
+    out: dict = {"steps_profiled": profiled, "settings": []}
+    for precision, micro in PROFILE_SETTINGS[:1] if cpu else PROFILE_SETTINGS:
+        torch.manual_seed(0)
+        model = gpt2_small(cpu).to(device)
+        batch = _to(gpt2_small_batch(1 if cpu else micro, cpu), device)
+        optimizer = torch.optim.AdamW(model.parameters())
+        amp = precision == "bf16-mixed"
+
+        def step(model=model, optimizer=optimizer) -> None:
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
+                loss = model(**batch).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        for _ in range(warmup):
+            step()
+        activities = [ProfilerActivity.CPU] + ([] if cpu else [ProfilerActivity.CUDA])
+        if not cpu:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        with profile(activities=activities) as prof:
+            for _ in range(profiled):
+                step()
+            if not cpu:
+                torch.cuda.synchronize()
+        wall = (time.perf_counter() - started) / profiled
+        kernels = [e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        kernel_us = [getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) for e in kernels]
+        busy_us = sum(kernel_us) / profiled
+        by_kernel: dict[str, list] = {}
+        for e, us in zip(kernels, kernel_us):
+            row = by_kernel.setdefault(e.name[:160], [0, 0.0])
+            row[0] += 1
+            row[1] += us
+        averages = prof.key_averages()
+        ops = sorted((a for a in averages if a.key.startswith("aten::")),
+                     key=lambda a: -getattr(a, "device_time_total", 0.0))[:40]
+        out["settings"].append({
+            "precision": precision, "micro_batch": micro, "wall_seconds_per_step": wall,
+            "gpu_busy_seconds_per_step": busy_us / 1e6, "kernels_per_step": len(kernels) / profiled,
+            "aten_ops_per_step": sum(a.count for a in averages if a.key.startswith("aten::")) / profiled,
+            "top_kernels": sorted(([k, n / profiled, us / profiled] for k, (n, us) in by_kernel.items()),
+                                  key=lambda r: -r[2])[:40],
+            "top_aten_ops_device_us": [[a.key, a.count / profiled, getattr(a, "device_time_total", 0.0) / profiled,
+                                        a.cpu_time_total / profiled] for a in ops]})
+        del model, optimizer
+        if not cpu:
+            torch.cuda.empty_cache()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,8 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--memory", choices=sorted(gap_cases()), help="one gap case's truth")
     what.add_argument("--estimate", choices=sorted(gap_cases()), help="memplan's estimate of one gap case")
     what.add_argument("--time", choices=TIME_MODELS, help="step times of one model's settings")
+    what.add_argument("--profile", action="store_true", help="GPT-2 small's step under torch.profiler")
     parser.add_argument("--cpu", action="store_true", help="on CPU with tiny sizes (the dry run)")
     args = parser.parse_args(argv)
+    if args.profile:
+        print(RESULT_MARKER + json.dumps(profile_steps(args.cpu)), flush=True)
+        return 0
     if args.time:
         time_model(args.time, args.cpu)
         return 0

@@ -389,7 +389,7 @@ def overhead(cpu: bool, repeat: int) -> dict:
 
     _quiet()
     on_gpu = torch.cuda.is_available() and not cpu
-    sizes, micro, steps = (GPT2_SMALL, 8, 220) if on_gpu else (GPT2_TINY, 4, WARMUP + 30)
+    sizes, micro, steps = (GPT2_SMALL, 8, 150) if on_gpu else (GPT2_TINY, 4, WARMUP + 30)
     precision = "bf16-mixed"
 
     def run(arm: str, n_steps: int, tmp: Path) -> dict:
