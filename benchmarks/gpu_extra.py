@@ -385,7 +385,7 @@ def profile_steps(cpu: bool) -> dict:
             row[1] += us
         averages = prof.key_averages()
         ops = sorted((a for a in averages if a.key.startswith("aten::")),
-                     key=lambda a: -getattr(a, "device_time_total", 0.0))[:40]
+                     key=lambda a: (-getattr(a, "device_time_total", 0.0), -a.cpu_time_total))[:40]
         out["settings"].append({
             "precision": precision, "micro_batch": micro, "wall_seconds_per_step": wall,
             "gpu_busy_seconds_per_step": busy_us / 1e6, "kernels_per_step": len(kernels) / profiled,
