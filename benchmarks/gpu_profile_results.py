@@ -57,14 +57,14 @@ def kernel_profile(parts: dict[int, dict], env: dict, out) -> None:
         busy, wall = busy_without_annotations(s), s["wall_seconds_per_step"]
         plain = unprofiled.get((s["precision"], s["micro_batch"]))
         row = {"precision": s["precision"], "micro_batch": s["micro_batch"], "wall_seconds_per_step": wall,
-               "unprofiled_step_seconds": plain, "gpu_busy_seconds_per_step": busy, "gpu_idle_fraction": 1 - busy / wall,
-               "busy_over_unprofiled": None if plain is None else busy / plain,
+               "unprofiled_step_seconds": plain, "gpu_busy_seconds_per_step": busy,
+               "gpu_idle_fraction": 1 - busy / wall if wall > 0 else None,
+               "busy_over_unprofiled": None if not plain else busy / plain,
                "kernels_per_step": s["kernels_per_step"], "aten_ops_per_step": s["aten_ops_per_step"]}
         rows.append(row)
         lines.append(f"| {s['precision']} | {s['micro_batch']} | {1e3 * wall:.1f} | "
                      f"{NOT_MEASURED if plain is None else f'{1e3 * plain:.1f}'} | {1e3 * busy:.1f} | "
-                     f"{100 * row['gpu_idle_fraction']:.0f}% | "
-                     f"{NOT_MEASURED if plain is None else f'{100 * busy / plain:.0f}%'} | "
+                     f"{_share(row['gpu_idle_fraction'])} | {_share(row['busy_over_unprofiled'])} | "
                      f"{s['kernels_per_step']:.0f} | {s['aten_ops_per_step']:.0f} |")
     for s in settings:
         busy_us = 1e6 * busy_without_annotations(s)
@@ -72,13 +72,18 @@ def kernel_profile(parts: dict[int, dict], env: dict, out) -> None:
         lines += ["", f"### {s['precision']}, micro-batch {s['micro_batch']}: the {len(kernels)} kernels taking the "
                   "most device time", "", "| kernel (first 100 characters) | calls/step | us/step | of busy |",
                   "|---|---:|---:|---:|"]
-        lines += [f"| `{name[:100]}` | {calls:g} | {us:.0f} | {100 * us / busy_us:.1f}% |" for name, calls, us in kernels]
+        lines += [f"| `{name[:100]}` | {calls:g} | {us:.0f} | "
+                  f"{f'{100 * us / busy_us:.1f}%' if busy_us > 0 else NOT_MEASURED} |" for name, calls, us in kernels]
         ops = s.get("top_aten_ops_device_us", [])[:TOP]
         lines += ["", "| aten op | calls/step | device us/step (its kernels, children's included) | host us/step |",
                   "|---|---:|---:|---:|"]
         lines += [f"| `{name}` | {calls:g} | {dev:.0f} | {host:.0f} |" for name, calls, dev, host in ops]
     write(out, "kernel_profile_gpu", {"environment": env, "steps_profiled": entry.get("steps_profiled"),
                                       "rows": rows, "raw": entry}, lines)
+
+
+def _share(x: float | None) -> str:
+    return NOT_MEASURED if x is None else f"{100 * x:.0f}%"
 
 
 # --- part 5: op readings ------------------------------------------------------------------------------
