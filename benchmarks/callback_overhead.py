@@ -20,6 +20,11 @@ one fit per process.
 
     python -m benchmarks.callback_overhead [--repeat 5] [--steps-scale 1.0]
 writes benchmarks/results/callback_overhead.json and .md.
+
+    python -m benchmarks.callback_overhead --breakdown
+prints where own code's time goes, by part and by kind of step (guarded, a reading, the rest), in the GPU
+campaign's setting (benchmarks.gpu_probes overhead: GPT-2 small's structure, bf16-mixed, own code from step 20),
+run on CPU at a tiny width.
 """
 from __future__ import annotations
 
@@ -92,6 +97,9 @@ class StepClock(Callback):
         return (self.end - self.start) / self.steps
 
 
+USER_PART = "the user's work inside the wrapper (subtracted)"
+
+
 class OwnTime:
     """Time `target` adds inside the clock's window: Lightning's per-callback loop body for every hook
     (getattr, profiler context, the hook), MemoryPlanner's training_step wrapper less the user's work
@@ -100,6 +108,14 @@ class OwnTime:
 
     def __init__(self, target: Callback, clock: StepClock) -> None:
         self.seconds = 0.0
+        self.parts: dict[str, dict[int, float]] = {}
+        """Seconds inside the clock's window by where they went and the global step they were booked at
+        (`breakdown`); the user's work subtracted is booked negative, so the parts add up to `close()`."""
+        self.per_step: dict[int, float] = {}
+        """Own seconds by the global step they were booked at (a step's on_train_batch_end sees the next one's)."""
+        self.carried_steps: set[int] = set()
+        """The global steps whose training_step returned a carrier (guarded: every backward in training_step)."""
+        self._trainer = None
         self._user = 0.0
         self._inside = False
         self._carried = False
@@ -117,12 +133,15 @@ class OwnTime:
             trainer.callbacks = everyone
         if monitoring_callbacks:
             return
+        self._trainer = trainer
         started = time.perf_counter()
         fn = getattr(self._target, hook_name)
         with trainer.profiler.profile(f"[Callback]{self._target.state_key}.{hook_name}"):
             fn(trainer, trainer.lightning_module, *args, **kwargs)
         if self._clock.timing:
-            self.seconds += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.seconds += elapsed
+            self._book(f"hook {hook_name}", elapsed)
         if hook_name == "on_fit_start" and isinstance(self._target, MemoryPlanner):
             self._wrap_training_step(trainer.lightning_module)
 
@@ -138,6 +157,8 @@ class OwnTime:
                 self._inside = False
             loss = output if isinstance(output, torch.Tensor) else output.get("loss")
             self._carried = loss.grad_fn is not None and type(loss.grad_fn).__name__.startswith("_CarryGradients")
+            if self._carried and self._clock.timing:
+                self.carried_steps.add(self._trainer.global_step)
             return output
 
         def backward_seconds(seconds: float) -> None:
@@ -146,11 +167,13 @@ class OwnTime:
             # over (MemoryPlanner's: counted), or on an unguarded batch of the user's loss (neither)
             if self._inside:
                 self._user += seconds
+                self._book(USER_PART, -seconds)
             elif self._carried:
                 self.seconds += seconds
+                self._book("Lightning's backward of the carrier", seconds)
 
         runner._original = self._timed(runner._original, self._add_user)  # the user's training_step
-        module.training_step = self._timed(inside_wrapper, self._add_own)
+        module.training_step = self._timed(inside_wrapper, self._add_wrapper)
         module.backward = self._timed(module.backward, backward_seconds)
         # the user's `self.log` calls, held during a chunk and made after it: the user's work
         chunking.replay_logged = self._timed(self._replay, self._add_user)
@@ -170,9 +193,39 @@ class OwnTime:
 
     def _add_user(self, seconds: float) -> None:
         self._user += seconds
+        self._book(USER_PART, -seconds)
 
-    def _add_own(self, seconds: float) -> None:
+    def _add_wrapper(self, seconds: float) -> None:
         self.seconds += seconds
+        self._book("training_step wrapper", seconds)
+
+    def _book(self, part: str, seconds: float) -> None:
+        step = self._trainer.global_step if self._trainer is not None else -1
+        by_step = self.parts.setdefault(part, {})
+        by_step[step] = by_step.get(step, 0.0) + seconds
+        self.per_step[step] = self.per_step.get(step, 0.0) + seconds
+
+    def breakdown(self, steps: int, every: int) -> dict:
+        """Own microseconds per step by part (the user's work subtracted booked negative; the wrapper net of it),
+        mean and median over the steps (a loaded machine's preemptions land in the mean), and the same by kind of
+        step: guarded (a carrier returned), reading (a multiple of `every`: the reading, the gather, the log line)
+        and the rest."""
+        parts = dict(self.parts)
+        gross, user = parts.pop("training_step wrapper", {}), parts.pop(USER_PART, {})
+        parts["training_step wrapper, net of the user's work"] = {k: v + user.get(k, 0.0) for k, v in gross.items()}
+
+        def stats(values: list[float]) -> dict:
+            return {"steps": len(values), "mean_us": statistics.mean(values) * 1e6 if values else None,
+                    "median_us": statistics.median(values) * 1e6 if values else None,
+                    "us_per_step_of_all": sum(values) / steps * 1e6}
+
+        kinds: dict[str, list[float]] = {"guarded": [], "reading": [], "other": []}
+        for step, seconds in self.per_step.items():
+            kind = ("guarded" if step in self.carried_steps else
+                    "reading" if step > 0 and step % every == 0 else "other")
+            kinds[kind].append(seconds)
+        return {"by_part": {k: stats(list(v.values())) for k, v in sorted(parts.items(), key=lambda kv: -sum(kv[1].values()))},
+                "by_kind_of_step": {k: stats(v) for k, v in kinds.items()}}
 
     def close(self) -> float:
         call._call_callback_hooks = self._original
@@ -311,12 +364,54 @@ def render(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+GPT2_SHAPE = dict(vocab_size=512, context=32, d_model=48, n_layers=12, n_heads=12, dropout=0.1)
+"""GPT-2 small's structure (12 blocks, 148 parameter tensors, tied embeddings) at a width a CPU steps in
+milliseconds: the callback's per-parameter and per-hook work as on the GPU probe's model, the math tiny."""
+
+
+def breakdown(steps: int = 150, micro: int = 8, guard: str = "auto") -> dict:
+    """Where MemoryPlanner's own time goes in the GPU campaign's callback_overhead setting (benchmarks.gpu_probes:
+    GPTLM, bf16-mixed, micro-batch 8, default interval, own code counted from step WARMUP, the guarded steps before
+    the first reading at step 50 included), run here on CPU with GPT2_SHAPE; one instrumented run in this process."""
+    from memplan.demos import GPTLM
+
+    torch.manual_seed(0)
+    model = GPTLM(**GPT2_SHAPE)
+    x, y = model.example_batch(micro)
+    data = TensorDataset(x.repeat(steps + 1, 1), y.repeat(steps + 1, 1))
+    clock = StepClock()
+    plan = Plan(gpu_name="cpu", gpus=(), nodes=1, world_size=1, micro_batch_size=micro, accumulate_grad_batches=1,
+                global_batch_size=micro, precision="bf16-mixed", gradient_checkpointing=False, strategy="auto",
+                predicted_peak_bytes=1, device_budget_bytes=1, host_bytes_per_rank=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        target = MemoryPlanner(plan, log_dir=Path(tmp) / "memplan", guard=guard)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", max_steps=steps, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             log_every_n_steps=50, callbacks=[target, clock])
+        own = OwnTime(target, clock)
+        try:
+            trainer.fit(model, DataLoader(data, batch_size=micro))
+        finally:
+            own_s = own.close()
+    return {"model": GPT2_SHAPE, "parameters": sum(1 for _ in model.parameters()), "micro_batch": micro,
+            "guard": guard, "steps_timed": clock.steps, "step_ms": clock.step_s * 1e3,
+            "own_us_per_step": own_s / clock.steps * 1e6, **own.breakdown(clock.steps, 50)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5, help="end-to-end runs without and with the callback")
     parser.add_argument("--steps-scale", type=float, default=1.0, help="scale every scenario's step count")
     parser.add_argument("--render", action="store_true", help="only rewrite the .md from the committed .json")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="print where own code's time goes in the GPU probe's setting, run on CPU (no files)")
     args = parser.parse_args()
+    if args.breakdown:
+        warnings.filterwarnings("ignore")
+        logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
+        logging.getLogger("memplan").setLevel(logging.WARNING)
+        print(json.dumps(breakdown(), indent=1))
+        return 0
     if args.render:
         report = json.loads((RESULTS / "callback_overhead.json").read_text())
         (RESULTS / "callback_overhead.md").write_text(render(report))

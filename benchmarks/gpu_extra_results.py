@@ -13,7 +13,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from benchmarks.gpu_report import NOT_MEASURED, header, nbytes, one_line, pct, section, status_line, write
+from benchmarks.gpu_report import (NOT_MEASURED, header, nbytes, one_line, pct, raw_name, section, sections_starting,
+                                   status_line, write)
 
 FIGURES = ("allocated", "reserved")
 DRY_RUN_GPU = "H200"
@@ -54,7 +55,7 @@ def memory_gaps(parts: dict[int, dict], env: dict, out: Path) -> None:
     got = entry.get("rows") or {}
     rows = [gap_row(name, got.get(name, {})) for name in entry.get("cases", list(got))]
     summary = summarize_gaps(rows)
-    lines = header("memplan's estimates vs a real GPU on the published-figure gap cases", env, "memory_gaps_gpu.json")
+    lines = header("memplan's estimates vs a real GPU on the published-figure gap cases", env, raw_name(out, "memory_gaps_gpu"))
     lines += status_line(entry, "memory_gaps")
     lines += ["`benchmarks/gpu_extra.py` (issue 25): torchvision's ViT-L/16 as rasbt/pytorch-memory-optim trains it "
               "(16-mixed with GradScaler, bf16-true, 32-true; batch 16 and 64), zoo models in a plain bf16 autocast "
@@ -182,13 +183,12 @@ def predict(profile, row: dict, gpu: str) -> dict:
 
 
 def step_times(parts: dict[int, dict], env: dict, out: Path) -> None:
-    entries = {name: e for data in parts.values() for name, e in data.get("sections", {}).items()
-               if name.startswith("step_time_")}
+    entries = sections_starting(parts, "step_time_")
     if not entries:
         return
     dry = bool(env.get("dry_run"))
     gpu = catalog_gpu(env)
-    lines = header("Measured step time vs memplan's predicted step time", env, "step_time_gpu.json")
+    lines = header("Measured step time vs memplan's predicted step time", env, raw_name(out, "step_time_gpu"))
     for name, e in entries.items():
         lines += status_line(e, name)
     rows, profiles, sources = [], {}, {}

@@ -1,16 +1,18 @@
-"""memplan's emulated H200 estimates against the first GPU campaign's truths, re-estimated on this CPU.
+"""memplan's emulated estimates against a GPU campaign's truths, re-estimated on this CPU.
 
-The GPU campaign (benchmarks.gpu_campaign, raw results in benchmarks/results/gpu_campaign_raw/, an H200 with
-torch 2.11.0+cu130) recorded for every case the truth (torch.cuda.max_memory_allocated / max_memory_reserved,
-NVML's per-process peak) and memplan's estimates, among them the "emulated" one: traced on CPU fake tensors
-with MEMPLAN_TRACE_ON_CPU=1, what a CPU-only machine computes. This benchmark estimates the same cases again
-with the tree it runs in (device "H200", emulated), so a change to the CUDA model is measured against the
-GPU's figures without a GPU: part 1's zoo rows and part 3's ViT-L/16 and autocast-cache rows. Cases whose
-truth or emulated estimate failed on the GPU are skipped (an emulated failure there is re-estimated here).
+A GPU campaign (benchmarks.gpu_campaign) recorded for every case the truth (torch.cuda.max_memory_allocated /
+max_memory_reserved, NVML's per-process peak) and memplan's estimates, among them the "emulated" one: traced on
+CPU fake tensors with MEMPLAN_TRACE_ON_CPU=1, what a CPU-only machine computes. This benchmark estimates the same
+cases again with the tree it runs in (the campaign's GPU by its catalog name, emulated), so a change to the CUDA
+model is measured against the GPU's figures without a GPU: part 1's zoo rows and extra variants (follow-up calls'
+part1b.json ... included) and part 3's ViT-L/16 and autocast-cache rows. Cases whose truth failed on the GPU are
+skipped (an emulated failure there is re-estimated here).
 
-    .venv/bin/python -m benchmarks.gpu_fidelity [--only NAME ...]
+    .venv/bin/python -m benchmarks.gpu_fidelity [--raw DIR --card NAME] [--only NAME ...]
 
-writes benchmarks/results/gpu_fidelity.{json,md} (with --only: prints, writes nothing).
+DIR defaults to benchmarks/results/gpu_campaign_raw/ (the first campaign: an H200, torch 2.11.0+cu130), written to
+benchmarks/results/gpu_fidelity.{json,md}; with --card NAME to gpu_fidelity_NAME.{json,md} (e.g. --raw
+benchmarks/results/gpu_campaign_raw_h100 --card h100). With --only: prints, writes nothing.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
 from benchmarks.processes import environment_variable
 from benchmarks.results_io import RESULTS, machine, write_results
@@ -32,22 +35,33 @@ RNN = ("lstm", "gru", "autocast-cache-lstm")
 """cuDNN RNNs are not emulated (memplan.estimator.cuda.semantics): reported, left out of the summary."""
 
 
-def recorded() -> dict[str, dict]:
+def campaign(raw: Path = RAW) -> tuple[dict, str]:
+    """(the campaign's parts, merged: benchmarks.gpu_report.load_parts; the catalog name of its GPU)."""
+    from benchmarks.gpu_extra_results import catalog_gpu
+    from benchmarks.gpu_report import environment, load_parts
+
+    parts = load_parts(Path(raw))
+    return parts, catalog_gpu(environment(parts, 1))
+
+
+def recorded(raw: Path = RAW) -> dict[str, dict]:
     """Case name -> {"truth", "emulated" (None where it failed on the GPU), "part"}, for every case with a truth."""
+    from benchmarks.gpu_report import section
+
+    parts, _ = campaign(raw)
     out = {}
-    zoo = json.loads((RAW / "part1.json").read_text())["sections"]["accuracy_zoo"]["rows"]
-    gaps = json.loads((RAW / "part3.json").read_text())["sections"]["memory_gaps"]["rows"]
-    for row in zoo:
-        out[row["case"]] = {"part": 1, "truth": row["truth"], "emulated": row["emulated"]}
-    for name, row in gaps.items():
+    for name in ("accuracy_zoo", "accuracy_extra"):
+        for row in (section(parts, name) or {}).get("rows", []):
+            out[row["case"]] = {"part": 1, "truth": row["truth"], "emulated": row["emulated"]}
+    for name, row in ((section(parts, "memory_gaps") or {}).get("rows") or {}).items():
         if name.startswith(("vit-", "autocast-")):
             out[name] = {"part": 3, "truth": row["truth"], "emulated": row.get("emulated", {})}
     return {k: {**v, "emulated": None if "error" in v["emulated"] else v["emulated"]}
             for k, v in out.items() if "error" not in v["truth"]}
 
 
-def estimate_now(name: str, part: int) -> dict:
-    """This tree's emulated H200 estimate of one case."""
+def estimate_now(name: str, part: int, device: str = "H200") -> dict:
+    """This tree's emulated estimate of one case on the catalog's `device`."""
     from memplan.estimator import estimate
 
     if part == 1:
@@ -55,18 +69,18 @@ def estimate_now(name: str, part: int) -> dict:
 
         case = all_cases()[name]
         est = estimate(case.build, case.make_batch(case.batch_size), loss=case.loss, optimizer=case.optimizer,
-                       precision=case.precision, checkpointing=case.checkpointing, device="H200")
+                       precision=case.precision, checkpointing=case.checkpointing, device=device)
     else:
         from benchmarks.gpu_extra import _zoo_case, gap_cases
         from benchmarks.published_gpu import _vit
 
         gap = gap_cases()[name]
         if gap.kind == "vit":
-            est = _vit(gap.precision, gap.batch, device="H200")(False)
+            est = _vit(gap.precision, gap.batch, device=device)(False)
         else:
             case = _zoo_case(gap.zoo)
             est = estimate(case.build, case.make_batch(case.batch_size), loss=case.loss, optimizer=case.optimizer,
-                           precision="bf16-mixed", loop="torch", device="H200")
+                           precision="bf16-mixed", loop="torch", device=device)
     return {"peak_allocated": est.peak_allocated, "peak_reserved": est.peak_reserved,
             "device_total": est.device_total}
 
@@ -95,14 +109,17 @@ def _pct(e: float | None) -> str:
 
 
 def render(report: dict) -> str:
-    lines = ["# memplan's emulated H200 estimates against the first GPU campaign's truths", "",
-             "`.venv/bin/python -m benchmarks.gpu_fidelity` (benchmarks/gpu_fidelity.py). Truth: an H200, torch "
-             "2.11.0+cu130 (benchmarks/results/gpu_campaign_raw/). 'recorded': the emulated estimate the campaign "
+    c = report.get("campaign") or {"gpu": "H200", "gpu_name": "NVIDIA H200", "torch": "2.11.0+cu130",
+                                   "raw": "benchmarks/results/gpu_campaign_raw/", "command": ""}
+    lines = [f"# memplan's emulated {c['gpu']} estimates against the GPU campaign's truths on that card", "",
+             f"`.venv/bin/python -m benchmarks.gpu_fidelity{c['command']}` (benchmarks/gpu_fidelity.py). Truth: "
+             f"one {c['gpu_name']}, torch {c['torch']} ({c['raw']}). 'recorded': the emulated estimate the campaign "
              "recorded (this repository at the campaign's commit); 'now': this tree's, re-estimated on this CPU "
-             f"(torch {report['machine']['torch']}). Errors are (estimate - truth) / truth; cuDNN RNN cases "
-             "(not emulated) are listed but left out of the summary.", ""]
+             f"(torch {report['machine']['torch']}) for the catalog's `{c['gpu']}`. Errors are (estimate - truth) / "
+             "truth; cuDNN RNN cases (not emulated) are listed but left out of the summary.", ""]
+    failed = any(r["recorded"] is None for r in report["rows"])
     for key, title in (("recorded", "recorded"), ("now_on_recorded", "now, the same cases"),
-                       ("now", "now, every case (some failed to estimate on the GPU)")):
+                       ("now", "now, every case" + (" (some failed to estimate on the GPU)" if failed else ""))):
         parts = [f"{label} median |error| {100 * s['median_abs']:.2f}%, worst {_pct(s['worst'])} (n={s['n']})"
                  for label, s in report["summary"][key].items()]
         lines.append(f"- **{title}**: " + "; ".join(parts))
@@ -121,15 +138,19 @@ def render(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(names: list[str] | None = None) -> dict:
+def run(names: list[str] | None = None, raw: Path = RAW) -> dict:
     """The report (rows and summaries) for these cases (all with a truth when None); prints a line per case."""
-    cases = recorded()
+    from benchmarks.gpu_report import environment
+
+    cases = recorded(raw)
+    parts, device = campaign(raw)
+    env = environment(parts, 1)
     rows = []
     for name in names or list(cases):
         case = cases[name]
         # no calibration file (the null device is no regular file): the sourced constants, as on the GPU run
         with environment_variable("MEMPLAN_TRACE_ON_CPU", "1"), environment_variable("MEMPLAN_CALIBRATION", os.devnull):
-            now = estimate_now(name, case["part"])
+            now = estimate_now(name, case["part"], device)
         row = {"case": name, "part": case["part"], "truth": case["truth"], "recorded": case["emulated"], "now": now}
         for label, field, truth_field in QUANTITIES:
             for key in ("recorded", "now"):
@@ -138,7 +159,12 @@ def run(names: list[str] | None = None) -> dict:
         print(f"{name:30s} allocated recorded {_pct(row['recorded_err_allocated'])} now {_pct(row['now_err_allocated'])}"
               f"  reserved recorded {_pct(row['recorded_err_reserved'])} now {_pct(row['now_err_reserved'])}"
               f"  nvml recorded {_pct(row['recorded_err_nvml'])} now {_pct(row['now_err_nvml'])}", flush=True)
-    return {"machine": machine(), "rows": rows, "summary": summaries(rows)}
+    where = Path(raw).resolve()
+    shown = where.relative_to(RESULTS.parent.parent) if where.is_relative_to(RESULTS.parent.parent) else where
+    return {"machine": machine(), "campaign": {"raw": f"{shown}/", "gpu": device, "gpu_name": env["gpu"]["name"],
+                                               "torch": env.get("torch"), "driver": env.get("driver"),
+                                               "command": "" if where == RAW.resolve() else f" --raw {shown}"},
+            "rows": rows, "summary": summaries(rows)}
 
 
 def summaries(rows: list[dict]) -> dict:
@@ -149,11 +175,23 @@ def summaries(rows: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these cases; print, write nothing")
+    parser.add_argument("--raw", default=str(RAW), help="the campaign's raw folder (default: the first, an H200's)")
+    parser.add_argument("--card", default="", help="write gpu_fidelity_<card>.{json,md} (e.g. h100) instead of "
+                        "gpu_fidelity.{json,md}")
     args = parser.parse_args(argv)
-    report = run(args.only)
+    if args.card and not args.card.replace("-", "").isalnum():
+        parser.error(f"--card {args.card!r} goes into a file name: use letters, digits and '-' (e.g. h100)")
+    if Path(args.raw).resolve() != RAW.resolve() and not args.card and not args.only:
+        parser.error(f"--raw {args.raw} would overwrite the first campaign's gpu_fidelity.{{json,md}}: pass --card NAME "
+                     "(e.g. --card h100)")
+    try:
+        report = run(args.only, Path(args.raw))
+    except ValueError as err:
+        parser.error(f"--raw {args.raw}: {err}")
     print(json.dumps(report["summary"]))
     if not args.only:
-        write_results("gpu_fidelity", report, render(report))
+        report["campaign"]["command"] += f" --card {args.card}" if args.card else ""
+        write_results(f"gpu_fidelity_{args.card}" if args.card else "gpu_fidelity", report, render(report))
     return 0
 
 

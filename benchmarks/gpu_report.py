@@ -1,41 +1,115 @@
 """What every rendering of the GPU campaign's raw results shares: reading the parts, the header naming the
 device, a section's status in words, and cells that say "not measured" instead of a blank that reads like zero.
 
-Used by benchmarks.gpu_results (parts 1 and 2) and benchmarks.gpu_extra_results (parts 3 and 4).
+Used by benchmarks.gpu_results (parts 1 and 2), benchmarks.gpu_extra_results (parts 3 and 4) and
+benchmarks.gpu_profile_results (part 4's kernel profile, part 5).
+
+A part may come in several files: DIR/partN.json, then follow-up calls' DIR/partNb.json, partNc.json ... (the
+campaign's `--only` / `--cases` re-running what an earlier call left). load_parts merges them into one part
+(merge_section): a section a follow-up was not asked to run keeps the earlier result; a section both measured
+keeps both calls' rows, by case, the later call's where both have one.
 """
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from memplan.units import format_bytes
 
-PARTS = (1, 2, 3, 4)
+PARTS = (1, 2, 3, 4, 5)
 NOT_MEASURED = "not measured"
 """What a table cell says where a section did not run or was cut short before the figure."""
+
+
+def part_files(folder: Path, n: int) -> list[Path]:
+    """Part n's files in the order the calls ran: partN.json, then partNb.json, partNc.json ..."""
+    first = folder / f"part{n}.json"
+    follow = sorted(p for p in folder.glob(f"part{n}[b-z].json") if p.is_file())
+    return ([first] if first.is_file() else []) + follow
 
 
 def load_parts(folder: Path) -> dict[int, dict]:
     parts = {}
     for n in PARTS:
-        path = folder / f"part{n}.json"
-        if path.is_file():
+        for path in part_files(folder, n):
             try:
-                parts[n] = json.loads(path.read_text())
+                data = json.loads(path.read_text())
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path} is not valid JSON ({err}); was the run cut off while writing it?") from err
+            parts[n] = (merge_part(parts[n], data, path.name) if n in parts
+                        else dict(data, files=[path.name], folder=str(folder)))
     if not parts:
-        raise ValueError(f"{folder} holds none of part1.json .. part4.json; pass the folder the campaign wrote "
-                         "(the run tool's files_at)")
+        raise ValueError(f"{folder} holds none of part1.json .. part{PARTS[-1]}.json; pass the folder the campaign "
+                         "wrote (the run tool's files_at)")
     return parts
 
 
+def merge_part(base: dict, follow: dict, name: str) -> dict:
+    """A part's follow-up call (`follow`, file `name`) merged into what the earlier calls gave (`base`)."""
+    sections = dict(base.get("sections", {}))
+    for key, entry in follow.get("sections", {}).items():
+        sections[key] = merge_section(sections[key], entry) if key in sections else entry
+    return dict(base, sections=sections, files=[*base.get("files", []), name],
+                dry_run=bool(base.get("dry_run") or follow.get("dry_run")))
+
+
+def _not_run(entry: dict) -> bool:
+    return str(entry.get("status")).startswith("skipped") and not measured_anything(entry)
+
+
+def merge_section(base: dict, follow: dict) -> dict:
+    """One section as two calls left it: the one that ran where the other was skipped (`--only`, out of time);
+    where both ran and hold rows (a list of dicts by "case", or a dict by case), both calls' rows, the later
+    call's where both have a case, and out_of_time / missing only what neither measured; otherwise the later."""
+    if _not_run(follow):
+        return base
+    if _not_run(base):
+        return follow
+    rows_a, rows_b = base.get("rows"), follow.get("rows")
+    if isinstance(rows_a, dict) and isinstance(rows_b, dict):
+        rows = {**rows_a, **rows_b}
+        done = set(rows)
+    elif isinstance(rows_a, list) and isinstance(rows_b, list) and all("case" in r for r in rows_a + rows_b):
+        later = {r["case"] for r in rows_b}
+        rows = [r for r in rows_a if r["case"] not in later] + rows_b
+        done = {r["case"] for r in rows}
+    else:
+        return follow
+    merged = dict(follow, rows=rows, merged_calls=base.get("merged_calls", 1) + 1,
+                  seconds=(base.get("seconds") or 0) + (follow.get("seconds") or 0))
+    merged.pop("summary", None)  # the calls' own summaries cover one call each: the renderers summarize the rows
+    if "cases" in base or "cases" in follow:
+        merged["cases"] = list(dict.fromkeys([*base.get("cases", []), *follow.get("cases", [])]))
+    for key in ("out_of_time", "missing"):
+        if key in base or key in follow:
+            merged[key] = [c for c in dict.fromkeys([*base.get(key, []), *follow.get(key, [])]) if c not in done]
+    return merged
+
+
+NOT_ASKED = "skipped: not asked"
+"""How a section's status begins where the call's `--only` left it out: it was never meant to run there."""
+
+
+def asked(entry: dict) -> bool:
+    """Whether some call was asked to run this section (a section no call asked for renders as absent)."""
+    return not str(entry.get("status")).startswith(NOT_ASKED)
+
+
 def section(parts: dict[int, dict], name: str) -> dict | None:
+    """The section `name` as the parts hold it; None where it is absent or no call was asked to run it."""
     for data in parts.values():
         if name in data.get("sections", {}):
-            return data["sections"][name]
+            entry = data["sections"][name]
+            return entry if asked(entry) else None
     return None
+
+
+def sections_starting(parts: dict[int, dict], prefix: str) -> dict[str, dict]:
+    """Every section whose name starts with `prefix` (one per model or config) that some call was asked to run."""
+    return {name: e for data in parts.values() for name, e in data.get("sections", {}).items()
+            if name.startswith(prefix) and asked(e)}
 
 
 def environment(parts: dict[int, dict], part: int | None = None) -> dict:
@@ -46,7 +120,8 @@ def environment(parts: dict[int, dict], part: int | None = None) -> dict:
         data = parts[n]
         env = data.get("sections", {}).get("environment")
         if env and env.get("status") == "done":
-            return dict(env, date=data.get("started"), dry_run=data.get("dry_run", False), part=n)
+            return dict(env, date=data.get("started"), dry_run=data.get("dry_run", False), part=n,
+                        files=data.get("files", [f"part{n}.json"]))
     return {"date": None, "dry_run": any(d.get("dry_run") for d in parts.values())}
 
 
@@ -60,7 +135,9 @@ def header(title: str, env: dict, raw: str) -> list[str]:
         lines += ["**DRY RUN on CPU: these are not GPU figures.**", ""]
     device = (f"{gpu.get('name')} ({format_bytes(gpu['total_bytes']) if gpu.get('total_bytes') else '?'}, "
               f"sm{cc[0]}{cc[1]})" if gpu else "no GPU")
-    part = f" (campaign part {env['part']})" if env.get("part") else ""
+    files = env.get("files") or []
+    part = (f" (campaign part {env['part']}" + (f": {' + '.join(files)}, {len(files)} calls" if len(files) > 1 else "")
+            + ")") if env.get("part") else ""
     lines += [f"Device: {device}; driver {env.get('driver')} (CUDA {env.get('cuda_driver')}); torch {env.get('torch')} "
               f"(CUDA {env.get('torch_cuda')}, cuDNN {env.get('cudnn')}); Lightning {packages.get('pytorch-lightning')}, "
               f"transformers {packages.get('transformers')}; Python {env.get('python')}; measured {env.get('date')}"
@@ -124,7 +201,25 @@ def value(x) -> str:
     return NOT_MEASURED if x is None else str(x)
 
 
-def write(out: Path, name: str, data: dict, lines: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=repr) + "\n")
-    (out / f"{name}.md").write_text("\n".join(lines).rstrip() + "\n")
+@dataclass(frozen=True)
+class Results:
+    """Where rendered files go, and the card their names end with: `accuracy_gpu.md`, or with card "h100"
+    `accuracy_gpu_h100.md` (a second campaign's files beside the first's)."""
+
+    folder: Path
+    card: str = ""
+
+    def name(self, stem: str) -> str:
+        return f"{stem}_{self.card}" if self.card else stem
+
+
+def write(out: Results | Path, name: str, data: dict, lines: list[str]) -> None:
+    out = out if isinstance(out, Results) else Results(Path(out))
+    out.folder.mkdir(parents=True, exist_ok=True)
+    (out.folder / f"{out.name(name)}.json").write_text(json.dumps(data, indent=1, default=repr) + "\n")
+    (out.folder / f"{out.name(name)}.md").write_text("\n".join(lines).rstrip() + "\n")
+
+
+def raw_name(out: Results | Path, name: str) -> str:
+    """The JSON file a rendered Markdown file names as its raw figures."""
+    return f"{out.name(name) if isinstance(out, Results) else name}.json"

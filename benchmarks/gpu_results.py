@@ -1,6 +1,7 @@
-"""Turn the GPU campaign's raw results (DIR/part1.json .. DIR/part4.json) into committed result files.
+"""Turn the GPU campaign's raw results (DIR/part1.json .. DIR/part5.json, and follow-up calls' DIR/part1b.json ...)
+into committed result files.
 
-    python -m benchmarks.gpu_results DIR [--results benchmarks/results]
+    python -m benchmarks.gpu_results DIR [--results benchmarks/results] [--card h100]
 
 writes, for whatever the parts measured (a section that failed, ran out of time or never started says so, and
 each figure it lacks reads "not measured"):
@@ -13,6 +14,9 @@ each figure it lacks reads "not measured"):
   callback_gpu.{md,json}        MemoryPlanner through a real CUDA OOM, NVML readings, overhead per step (part 2)
   memory_gaps_gpu.{md,json}     the published-figure gap cases: truth vs native and emulated estimates (part 3)
   step_time_gpu.{md,json}       measured step times vs memplan's predicted step time, predicted here on CPU (part 4)
+  kernel_profile_gpu.{md,json}  GPT-2 small's step under torch.profiler: wall vs GPU busy time, top kernels (part 4)
+  op_readings_gpu.{md,json}     part 5 summarised: the convolution grid's transients, each zoo step's op readings
+With --card NAME every name ends _gpu_NAME instead (accuracy_gpu_h100.md): a second card's results beside the first's.
 Every Markdown file names the device, driver, torch and CUDA versions of the part it renders. A dry run's results
 are refused for benchmarks/results (they are CPU figures); render them elsewhere with --results.
 """
@@ -25,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.gpu_report import (NOT_MEASURED, environment, header, load_parts, one_line, section, status_line,
-                                   value, write)
+from benchmarks.gpu_report import (NOT_MEASURED, Results, environment, header, load_parts, one_line, raw_name,
+                                   section, sections_starting, status_line, value, write)
 from benchmarks.gpu_report import nbytes as _b
 from benchmarks.gpu_report import pct as _pct
 from benchmarks.gpu_report import seconds as _f
@@ -40,13 +44,13 @@ GOALS = {"median_abs": 0.03, "worst_abs": 0.06, "most_under": -0.02}
 def accuracy(parts, env, out: Path) -> None:
     from benchmarks.accuracy_gpu import summarize
 
-    entries = [e for e in (section(parts, "accuracy_zoo"), section(parts, "accuracy_extra")) if e is not None]
-    if not entries:
+    named = {n: e for n in ("accuracy_zoo", "accuracy_extra") if (e := section(parts, n)) is not None}
+    if not named:
         return
-    rows = [r for e in entries for r in e.get("rows", [])]
+    rows = [r for e in named.values() for r in e.get("rows", [])]
     summary = summarize(rows)
-    lines = header("memplan's estimates vs a real GPU, on the zoo", env, "accuracy_gpu.json")
-    for name, e in zip(("accuracy_zoo", "accuracy_extra"), entries):
+    lines = header("memplan's estimates vs a real GPU, on the zoo", env, raw_name(out, "accuracy_gpu"))
+    for name, e in named.items():
         lines += status_line(e, name)
     truths = [r for r in rows if "error" not in r["truth"]]
     lines += [f"{len(rows)} cases, {len(truths)} with a measured truth; compared: native "
@@ -135,7 +139,7 @@ def overheads(parts, env, out: Path) -> None:
     cc = tuple(gpu["compute_capability"]) if gpu.get("compute_capability") else None
     measured = derive_constants(lazy, eager, contexts)
     replaces = _replaces(measured, cc)
-    lines = header("CUDA memory besides tensors, measured", env, "cuda_overheads_gpu.json")
+    lines = header("CUDA memory besides tensors, measured", env, raw_name(out, "cuda_overheads_gpu"))
     lines += status_line(entry, "cuda_overheads")
     if "skipped" in lazy:
         lines += [f"Not measured: {lazy['skipped']}.", ""]
@@ -168,7 +172,8 @@ def overheads(parts, env, out: Path) -> None:
     write(out, "cuda_overheads_gpu", {"environment": env, "measured": measured, "replaces": replaces,
                                        "calibration": calibration, "raw": entry}, lines)
     if calibration is not None and not env.get("dry_run"):
-        (out / "calibration_gpu.json").write_text(json.dumps(
+        folder = out.folder if isinstance(out, Results) else out
+        (folder / f"{raw_name(out, 'calibration_gpu')}").write_text(json.dumps(
             {"format": 1, "entries": {_key_str(calibration["key"]): calibration}}, indent=2) + "\n")
 
 
@@ -263,7 +268,7 @@ def validate(parts, env, out: Path) -> None:
     entry = section(parts, "validate")
     if entry is None:
         return
-    lines = header("`memplan validate` on the GPU", env, "validate_gpu.json")
+    lines = header("`memplan validate` on the GPU", env, raw_name(out, "validate_gpu"))
     lines += status_line(entry, "validate")
     lines += ["Each config twice: the first run measures and saves the calibration (CUDA context, allocator "
               "overhead), the second estimates with it. Goal on a GPU: at most 6 % over and 2 % under.", "",
@@ -286,11 +291,10 @@ def validate(parts, env, out: Path) -> None:
 
 
 def plan_vs_bisect(parts, env, out: Path) -> None:
-    entries = {name: e for data in parts.values() for name, e in data.get("sections", {}).items()
-               if name.startswith("plan_vs_bisect_")}
+    entries = sections_starting(parts, "plan_vs_bisect_")
     if not entries:
         return
-    lines = header("memplan's micro-batch vs the largest that runs, and planning time", env, "plan_vs_bisect_gpu.json")
+    lines = header("memplan's micro-batch vs the largest that runs, and planning time", env, raw_name(out, "plan_vs_bisect_gpu"))
     for name, e in entries.items():
         lines += status_line(e, name)
     lines += ["Goals: memplan's largest micro-batch runs and is >= 90 % of the truth; `memplan suggest` takes "
@@ -309,13 +313,17 @@ def plan_vs_bisect(parts, env, out: Path) -> None:
         probed = {p["micro_batch"]: p.get("fits") for p in e.get("probes", [])}
         e = dict(e, planned_runs=e.get("planned_runs", probed.get(e.get("planned_micro_batch"))),
                  memplan_max_runs=e.get("memplan_max_runs", probed.get(e.get("memplan_max_micro_batch"))))
+        # a truth no step failed above is the search's cap: the largest that runs is at least that
+        capped = "<= " if e.get("truth_max_micro_batch") is not None and e.get("truth_first_oom") is None else ""
         truth = (f"{e['truth_max_micro_batch']} ({value(e.get('truth_first_oom'))})"
+                 if e.get("truth_max_micro_batch") is not None and e.get("truth_first_oom") is not None
+                 else f"{e['truth_max_micro_batch']} (none failed up to the search's cap)"
                  if e.get("truth_max_micro_batch") is not None
                  else f"{NOT_MEASURED} (search cut short; {max(ran)} ran)" if ran else NOT_MEASURED)
         lines.append(f"| {e.get('config')} | {e.get('precision')} | {e.get('checkpointing')} | "
                      f"{value(e.get('planned_micro_batch'))} ({_ran(e.get('planned_runs'))}) | "
                      f"{value(e.get('memplan_max_micro_batch'))} ({_ran(e.get('memplan_max_runs'))}) | {truth} | "
-                     f"{NOT_MEASURED if ratio is None else f'{100 * ratio:.0f}%'} | {_f(e.get('suggest_seconds'))} | "
+                     f"{NOT_MEASURED if ratio is None else f'{capped}{100 * ratio:.0f}%'} | {_f(e.get('suggest_seconds'))} | "
                      f"{_f(e.get('batch_size_finder_seconds'))} ({value(e.get('batch_size_finder_batch'))}) | "
                      f"{NOT_MEASURED if tr is None else f'{tr:.3f}'} | "
                      f"{NOT_MEASURED if met is None else 'met' if met else 'NOT met'} |")
@@ -338,7 +346,7 @@ def callback(parts, env, out: Path) -> None:
     oom, ovh = section(parts, "oom_retry"), section(parts, "callback_overhead")
     if oom is None and ovh is None:
         return
-    lines = header("MemoryPlanner on the GPU: a real OOM, NVML readings, overhead", env, "callback_gpu.json")
+    lines = header("MemoryPlanner on the GPU: a real OOM, NVML readings, overhead", env, raw_name(out, "callback_gpu"))
     if oom is not None:
         lines += ["## A batch too large for the card", ""] + status_line(oom, "oom_retry")
         log = oom.get("rank_log")
@@ -376,23 +384,32 @@ def callback(parts, env, out: Path) -> None:
     write(out, "callback_gpu", {"environment": env, "oom_retry": oom, "overhead": ovh}, lines)
 
 
-def convert(folder: Path, out: Path) -> list[str]:
-    """Write every result file the parts allow; the names written."""
-    from benchmarks import gpu_extra_results
+def convert(folder: Path, out: Path, card: str = "") -> list[str]:
+    """Write every result file the parts allow (names ending `_gpu`, or `_gpu_<card>`); the names written."""
+    from benchmarks import gpu_extra_results, gpu_profile_results
 
     parts = load_parts(folder)
+    target = Results(out, card)
     started = time.time()
     for part, fn in ((1, overheads), (1, accuracy), (1, validate), (2, plan_vs_bisect), (2, callback),
-                     (3, gpu_extra_results.memory_gaps), (4, gpu_extra_results.step_times)):
-        fn(parts, environment(parts, part), out)
-    return sorted(p.name for p in out.glob("*_gpu.*") if p.stat().st_mtime >= started - 1)
+                     (3, gpu_extra_results.memory_gaps), (4, gpu_extra_results.step_times),
+                     (4, gpu_profile_results.kernel_profile), (5, gpu_profile_results.op_readings)):
+        fn(parts, environment(parts, part), target)
+    pattern = f"*_gpu_{card}.*" if card else "*_gpu.*"
+    return sorted(p.name for p in out.glob(pattern) if p.stat().st_mtime >= started - 1)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", help="the folder holding part1.json .. part4.json")
+    parser.add_argument("folder", help="the folder holding part1.json .. part5.json (and follow-ups: part1b.json ...)")
     parser.add_argument("--results", default=str(RESULTS), help="where to write (default benchmarks/results)")
+    parser.add_argument("--card", default="", help="end every file name with _<card> (e.g. h100: accuracy_gpu_h100.md), "
+                        "so a second card's results sit beside the first's")
     args = parser.parse_args(argv)
+    if args.card and not args.card.replace("-", "").isalnum():
+        print(f"gpu_results: --card {args.card!r} goes into file names: use letters, digits and '-' (e.g. h100)",
+              file=sys.stderr)
+        return 2
     try:
         parts = load_parts(Path(args.folder))
     except ValueError as err:
@@ -403,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_results: {args.folder} holds a dry run (CPU figures); pass --results DIR to render it "
               "outside benchmarks/results", file=sys.stderr)
         return 2
-    for name in convert(Path(args.folder), out):
+    for name in convert(Path(args.folder), out, args.card):
         print(out / name)
     return 0
 

@@ -37,6 +37,10 @@ def decide_on_rank_zero(trainer: pl.Trainer, decide: Callable[[], Any]) -> Any:
 
 
 def gather_rows(strategy: Any, row: Sequence[float], world_size: int) -> list[list[float]]:
-    """Each rank's row of numbers, in rank order, on every rank (one all-gather, one device sync)."""
+    """Each rank's row of numbers, in rank order, on every rank (one all-gather, one device sync). A single
+    process gathers nothing: its row, as the gather would give it back (floats), without the device round
+    trip, which on a GPU waits for every kernel queued before it (a whole step's, where the host runs ahead)."""
+    if world_size == 1:
+        return [[float(v) for v in row]]
     tensor = torch.tensor(list(row), dtype=torch.float64, device=strategy.root_device)
     return strategy.all_gather(tensor).reshape(world_size, -1).tolist()

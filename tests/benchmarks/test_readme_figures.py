@@ -190,6 +190,84 @@ def _plan_vs_bisect_gpu() -> tuple[str, ...]:
     return str(row["memplan_max_micro_batch"]), str(largest)
 
 
+# --- the second GPU campaign: one H100 (benchmarks/results/*_gpu_h100.json) -------------------------------
+def _accuracy_gpu_h100() -> tuple[str, ...]:
+    from benchmarks.accuracy_gpu import extra_cases
+
+    report = results("accuracy_gpu_h100")
+    env, s, rows = report["environment"], report["summary"], report["rows"]
+    measured = [r for r in rows if "error" not in r["truth"]]
+    native = [r for r in measured if "error" not in r["native"]]
+    figures = []
+    for key in ("native_err_allocated", "native_err_reserved", "native_err_nvml"):
+        worst = _worst(native, key)
+        figures += [pct(s[key]["median_abs"], 2), signed_pct(worst[key]), worst["case"]]
+    goal = all(s[k]["median_abs"] <= 0.03 and s[k]["worst_abs"] <= 0.06 and s[k]["most_under"] >= -0.02
+               for k in ("native_err_allocated", "native_err_reserved", "native_err_nvml"))
+    outside = [r["truth"]["nvml_process_peak"] - r["truth"]["max_reserved"] for r in measured]
+    context = results("cuda_overheads_gpu_h100")["replaces"]["_CONTEXT_LAZY_BYTES[9]"]["now"]
+    zoo, extra = _zoo_cases(), extra_cases()
+    return (env["gpu"]["name"], env["driver"], env["torch"], str(sum(r["case"] in zoo for r in rows)),
+            str(sum(r["case"] in extra for r in rows)), str(len(measured)), str(len(native)), *figures,
+            "met" if goal else "not met", _mib(min(outside)), _mib(max(outside)), _mib(context))
+
+
+def _gpu_fidelity_h100() -> tuple[str, ...]:
+    report = results("gpu_fidelity_h100")
+    assert report["campaign"]["gpu"] == "H100-80GB"
+    summary = report["summary"]["now_on_recorded"]
+    return (str(summary["allocated"]["n"]),
+            *(f for key in ("allocated", "reserved", "nvml")
+              for f in (pct(summary[key]["median_abs"], 2), signed_pct(summary[key]["worst"]))))
+
+
+def _step_time_gpu_h100() -> tuple[str, ...]:
+    report = results("step_time_gpu_h100")
+    rows = [r for r in report["rows"] if "error" in r]
+    s, worst = report["summary"], _worst(rows, "error")
+    by = {p: [r["error"] for r in rows if r["precision"] == p] for p in ("32-true", "bf16-mixed")}
+    (profiled,) = [r for r in results("kernel_profile_gpu_h100")["rows"]
+                   if r["precision"] == "bf16-mixed" and r["micro_batch"] == 8]
+    (timed,) = [r for r in rows if r["model"] == "gpt2-small" and r["precision"] == "bf16-mixed"
+                and r["micro_batch"] == 8 and not r["checkpointing"]]
+    longer = profiled["gpu_busy_seconds_per_step"] > timed["predicted"]["step_seconds"]
+    return (report["environment"]["gpu"]["name"], str(s["n"]), pct(s["median_abs"], 1), signed_pct(s["worst"], 1),
+            worst["precision"], str(worst["micro_batch"]), "checkpointing" if worst["checkpointing"] else "no checkpointing",
+            signed_pct(min(by["32-true"]), 1), signed_pct(max(by["32-true"]), 1), signed_pct(min(by["bf16-mixed"]), 1),
+            signed_pct(max(by["bf16-mixed"]), 1), str(profiled["micro_batch"]),
+            f"{100 * profiled['busy_over_unprofiled']:.0f}", "longer" if longer else "no longer")
+
+
+GPU_PROBE_EVERY = 50
+"""The interval of benchmarks.gpu_probes' overhead runs (Trainer(log_every_n_steps=50), the callback's default)."""
+
+
+def _callback_overhead_gpu_h100() -> tuple[str, ...]:
+    report = results("callback_gpu_h100")
+    o = report["overhead"]
+    timed = {r["steps"] for r in o["runs"] if r.get("arm") == "own"}.pop()
+    first = o["steps"] - timed
+    readings = sum(1 for step in range(first + 1, o["steps"] + 1) if step % GPU_PROBE_EVERY == 0)
+    return (report["environment"]["gpu"]["name"], o["precision"], str(o["micro_batch"]),
+            signed_pct(o["end_to_end_overhead"]), f"{o['median_step_ms_without']:.2f}",
+            f"{o['median_step_ms_with']:.2f}", f"{o['own_us_per_step'] / 1000:.2f}",
+            "over" if o["own_overhead"] > 0.005 else "under", "0.5", str(readings), str(timed))
+
+
+def _oom_and_cnn_gpu_h100() -> tuple[str, ...]:
+    oom = results("callback_gpu_h100")["oom_retry"]
+    (retry,) = [e for e in oom["rank_log"]["notable"] if e["event"] == "oom_retry"]
+    assert retry["failed_micro_batch_size"] == oom["loaded_batch"]
+    (cnn,) = [r for r in results("plan_vs_bisect_gpu_h100")["rows"] if r.get("config") == "cnn"]
+    from benchmarks.plan_vs_bisect_gpu import CAP
+
+    assert cnn["memplan_max_micro_batch"] == cnn["truth_max_micro_batch"] == CAP and cnn["truth_first_oom"] is None
+    return (str(oom["loaded_batch"]), retry["phase"], str(retry["micro_batch_size"]), str(oom["global_step"]),
+            "finished" if oom["finished"] else "did not finish", cnn["precision"], str(CAP),
+            f"{cnn['suggest_seconds']:.1f}", f"{cnn['batch_size_finder_seconds']:.1f}", str(cnn["batch_size_finder_batch"]),
+            "met" if cnn["suggest_over_batch_size_finder"] <= 0.1 else "not met")
+
+
 @dataclass(frozen=True)
 class Claim:
     name: str
@@ -246,6 +324,40 @@ CLAIMS = [
     Claim("nccl_one_rank_gpu", r"a 1-rank NCCL group and its all-reduce took (\d+) MiB outside the allocator",
           _nccl_one_rank),
     Claim("plan_vs_bisect_gpu", r"\(cut short: memplan's (\d+) ran, and (\d+), on an H200", _plan_vs_bisect_gpu),
+    Claim("accuracy_gpu_h100",  # any space may be a line break, but in the GPU's name
+          (r"(?s)Second run, on one ([\w.-]+(?: [\w.-]+)*) \(driver ([\d.]+), torch ([\w.+]+), "
+           r"`benchmarks/results/accuracy_gpu_h100\.md`\): the (\d+) zoo cases the first run cut off and the (\d+) extra "
+           r"variants \([^)]*\), (\d+) cases, (\d+) with a native estimate\. Native: `peak_allocated` median \|error\| "
+           r"NUM %, worst NUM % \(`([\w.-]+)`\); `peak_reserved` median NUM %, worst NUM % \(`([\w.-]+)`\); "
+           r"`device_total` median NUM %, worst NUM % \(`([\w.-]+)`\)\. The goal is (met|not met)\. Outside the "
+           r"allocator: (\d+)-(\d+) MiB against memplan's (\d+) MiB constant").replace(" ", r"\s+")
+          .replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"), _accuracy_gpu_h100),
+    Claim("gpu_fidelity_h100",
+          (r"(?s)estimates of the same cases for the catalog's H100 \(`benchmarks/results/gpu_fidelity_h100\.md`, "
+           r"n=(\d+)\): `peak_allocated` median \|error\| NUM %, worst NUM %; `peak_reserved` median NUM %, worst "
+           r"NUM %; `device_total` median NUM %, worst NUM %").replace(" ", r"\s+"), _gpu_fidelity_h100),
+    Claim("step_time_gpu_h100",
+          (r"(?s)On one ([\w.-]+(?: [\w.-]+)*), the same (\d+) settings "
+           r"\(\[benchmarks/results/step_time_gpu_h100\.md\]\(benchmarks/results/step_time_gpu_h100\.md\)\): off by "
+           r"NUM % median and NUM % at worst \(GPT-2 small, ([\w-]+), micro-batch (\d+), ((?:no )?checkpointing)\); "
+           r"32-true within NUM % to NUM %, bf16-mixed from NUM % to NUM %\. There GPT-2 small's bf16-mixed step at "
+           r"micro-batch (\d+) keeps the GPU busy for (\d+) % of its unprofiled time .*? its kernels alone take "
+           r"(longer|no longer) than memplan's whole predicted step").replace(" ", r"\s+")
+          .replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"), _step_time_gpu_h100),
+    Claim("callback_overhead_gpu_h100",
+          (r"(?s)On one ([\w.-]+(?: [\w.-]+)*) \(GPT-2 small, ([\w-]+), micro-batch (\d+): "
+           r"`benchmarks/results/callback_gpu_h100\.md`\) NUM % end to end \(NUM -> NUM ms a step\) and NUM ms a "
+           r"step of its own code, (over|under) the NUM % goal: its readings \((\d+) in the (\d+) steps timed\)")
+          .replace(" ", r"\s+").replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"),
+          _callback_overhead_gpu_h100),
+    Claim("oom_retry_and_cnn_bisect_gpu_h100",
+          (r"(?s)recovered from a real CUDA OOM on an H100 \(`benchmarks/results/callback_gpu_h100\.md`\): a loaded "
+           r"batch of (\d+) GPT-2-small samples planned as one micro-batch ran out of memory in its (\w+), was "
+           r"retried on the same samples at micro-batch (\d+), and the (\d+)-step fit (finished|did not finish).*?on "
+           r"`cnn` \(([\w-]+), H100: `benchmarks/results/plan_vs_bisect_gpu_h100\.md`\) memplan's largest and the "
+           r"largest that ran both reached the search's cap of (\d+), and `memplan suggest` took NUM s against "
+           r"BatchSizeFinder's NUM s \(which settled on (\d+)\), so the goal of a tenth of its time is (met|not met)")
+          .replace(" ", r"\s+"), _oom_and_cnn_gpu_h100),
     Claim("torchtitan_memory",
           r"estimates NUM GiB `max_memory_reserved` against the published NUM GiB \(NUM %, within\s+the goal of "
           r"NUM %\), of which NUM GiB is cached by FSDP2's[^:]*:[^;]*one pool for all streams\s+gives NUM GiB",
