@@ -14,6 +14,27 @@ def test_resize_shrinks_and_grows_every_batched_tensor_and_keeps_the_rest():
     assert batch_size_of(resize_batch((torch.zeros(3, 5), torch.zeros(3)), 7)) == 7
 
 
+@pytest.mark.parametrize("size", [4096, 4099])
+def test_growing_a_batch_repeats_its_rows_in_one_contiguous_tensor_allocated_once(size):
+    """The planner grows an example batch of a few samples to each micro-batch it traces (2**19 rows of 1000
+    features for `memplan suggest` on configs/mlp.yaml at a global batch of 2**20): rows repeated cyclically, a
+    contiguous tensor of exactly `size` rows, and no second copy of it on the way (repeat then clone held
+    twice the bytes, and took most of that command's time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from memplan.truth import peak_total_allocated
+
+    x = torch.randn(4, 1000)
+    labels = torch.arange(4)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        grown_x, grown_labels = resize_batch((x, labels), size)
+    rows = torch.arange(size) % 4
+    assert torch.equal(grown_x, x[rows]) and torch.equal(grown_labels, labels[rows])
+    assert grown_x.is_contiguous() and grown_x.untyped_storage().nbytes() == size * 1000 * 4
+    assert peak_total_allocated(prof) <= size * (1000 * 4 + 8) + 4096  # the two grown tensors (and the
+    # allocator's rounding), nothing twice
+
+
 def test_batch_without_a_common_batch_dimension_is_refused_with_the_sizes():
     with pytest.raises(ValueError, match=r"leading dimensions of its tensors are \[3, 4\]"):
         batch_size_of((torch.zeros(3, 2), torch.zeros(4)))

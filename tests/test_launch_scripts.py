@@ -335,9 +335,20 @@ exec {sys.executable} "$@"
     return run, suggests
 
 
+def _small_mlp(tmp_path: Path) -> Path:
+    """configs/mlp.yaml 8 features wide with one precision to search: the Slurm template does the same with its
+    plan, and `memplan suggest` plans it in less time (~7 against ~9 CPU-s, most of both importing Lightning)."""
+    config = yaml.safe_load(MLP.read_text())
+    config["model"]["init_args"].update(in_features=8, hidden=8, depth=1)
+    config["data"]["init_args"].update(in_features=8)
+    config["trainer"]["callbacks"][0]["init_args"]["suggest"]["precisions"] = ["32-true"]
+    path = tmp_path / "mlp.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 def test_a_requeued_slurm_job_reuses_its_plan_and_replans_when_the_config_changed(tmp_path):
-    config = tmp_path / "mlp.yaml"
-    config.write_text(MLP.read_text())
+    config = _small_mlp(tmp_path)
     first, suggests = _slurm_run(tmp_path, config)
     assert first.returncode == 0 and len(suggests) == 1, first.stderr[-2000:]
     planned = tmp_path / "memplan-4242" / "planned.yaml"
@@ -345,7 +356,7 @@ def test_a_requeued_slurm_job_reuses_its_plan_and_replans_when_the_config_change
     again, suggests = _slurm_run(tmp_path, config)  # requeued: same job id, same config
     assert again.returncode == 0, again.stderr[-2000:]
     assert suggests == [] and "reusing" in again.stderr and planned.read_text() == before
-    text = yaml.safe_load(MLP.read_text())
+    text = yaml.safe_load(config.read_text())
     text["trainer"]["callbacks"][0]["init_args"]["global_batch_size"] = 512  # the user edited it before the requeue
     config.write_text(yaml.safe_dump(text))
     changed, suggests = _slurm_run(tmp_path, config)
@@ -356,14 +367,15 @@ def test_a_requeued_slurm_job_reuses_its_plan_and_replans_when_the_config_change
 
 
 def test_slurm_never_replaces_a_users_files_without_force_and_passes_force_through(tmp_path):
+    config = _small_mlp(tmp_path)
     out = tmp_path / "mine"
     out.mkdir()
     (out / "planned.yaml").write_text("the user's own\n")
-    refused, _ = _slurm_run(tmp_path, MLP, OUTPUT_DIR=str(out))
+    refused, _ = _slurm_run(tmp_path, config, OUTPUT_DIR=str(out))
     assert refused.returncode == 2 and "pass --force" in refused.stderr
     assert (out / "planned.yaml").read_text() == "the user's own\n"
-    forced, suggests = _slurm_run(tmp_path, MLP, "--force", OUTPUT_DIR=str(out))
+    forced, suggests = _slurm_run(tmp_path, config, "--force", OUTPUT_DIR=str(out))
     assert forced.returncode == 0, forced.stderr[-2000:]
     assert suggests[0].endswith("--force") and "trainer" in (out / "planned.yaml").read_text()
-    by_env, suggests = _slurm_run(tmp_path, MLP, OUTPUT_DIR=str(out), MEMPLAN_FORCE="1")
+    by_env, suggests = _slurm_run(tmp_path, config, OUTPUT_DIR=str(out), MEMPLAN_FORCE="1")
     assert by_env.returncode == 0 and suggests[0].endswith("--force")

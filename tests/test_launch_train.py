@@ -1,6 +1,6 @@
-"""From plan to running job on CPU: memplan suggest --output, then the torchrun command it prints, run
-as printed from another directory, with 2 CPU processes (gloo) on memplan.train, the MemoryPlanner
-callback applying the plan."""
+"""From plan to running job on CPU: memplan suggest --output (in this process: the command's own code, as
+tests/commands run it), then the torchrun command it prints, run as printed from another directory, with 2 CPU
+processes (gloo) on memplan.train, the MemoryPlanner callback applying the plan."""
 from __future__ import annotations
 
 import json
@@ -13,19 +13,22 @@ from subprocess_run import run_watched
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_planned_config_trains_under_torchrun_with_two_cpu_processes(tmp_path):
-    memplan = [sys.executable, "-m", "memplan"]
+def test_planned_config_trains_under_torchrun_with_two_cpu_processes(tmp_path, monkeypatch, capsys):
+    from memplan.commands.cli import main
+
     plans, elsewhere = tmp_path / "plans", tmp_path / "elsewhere"
     plans.mkdir()
     elsewhere.mkdir()
+    monkeypatch.chdir(plans)
     # a global batch with enough work per step that the step-time model uses both GPUs (the MLP demo's own
     # 1024 is host-bound: one GPU is as fast)
-    suggest = run_watched([*memplan, "suggest", "--gpus", "2", "--gpu", "A100-80GB", "--global-batch-size", "32768",
-                           str(ROOT / "configs" / "mlp.yaml"), "--output", str(plans / "planned.yaml")],
-                          cwd=plans, check=True)
+    code = main(["suggest", "--gpus", "2", "--gpu", "A100-80GB", "--global-batch-size", "32768",
+                 str(ROOT / "configs" / "mlp.yaml"), "--output", str(plans / "planned.yaml")])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-3000:]
     plan = json.loads((plans / "planned.plan.json").read_text())
     assert plan["world_size"] == 2
-    printed = next(line for line in suggest.stdout.splitlines() if line.startswith("launch with: "))
+    printed = next(line for line in printed.out.splitlines() if line.startswith("launch with: "))
     command = printed.removeprefix("launch with: ").split()
     # as printed: this Python (no activated venv needed) and the entry point shipped in the package
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"] and "memplan.train" in command
@@ -68,6 +71,10 @@ class Steps:
     def train_dataloader(self):
         return DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)
 
+    def on_train_end(self):  # what the test reads (Lightning's own log lines go wherever an earlier test set them)
+        with open(f"{type(self).__name__}.steps", "w") as f:
+            f.write(str(self.trainer.global_step))
+
 
 class UnifiedModel(Steps, L.LightningModule):
     pass
@@ -78,20 +85,27 @@ class ClassicModel(Steps, pl.LightningModule):
 '''
 
 
-def test_the_entry_point_runs_modules_of_either_lightning_package(tmp_path):
+def test_the_entry_point_runs_modules_of_either_lightning_package(tmp_path, monkeypatch):
     # launch/train.py ran pytorch_lightning's LightningCLI only, which refuses a lightning.pytorch LightningModule
-    # ("does not correspond to a subclass of LightningModule"); memplan.train picks the model's own package
+    # ("does not correspond to a subclass of LightningModule"); memplan.train picks the model's own package.
+    # memplan.train's main in this process (one CPU device: no process group, no SIGTERM handler left behind);
+    # `python -m memplan.train` itself runs in test_planned_config_trains_under_torchrun_with_two_cpu_processes.
+    from memplan.train import main
+
     (tmp_path / "tiny_modules.py").write_text(TINY_MODULES)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), CUDA_VISIBLE_DEVICES="")
-    for name in ("UnifiedModel", "ClassicModel"):
-        config = tmp_path / f"{name}.yaml"
-        config.write_text(f"model:\n  class_path: tiny_modules.{name}\ntrainer:\n  max_steps: 2\n  accelerator: cpu\n"
-                          "  logger: false\n  enable_checkpointing: false\n  enable_progress_bar: false\n"
-                          "memplan:\n  global_batch_size: 4\n")
-        run = run_watched([sys.executable, "-m", "memplan.train", "fit", "--config", str(config)], cwd=tmp_path,
-                          env=env)
-        assert run.returncode == 0, name + run.stderr[-3000:]
-        assert "`Trainer.fit` stopped: `max_steps=2` reached" in run.stdout + run.stderr
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    try:
+        for name in ("UnifiedModel", "ClassicModel"):
+            config = tmp_path / f"{name}.yaml"
+            config.write_text(f"model:\n  class_path: tiny_modules.{name}\ntrainer:\n  max_steps: 2\n"
+                              "  accelerator: cpu\n  logger: false\n  enable_checkpointing: false\n"
+                              "  enable_progress_bar: false\nmemplan:\n  global_batch_size: 4\n")
+            main(["fit", "--config", str(config)])  # LightningCLI exits (SystemExit) on a model it refuses
+            assert (tmp_path / f"{name}.steps").read_text() == "2", name  # fit ran to max_steps=2
+    finally:
+        sys.modules.pop("tiny_modules", None)  # this test's module, not another test's
 
 
 def test_the_entry_point_reads_the_model_class_from_the_config_or_the_command_line(tmp_path):

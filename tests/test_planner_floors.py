@@ -24,13 +24,15 @@ from memplan.planner.search import _Search
 from test_planner_fsdp import ShardedStep, request
 
 
-def tiny_gpt() -> GPTLM:
-    return GPTLM(vocab_size=515, context=32, d_model=48, n_layers=3, n_heads=4, dropout=0.0)
+# Widths as small as the layers allow: a trace's cost is its op count (layers, parameters), which the widths
+# hardly change; the uneven shapes are what the floors are tested on.
+def tiny_gpt() -> GPTLM:  # 515 vocabulary rows shard unevenly over 2 and 4 ranks
+    return GPTLM(vocab_size=515, context=8, d_model=16, n_layers=3, n_heads=2, dropout=0.0)
 
 
 def tiny_llama() -> LlamaLM:  # GQA: 4 query heads share 2 key/value heads; 3 layers do not divide 4 ranks
-    return LlamaLM(vocab_size=301, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                   num_key_value_heads=2, context=32)
+    return LlamaLM(vocab_size=301, hidden_size=16, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=2, context=8)
 
 
 MODELS = {"gpt": tiny_gpt, "llama": tiny_llama}

@@ -1,9 +1,11 @@
 """MemoryPlanner() planning at fit start under Lightning DDP on CPU (gloo, 2 processes), on a module
 that `copy.deepcopy` cannot copy.
 
-    python ddp_planning_driver.py <scenario> <out_dir>
+    python ddp_planning_driver.py <out_root> <scenario> [...]
 
-Lightning's "ddp" launcher starts rank 1 by running this script again (LOCAL_RANK=1).
+Lightning's "ddp" launcher starts rank 1 by running this script again (LOCAL_RANK=1). Each rank runs the
+scenarios one after another in one launch (two interpreters, not two per scenario), each writing under
+<out_root>/<scenario>; an exception ends the rank, so `untraceable`, which ends every rank, goes last.
   holder       the module holds an open file, a threading.Lock, a generator, a lambda and a
                torchmetrics metric: rank 0 estimates and plans, every rank trains with the plan.
                Each rank writes result_rank<R>.json (the layout applied, and whether the module's
@@ -85,6 +87,7 @@ def main(scenario: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    for name in sys.argv[2:]:
+        main(name, Path(sys.argv[1]) / name)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
