@@ -154,6 +154,39 @@ def test_derived_settings_recompute_in_block_ops_and_upcast_without_autocast():
     assert sorted(o.bytes for o in fp32) == [6, 20, 40]
 
 
+# --- misaligned half-precision matmuls ------------------------------------------------------------------
+def test_a_half_precision_matmul_with_unaligned_dimensions_runs_at_the_fallback_kernels_share_of_the_peak():
+    aligned = op("forward", flops=10**12, align=8)       # 8 bf16 elements: 16 bytes
+    unaligned = op("backward", flops=10**12, align=1)    # a dimension of 50257 elements
+    t = one_gpu(CostProfile(costs_of(aligned, unaligned), traced_amp=True, parameter_count=1))
+    assert t.micro_step_seconds == pytest.approx(
+        10**12 / (A100.dense_half_flops * costs.FLOP_EFFICIENCY["matmul"])
+        + 10**12 / (A100.dense_half_flops * costs.MISALIGNED_MATMUL_EFFICIENCY))
+    # in 32-true the same GEMMs run on the CUDA cores (TF32 off for matmuls), where the alignment costs nothing
+    fp32 = one_gpu(CostProfile(costs_of(aligned, unaligned), traced_amp=True, parameter_count=1), precision="32-true")
+    assert fp32.micro_step_seconds == pytest.approx(2 * 10**12 / (A100.fp32_flops * costs.FLOP_EFFICIENCY["matmul"]))
+    # 4 elements are 8 bytes in bf16 (too few) but 16 in tf32 (enough): a convolution's tf32 is never flagged
+    half = CostProfile(costs_of(op("forward", flops=10**12, align=4)), traced_amp=True, parameter_count=1)
+    assert [costs.misaligned(o) for o in half.ops(1, amp=True, checkpointing=False)] == [True]
+    tf32 = dataclasses.replace(half.ops(1, amp=True, checkpointing=False)[0], dtype="tf32", align_bytes=16)
+    assert not costs.misaligned(tf32)
+
+
+def test_the_misaligned_share_is_what_the_lm_heads_gemms_reached_on_an_h100():
+    # benchmarks/results/gpu_campaign_raw_h100/part4.json: torch.profiler's kernels of GPT-2 small, bf16-mixed,
+    # micro-batch 8 x 1024 tokens. The LM head (768 -> 50257) ran its forward GEMM and both backward ones as cuBLAS's
+    # alignment-1 fallback kernels, 2 x 8192 x 768 x 50257 FLOPs each.
+    raw = Path(__file__).resolve().parents[2] / "benchmarks/results/gpu_campaign_raw_h100/part4.json"
+    (setting,) = [s for s in json.loads(raw.read_text())["sections"]["kernel_profile"]["settings"]
+                  if s["precision"] == "bf16-mixed"]
+    align1 = [k for k in setting["top_kernels"] if "gemm" in k[0] and k[0].rstrip(")").endswith("align1::Params")]
+    assert [k[1] for k in align1] == [1, 1, 1]  # one call each per step
+    seconds = sum(k[2] for k in align1) * 1e-6
+    reached = 3 * 2 * 8 * 1024 * 768 * 50257 / seconds / gpu_links("H100-80GB").dense_half_flops
+    assert reached == pytest.approx(costs.MISALIGNED_MATMUL_EFFICIENCY, rel=0.1)
+    assert reached < costs.FLOP_EFFICIENCY["matmul"] / 4
+
+
 # --- the ranking -------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class RoomyStep:
