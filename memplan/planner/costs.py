@@ -6,9 +6,10 @@ Each candidate's step time is predicted from the ops of a traced step (estimator
 FLOPs, bytes moved, class, dtype and phase, counted on the same fake trace that gives memory):
 
     step = accumulation x micro-step + optimizer step + exposed communication
-    micro-step = max(sum over ops of op time, ops x HOST_SECONDS_PER_OP)     the GPU, or eager PyTorch's
+    micro-step = max(sum over ops of op time, host time)                     the GPU, or eager PyTorch's
                                                                               per-op host cost, whichever is slower
                                                                               (forward and backward each)
+    host time = (ops + (RECOMPUTE_HOST_FACTOR - 1) x recomputed ops) x HOST_SECONDS_PER_OP
     op time = max(flops / (peak[dtype] x FLOP_EFFICIENCY[class]),          a per-op roofline
                   bytes / (HBM bandwidth x BANDWIDTH_EFFICIENCY[class]),
                   MIN_KERNEL_SECONDS)
@@ -129,6 +130,12 @@ two steps without checkpointing that were bound by the host (their 10 timed step
 34 us (GPT-2 small, transformers, bf16-mixed, micro-batch 4: 988 ops) and 43 us (ViT-L/16, bf16-mixed,
 micro-batch 32: 1488 ops) per op the trace counts, autocast's casts included; 10 us, the earlier guess, was
 3-4x short. A host's CPU sets it: a faster one is quicker."""
+RECOMPUTE_HOST_FACTOR = 2.0
+"""A checkpointed block's forward, run again in backward, costs the host this many times HOST_SECONDS_PER_OP per op
+(torch.utils.checkpoint's recompute runs from inside the autograd engine: its own hooks, the RNG state, the graph
+it builds again). Measured on both GPU campaigns' host-bound steps (part 4: GPT-2 small bf16-mixed micro-batch 4,
+ViT-L/16 bf16-mixed micro-batch 32; benchmarks/results/step_time_cards.md): full checkpointing added 75 and 85 us
+(H200 host) and 83 and 87 us (H100 host) per recomputed op to steps whose other ops took 34-43 us each."""
 
 RANK_RUNTIME_BYTES = 2 * GiB
 """Host RSS of one CUDA training process before the model and data: Python, torch, CUDA libraries."""
@@ -284,7 +291,13 @@ def ops_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[
 
 def _busy_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[int, int]) -> float:
     """The GPU's time or the host's time, whichever is longer (kernels launch asynchronously)."""
-    return max(ops_seconds(ops, links, compute_capability), host_ops(ops) * HOST_SECONDS_PER_OP)
+    return max(ops_seconds(ops, links, compute_capability), host_seconds(ops))
+
+
+def host_seconds(ops: list[ScaledOp]) -> float:
+    """The host's time for `ops`: HOST_SECONDS_PER_OP each, RECOMPUTE_HOST_FACTOR times that for a recomputed one."""
+    recomputed = sum(op.count for op in ops if op.phase == "recompute")
+    return (host_ops(ops) + (RECOMPUTE_HOST_FACTOR - 1) * recomputed) * HOST_SECONDS_PER_OP
 
 
 def host_ops(ops: list[ScaledOp]) -> int:

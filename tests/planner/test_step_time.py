@@ -77,6 +77,33 @@ def test_the_host_floor_is_what_the_host_bound_steps_on_a_gpu_took_per_op():
         assert 0.75 * costs.HOST_SECONDS_PER_OP < per_op < 1.25 * costs.HOST_SECONDS_PER_OP, r["model"]
         assert r["predicted"]["step_seconds"] == pytest.approx(r["step_seconds_median"], rel=0.2)
 
+def test_a_recomputed_op_costs_the_host_twice_an_ordinary_one():
+    forward = [op("forward", "elementwise", flops=10, nbytes=100, in_block=True) for _ in range(300)]
+    backward = [op("backward", "elementwise", flops=10, nbytes=100) for _ in range(500)]
+    profile = CostProfile(costs_of(*forward, *backward), traced_amp=True, parameter_count=10)
+    plain, full = one_gpu(profile), one_gpu(profile, checkpointing=True)
+    assert plain.micro_step_seconds == pytest.approx(800 * costs.HOST_SECONDS_PER_OP)
+    assert full.micro_step_seconds == pytest.approx((800 + costs.RECOMPUTE_HOST_FACTOR * 300) * costs.HOST_SECONDS_PER_OP)
+
+
+def test_the_recompute_host_cost_is_what_checkpointing_added_to_the_host_bound_steps_on_two_gpus():
+    # benchmarks/results/step_time_cards.json: the steps bound by the host without checkpointing (GPT-2 small at
+    # micro-batch 4, ViT-L/16 at 32; bf16-mixed) on an H200 and an H100 host: full checkpointing added what its
+    # recomputed ops cost the host, the difference in the ops the model counts for the host.
+    cards = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/step_time_cards.json").read_text())
+    seen = 0
+    for card in cards["cards"]:
+        rows = {(r["model"], r["precision"], r["micro_batch"], r["checkpointing"]): r for r in card["rows"]}
+        for model, micro in (("gpt2-small", 4), ("vit-l16", 32)):
+            none, full = rows[(model, "bf16-mixed", micro, False)], rows[(model, "bf16-mixed", micro, True)]
+            assert none["predicted"]["gpu_seconds"] < none["measured_s"]  # not the GPU alone: the host sets the pace
+            recomputed = full["predicted"]["host_ops"] - none["predicted"]["host_ops"]
+            per_op = (full["measured_s"] - none["measured_s"]) / recomputed
+            assert per_op == pytest.approx(costs.RECOMPUTE_HOST_FACTOR * costs.HOST_SECONDS_PER_OP, rel=0.15), (
+                card["card"], model)
+            seen += 1
+    assert seen == 4
+
 
 def test_32_true_runs_matmuls_on_the_fp32_peak_and_convolutions_on_tf32():
     matmul = op("forward", flops=10**12)
