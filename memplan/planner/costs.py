@@ -49,7 +49,9 @@ table in benchmarks/results/published_throughput.md: median |error| 6.2 %, worst
 from the FlashAttention-2 and -3 papers, the rest are figures for well-tuned large kernels, not measured on
 each GPU. HOST_SECONDS_PER_OP and MIN_KERNEL_SECONDS matter only for small models and micro-batches, which
 no published figure covers: the first is measured on one GPU host (its docstring), the second is an
-order-of-magnitude assumption. Fits whose predicted speeds are within
+order-of-magnitude assumption. MISALIGNED_MATMUL_EFFICIENCY and RECOMPUTE_HOST_FACTOR come from GPU measurements
+(their docstrings); the whole model against the step times of 16 settings timed on an H200 and an H100 is
+benchmarks/results/step_time_cards.md. Fits whose predicted speeds are within
 candidates.SPEED_TIE tie, and the simpler setting wins.
 
 Data-parallel communication
