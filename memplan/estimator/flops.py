@@ -235,13 +235,16 @@ class CostCounter:
 def matmul_align(tensors: list) -> int:
     """OpCost.align of a matmul over `tensors` (its operands and output): per matrix (a tensor's last two
     dimensions), the extent of its contiguous dimension and its leading dimension (the other one's stride, where
-    that dimension has more than one row); vectors, scalars and matrices with no contiguous dimension (cuBLAS
-    copies those) do not count."""
+    that dimension has more than one row); vectors, scalars, tensors without strides (sparse) and matrices with no
+    contiguous dimension (cuBLAS copies those) do not count."""
     values = []
     for t in tensors:
         if t.dim() < 2:
             continue
-        (rows, cols), (row_stride, col_stride) = t.shape[-2:], t.stride()[-2:]
+        try:
+            (rows, cols), (row_stride, col_stride) = t.shape[-2:], t.stride()[-2:]
+        except (RuntimeError, NotImplementedError):  # a sparse or nested tensor has no strides: no GEMM layout to read
+            continue
         if col_stride == 1 or cols == 1:
             values += [cols] + ([row_stride] if rows > 1 else [])
         elif row_stride == 1 or rows == 1:
