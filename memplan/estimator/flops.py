@@ -21,12 +21,17 @@ tensors; `CostCounter.record` turns each into an `OpCost`:
   the others; estimator/checkpointing.OpPolicy, counted from each block's start as torch calls it).
 - dtype: the op's first floating input ('fp32', 'bf16', 'fp16'); fp32 convolutions are 'tf32'
   (cuDNN allows TF32 by default, cuBLAS matmuls do not).
+- Alignment (matmuls other than convolutions): the largest power of two, up to 16, that divides every
+  operand's and the output's contiguous extent and leading dimension, in elements (`align`). cuBLAS's
+  tensor-core kernels load 16 bytes at a time along those; a GEMM whose dimensions do not allow it (GPT-2's
+  LM head, vocabulary 50257) falls back to alignment-1 kernels (the step-time model's rule: planner/costs.py).
 
 No op is run for its cost and nothing here allocates: a counter adds a few dict look-ups per op.
 """
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +41,9 @@ OP_CLASSES = ("matmul", "attention", "elementwise", "reduction")
 """The op classes the step-time model gives their own efficiency."""
 PHASES = ("forward", "backward", "recompute", "optimizer")
 """Where in the step an op runs."""
+MAX_ALIGN = 16
+"""The largest alignment OpCost.align records, in elements (16 bytes is 8 half-precision elements: 16 covers
+every dtype's need)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +70,9 @@ class OpCost:
     """Index of the outermost repeated block the op ran in (-1: none, or a checkpointed module outside them)."""
     op_kept: bool = False
     """A forward op in a block whose output torchtitan's per-op policy keeps (not recomputed under 'op')."""
+    align: int = MAX_ALIGN
+    """A matmul's alignment in elements: the largest power of two (at most MAX_ALIGN) dividing each operand's
+    and the output's contiguous extent and leading dimension; MAX_ALIGN for other ops and convolutions."""
     count: int = 1
     """How many identical ops this record stands for."""
 
@@ -210,13 +221,40 @@ class CostCounter:
         in_block = self._block_depth > 0
         step_phase = "recompute" if phase == "backward" and in_block else _PHASE_NAMES[phase]
         kept = in_block and step_phase == "forward" and self._policy is not None and self._policy.keeps(name)
+        align = matmul_align(inputs + outputs) if op_class == "matmul" and not convolution else MAX_ALIGN
         self._ops.append(OpCost(op_class=op_class, dtype=dtype, phase=step_phase, flops=flops,
                                 bytes=in_bytes + out_bytes, cast=cast, in_block=in_block,
-                                convolution=convolution, block=self._block if in_block else -1, op_kept=kept))
+                                convolution=convolution, block=self._block if in_block else -1, op_kept=kept,
+                                align=align))
 
     def result(self) -> StepCosts:
         """The counted step, op by op in the order they ran."""
         return StepCosts(ops=tuple(self._ops))
+
+
+def matmul_align(tensors: list) -> int:
+    """OpCost.align of a matmul over `tensors` (its operands and output): per matrix (a tensor's last two
+    dimensions), the extent of its contiguous dimension and its leading dimension (the other one's stride, where
+    that dimension has more than one row); vectors, scalars, tensors without strides (sparse) and matrices with no
+    contiguous dimension (cuBLAS copies those) do not count."""
+    values = []
+    for t in tensors:
+        if t.dim() < 2:
+            continue
+        try:
+            (rows, cols), (row_stride, col_stride) = t.shape[-2:], t.stride()[-2:]
+        except (RuntimeError, NotImplementedError):  # a sparse or nested tensor has no strides: no GEMM layout to read
+            continue
+        if col_stride == 1 or cols == 1:
+            values += [cols] + ([row_stride] if rows > 1 else [])
+        elif row_stride == 1 or rows == 1:
+            values += [rows] + ([col_stride] if cols > 1 else [])
+    g = 0
+    for v in values:
+        g = math.gcd(g, int(v))
+    if g == 0:
+        return MAX_ALIGN
+    return min(g & -g, MAX_ALIGN)
 
 
 def _matmul_flops(func: Any, packet: Any, name: str, args: tuple, kwargs: dict, out: Any) -> int:

@@ -6,12 +6,19 @@ Each candidate's step time is predicted from the ops of a traced step (estimator
 FLOPs, bytes moved, class, dtype and phase, counted on the same fake trace that gives memory):
 
     step = accumulation x micro-step + optimizer step + exposed communication
-    micro-step = max(sum over ops of op time, ops x HOST_SECONDS_PER_OP)     the GPU, or eager PyTorch's
+    micro-step = max(sum over ops of op time, host time)                     the GPU, or eager PyTorch's
                                                                               per-op host cost, whichever is slower
                                                                               (forward and backward each)
+    host time = (ops + (RECOMPUTE_HOST_FACTOR - 1) x recomputed ops) x HOST_SECONDS_PER_OP
     op time = max(flops / (peak[dtype] x FLOP_EFFICIENCY[class]),          a per-op roofline
                   bytes / (HBM bandwidth x BANDWIDTH_EFFICIENCY[class]),
                   MIN_KERNEL_SECONDS)
+
+- Misaligned matmuls: a tensor-core matmul (bf16, fp16; tf32) whose operands' contiguous extents or leading
+  dimensions are not multiples of 16 bytes (OpCost.align: GPT-2's LM head with vocabulary 50257) runs at
+  MISALIGNED_MATMUL_EFFICIENCY of the dense peak instead of FLOP_EFFICIENCY['matmul']: cuBLAS cannot use its
+  16-byte-load kernels and falls back to alignment-1 ones. fp32 matmuls (CUDA cores) and convolutions (cuDNN)
+  are left as they are.
 
 - peak[dtype]: the catalog's dense figures (memplan.hardware.catalog.gpu_links): bf16 / fp16 tensor
   cores for AMP matmuls, TF32 for fp32 convolutions (cuDNN's default), fp32 CUDA cores for fp32
@@ -42,7 +49,9 @@ table in benchmarks/results/published_throughput.md: median |error| 6.2 %, worst
 from the FlashAttention-2 and -3 papers, the rest are figures for well-tuned large kernels, not measured on
 each GPU. HOST_SECONDS_PER_OP and MIN_KERNEL_SECONDS matter only for small models and micro-batches, which
 no published figure covers: the first is measured on one GPU host (its docstring), the second is an
-order-of-magnitude assumption. Fits whose predicted speeds are within
+order-of-magnitude assumption. MISALIGNED_MATMUL_EFFICIENCY and RECOMPUTE_HOST_FACTOR come from GPU measurements
+(their docstrings); the whole model against the step times of 16 settings timed on an H200 and an H100 is
+benchmarks/results/step_time_cards.md. Fits whose predicted speeds are within
 candidates.SPEED_TIE tie, and the simpler setting wins.
 
 Data-parallel communication
@@ -100,6 +109,18 @@ arXiv 2407.08608); torch's SDPA runs FlashAttention-2 there too."""
 BANDWIDTH_EFFICIENCY = {"matmul": 0.8, "attention": 0.8, "elementwise": 0.75, "reduction": 0.6}
 """Fraction of HBM bandwidth an op class reaches when memory-bound: streaming elementwise kernels ~75 %,
 reductions (softmax, norms: two passes, a tail of partial sums) less."""
+MISALIGNED_MATMUL_EFFICIENCY = 0.12
+"""Fraction of the dense peak a half-precision matmul reaches when its dimensions are not 16-byte aligned
+(ALIGN_BYTES). Measured on an H100 80GB HBM3 (torch 2.11+cu130, benchmarks/results/gpu_campaign_raw_h100/part4.json,
+kernel_profile, GPT-2 small bf16-mixed micro-batch 8): the LM head's three GEMMs (8192 x 768 x 50257, 632 GFLOP
+each) ran as cuBLAS's `cutlass_75_tensorop_bf16_s1688gemm_..._align1` kernels in 6.69 + 4.54 + 4.31 ms, 122 TFLOP/s
+together: 12.3 % of the H100's 989 dense TFLOP/s, where the aligned GEMMs of the same step run at ~60-70 %. Not
+measured on other GPUs: the fallback kernels are pre-Hopper designs, so a Hopper's share is probably the lowest."""
+ALIGN_BYTES = 16
+"""The alignment cuBLAS's fast tensor-core kernels need of a matmul's contiguous extents and leading dimensions
+(NVIDIA's Matrix Multiplication Background User's Guide: dimensions multiples of 8 for FP16, 4 for TF32)."""
+TENSOR_CORE_DTYPES = ("bf16", "fp16", "tf32")
+"""The dtypes whose matmuls run on tensor cores (where alignment matters)."""
 MIN_KERNEL_SECONDS = 3e-6
 """The shortest a GPU kernel takes (launch latency and a tail wave), however little it does."""
 HOST_SECONDS_PER_OP = 40e-6
@@ -111,6 +132,12 @@ two steps without checkpointing that were bound by the host (their 10 timed step
 34 us (GPT-2 small, transformers, bf16-mixed, micro-batch 4: 988 ops) and 43 us (ViT-L/16, bf16-mixed,
 micro-batch 32: 1488 ops) per op the trace counts, autocast's casts included; 10 us, the earlier guess, was
 3-4x short. A host's CPU sets it: a faster one is quicker."""
+RECOMPUTE_HOST_FACTOR = 2.0
+"""A checkpointed block's forward, run again in backward, costs the host this many times HOST_SECONDS_PER_OP per op
+(torch.utils.checkpoint's recompute runs from inside the autograd engine: its own hooks, the RNG state, the graph
+it builds again). Measured on both GPU campaigns' host-bound steps (part 4: GPT-2 small bf16-mixed micro-batch 4,
+ViT-L/16 bf16-mixed micro-batch 32; benchmarks/results/step_time_cards.md): full checkpointing added 75 and 85 us
+(H200 host) and 83 and 87 us (H100 host) per recomputed op to steps whose other ops took 34-43 us each."""
 
 RANK_RUNTIME_BYTES = 2 * GiB
 """Host RSS of one CUDA training process before the model and data: Python, torch, CUDA libraries."""
@@ -247,12 +274,18 @@ def _compute_capability(gpu_name: str) -> tuple[int, int]:
         return model.compute_capability if model is not None else (8, 0)
 
 
+def misaligned(op: ScaledOp) -> bool:
+    """Whether `op` is a tensor-core matmul whose dimensions are not ALIGN_BYTES aligned (module docstring)."""
+    return op.op_class == "matmul" and op.dtype in TENSOR_CORE_DTYPES and op.align_bytes < ALIGN_BYTES
+
+
 def ops_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[int, int] = (8, 0)) -> float:
     """GPU time of `ops` under the per-op roofline (module docstring)."""
     total = 0.0
     efficiency = {c: flop_efficiency(c, compute_capability) for c in FLOP_EFFICIENCY}
     for op in ops:
-        compute = op.flops / (peak_flops(links, op.dtype, op.op_class) * efficiency[op.op_class])
+        share = MISALIGNED_MATMUL_EFFICIENCY if misaligned(op) else efficiency[op.op_class]
+        compute = op.flops / (peak_flops(links, op.dtype, op.op_class) * share)
         memory = op.bytes / (links.hbm_bytes_per_s * BANDWIDTH_EFFICIENCY[op.op_class])
         total += op.count * max(compute, memory, MIN_KERNEL_SECONDS)
     return total
@@ -260,7 +293,13 @@ def ops_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[
 
 def _busy_seconds(ops: list[ScaledOp], links: GpuLinks, compute_capability: tuple[int, int]) -> float:
     """The GPU's time or the host's time, whichever is longer (kernels launch asynchronously)."""
-    return max(ops_seconds(ops, links, compute_capability), host_ops(ops) * HOST_SECONDS_PER_OP)
+    return max(ops_seconds(ops, links, compute_capability), host_seconds(ops))
+
+
+def host_seconds(ops: list[ScaledOp]) -> float:
+    """The host's time for `ops`: HOST_SECONDS_PER_OP each, RECOMPUTE_HOST_FACTOR times that for a recomputed one."""
+    recomputed = sum(op.count for op in ops if op.phase == "recompute")
+    return (host_ops(ops) + (RECOMPUTE_HOST_FACTOR - 1) * recomputed) * HOST_SECONDS_PER_OP
 
 
 def host_ops(ops: list[ScaledOp]) -> int:

@@ -11,7 +11,7 @@ settings are derived without another trace:
   (OpCost.block), and under torchtitan's per-op policy only the ops whose outputs it does not keep
   (OpCost.op_kept);
 - 32-true from an AMP trace: autocast's dtype casts go, and half-precision ops run in fp32 on twice
-  the bytes;
+  the bytes (and a matmul's alignment in bytes doubles with its elements: ScaledOp.align_bytes);
 - traces that differ in a few ops (a model or loss that copies a strided view only when the batch has
   more than one sample: transformers' causal-LM loss, a linear on a [1, ...] input run as one addmm):
   the two op sequences are lined up by difflib's longest matching runs; an op found in one trace only
@@ -34,6 +34,8 @@ from memplan.estimator.flops import OpCost, StepCosts
 
 STEP_PHASES = ("forward", "backward")
 """Phases whose costs grow with the micro-batch."""
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
+"""Bytes per element of each dtype an op runs in."""
 MIN_LINED_UP = 0.8
 """Fraction of each trace's ops that must line up for the two traces to make lines (else one trace scales)."""
 
@@ -52,6 +54,8 @@ class ScaledOp:
     """FLOPs of one op."""
     bytes: float
     """Bytes one op reads and writes."""
+    align_bytes: int = 64
+    """A matmul's alignment in bytes (OpCost.align x the element size; planner/costs.py's MISALIGNED rule)."""
     count: int = 1
     """How many identical ops."""
 
@@ -60,7 +64,7 @@ class ScaledOp:
         if shard == 1:
             return self
         return ScaledOp(op_class=self.op_class, dtype=self.dtype, phase=self.phase, flops=self.flops / shard,
-                        bytes=self.bytes / shard, count=self.count)
+                        bytes=self.bytes / shard, align_bytes=self.align_bytes, count=self.count)
 
 
 class CostProfile:
@@ -135,12 +139,13 @@ class CostProfile:
                     continue
                 if dtype in ("bf16", "fp16"):
                     dtype, nbytes = ("tf32" if op.convolution else "fp32"), 2 * nbytes
+            align_bytes = op.align * ELEMENT_BYTES.get(dtype, 4)
             phases = [op.phase] + (["recompute"] if self._recomputed(op, checkpointing, selected) else [])
             for phase in phases:
-                k = (op.op_class, dtype, phase, flops, nbytes)
+                k = (op.op_class, dtype, phase, flops, nbytes, align_bytes)
                 merged[k] = merged.get(k, 0) + op.count
-        return [ScaledOp(op_class=c, dtype=d, phase=p, flops=f, bytes=b, count=n)
-                for (c, d, p, f, b), n in merged.items()]
+        return [ScaledOp(op_class=c, dtype=d, phase=p, flops=f, bytes=b, align_bytes=a, count=n)
+                for (c, d, p, f, b, a), n in merged.items()]
 
     def _at(self, pair: tuple[OpCost | None, OpCost | None], micro: int) -> tuple[OpCost, float, float] | None:
         """(op, FLOPs, bytes) of a traced op at micro-batch `micro`; None where that micro-batch's layout has no

@@ -178,6 +178,16 @@ def _step_time_gpu() -> tuple[str, ...]:
             signed_pct(max(by["32-true"]), 1), signed_pct(min(by["bf16-mixed"]), 1), signed_pct(max(by["bf16-mixed"]), 1))
 
 
+def _step_time_cards() -> tuple[str, ...]:
+    now, before = results("step_time_cards"), results("step_time_cards_before")
+    figures = []
+    for card in ("H200", "H100"):
+        (old,), (new,) = ([c["summary"] for c in r["cards"] if c["card"] == card] for r in (before, now))
+        figures += [pct(old["median_abs"], 1), pct(new["median_abs"], 1), card, signed_pct(old["worst"], 1),
+                    signed_pct(new["worst"], 1)]
+    return tuple(figures)
+
+
 def _nccl_one_rank() -> tuple[str, ...]:
     return (_mib(results("cuda_overheads_gpu")["measured"]["nccl_one_rank_outside_allocator"]),)
 
@@ -321,6 +331,9 @@ CLAIMS = [
            r"off by NUM % median and NUM % at worst \(GPT-2 small, ([\w-]+), micro-batch (\d+), ((?:no )?checkpointing)\): "
            r"32-true within NUM % to NUM %, bf16-mixed from NUM % to NUM %").replace(" ", r"\s+")
           .replace(r"[\w-]+\s+[\w-]+", r"[\w-]+ [\w-]+"), _step_time_gpu),
+    Claim("step_time_cards",
+          (r"(?s)median \|error\| went from NUM % to NUM % \((H200); worst NUM % to NUM %\) and from NUM % to NUM % "
+           r"\((H100); worst NUM % to NUM %\)").replace(" ", r"\s+"), _step_time_cards),
     Claim("nccl_one_rank_gpu", r"a 1-rank NCCL group and its all-reduce took (\d+) MiB outside the allocator",
           _nccl_one_rank),
     Claim("plan_vs_bisect_gpu", r"\(cut short: memplan's (\d+) ran, and (\d+), on an H200", _plan_vs_bisect_gpu),

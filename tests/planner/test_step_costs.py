@@ -135,3 +135,18 @@ def test_optimizer_ops_are_counted_in_their_phase():
     assert est.step_costs.bytes("optimizer") >= 4 * 2 * 1010 * F32
     summary = est.to_dict()["step_costs"]
     assert summary["optimizer"]["bytes"] == est.step_costs.bytes("optimizer") and summary["recompute"]["ops"] == 0
+
+
+def test_a_matmul_records_its_alignment_in_elements():
+    # A language model's head over a vocabulary of 50257 (GPT-2's, odd): the logits' rows are 50257 elements long,
+    # so the forward GEMM and both backward ones have a dimension with no power of two in it; a 64 -> 32 layer
+    # is aligned to the 16 elements the record tops out at, a 64 -> 20 one to 4 (20 = 4 x 5).
+    model = nn.Sequential(nn.Linear(64, 32, bias=False), nn.Linear(32, 20, bias=False), nn.Linear(20, 50257, bias=False))
+    x = torch.randn(8, 64, requires_grad=True)
+    costs = ops_of(model, (x,), lambda m, b: m(b[0]).float().sum(), device="A100-80GB", precision="bf16-mixed")
+    matmuls = [o for o in costs.ops if o.op_class == "matmul"]
+    forward = [o.align for o in matmuls if o.phase == "forward"]
+    assert forward == [16, 4, 1]
+    backward = sorted(o.align for o in matmuls if o.phase == "backward")  # two GEMMs per layer
+    assert backward == [1, 1, 4, 4, 16, 16]
+    assert all(o.align == 16 for o in costs.ops if o.op_class != "matmul")

@@ -77,6 +77,33 @@ def test_the_host_floor_is_what_the_host_bound_steps_on_a_gpu_took_per_op():
         assert 0.75 * costs.HOST_SECONDS_PER_OP < per_op < 1.25 * costs.HOST_SECONDS_PER_OP, r["model"]
         assert r["predicted"]["step_seconds"] == pytest.approx(r["step_seconds_median"], rel=0.2)
 
+def test_a_recomputed_op_costs_the_host_twice_an_ordinary_one():
+    forward = [op("forward", "elementwise", flops=10, nbytes=100, in_block=True) for _ in range(300)]
+    backward = [op("backward", "elementwise", flops=10, nbytes=100) for _ in range(500)]
+    profile = CostProfile(costs_of(*forward, *backward), traced_amp=True, parameter_count=10)
+    plain, full = one_gpu(profile), one_gpu(profile, checkpointing=True)
+    assert plain.micro_step_seconds == pytest.approx(800 * costs.HOST_SECONDS_PER_OP)
+    assert full.micro_step_seconds == pytest.approx((800 + costs.RECOMPUTE_HOST_FACTOR * 300) * costs.HOST_SECONDS_PER_OP)
+
+
+def test_the_recompute_host_cost_is_what_checkpointing_added_to_the_host_bound_steps_on_two_gpus():
+    # benchmarks/results/step_time_cards.json: the steps bound by the host without checkpointing (GPT-2 small at
+    # micro-batch 4, ViT-L/16 at 32; bf16-mixed) on an H200 and an H100 host: full checkpointing added what its
+    # recomputed ops cost the host, the difference in the ops the model counts for the host.
+    cards = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/step_time_cards.json").read_text())
+    seen = 0
+    for card in cards["cards"]:
+        rows = {(r["model"], r["precision"], r["micro_batch"], r["checkpointing"]): r for r in card["rows"]}
+        for model, micro in (("gpt2-small", 4), ("vit-l16", 32)):
+            none, full = rows[(model, "bf16-mixed", micro, False)], rows[(model, "bf16-mixed", micro, True)]
+            assert none["predicted"]["gpu_seconds"] < none["measured_s"]  # not the GPU alone: the host sets the pace
+            recomputed = full["predicted"]["host_ops"] - none["predicted"]["host_ops"]
+            per_op = (full["measured_s"] - none["measured_s"]) / recomputed
+            assert per_op == pytest.approx(costs.RECOMPUTE_HOST_FACTOR * costs.HOST_SECONDS_PER_OP, rel=0.15), (
+                card["card"], model)
+            seen += 1
+    assert seen == 4
+
 
 def test_32_true_runs_matmuls_on_the_fp32_peak_and_convolutions_on_tf32():
     matmul = op("forward", flops=10**12)
@@ -152,6 +179,39 @@ def test_derived_settings_recompute_in_block_ops_and_upcast_without_autocast():
     fp32 = profile.ops(1, amp=False, checkpointing=False)
     assert all(o.dtype == "fp32" for o in fp32) and len(fp32) == 3  # the cast is gone
     assert sorted(o.bytes for o in fp32) == [6, 20, 40]
+
+
+# --- misaligned half-precision matmuls ------------------------------------------------------------------
+def test_a_half_precision_matmul_with_unaligned_dimensions_runs_at_the_fallback_kernels_share_of_the_peak():
+    aligned = op("forward", flops=10**12, align=8)       # 8 bf16 elements: 16 bytes
+    unaligned = op("backward", flops=10**12, align=1)    # a dimension of 50257 elements
+    t = one_gpu(CostProfile(costs_of(aligned, unaligned), traced_amp=True, parameter_count=1))
+    assert t.micro_step_seconds == pytest.approx(
+        10**12 / (A100.dense_half_flops * costs.FLOP_EFFICIENCY["matmul"])
+        + 10**12 / (A100.dense_half_flops * costs.MISALIGNED_MATMUL_EFFICIENCY))
+    # in 32-true the same GEMMs run on the CUDA cores (TF32 off for matmuls), where the alignment costs nothing
+    fp32 = one_gpu(CostProfile(costs_of(aligned, unaligned), traced_amp=True, parameter_count=1), precision="32-true")
+    assert fp32.micro_step_seconds == pytest.approx(2 * 10**12 / (A100.fp32_flops * costs.FLOP_EFFICIENCY["matmul"]))
+    # 4 elements are 8 bytes in bf16 (too few) but 16 in tf32 (enough): a convolution's tf32 is never flagged
+    half = CostProfile(costs_of(op("forward", flops=10**12, align=4)), traced_amp=True, parameter_count=1)
+    assert [costs.misaligned(o) for o in half.ops(1, amp=True, checkpointing=False)] == [True]
+    tf32 = dataclasses.replace(half.ops(1, amp=True, checkpointing=False)[0], dtype="tf32", align_bytes=16)
+    assert not costs.misaligned(tf32)
+
+
+def test_the_misaligned_share_is_what_the_lm_heads_gemms_reached_on_an_h100():
+    # benchmarks/results/gpu_campaign_raw_h100/part4.json: torch.profiler's kernels of GPT-2 small, bf16-mixed,
+    # micro-batch 8 x 1024 tokens. The LM head (768 -> 50257) ran its forward GEMM and both backward ones as cuBLAS's
+    # alignment-1 fallback kernels, 2 x 8192 x 768 x 50257 FLOPs each.
+    raw = Path(__file__).resolve().parents[2] / "benchmarks/results/gpu_campaign_raw_h100/part4.json"
+    (setting,) = [s for s in json.loads(raw.read_text())["sections"]["kernel_profile"]["settings"]
+                  if s["precision"] == "bf16-mixed"]
+    align1 = [k for k in setting["top_kernels"] if "gemm" in k[0] and k[0].rstrip(")").endswith("align1::Params")]
+    assert [k[1] for k in align1] == [1, 1, 1]  # one call each per step
+    seconds = sum(k[2] for k in align1) * 1e-6
+    reached = 3 * 2 * 8 * 1024 * 768 * 50257 / seconds / gpu_links("H100-80GB").dense_half_flops
+    assert reached == pytest.approx(costs.MISALIGNED_MATMUL_EFFICIENCY, rel=0.1)
+    assert reached < costs.FLOP_EFFICIENCY["matmul"] / 4
 
 
 # --- the ranking -------------------------------------------------------------------------------------
