@@ -11,6 +11,8 @@ the forward's coefficient, and a 'backward input+weight' row is predicted as the
 shape-out: each of the grid's shapes is predicted by coefficients fitted on the other shapes (a class left with
 no rows takes the general class's coefficient); its error is sum |predicted - measured| / sum measured over the
 shape's rows, and the error against the op's own peak (memory before it + its outputs + its workspace).
+In situ: the convolutions of the zoo steps read op by op on the same H100 (ops/<case>.json, step 2), each
+predicted by memplan's rule from its recorded shapes against its measured transient (peak - max(before, after)).
 """
 from __future__ import annotations
 
@@ -110,6 +112,36 @@ def leave_one_shape_out(rows: list[dict]) -> list[dict]:
     return out
 
 
+def in_situ(ops_dir: Path) -> list[dict]:
+    """Per zoo case read op by op: its step-2 convolutions' measured and predicted workspaces (bytes)."""
+    import torch
+
+    from memplan.estimator.cuda.conv_workspace import ConvWorkspaces
+    from memplan.estimator.fake import new_fake_mode
+
+    aten, out = torch.ops.aten, []
+    for path in sorted(ops_dir.glob("*.json")):
+        case = json.loads(path.read_text())
+        ops = [r for r in case["rows"] if r[0] == 2 and r[1] in ("aten.convolution.default",
+                                                                   "aten.convolution_backward.default")]
+        if not ops:
+            continue
+        conv, measured, predicted, worst = ConvWorkspaces((9, 0)), 0, 0, 0.0
+        with new_fake_mode():
+            for _, op, _, before, peak, after, _, shapes in ops:
+                fake = [torch.empty(a[0], dtype=getattr(torch, a[1])) if isinstance(a, list) and len(a) == 3
+                        and isinstance(a[1], str) else a for a in shapes]
+                func = aten.convolution.default if op == "aten.convolution.default" else aten.convolution_backward.default
+                result = func(*fake) if func is aten.convolution.default else None
+                nbytes = conv.transient_bytes(func, fake, result)
+                took = max(0, peak - max(before, after))
+                measured, predicted = measured + took, predicted + nbytes
+                worst = max(worst, abs(nbytes - took) / peak)
+        out.append({"case": case["case"], "conv_ops": len(ops), "measured_MiB": round(measured / 2**20, 1),
+                    "predicted_MiB": round(predicted / 2**20, 1), "worst_abs_error_of_op_peak": round(worst, 3)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("grid", nargs="?", type=Path, default=DEFAULT_GRID)
@@ -122,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
               "in_sample": errors(rows, table), "in_sample_with_memplan_coefficients": errors(rows, COEFFICIENTS),
               "leave_one_shape_out": loso,
               "loso_median_abs_error_of_workspace": statistics.median(s["abs_error_of_workspace"] for s in loso),
-              "loso_median_op_peak_error": statistics.median(s["median_abs_error_of_op_peak"] for s in loso)}
+              "loso_median_op_peak_error": statistics.median(s["median_abs_error_of_op_peak"] for s in loso),
+              "in_situ": in_situ(args.grid.parent / "ops") if (args.grid.parent / "ops").is_dir() else []}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -138,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
               f"max {s['max_abs_error_of_op_peak']:.3f}")
     print(f"median over shapes: |err|/workspace {result['loso_median_abs_error_of_workspace']:.3f}, "
           f"op-peak error {result['loso_median_op_peak_error']:.4f}")
+    print("in situ (zoo steps read op by op, step 2's convolutions):")
+    for c in result["in_situ"]:
+        print(f"  {c['case']:28s} {c['conv_ops']:3d} conv ops  measured {c['measured_MiB']:7.1f} MiB  predicted "
+              f"{c['predicted_MiB']:7.1f}  worst |error| / op peak {c['worst_abs_error_of_op_peak']:.3f}")
     return 0
 
 
