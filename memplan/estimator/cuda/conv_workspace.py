@@ -93,6 +93,8 @@ def geometry(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, *, stride, paddi
         unmeasured.append("grouped (not depthwise) convolution")
     if any(d != 1 for d in dilation):
         unmeasured.append("dilation")
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        unmeasured.append("channels_last input (no NCHW transposes: likely less)")
     klass = classify(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, transposed=transposed,
                      groups=groups)
     return ConvGeometry(x_bytes=x.numel() * x.element_size(), y_bytes=y.numel() * y.element_size(),
