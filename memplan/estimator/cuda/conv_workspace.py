@@ -9,8 +9,9 @@ measurements instead (benchmarks/conv_workspace_fit.py; H100 sm90, cuDNN 9.19, t
 on; benchmarks/results/gpu_campaign_raw_h100/conv_grid.json: 747 convolutions of 25 shapes, 1-3 spatial dims).
 
 On Hopper, for NCHW tensors, most engines transpose the input, the weight and the output to NHWC in the workspace:
-the measured forward workspace is x + y + w (the three tensors' bytes) to the byte on 3/4 of the grid, backward
-filter about 1.1 (x + dy + w) (split-K partial sums besides). Four geometry classes differ:
+the measured forward workspace is x + y + w (the three tensors' bytes) within 1 % on 115 of the general class's 207
+forward measurements (some fp32 engines take x + w only, some fp16 ones up to 2.9 x), backward filter about
+1.1 (x + dy + w) (split-K partial sums besides). Four geometry classes differ:
 
 - depthwise (groups == input channels): torch's own depthwise kernels, or cuDNN engines with no workspace: 0;
 - pointwise (1x1, stride 1, no padding, groups 1): the forward and backward data are a GEMM on NCHW as it is: 0;
