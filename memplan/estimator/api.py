@@ -17,6 +17,7 @@ from memplan.estimator.checkpointing import (
     _WRAPPED, CheckpointArg, OwnCheckpointCalls, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
 )
 from memplan.estimator.cuda.composite import RealCompositePaths
+from memplan.estimator.cuda.conv_workspace import ConvWorkspaces
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
@@ -242,8 +243,10 @@ class _Trace:
         if self.strategy == "ddp":
             for nbytes in ddp_bucket_bytes(list(self.model.parameters())):
                 tracker.reserve(nbytes, Category.GRADIENTS)
-        if self.overheads is not None:  # cuBLAS(Lt) workspaces: taken at each thread's first call
+        if self.overheads is not None:  # cuBLAS(Lt) workspaces: taken at each thread's first call; cuDNN's per conv
             tracker.workspaces = self.overheads.library_workspaces()
+            tracker.workspaces.conv = ConvWorkspaces(self.target.compute_capability,
+                                                     benchmark=torch.backends.cudnn.benchmark)
         self.grad_scale = torch.tensor(65536.0, device=self.device) if self.policy.grad_scaling else None
         if self.manual is not None:
             self.manual.grad_scale = self.grad_scale
@@ -329,7 +332,7 @@ class _Trace:
         if self.target.name == GENERIC_CUDA:
             notes.append(generic_gpu_note(self.target.compute_capability))
         if self.overheads is not None:
-            notes.extend(self.overheads.notes)
+            notes.extend(self.overheads.notes + tuple(self.tracker.workspaces.conv.notes()))
         if self.checkpointed:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks"
                          f"{' (per-op policy: matmul and attention outputs kept)' if self.checkpoint_mode == 'op' else ''}")

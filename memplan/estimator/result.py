@@ -32,7 +32,8 @@ class MemoryEstimate:
     batch: int
     """The input batch."""
     workspaces: int = 0
-    """cuBLAS workspaces, which torch allocates through the caching allocator (0 on CPU)."""
+    """cuBLAS workspaces, and a cuDNN convolution's while the peak falls inside one, which torch allocates through
+    the caching allocator (0 on CPU)."""
     peak_allocated: int
     """Peak of live tensor bytes over a steady-state step (`torch.cuda.max_memory_allocated` on a GPU,
     where tensor sizes are rounded to the caching allocator's blocks)."""

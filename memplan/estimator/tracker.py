@@ -114,7 +114,8 @@ class StorageTracker(TorchDispatchMode):
         stream); the caching allocator model keeps each stream's freed blocks for that stream."""
         self.forward_activations = 0
         self.workspaces = None
-        """A cuda.workspaces.LibraryWorkspaces: cuBLAS(Lt) workspaces taken at first use (None: CPU target)."""
+        """A cuda.workspaces.LibraryWorkspaces: cuBLAS(Lt) workspaces taken at first use, cuDNN convolutions'
+        for their run (None: CPU target)."""
         self._accumulation: tuple | None = None
         """A backward `add` that may be the autograd engine's gradient accumulation, until the next op
         shows whether one input died with it (see _settle_accumulation)."""
@@ -338,6 +339,7 @@ class StorageTracker(TorchDispatchMode):
             for nbytes in self.workspaces.due(func, args, kwargs, backward=self.phase is Phase.BACKWARD,
                                               stream=self._stream()):
                 self.reserve(nbytes, Category.WORKSPACES)
+            self._transient(self.workspaces.transient(func, args, out), Category.WORKSPACES)
         self._transient(ctc_backward_scratch_bytes(func, args))
         return out
 
@@ -349,14 +351,14 @@ class StorageTracker(TorchDispatchMode):
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=out[3].device)  # fake: we are above the fake mode
         return (*out[:3], workspace)
 
-    def _transient(self, nbytes: int) -> None:
+    def _transient(self, nbytes: int, category: Category = Category.TEMPORARIES) -> None:
         """Memory a kernel holds only while it runs, on top of what is live (its outputs included)."""
         if nbytes <= 0:
             return
         handle = self.memory.malloc(nbytes, self._stream())
-        self._by_category[Category.TEMPORARIES] += self.memory.block_bytes(handle)
+        self._by_category[category] += self.memory.block_bytes(handle)
         self._update_peak()
-        self._by_category[Category.TEMPORARIES] -= self.memory.block_bytes(handle)
+        self._by_category[category] -= self.memory.block_bytes(handle)
         self.memory.free(handle)
 
     def _maybe_realize_factory(self, func, args, kwargs, out):

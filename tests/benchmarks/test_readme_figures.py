@@ -161,6 +161,21 @@ def _gpu_fidelity() -> tuple[str, ...]:
               for f in (pct(summary["now_on_recorded"][key]["median_abs"], 2), signed_pct(summary["now_on_recorded"][key]["worst"]))))
 
 
+def _conv_workspace() -> tuple[str, ...]:
+    fit, fidelity = results("conv_workspace_fit"), results("conv_workspace_fidelity")
+
+    def row(card: str, case: str) -> dict:
+        return next(r for r in fidelity[card]["rows"] if r["case"] == case)
+
+    h200, h100 = fidelity["H200"]["summary"], fidelity["H100"]["summary"]
+    cnn, resnet = row("H200", "cnn-b64-bf16mixed"), row("H100", "resnet18-b8-ckpt-gpu")
+    return (f"{100 * fit['loso_median_abs_error_of_workspace']:.0f}",
+            pct(h200["conv_before_reserved_median_abs"], 2), pct(h200["conv_after_reserved_median_abs"], 2),
+            signed_pct(cnn["before_reserved"]), signed_pct(cnn["after_reserved"]),
+            pct(h100["conv_before_reserved_median_abs"], 2), pct(h100["conv_after_reserved_median_abs"], 2),
+            signed_pct(resnet["before_reserved"]), signed_pct(resnet["after_reserved"]))
+
+
 def _memory_gaps_vit() -> tuple[str, ...]:
     rows = [r for r in results("memory_gaps_gpu")["rows"] if r["case"].startswith("vit-l16-")]
     return (str(len(rows)), signed_pct(_worst(rows, "native_err_allocated")["native_err_allocated"]),
@@ -323,6 +338,10 @@ CLAIMS = [
           (r"(?s)re-estimated on CPU with CUDA emulated \(`benchmarks/results/gpu_fidelity\.md`, n=(\d+)\): "
            r"`peak_allocated` median \|error\| NUM %, worst NUM %; `peak_reserved` median NUM %, worst NUM %; "
            r"`device_total` median NUM %, worst NUM %").replace(" ", r"\s+"), _gpu_fidelity),
+    Claim("conv_workspace",
+          (r"(?s)leave-one-shape-out median error NUM % of the workspace, .*?the conv cases' `peak_reserved` median "
+           r"\|error\| NUM % -> NUM % on the H200 \(cnn-b64-bf16mixed NUM % -> NUM %\), NUM % -> NUM % on the H100 "
+           r"\(resnet18-b8-ckpt-gpu NUM % -> NUM %\)").replace(" ", r"\s+"), _conv_workspace),
     Claim("memory_gaps_gpu",
           r"\(`benchmarks/results/memory_gaps_gpu\.md`, (\d+) cases\): native `peak_allocated` within NUM %,\s+"
           r"`peak_reserved` within NUM %", _memory_gaps_vit),

@@ -36,8 +36,9 @@ Known differences not emulated
   same out + fp32 logsumexp (B, H, L, 1), and it also takes attn_mask where we use efficient.
   FlashAttention-3 (`torch.backends.cuda.enable_flash_sdp` FA3 opt-in) is not emulated either.
 - Scratch memory inside kernels: flash backward's fp32 dq accumulator and softmax_d
-  (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp), cuDNN convolution workspaces
-  (algorithm choice, torch.backends.cudnn.benchmark), cuBLAS workspaces (see cuda/workspaces.py).
+  (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp). cuDNN convolution workspaces are a
+  rule fitted to sm90 / cuDNN 9 measurements, not cuDNN's algorithm choice (cuda/conv_workspace.py);
+  cuBLAS workspaces: see cuda/workspaces.py.
 - Embedding backward: `embedding_dense_backward_cuda` (aten/src/ATen/native/cuda/Embedding.cu) sorts
   the indices with int64 temporaries the size of the index tensor; CPU does not. The dense weight
   gradient is the same.

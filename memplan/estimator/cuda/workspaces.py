@@ -55,11 +55,17 @@ class LibraryWorkspaces:
     """Which workspaces an op allocates now: a thread's first cuBLAS call its cuBLAS workspace, its first
     cuBLASLt call its cuBLASLt workspace (none where unified), per stream; and whether cuDNN ran."""
 
-    def __init__(self, cublas_bytes: int, cublaslt_bytes: int) -> None:
+    def __init__(self, cublas_bytes: int, cublaslt_bytes: int, conv=None) -> None:
         self.cublas_bytes, self.cublaslt_bytes = cublas_bytes, cublaslt_bytes
         self._taken: set[tuple[str, bool, int]] = set()
         self.cudnn_used = False
         """Whether the step ran a cuDNN op (its handle and kernels then sit in the context, outside the allocator)."""
+        self.conv = conv
+        """A cuda.conv_workspace.ConvWorkspaces: each convolution's cuDNN workspace, held while it runs (None: none)."""
+
+    def transient(self, func, args, out) -> int:
+        """Bytes of the workspace `func` takes through the caching allocator for its own run only (a convolution's)."""
+        return 0 if self.conv is None else self.conv.transient_bytes(func, args, out)
 
     def due(self, func, args, kwargs, *, backward: bool, stream: int) -> list[int]:
         """Bytes of each workspace `func` allocates on first use, in order ([] for most ops)."""

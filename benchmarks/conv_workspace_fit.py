@@ -1,0 +1,182 @@
+"""Fit memplan's cuDNN convolution workspace rule (memplan.estimator.cuda.conv_workspace) to the GPU campaign's
+convolution grid, and say how well it generalises: leave-one-shape-out.
+
+    python -m benchmarks.conv_workspace_fit [GRID_JSON] [--json]
+
+GRID_JSON defaults to benchmarks/results/gpu_campaign_raw_h100/conv_grid.json (benchmarks.gpu_ops --conv-grid on
+an H100). The rule: workspace = coefficient(class, pass, precision) * (input + output + weight bytes), the class
+from the convolution's geometry (conv_workspace.classify), each coefficient the median of the measured ratio over
+its class's rows (forward rows for FORWARD, 'backward weight only' rows for BACKWARD_WEIGHT; backward data takes
+the forward's coefficient, and a 'backward input+weight' row is predicted as the larger of the two). Leave-one-
+shape-out: each of the grid's shapes is predicted by coefficients fitted on the other shapes (a class left with
+no rows takes the general class's coefficient); its error is sum |predicted - measured| / sum measured over the
+shape's rows, and the error against the op's own peak (memory before it + its outputs + its workspace).
+In situ: the convolutions of the zoo steps read op by op on the same H100 (ops/<case>.json, step 2), each
+predicted by memplan's rule from its recorded shapes against its measured transient (peak - max(before, after)).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from memplan.estimator.cuda.conv_workspace import (
+    BACKWARD_INPUT, BACKWARD_WEIGHT, COEFFICIENTS, FORWARD, ConvGeometry, classify, workspace_bytes,
+)
+
+DEFAULT_GRID = Path(__file__).parent / "results" / "gpu_campaign_raw_h100" / "conv_grid.json"
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+_FIT_ROWS = {"forward": FORWARD, "backward weight only": BACKWARD_WEIGHT}
+
+
+def shape_key(row: dict) -> tuple:
+    return (row["source"], row["dims"], row["c_in"], row["c_out"], tuple(row["kernel"]), tuple(row["stride"]),
+            tuple(row["padding"]), row["groups"], row["bias"], tuple(row["sample"]), row.get("transposed", False))
+
+
+def row_geometry(row: dict, y_bytes: int) -> ConvGeometry:
+    """The rule's geometry of one grid row (`y_bytes`: the convolution's output bytes, from its forward row)."""
+    transposed, groups = row.get("transposed", False), row["groups"]
+    w_shape = ([row["c_in"], row["c_out"] // groups] if transposed else [row["c_out"], row["c_in"] // groups])
+    w_shape += row["kernel"]
+    itemsize = _ITEMSIZE[row["dtype"]]
+    klass = classify([row["batch"], *row["sample"]], w_shape, stride=row["stride"], padding=row["padding"],
+                     dilation=[1] * row["dims"], transposed=transposed, groups=groups)
+    return ConvGeometry(x_bytes=row["input_bytes"], y_bytes=y_bytes, w_bytes=math.prod(w_shape) * itemsize,
+                        klass=klass, precision="float32" if row["dtype"] == "float32" else "half")
+
+
+def load(path: Path) -> list[dict]:
+    """The grid's rows, each with its geometry (`geom`) and the shape it belongs to (`shape`)."""
+    rows = json.loads(path.read_text())["rows"]
+    outputs = {(shape_key(r), r["batch"], r["dtype"]): r["output_bytes"] for r in rows if r["what"] == "forward"}
+    for r in rows:
+        r["shape"] = shape_key(r)
+        r["geom"] = row_geometry(r, outputs[(r["shape"], r["batch"], r["dtype"])])
+    return rows
+
+
+def fit(rows: list[dict]) -> dict[tuple[str, str, str], float]:
+    """Each (class, pass, precision) cell's median measured workspace / (x + y + w); cells without rows take the
+    general class's."""
+    ratios: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        if r["what"] in _FIT_ROWS:
+            g = r["geom"]
+            ratios.setdefault((g.klass, _FIT_ROWS[r["what"]], g.precision), []).append(
+                r["transient"] / (g.x_bytes + g.y_bytes + g.w_bytes))
+    table = {cell: statistics.median(values) for cell, values in ratios.items()}
+    for klass, what, precision in COEFFICIENTS:
+        table.setdefault((klass, what, precision), table.get(("general", what, precision), 1.0))
+    return table
+
+
+def predict(row: dict, table: dict) -> int:
+    g = row["geom"]
+    saved = dict(COEFFICIENTS)
+    COEFFICIENTS.update(table)
+    try:
+        if row["what"] == "forward":
+            return workspace_bytes(g, FORWARD)
+        if row["what"] == "backward weight only":
+            return workspace_bytes(g, BACKWARD_WEIGHT)
+        return max(workspace_bytes(g, BACKWARD_INPUT), workspace_bytes(g, BACKWARD_WEIGHT))
+    finally:
+        COEFFICIENTS.clear()
+        COEFFICIENTS.update(saved)
+
+
+def errors(rows: list[dict], table: dict) -> dict:
+    measured = sum(r["transient"] for r in rows)
+    predicted = [predict(r, table) for r in rows]
+    of_peak = [abs(p - r["transient"]) / (r["after"] + max(p, r["transient"])) for p, r in zip(predicted, rows)]
+    return {"rows": len(rows), "measured_MiB": round(measured / 2**20, 1),
+            "predicted_MiB": round(sum(predicted) / 2**20, 1),
+            "abs_error_of_workspace": round(sum(abs(p - r["transient"]) for p, r in zip(predicted, rows))
+                                            / max(measured, 1), 3),
+            "signed_error_of_workspace": round((sum(predicted) - measured) / max(measured, 1), 3),
+            "median_abs_error_of_op_peak": round(statistics.median(of_peak), 4),
+            "max_abs_error_of_op_peak": round(max(of_peak), 4)}
+
+
+def leave_one_shape_out(rows: list[dict]) -> list[dict]:
+    out = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        held = [r for r in rows if r["shape"] == shape]
+        table = fit([r for r in rows if r["shape"] != shape])
+        out.append({"shape": f"{shape[0]} {shape[2]}->{shape[3]} k{shape[4][0]} s{shape[5][0]} g{shape[7]}",
+                    "class": held[0]["geom"].klass, **errors(held, table)})
+    return out
+
+
+def in_situ(ops_dir: Path) -> list[dict]:
+    """Per zoo case read op by op: its step-2 convolutions' measured and predicted workspaces (bytes)."""
+    import torch
+
+    from memplan.estimator.cuda.conv_workspace import ConvWorkspaces
+    from memplan.estimator.fake import new_fake_mode
+
+    aten, out = torch.ops.aten, []
+    for path in sorted(ops_dir.glob("*.json")):
+        case = json.loads(path.read_text())
+        ops = [r for r in case["rows"] if r[0] == 2 and r[1] in ("aten.convolution.default",
+                                                                   "aten.convolution_backward.default")]
+        if not ops:
+            continue
+        conv, measured, predicted, worst = ConvWorkspaces((9, 0)), 0, 0, 0.0
+        with new_fake_mode():
+            for _, op, _, before, peak, after, _, shapes in ops:
+                fake = [torch.empty(a[0], dtype=getattr(torch, a[1])) if isinstance(a, list) and len(a) == 3
+                        and isinstance(a[1], str) else a for a in shapes]
+                func = aten.convolution.default if op == "aten.convolution.default" else aten.convolution_backward.default
+                result = func(*fake) if func is aten.convolution.default else None
+                nbytes = conv.transient_bytes(func, fake, result)
+                took = max(0, peak - max(before, after))
+                measured, predicted = measured + took, predicted + nbytes
+                worst = max(worst, abs(nbytes - took) / peak)
+        out.append({"case": case["case"], "conv_ops": len(ops), "measured_MiB": round(measured / 2**20, 1),
+                    "predicted_MiB": round(predicted / 2**20, 1), "worst_abs_error_of_op_peak": round(worst, 3)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("grid", nargs="?", type=Path, default=DEFAULT_GRID)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    args = parser.parse_args(argv)
+    rows = load(args.grid)
+    table = fit(rows)
+    loso = leave_one_shape_out(rows)
+    result = {"coefficients": {" ".join(k): round(v, 3) for k, v in sorted(table.items())},
+              "in_sample": errors(rows, table), "in_sample_with_memplan_coefficients": errors(rows, COEFFICIENTS),
+              "leave_one_shape_out": loso,
+              "loso_median_abs_error_of_workspace": statistics.median(s["abs_error_of_workspace"] for s in loso),
+              "loso_median_op_peak_error": statistics.median(s["median_abs_error_of_op_peak"] for s in loso),
+              "in_situ": in_situ(args.grid.parent / "ops") if (args.grid.parent / "ops").is_dir() else []}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print("coefficients (class pass precision: workspace / (x + y + w)):")
+    for k, v in result["coefficients"].items():
+        print(f"  {k:40s} {v:6.3f}   memplan: {COEFFICIENTS[tuple(k.split())]:.3f}")
+    print("in sample:", result["in_sample"])
+    print("leave one shape out:")
+    for s in loso:
+        print(f"  {s['shape']:32s} {s['class']:9s} rows {s['rows']:3d}  measured {s['measured_MiB']:8.1f} MiB  "
+              f"predicted {s['predicted_MiB']:8.1f}  |err|/ws {s['abs_error_of_workspace']:6.3f}  "
+              f"signed {s['signed_error_of_workspace']:+6.3f}  op peak median {s['median_abs_error_of_op_peak']:.3f} "
+              f"max {s['max_abs_error_of_op_peak']:.3f}")
+    print(f"median over shapes: |err|/workspace {result['loso_median_abs_error_of_workspace']:.3f}, "
+          f"op-peak error {result['loso_median_op_peak_error']:.4f}")
+    print("in situ (zoo steps read op by op, step 2's convolutions):")
+    for c in result["in_situ"]:
+        print(f"  {c['case']:28s} {c['conv_ops']:3d} conv ops  measured {c['measured_MiB']:7.1f} MiB  predicted "
+              f"{c['predicted_MiB']:7.1f}  worst |error| / op peak {c['worst_abs_error_of_op_peak']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
