@@ -182,13 +182,18 @@ def _memory_gaps_vit() -> tuple[str, ...]:
             signed_pct(_worst(rows, "native_err_reserved")["native_err_reserved"]))
 
 
+MODEL_NAMES = {"gpt2-small": "GPT-2 small", "vit-l16": "ViT-L/16"}
+"""How README names the timed models (benchmarks/gpu_extra.py TIME_MODELS)."""
+
+
 def _step_time_gpu() -> tuple[str, ...]:
     report = results("step_time_gpu")
     rows = [r for r in report["rows"] if "error" in r]
     s, worst = report["summary"], _worst(rows, "error")
     by = {p: [r["error"] for r in rows if r["precision"] == p] for p in ("32-true", "bf16-mixed")}
     return (report["environment"]["gpu"]["name"], str(s["n"]), pct(s["median_abs"], 1), signed_pct(s["worst"], 1),
-            worst["precision"], str(worst["micro_batch"]), "checkpointing" if worst["checkpointing"] else "no checkpointing",
+            MODEL_NAMES[worst["model"]], worst["precision"], str(worst["micro_batch"]),
+            "checkpointing" if worst["checkpointing"] else "no checkpointing",
             signed_pct(min(by["32-true"]), 1),
             signed_pct(max(by["32-true"]), 1), signed_pct(min(by["bf16-mixed"]), 1), signed_pct(max(by["bf16-mixed"]), 1))
 
@@ -257,7 +262,8 @@ def _step_time_gpu_h100() -> tuple[str, ...]:
                 and r["micro_batch"] == 8 and not r["checkpointing"]]
     longer = profiled["gpu_busy_seconds_per_step"] > timed["predicted"]["step_seconds"]
     return (report["environment"]["gpu"]["name"], str(s["n"]), pct(s["median_abs"], 1), signed_pct(s["worst"], 1),
-            worst["precision"], str(worst["micro_batch"]), "checkpointing" if worst["checkpointing"] else "no checkpointing",
+            MODEL_NAMES[worst["model"]], worst["precision"], str(worst["micro_batch"]),
+            "checkpointing" if worst["checkpointing"] else "no checkpointing",
             signed_pct(min(by["32-true"]), 1), signed_pct(max(by["32-true"]), 1), signed_pct(min(by["bf16-mixed"]), 1),
             signed_pct(max(by["bf16-mixed"]), 1), str(profiled["micro_batch"]),
             f"{100 * profiled['busy_over_unprofiled']:.0f}", "longer" if longer else "no longer")
@@ -347,7 +353,7 @@ CLAIMS = [
           r"`peak_reserved` within NUM %", _memory_gaps_vit),
     Claim("step_time_gpu",
           (r"(?s)Against step times measured on one ([\w-]+ [\w-]+) \(.*?: (\d+) settings, .*?\) the predicted step is "
-           r"off by NUM % median and NUM % at worst \(GPT-2 small, ([\w-]+), micro-batch (\d+), ((?:no )?checkpointing)\): "
+           r"off by NUM % median and NUM % at worst \((GPT-2 small|ViT-L/16), ([\w-]+), micro-batch (\d+), ((?:no )?checkpointing)\): "
            r"32-true within NUM % to NUM %, bf16-mixed from NUM % to NUM %").replace(" ", r"\s+")
           .replace(r"[\w-]+\s+[\w-]+", r"[\w-]+ [\w-]+"), _step_time_gpu),
     Claim("step_time_cards",
@@ -371,7 +377,7 @@ CLAIMS = [
     Claim("step_time_gpu_h100",
           (r"(?s)On one ([\w.-]+(?: [\w.-]+)*), the same (\d+) settings "
            r"\(\[benchmarks/results/step_time_gpu_h100\.md\]\(benchmarks/results/step_time_gpu_h100\.md\)\): off by "
-           r"NUM % median and NUM % at worst \(GPT-2 small, ([\w-]+), micro-batch (\d+), ((?:no )?checkpointing)\); "
+           r"NUM % median and NUM % at worst \((GPT-2 small|ViT-L/16), ([\w-]+), micro-batch (\d+), ((?:no )?checkpointing)\); "
            r"32-true within NUM % to NUM %, bf16-mixed from NUM % to NUM %\. There GPT-2 small's bf16-mixed step at "
            r"micro-batch (\d+) keeps the GPU busy for (\d+) % of its unprofiled time .*? its kernels alone take "
            r"(longer|no longer) than memplan's whole predicted step").replace(" ", r"\s+")
