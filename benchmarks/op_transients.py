@@ -36,7 +36,7 @@ MiB = 1 << 20
 
 def _recording():
     """Patch the tracker and the allocator model to read each op as gpu_ops does: rows [step, op, before,
-    peak, after, shapes]; the step is 2 from the tracker's reset_peak (the steady-state step) on."""
+    peak, after, shapes, reserved after]; the step is 2 from the tracker's reset_peak (the steady-state step) on."""
     from benchmarks.gpu_ops import _shapes
     from memplan.estimator.allocator import CachingAllocatorModel
     from memplan.estimator.tracker import StorageTracker
@@ -60,7 +60,7 @@ def _recording():
         after = self.memory.allocated_bytes
         if str(func) != "prim.device.default":
             state["rows"].append([state["step"], str(func), before, peak, after,
-                                  _shapes(args) if peak > max(before, after) else None])
+                                  _shapes(args) if peak > max(before, after) else None, self.memory.reserved_bytes])
         return out
 
     def recording_reset(self):

@@ -72,8 +72,7 @@ class ReductionStaging:
             return 0
         lowp = x.dtype in (torch.float16, torch.bfloat16) and out.dtype == torch.float32
         scalar = x.dtype if lowp or x.dtype == out.dtype else out.dtype  # make_reduction casts the input otherwise
-        scalar_size = torch.empty((), dtype=scalar, device="meta").element_size()
-        arg_size = 4 if scalar in (torch.float16, torch.bfloat16) else scalar_size
+        arg_size = 4 if scalar in (torch.float16, torch.bfloat16) else scalar.itemsize  # sum's / mean's acc type
         shape, in_strides, out_strides = _iterator_dims(list(x.shape), list(x.stride()), dims)
         buffer, semaphores = self._config(shape, in_strides, out_strides, x.storage_offset(), arg_size)
         return _rounded(buffer) + _rounded(semaphores)
