@@ -18,6 +18,7 @@ from memplan.estimator.checkpointing import (
 )
 from memplan.estimator.cuda.composite import RealCompositePaths
 from memplan.estimator.cuda.conv_workspace import ConvWorkspaces
+from memplan.estimator.cuda.reductions import ReductionStaging
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
@@ -247,6 +248,7 @@ class _Trace:
             tracker.workspaces = self.overheads.library_workspaces()
             tracker.workspaces.conv = ConvWorkspaces(self.target.compute_capability,
                                                      benchmark=torch.backends.cudnn.benchmark)
+            tracker.reductions = ReductionStaging.for_gpu(self.target.name, self.target.compute_capability)
         self.grad_scale = torch.tensor(65536.0, device=self.device) if self.policy.grad_scaling else None
         if self.manual is not None:
             self.manual.grad_scale = self.grad_scale

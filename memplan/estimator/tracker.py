@@ -221,6 +221,7 @@ class StorageTracker(TorchDispatchMode):
         self.memory.free(record.handle)
 
     _defer_peak = False
+    reductions = None  # a cuda.reductions.ReductionStaging: a CUDA sum's staging buffer (None: CPU target)
 
     def _accumulation_inputs(self, func, args, kwargs, out) -> list[_Record]:
         """The autograd engine sums two gradients flowing into one tensor (a tensor read several times:
@@ -335,6 +336,7 @@ class StorageTracker(TorchDispatchMode):
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
             self._transient(cuda_contiguous_copy_bytes(func, args))
+            self._transient(self.reductions.staging_bytes(func, args, kwargs, out) if self.reductions else 0)
         if self.workspaces is not None:
             for nbytes in self.workspaces.due(func, args, kwargs, backward=self.phase is Phase.BACKWARD,
                                               stream=self._stream()):

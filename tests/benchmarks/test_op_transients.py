@@ -1,0 +1,63 @@
+"""benchmarks.op_transients on CPU: memplan's per-op readings, lined up with a GPU profile's rows."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from benchmarks.op_transients import _recording, by_class, compare, verdict
+from memplan.estimator import estimate
+
+SUM = "aten.sum.dim_IntList"
+
+
+def gpu_row(op: str, before: int, peak: int, after: int) -> list:
+    return [2, op, True, before, peak, after, 0, None]
+
+
+def mp_row(op: str, before: int, peak: int, after: int) -> list:
+    return [2, op, before, peak, after, None]
+
+
+def test_ops_are_lined_up_by_name_and_judged_by_their_transients():
+    gpu = [gpu_row("aten.mm.default", 0, 10, 10), gpu_row(SUM, 10, 5010, 20), gpu_row("aten.sort.default", 20, 90, 40),
+           gpu_row(SUM, 40, 8040, 50)]
+    # memplan runs an extra op first, counts the first sum exactly, misses the sort, over-counts the last sum
+    mine = [mp_row("aten.view.default", 0, 0, 0), mp_row("aten.mm.default", 0, 10, 10), mp_row(SUM, 10, 5010, 20),
+            mp_row("aten.sort.default", 20, 40, 40), mp_row(SUM, 40, 9040, 50)]
+    entries = compare(gpu, mine)
+    assert [(e["op"], e["gpu"], e["memplan"], verdict(e)) for e in entries] == [
+        (SUM, 4990, 4990, "match"), ("aten.sort.default", 50, 0, "missed"), (SUM, 7990, 8990, "over-counted")]
+    classes = by_class(entries)
+    assert classes[SUM]["counts"] == {"match": 1, "over-counted": 1}
+    assert classes[SUM]["largest"]["over-counted"]["memplan"] == 8990
+
+
+def test_an_op_one_side_runs_alone_is_reported_as_such():
+    gpu = [gpu_row("aten._cudnn_rnn.default", 0, 100, 50)]
+    mine = [mp_row("aten.mkldnn_rnn_layer.default", 0, 50, 50), mp_row(SUM, 50, 80, 60)]
+    assert sorted(verdict(e) for e in compare(gpu, mine)) == ["gpu only", "memplan only"]
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(5000, 128)
+        self.head = nn.Linear(128, 5000)
+
+    def forward(self, tokens):
+        return self.head(self.embed(tokens))
+
+
+def test_memplan_is_read_around_each_op_as_the_gpu_was(monkeypatch):
+    """The head's bias gradient (sum over [32, 64] tokens of 5000 logits) holds the H100's 81,920,512 bytes of
+    staging inside the op in memplan's trace, as lstm-b32's did on the GPU; rows are the steady-state step's."""
+    monkeypatch.setenv("MEMPLAN_TRACE_ON_CPU", "1")
+    state, undo = _recording()
+    try:
+        estimate(Head, torch.randint(0, 5000, (32, 64)), loss=lambda m, b: m(b)[..., 0].mean(), optimizer="sgd",
+                 device="H100-80GB")
+    finally:
+        undo()
+    sums = [r for r in state["rows"] if r[0] == 2 and r[1] == SUM and r[5] is not None]
+    assert [r[3] - max(r[2], r[4]) for r in sums] == [81_920_512]
+    assert sums[0][5][0] == [[2048, 5000], "float32", True]  # F.linear's addmm on the flattened tokens
