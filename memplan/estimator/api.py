@@ -17,6 +17,7 @@ from memplan.estimator.checkpointing import (
     _WRAPPED, CheckpointArg, OwnCheckpointCalls, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
 )
 from memplan.estimator.cuda.composite import RealCompositePaths
+from memplan.estimator.cuda.reduce import ReduceDevice
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
@@ -244,6 +245,7 @@ class _Trace:
                 tracker.reserve(nbytes, Category.GRADIENTS)
         if self.overheads is not None:  # cuBLAS(Lt) workspaces: taken at each thread's first call
             tracker.workspaces = self.overheads.library_workspaces()
+            tracker.reduce_device = ReduceDevice.for_gpu(self.target.name, self.target.compute_capability)
         self.grad_scale = torch.tensor(65536.0, device=self.device) if self.policy.grad_scaling else None
         if self.manual is not None:
             self.manual.grad_scale = self.grad_scale

@@ -33,6 +33,7 @@ from memplan.compat.torch import (
     tree_flatten,
 )
 from memplan.estimator.cuda.composite import linear_bias_add_in_place
+from memplan.estimator.cuda.reduce import reduce_staging_bytes
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
@@ -115,6 +116,7 @@ class StorageTracker(TorchDispatchMode):
         self.forward_activations = 0
         self.workspaces = None
         """A cuda.workspaces.LibraryWorkspaces: cuBLAS(Lt) workspaces taken at first use (None: CPU target)."""
+        self.reduce_device = None  # a cuda.reduce.ReduceDevice: count CUDA reductions' staging (None: CPU)
         self._accumulation: tuple | None = None
         """A backward `add` that may be the autograd engine's gradient accumulation, until the next op
         shows whether one input died with it (see _settle_accumulation)."""
@@ -334,6 +336,7 @@ class StorageTracker(TorchDispatchMode):
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
             self._transient(cuda_contiguous_copy_bytes(func, args))
+            self._transient(*reduce_staging_bytes(func, args, self.reduce_device))
         if self.workspaces is not None:
             for nbytes in self.workspaces.due(func, args, kwargs, backward=self.phase is Phase.BACKWARD,
                                               stream=self._stream()):
@@ -349,15 +352,17 @@ class StorageTracker(TorchDispatchMode):
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=out[3].device)  # fake: we are above the fake mode
         return (*out[:3], workspace)
 
-    def _transient(self, nbytes: int) -> None:
-        """Memory a kernel holds only while it runs, on top of what is live (its outputs included)."""
-        if nbytes <= 0:
+    def _transient(self, *sizes: int) -> None:
+        """Memory a kernel holds only while it runs (buffers of `sizes` bytes at once), on top of what is live."""
+        handles = [self.memory.malloc(nbytes, self._stream()) for nbytes in sizes if nbytes > 0]
+        if not handles:
             return
-        handle = self.memory.malloc(nbytes, self._stream())
-        self._by_category[Category.TEMPORARIES] += self.memory.block_bytes(handle)
+        held = sum(self.memory.block_bytes(h) for h in handles)
+        self._by_category[Category.TEMPORARIES] += held
         self._update_peak()
-        self._by_category[Category.TEMPORARIES] -= self.memory.block_bytes(handle)
-        self.memory.free(handle)
+        self._by_category[Category.TEMPORARIES] -= held
+        for handle in handles:
+            self.memory.free(handle)
 
     def _maybe_realize_factory(self, func, args, kwargs, out):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
