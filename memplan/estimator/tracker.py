@@ -227,8 +227,8 @@ class StorageTracker(TorchDispatchMode):
     def _settle_accumulation(self) -> None:
         """After an accumulation's `add`: if the gradient it could add into died with it (the engine held its last
         reference), the real engine added in place and never held the sum besides both inputs; count the moment of the
-        add without the sum. Otherwise count it as it was. The sum was allocated in that gradient's block (lent at the
-        add), so the allocator never cached a block the real run never took."""
+        add without the sum. Otherwise count it as it was. On a CUDA target the sum took that gradient's block (lent at
+        the add), so the caching allocator model never caches a block the real run never took."""
         if self._accumulation is None:
             return
         total, by_category, phase, out_bytes, inputs = self._accumulation
@@ -293,7 +293,7 @@ class StorageTracker(TorchDispatchMode):
         if accumulation:
             self._defer_peak = True
             for r in accumulation:  # the real add writes into that input's block: the sum takes it (settled below)
-                if r.storage_bytes == _local(out).untyped_storage().nbytes():
+                if not self.cpu_kernels and r.storage_bytes == _local(out).untyped_storage().nbytes():
                     self.memory.free(r.handle)
                     r.handle = ZERO_HANDLE
         outputs = _tensors_in(out)
