@@ -85,7 +85,8 @@ def _estimate(name: str, cpu: bool = False) -> dict:
 
     case = all_cases()[name]
     est = estimate(case.build, case.make_batch(case.batch_size), loss=case.loss, optimizer=case.optimizer,
-                   precision=case.precision, checkpointing=case.checkpointing, device="cpu" if cpu else None)
+                   precision=case.precision, checkpointing=case.checkpointing, device="cpu" if cpu else None,
+                   loop=case.loop)  # the order _measure trains in (vit-b8-16mixed, mlp-b256-16mixed: a plain loop)
     return {"peak_allocated": est.peak_allocated, "peak_reserved": est.peak_reserved,
             "device_total": est.device_total, "cuda_context": est.cuda_context, "workspaces": est.workspaces,
             "trace_seconds": est.trace_seconds, "device": est.device}

@@ -29,10 +29,10 @@ from memplan.compat.torch import (
     TorchDispatchMode,
     current_autograd_node,
     disable_current_modes,
-    is_view,
     tree_flatten,
 )
-from memplan.estimator.cuda.composite import linear_bias_add_in_place
+from memplan.estimator.accumulation import accumulation_inputs
+from memplan.estimator.allocator import ZERO_HANDLE
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
@@ -223,53 +223,24 @@ class StorageTracker(TorchDispatchMode):
     _defer_peak = False
     reductions = None  # a cuda.reductions.ReductionStaging: a CUDA sum's staging buffer (None: CPU target)
 
-    def _accumulation_inputs(self, func, args, kwargs, out) -> list[_Record]:
-        """The autograd engine sums two gradients flowing into one tensor (a tensor read several times:
-        `x[:, i]` in a loop, tokens gathered per expert, a weight tied between an embedding and an LM
-        head) with `old + new` (InputBuffer::accumulate), and in place, `old.add_(new)`, only into the
-        gradient already in the buffer (`old`, the first to arrive, made by another node) when the engine
-        holds the last reference to it and to its storage: never into a view, whose base holds the
-        storage too (a Linear weight's gradient, `.t()` of a transposed product), nor into the new one.
-        Under a dispatch mode, or for a tensor subclass, it always adds out of place, so the trace
-        allocates a sum the real run may never hold. An `add` of two same-shape gradients in backward,
-        with grad mode off, the first made by another node and not a view, the second by the node now
-        running, is such an accumulation: returns the first input's record, else [] (counted as it is).
-        So is an autocast `F.linear`'s bias add, which the real kernel does in place on the matmul's
-        output (memplan.estimator.cuda.composite): returns that output's record."""
-        if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2 or not isinstance(out, torch.Tensor):
-            return []
-        if linear_bias_add_in_place():
-            # an autocast F.linear's bias add, `output.add_(bias)` on real tensors (estimator.cuda.composite)
-            first = args[0]
-            if not isinstance(first, torch.Tensor) or first.shape != out.shape or first.dtype != out.dtype:
-                return []
-            record = self._records.get(_local(first).untyped_storage())
-            return [record] if record is not None and record.live else []
-        if self.phase is not Phase.BACKWARD or torch.is_grad_enabled():
-            return []
-        node = current_autograd_node()
-        if node is None or not all(isinstance(a, torch.Tensor) and a.shape == out.shape and a.dtype == out.dtype
-                                   and a.is_contiguous() for a in args):
-            return []
-        old, new = args
-        if is_view(old):
-            return []  # the real engine adds out of place: the sum is held beside both gradients
-        records = [self._records.get(a.untyped_storage()) for a in (old, new)]
-        if any(r is None or not r.live for r in records) or records[0].node == id(node) or records[1].node != id(node):
-            return []
-        return records[:1]
 
     def _settle_accumulation(self) -> None:
-        """After an accumulation's `add`: if the gradient it could add into died with it (the engine held
-        its last reference), the real engine added in place and never held the sum besides both inputs;
-        count the moment of the add without the sum. Otherwise count it as it was."""
+        """After an accumulation's `add`: if the gradient it could add into died with it (the engine held its last
+        reference), the real engine added in place and never held the sum besides both inputs; count the moment of the
+        add without the sum. Otherwise count it as it was. On a CUDA target the sum took that gradient's block (lent at
+        the add), so the caching allocator model never caches a block the real run never took."""
         if self._accumulation is None:
             return
         total, by_category, phase, out_bytes, inputs = self._accumulation
         self._accumulation = None
+        lent = [r for r in inputs if r.handle == ZERO_HANDLE and r.nbytes]
         if any(not r.live and r.nbytes == out_bytes for r in inputs):
-            total -= out_bytes
+            total -= 0 if lent else out_bytes
             by_category[Category.TEMPORARIES] -= out_bytes
+        else:  # added out of place after all: the gradient kept its own block beside the sum
+            total += sum(r.nbytes for r in lent)
+            for r in lent:
+                r.handle = self.memory.malloc(r.storage_bytes, self._stream()) if r.live else ZERO_HANDLE
         if total > self.peak.total:
             self.peak = Snapshot(total=total, by_category=by_category, phase=phase)
         if total > self.phase_peaks.get(phase, 0):
@@ -318,9 +289,13 @@ class StorageTracker(TorchDispatchMode):
             out = self._fill_library_workspace(func, args, out)
             if self.cpu_kernels and func in CPU_LAYOUT_OPS:
                 out = cpu_output_layout(func, args, out)
-        accumulation = self._accumulation_inputs(func, args, kwargs, out)
+        accumulation = accumulation_inputs(self._records, self.phase is Phase.BACKWARD, func, args, kwargs, out)
         if accumulation:
             self._defer_peak = True
+            for r in accumulation:  # the real add writes into that input's block: the sum takes it (settled below)
+                if not self.cpu_kernels and r.storage_bytes == _local(out).untyped_storage().nbytes():
+                    self.memory.free(r.handle)
+                    r.handle = ZERO_HANDLE
         outputs = _tensors_in(out)
         for t in outputs:
             self.track(t)

@@ -1,0 +1,52 @@
+"""Which `add` in a traced backward is the autograd engine's gradient accumulation (StorageTracker's rule).
+
+The engine adds in place where the real run allows it; under the tracker's dispatch mode it never does, so the
+tracker counts such an add as the real run holds it (memplan.estimator.tracker, `_settle_accumulation`).
+"""
+from __future__ import annotations
+
+import torch
+
+from memplan.compat.torch import DTENSOR_LOCAL_TENSOR, current_autograd_node, is_view
+from memplan.estimator.cuda.composite import linear_bias_add_in_place
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds a DTensor's storage (as memplan.estimator.tracker's `_local`)."""
+    return getattr(tensor, DTENSOR_LOCAL_TENSOR, tensor)
+
+
+def accumulation_inputs(records, phase_is_backward: bool, func, args, kwargs, out) -> list:
+    """The autograd engine sums two gradients flowing into one tensor (a tensor read several times: `x[:, i]` in a
+    loop, tokens gathered per expert, a weight tied between an embedding and an LM head) with `old + new`
+    (InputBuffer::accumulate), and in place, `old.add_(new)`, only into the gradient already in the buffer (`old`,
+    the first to arrive, made by another node) when the engine holds the last reference to it and to its storage:
+    never into a view, whose base holds the storage too (a Linear weight's gradient, `.t()` of a transposed
+    product), nor into the new one. Under a dispatch mode, or for a tensor subclass, it always adds out of place, so
+    the trace allocates a sum the real run may never hold. An `add` of two same-shape gradients in backward, with
+    grad mode off, the first made by another node and not a view, the second by the node now running, is such an
+    accumulation: returns the first input's record in `records` (storage -> the tracker's record), else [] (counted
+    as it is). So is an autocast `F.linear`'s bias add, which the real kernel does in place on the matmul's output
+    (memplan.estimator.cuda.composite): returns that output's record."""
+    if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2 or not isinstance(out, torch.Tensor):
+        return []
+    if linear_bias_add_in_place():
+        # an autocast F.linear's bias add, `output.add_(bias)` on real tensors (estimator.cuda.composite)
+        first = args[0]
+        if not isinstance(first, torch.Tensor) or first.shape != out.shape or first.dtype != out.dtype:
+            return []
+        record = records.get(_local(first).untyped_storage())
+        return [record] if record is not None and record.live else []
+    if not phase_is_backward or torch.is_grad_enabled():
+        return []
+    node = current_autograd_node()
+    if node is None or not all(isinstance(a, torch.Tensor) and a.shape == out.shape and a.dtype == out.dtype
+                               and a.is_contiguous() for a in args):
+        return []
+    old, new = args
+    if is_view(old):
+        return []  # the real engine adds out of place: the sum is held beside both gradients
+    found = [records.get(a.untyped_storage()) for a in (old, new)]
+    if any(r is None or not r.live for r in found) or found[0].node == id(node) or found[1].node != id(node):
+        return []
+    return found[:1]
