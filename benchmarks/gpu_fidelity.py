@@ -69,7 +69,7 @@ def estimate_now(name: str, part: int, device: str = "H200") -> dict:
 
         case = all_cases()[name]
         est = estimate(case.build, case.make_batch(case.batch_size), loss=case.loss, optimizer=case.optimizer,
-                       precision=case.precision, checkpointing=case.checkpointing, device=device)
+                       precision=case.precision, checkpointing=case.checkpointing, loop=case.loop, device=device)
     else:
         from benchmarks.gpu_extra import _zoo_case, gap_cases
         from benchmarks.published_gpu import _vit
@@ -116,7 +116,10 @@ def render(report: dict) -> str:
              f"one {c['gpu_name']}, torch {c['torch']} ({c['raw']}). 'recorded': the emulated estimate the campaign "
              "recorded (this repository at the campaign's commit); 'now': this tree's, re-estimated on this CPU "
              f"(torch {report['machine']['torch']}) for the catalog's `{c['gpu']}`. Errors are (estimate - truth) / "
-             "truth; cuDNN RNN cases (not emulated) are listed but left out of the summary.", ""]
+             "truth; cuDNN RNN cases (not emulated) are listed but left out of the summary."
+             + (" Re-estimated with transformers {transformers} (the campaign's models are built from its config "
+                "classes: match the campaign's version, e.g. `pip install --target DIR transformers==X` first on "
+                "PYTHONPATH).".format(**report["estimated_with"]) if report.get("estimated_with") else ""), ""]
     failed = any(r["recorded"] is None for r in report["rows"])
     for key, title in (("recorded", "recorded"), ("now_on_recorded", "now, the same cases"),
                        ("now", "now, every case" + (" (some failed to estimate on the GPU)" if failed else ""))):
@@ -164,7 +167,21 @@ def run(names: list[str] | None = None, raw: Path = RAW) -> dict:
     return {"machine": machine(), "campaign": {"raw": f"{shown}/", "gpu": device, "gpu_name": env["gpu"]["name"],
                                                "torch": env.get("torch"), "driver": env.get("driver"),
                                                "command": "" if where == RAW.resolve() else f" --raw {shown}"},
-            "rows": rows, "summary": summaries(rows)}
+            "estimated_with": _packages(), "rows": rows, "summary": summaries(rows)}
+
+
+def _packages() -> dict:
+    """The versions the re-estimates ran with: a model library other than the campaign's can change a model
+    (transformers 5.24's T5 is 2.7 % smaller than 5.17's, the H100 campaign's)."""
+    import importlib.metadata
+
+    out = {}
+    for name in ("torch", "transformers"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def summaries(rows: list[dict]) -> dict:
