@@ -18,6 +18,7 @@ Convolutions (another rule's) and attention ops are reported like every other op
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
@@ -76,24 +77,40 @@ def _recording():
     return state, undo
 
 
-def trace_case(name: str, *, reductions: bool) -> dict:
-    """memplan's op rows for one case's steady-state step, and its peak."""
-    from benchmarks.accuracy_gpu import all_cases
-    from memplan.estimator import estimate
+@contextlib.contextmanager
+def reduction_rule(on: bool):
+    """memplan's CUDA reduction staging rule as shipped (on) or switched off, for a before / after comparison."""
     from memplan.estimator.cuda.reductions import ReductionStaging
 
-    case = all_cases()[name]
-    state, undo = _recording()
     staging = ReductionStaging.staging_bytes
-    if not reductions:
+    if not on:
         ReductionStaging.staging_bytes = lambda self, func, args, kwargs, out: 0
     try:
-        with environment_variable("MEMPLAN_TRACE_ON_CPU", "1"), environment_variable("MEMPLAN_CALIBRATION", os.devnull):
-            est = estimate(case.build, case.make_batch(case.batch_size), loss=case.loss, optimizer=case.optimizer,
-                           precision=case.precision, checkpointing=case.checkpointing, device=DEVICE, loop=case.loop)
+        yield
+    finally:
+        ReductionStaging.staging_bytes = staging
+
+
+def estimate_emulated(name: str, device: str, *, reductions: bool = True):
+    """One zoo (or extra GPU) case's estimate for the catalog's `device`, traced on CPU with CUDA emulated, without
+    a calibration file (the sourced constants, as on the GPU run), in the case's own loop."""
+    from benchmarks.accuracy_gpu import all_cases
+    from memplan.estimator import estimate
+
+    case = all_cases()[name]
+    with reduction_rule(reductions), environment_variable("MEMPLAN_TRACE_ON_CPU", "1"), \
+            environment_variable("MEMPLAN_CALIBRATION", os.devnull):
+        return estimate(case.build, case.make_batch(case.batch_size), loss=case.loss, optimizer=case.optimizer,
+                        precision=case.precision, checkpointing=case.checkpointing, device=device, loop=case.loop)
+
+
+def trace_case(name: str, *, reductions: bool) -> dict:
+    """memplan's op rows for one case's steady-state step, and its peak."""
+    state, undo = _recording()
+    try:
+        est = estimate_emulated(name, DEVICE, reductions=reductions)
     finally:
         undo()
-        ReductionStaging.staging_bytes = staging
     return {"rows": [r for r in state["rows"] if r[0] == 2], "peak_allocated": est.peak_allocated,
             "peak_reserved": est.peak_reserved}
 

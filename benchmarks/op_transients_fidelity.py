@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from benchmarks.gpu_fidelity import QUANTITIES, _err, _pct
-from benchmarks.processes import environment_variable
 from benchmarks.results_io import RESULTS, machine, write_results
 
 SOURCES = (("H200", RESULTS / "gpu_campaign_raw", ("part1.json",)),
@@ -42,20 +40,9 @@ def truths() -> list[tuple[str, str, dict]]:
 
 
 def estimate_case(name: str, device: str, *, reductions: bool) -> dict:
-    from benchmarks.accuracy_gpu import all_cases
-    from memplan.estimator import estimate
-    from memplan.estimator.cuda.reductions import ReductionStaging
+    from benchmarks.op_transients import estimate_emulated
 
-    case = all_cases()[name]
-    staging = ReductionStaging.staging_bytes
-    if not reductions:
-        ReductionStaging.staging_bytes = lambda self, func, args, kwargs, out: 0
-    try:
-        with environment_variable("MEMPLAN_TRACE_ON_CPU", "1"), environment_variable("MEMPLAN_CALIBRATION", os.devnull):
-            est = estimate(case.build, case.make_batch(case.batch_size), loss=case.loss, optimizer=case.optimizer,
-                           precision=case.precision, checkpointing=case.checkpointing, device=device)
-    finally:
-        ReductionStaging.staging_bytes = staging
+    est = estimate_emulated(name, device, reductions=reductions)
     return {"peak_allocated": est.peak_allocated, "peak_reserved": est.peak_reserved,
             "device_total": est.device_total}
 

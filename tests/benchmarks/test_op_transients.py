@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from benchmarks.op_transients import _recording, by_class, compare, verdict
+from tests.estimator.test_cuda_reductions import Head
 from memplan.estimator import estimate
 
 SUM = "aten.sum.dim_IntList"
@@ -38,14 +38,6 @@ def test_an_op_one_side_runs_alone_is_reported_as_such():
     assert sorted(verdict(e) for e in compare(gpu, mine)) == ["gpu only", "memplan only"]
 
 
-class Head(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(5000, 128)
-        self.head = nn.Linear(128, 5000)
-
-    def forward(self, tokens):
-        return self.head(self.embed(tokens))
 
 
 def test_memplan_is_read_around_each_op_as_the_gpu_was(monkeypatch):
