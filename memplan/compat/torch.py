@@ -80,6 +80,12 @@ DTENSOR_LOCAL_TENSOR = "_local_tensor"
 """`DTensor._local_tensor` (torch 2.4-2.13): the tensor holding a DTensor's shard, read without
 dispatching an op (`to_local()` would)."""
 
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds a DTensor's storage (FSDP2's sharded parameters, gradients and optimizer state are
+    DTensors), read through DTENSOR_LOCAL_TENSOR; any other tensor as it is."""
+    return getattr(tensor, DTENSOR_LOCAL_TENSOR, tensor)
+
 BatchNormBase: type[nn.Module] = nn.modules.batchnorm._BatchNorm
 """`torch.nn.modules.batchnorm._BatchNorm` (torch 2.4-2.13): the base of BatchNorm1d/2d/3d and SyncBatchNorm."""
 

@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from memplan.compat.torch import DTENSOR_LOCAL_TENSOR, current_autograd_node, is_view
+from memplan.compat.torch import current_autograd_node, is_view, local_tensor
 from memplan.estimator.cuda.composite import linear_bias_add_in_place
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor that holds a DTensor's storage (as memplan.estimator.tracker's `_local`)."""
-    return getattr(tensor, DTENSOR_LOCAL_TENSOR, tensor)
 
 
 def accumulation_inputs(records, phase_is_backward: bool, func, args, kwargs, out) -> list:
@@ -35,7 +30,7 @@ def accumulation_inputs(records, phase_is_backward: bool, func, args, kwargs, ou
         first = args[0]
         if not isinstance(first, torch.Tensor) or first.shape != out.shape or first.dtype != out.dtype:
             return []
-        record = records.get(_local(first).untyped_storage())
+        record = records.get(local_tensor(first).untyped_storage())
         return [record] if record is not None and record.live else []
     if not phase_is_backward or torch.is_grad_enabled():
         return []

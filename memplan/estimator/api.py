@@ -245,9 +245,8 @@ class _Trace:
             for nbytes in ddp_bucket_bytes(list(self.model.parameters())):
                 tracker.reserve(nbytes, Category.GRADIENTS)
         if self.overheads is not None:  # cuBLAS(Lt) workspaces: taken at each thread's first call; cuDNN's per conv
-            tracker.workspaces = self.overheads.library_workspaces()
-            tracker.workspaces.conv = ConvWorkspaces(self.target.compute_capability,
-                                                     benchmark=torch.backends.cudnn.benchmark)
+            tracker.workspaces = self.overheads.library_workspaces(
+                ConvWorkspaces(self.target.compute_capability, benchmark=torch.backends.cudnn.benchmark))
             tracker.reductions = ReductionStaging.for_gpu(self.target.name, self.target.compute_capability)
         self.grad_scale = torch.tensor(65536.0, device=self.device) if self.policy.grad_scaling else None
         if self.manual is not None:

@@ -24,11 +24,11 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memplan.compat.torch import (
-    DTENSOR_LOCAL_TENSOR,
     FakeTensor,
     TorchDispatchMode,
     current_autograd_node,
     disable_current_modes,
+    local_tensor,
     tree_flatten,
 )
 from memplan.estimator.accumulation import accumulation_inputs
@@ -125,7 +125,7 @@ class StorageTracker(TorchDispatchMode):
         """Count a tensor's storage if it is not counted yet; recount it if it was resized in place since it
         was last counted (`torch.cat(..., out=buffer)` grows a buffer, as `resize_` does; torch's
         MemTracker re-checks every sighting the same way); otherwise leave it as it is."""
-        storage = _local(tensor).untyped_storage()
+        storage = local_tensor(tensor).untyped_storage()
         record = self._records.get(storage)
         if record is not None:
             if record.live and storage.nbytes() != record.storage_bytes:
@@ -142,7 +142,7 @@ class StorageTracker(TorchDispatchMode):
 
     def classify(self, tensor: torch.Tensor, category: Category, *, only_from: Category | None = None) -> None:
         """Move a tensor's storage into `category` (tracking it first if needed)."""
-        storage = _local(tensor).untyped_storage()
+        storage = local_tensor(tensor).untyped_storage()
         record = self._records.get(storage)
         if record is None:
             self.track(tensor, category)
@@ -176,7 +176,7 @@ class StorageTracker(TorchDispatchMode):
     def resize(self, tensor: torch.Tensor) -> None:
         """A storage was resized in place (FSDP frees and re-allocates its unsharded parameters with
         `storage.resize_`): count its new size, as a fresh allocation of the current phase."""
-        storage = _local(tensor).untyped_storage()
+        storage = local_tensor(tensor).untyped_storage()
         record = self._records.get(storage)
         if record is None:
             if storage.nbytes():
@@ -204,10 +204,10 @@ class StorageTracker(TorchDispatchMode):
 
     def forget(self, tensor: torch.Tensor) -> None:
         """The storage lives off the device from now on (FSDP's CPU offload): stop counting it."""
-        record = self._records.get(_local(tensor).untyped_storage())
+        record = self._records.get(local_tensor(tensor).untyped_storage())
         if record is None:
             self.track(tensor)
-            record = self._records[_local(tensor).untyped_storage()]
+            record = self._records[local_tensor(tensor).untyped_storage()]
         self._on_free(record)
 
     def _stream(self) -> int:
@@ -279,7 +279,7 @@ class StorageTracker(TorchDispatchMode):
         self.ops_seen += 1
         self._settle_accumulation()
         tensors = _tensors_in((args, kwargs))
-        if tensors and not any(isinstance(_local(t), FakeTensor) for t in tensors):
+        if tensors and not any(isinstance(local_tensor(t), FakeTensor) for t in tensors):
             with disable_current_modes():
                 out = self._real(func, args, kwargs)
         else:
@@ -293,7 +293,7 @@ class StorageTracker(TorchDispatchMode):
         if accumulation:
             self._defer_peak = True
             for r in accumulation:  # the real add writes into that input's block: the sum takes it (settled below)
-                if not self.cpu_kernels and r.storage_bytes == _local(out).untyped_storage().nbytes():
+                if not self.cpu_kernels and r.storage_bytes == local_tensor(out).untyped_storage().nbytes():
                     self.memory.free(r.handle)
                     r.handle = ZERO_HANDLE
         outputs = _tensors_in(out)
@@ -304,7 +304,7 @@ class StorageTracker(TorchDispatchMode):
         if accumulation:
             self._defer_peak = False
             self._accumulation = (self.memory.allocated_bytes, dict(self._by_category), self.phase,
-                                  self._records[_local(out).untyped_storage()].nbytes, accumulation)
+                                  self._records[local_tensor(out).untyped_storage()].nbytes, accumulation)
         if self.cpu_kernels:
             self._transient(promotion_scratch_bytes(func, tensors))
             with disable_current_modes():  # the probe runs the real op on real tensors
@@ -365,10 +365,3 @@ def _tensors_in(value, found: list | None = None) -> list[torch.Tensor]:
         for item in value.values():
             _tensors_in(item, found)
     return found
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor that holds a DTensor's storage (FSDP2's sharded parameters, gradients and optimizer
-    state are DTensors); any other tensor as it is. `_local_tensor` is DTensor's attribute in torch
-    2.4-2.13 (`to_local()` would dispatch an op)."""
-    return getattr(tensor, DTENSOR_LOCAL_TENSOR, tensor)

@@ -100,11 +100,12 @@ class CudaOverheads:
             per_pair.append(self.cublaslt_workspace_bytes)
         return tuple(n for n in per_pair * self.cublas_workspaces if n)
 
-    def library_workspaces(self):
-        """A fresh cuda.workspaces.LibraryWorkspaces for one trace: the workspaces taken at first use."""
+    def library_workspaces(self, conv=None):
+        """A fresh cuda.workspaces.LibraryWorkspaces for one trace: the workspaces taken at first use, and with
+        `conv` (a cuda.conv_workspace.ConvWorkspaces) each convolution's for its run."""
         from memplan.estimator.cuda.workspaces import LibraryWorkspaces
 
-        return LibraryWorkspaces(self.cublas_workspace_bytes, self.cublaslt_workspace_bytes)
+        return LibraryWorkspaces(self.cublas_workspace_bytes, self.cublaslt_workspace_bytes, conv)
 
     def step_context_bytes(self, *, cudnn: bool) -> int:
         """The context outside the allocator for a step that did (or did not) run cuDNN."""
