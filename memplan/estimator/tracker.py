@@ -328,15 +328,19 @@ class StorageTracker(TorchDispatchMode):
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=out[3].device)  # fake: we are above the fake mode
         return (*out[:3], workspace)
 
-    def _transient(self, nbytes: int, category: Category = Category.TEMPORARIES) -> None:
-        """Memory a kernel holds only while it runs, on top of what is live (its outputs included)."""
-        if nbytes <= 0:
+    def _transient(self, nbytes: int | tuple[int, ...], category: Category = Category.TEMPORARIES) -> None:
+        """Memory a kernel holds only while it runs, on top of what is live (its outputs included): one block, or
+        several held together (a cuDNN RNN's copies and workspace)."""
+        blocks = [b for b in ((nbytes,) if isinstance(nbytes, int) else nbytes) if b > 0]
+        if not blocks:
             return
-        handle = self.memory.malloc(nbytes, self._stream())
-        self._by_category[category] += self.memory.block_bytes(handle)
+        handles = [self.memory.malloc(b, self._stream()) for b in blocks]
+        held = sum(self.memory.block_bytes(h) for h in handles)
+        self._by_category[category] += held
         self._update_peak()
-        self._by_category[category] -= self.memory.block_bytes(handle)
-        self.memory.free(handle)
+        self._by_category[category] -= held
+        for handle in reversed(handles):
+            self.memory.free(handle)
 
     def _maybe_realize_factory(self, func, args, kwargs, out):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]

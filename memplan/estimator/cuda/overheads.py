@@ -102,10 +102,13 @@ class CudaOverheads:
 
     def library_workspaces(self, conv=None):
         """A fresh cuda.workspaces.LibraryWorkspaces for one trace: the workspaces taken at first use, and with
-        `conv` (a cuda.conv_workspace.ConvWorkspaces) each convolution's for its run."""
+        `conv` (a cuda.conv_workspace.ConvWorkspaces) each convolution's for its run and, for the same GPU, cuDNN
+        RNNs' buffers (cuda.rnn.CudnnRnnBuffers)."""
+        from memplan.estimator.cuda.rnn import CudnnRnnBuffers
         from memplan.estimator.cuda.workspaces import LibraryWorkspaces
 
-        return LibraryWorkspaces(self.cublas_workspace_bytes, self.cublaslt_workspace_bytes, conv)
+        rnn = None if conv is None else CudnnRnnBuffers(conv.compute_capability)  # the GPU: the conv model's
+        return LibraryWorkspaces(self.cublas_workspace_bytes, self.cublaslt_workspace_bytes, conv, rnn)
 
     def step_context_bytes(self, *, cudnn: bool) -> int:
         """The context outside the allocator for a step that did (or did not) run cuDNN."""

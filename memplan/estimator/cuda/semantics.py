@@ -22,15 +22,20 @@ on exit (so nothing leaks into later code):
 5. softmax / log_softmax of fp16 with dtype=float: CUDA calls `_softmax(x, dim, half_to_float=True)`
    without an fp32 copy of the input (aten/src/ATen/native/SoftMax.cpp, `input_.is_cuda()` branch).
    Emulated on fake tensors (CPU has no such kernel, so real CPU tensors keep the copy).
-6. `apply_cuda_optimizer_defaults`: foreach=True where CUDA would default to it.
+6. cuDNN RNNs (cuda/rnn.py): nn.LSTM / GRU / RNN call `aten._cudnn_rnn` once per module call, as CUDA's
+   `use_cudnn` dispatch does, so autograd saves cuDNN's reserve and the flat weight buffer instead of per-gate
+   tensors; under autocast the weights are cast to float16 and re-flattened per call (AutocastRNN.cpp). The
+   reserve, workspace and dropout state sizes are rules fitted to H100 readings (cuda/rnn.py). Fake tensors only.
+7. `apply_cuda_optimizer_defaults`: foreach=True where CUDA would default to it.
 
 Known differences not emulated
 ------------------------------
-- RNNs (nn.LSTM / GRU / RNN): CUDA runs cuDNN `_cudnn_rnn` (aten/src/ATen/native/cudnn/RNN.cpp),
-  which saves a reserve buffer sized by cudnnGetRNNTrainingReserveSize and a flat weight buffer;
-  under autocast aten/src/ATen/cudnn/AutocastRNN.cpp casts and re-flattens the weights per call.
-  CPU runs `_lstm_impl` in aten/src/ATen/native/RNN.cpp (per-step cells) or `mkldnn_rnn_layer`.
-  The reserve size is internal to cuDNN. nn.LSTMCell / GRUCell are emulated (autocast policy).
+- cuDNN RNNs (emulated, cuda/rnn.py): the reserve (cudnnGetRNNTempSpaceSizes, internal to cuDNN) and
+  workspace sizes are rules fitted to one LSTM and one GRU shape read on an H100 (exact there); other shapes,
+  GPUs and cuDNN versions follow the rule's assumed scaling. Not emulated: packed sequences (they keep the CPU
+  path: `_lstm_impl` in aten/src/ATen/native/RNN.cpp or `mkldnn_rnn_layer`), fp16's persistent algorithms,
+  LSTM projections' sizes, and weights that are not one contiguous chunk (cuDNN copies them per call).
+  nn.LSTMCell / GRUCell are emulated (autocast policy).
 - cuDNN attention: sdp_utils.cpp `check_prefer_cudnn_attention` puts cuDNN first on sm90 / sm100 /
   sm103 with cuDNN > 9.15.0, which depends on the runtime cuDNN. We use flash there; cuDNN saves the
   same out + fp32 logsumexp (B, H, L, 1), and it also takes attn_mask where we use efficient.
@@ -48,7 +53,7 @@ Known differences not emulated
   tensor besides save_mean / save_var; per-channel sizes, negligible.
 - Autocast rules registered outside aten: an op's own AutocastCUDA kernel (torchvision's roi_align, nms ...)
   is stood in for by its AutocastCPU kernel, an op with an AutocastCPU kernel only falls through
-  (autocast.py's docstring); `_cudnn_rnn`'s autocast is not emulated.
+  (autocast.py's docstring); `_cudnn_rnn`'s autocast is emulated inside the RNN entry (cuda/rnn.py).
 - fused optimizers: no torch optimizer defaults to fused=True on CUDA (torch/optim/adam.py: "give the
   fused impl bake-in time"); a user's fused=True runs the CPU fused kernels, which like CUDA's keep
   no per-parameter temporaries.
@@ -70,6 +75,7 @@ import torch
 
 from memplan.compat.torch import OpOverload, is_fake
 from memplan.estimator.cuda.autocast import CastCache, KernelLibraries, register_cuda_autocast, wrap_clear_autocast_cache
+from memplan.estimator.cuda.rnn import CudnnRnns
 from memplan.estimator.cuda.sdpa import cuda_sdpa_kernel, register_cpu_reference_kernels
 
 __all__ = ["emulate_cuda", "apply_cuda_optimizer_defaults"]
@@ -110,6 +116,7 @@ def emulate_cuda(*, compute_capability: tuple[int, int], autocast_dtype: torch.d
             lib.impl("_fused_rms_norm", _fused_rms_norm, "CPU")
             lib.impl("_fused_rms_norm_backward", _fused_rms_norm_backward, "CPU")
             register_cpu_reference_kernels(lib)
+            CudnnRnns(compute_capability).register(lib)
         yield
     finally:
         torch.clear_autocast_cache = original_clear_autocast_cache

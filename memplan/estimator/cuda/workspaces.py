@@ -55,23 +55,28 @@ class LibraryWorkspaces:
     """Which workspaces an op allocates now: a thread's first cuBLAS call its cuBLAS workspace, its first
     cuBLASLt call its cuBLASLt workspace (none where unified), per stream; and whether cuDNN ran."""
 
-    def __init__(self, cublas_bytes: int, cublaslt_bytes: int, conv=None) -> None:
+    def __init__(self, cublas_bytes: int, cublaslt_bytes: int, conv=None, rnn=None) -> None:
         self.cublas_bytes, self.cublaslt_bytes = cublas_bytes, cublaslt_bytes
         self._taken: set[tuple[str, bool, int]] = set()
         self.cudnn_used = False
         """Whether the step ran a cuDNN op (its handle and kernels then sit in the context, outside the allocator)."""
         self.conv = conv
         """A cuda.conv_workspace.ConvWorkspaces: each convolution's cuDNN workspace, held while it runs (None: none)."""
+        self.rnn = rnn
+        """A cuda.rnn.CudnnRnnBuffers: a cuDNN RNN's dropout state (at first use) and what each call holds (None: none)."""
 
-    def transient(self, func, args, out) -> int:
-        """Bytes of the workspace `func` takes through the caching allocator for its own run only (a convolution's)."""
-        return 0 if self.conv is None else self.conv.transient_bytes(func, args, out)
+    def transient(self, func, args, out) -> tuple[int, ...]:
+        """Bytes of each block `func` takes through the caching allocator for its own run only and holds together:
+        a convolution's workspace, a cuDNN RNN's workspace and contiguous copies."""
+        blocks = self.rnn.held(func, args) if self.rnn is not None else ()
+        conv = 0 if self.conv is None else self.conv.transient_bytes(func, args, out)
+        return (*blocks, conv) if conv else blocks
 
     def due(self, func, args, kwargs, *, backward: bool, stream: int) -> list[int]:
         """Bytes of each workspace `func` allocates on first use, in order ([] for most ops)."""
         if func not in CUBLAS_OPS:
             self.cudnn_used = self.cudnn_used or func in CUDNN_OPS
-            return []
+            return self.rnn.due(func, args) if self.rnn is not None else []
         out = []
         for library, nbytes, used in (("cublas", self.cublas_bytes, True),
                                       ("cublaslt", self.cublaslt_bytes, takes_cublaslt(func, args, kwargs))):
