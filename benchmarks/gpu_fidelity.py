@@ -31,8 +31,11 @@ MiB = 1 << 20
 QUANTITIES = (("allocated", "peak_allocated", "max_allocated"), ("reserved", "peak_reserved", "max_reserved"),
               ("nvml", "device_total", "nvml_process_peak"))
 """(label, the estimate's field, the truth's field)."""
-RNN = ("lstm", "gru", "autocast-cache-lstm")
-"""cuDNN RNNs are not emulated (memplan.estimator.cuda.semantics): reported, left out of the summary."""
+RNN = ("lstm-b32",)
+"""Reported, left out of the summary. The cuDNN RNN cases are emulated (memplan.estimator.cuda.rnn) and in the
+summary, except lstm-b32: its allocated is within 0.3 %, but its reserved truth is not reproducible (290 MiB in the
+H200 campaign's run, 370 MiB when the H100 read the same step op by op, benchmarks/results/gpu_campaign_raw_h100/
+ops/lstm-b32.json, against which memplan's emulated H100 estimate, 374 MiB, is 1.1 % over)."""
 
 
 def campaign(raw: Path = RAW) -> tuple[dict, str]:
@@ -96,7 +99,7 @@ def summarize(rows: list[dict], key: str, *, both: bool = False) -> dict:
     out = {}
     for label, _, _ in QUANTITIES:
         errs = [r[f"{key}_err_{label}"] for r in rows
-                if r[f"{key}_err_{label}"] is not None and not r["case"].startswith(RNN)
+                if r[f"{key}_err_{label}"] is not None and r["case"] not in RNN
                 and not (both and r["recorded_err_" + label] is None)]
         if errs:
             worst = max(errs, key=abs)
@@ -116,7 +119,8 @@ def render(report: dict) -> str:
              f"one {c['gpu_name']}, torch {c['torch']} ({c['raw']}). 'recorded': the emulated estimate the campaign "
              "recorded (this repository at the campaign's commit); 'now': this tree's, re-estimated on this CPU "
              f"(torch {report['machine']['torch']}) for the catalog's `{c['gpu']}`. Errors are (estimate - truth) / "
-             "truth; cuDNN RNN cases (not emulated) are listed but left out of the summary."
+             "truth; lstm-b32 is listed but left out of the summary (cuDNN RNN: its reserved truth differs between "
+             "runs, see `RNN` in the script)."
              + (" Re-estimated with transformers {transformers} (the campaign's models are built from its config "
                 "classes: match the campaign's version, e.g. `pip install --target DIR transformers==X` first on "
                 "PYTHONPATH).".format(**report["estimated_with"]) if report.get("estimated_with") else ""), ""]
