@@ -82,13 +82,13 @@ def reduction_rule(on: bool):
     """memplan's CUDA reduction staging rule as shipped (on) or switched off, for a before / after comparison."""
     from memplan.estimator.cuda.reductions import ReductionStaging
 
-    staging = ReductionStaging.staging_bytes
+    staging = ReductionStaging.staging_allocations
     if not on:
-        ReductionStaging.staging_bytes = lambda self, func, args, kwargs, out: 0
+        ReductionStaging.staging_allocations = lambda self, func, args, kwargs, out: ()
     try:
         yield
     finally:
-        ReductionStaging.staging_bytes = staging
+        ReductionStaging.staging_allocations = staging
 
 
 def estimate_emulated(name: str, device: str, *, reductions: bool = True):

@@ -2,7 +2,7 @@
 
 Each case with a GPU truth is estimated twice on this CPU with CUDA emulated (MEMPLAN_TRACE_ON_CPU=1, no
 calibration file, as benchmarks.gpu_fidelity does): with this tree's rule, and with the rule switched off
-(ReductionStaging.staging_bytes -> 0, which is the tree before it). Truths: the H200's (torch 2.11.0+cu130,
+(ReductionStaging.staging_allocations -> (), which is the tree before it). Truths: the H200's (torch 2.11.0+cu130,
 benchmarks/results/gpu_campaign_raw/part1.json, device "H200") and the H100's (same torch,
 benchmarks/results/gpu_campaign_raw_h100/part1.json and part1b.json, device "H100-80GB"), zoo and extra
 variants. Errors are (estimate - truth) / truth, as benchmarks.gpu_fidelity computes them.

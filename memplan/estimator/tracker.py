@@ -311,12 +311,13 @@ class StorageTracker(TorchDispatchMode):
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
             self._transient(cuda_contiguous_copy_bytes(func, args))
-            self._transient(self.reductions.staging_bytes(func, args, kwargs, out) if self.reductions else 0)
+            if self.reductions is not None:  # its buffer and semaphores, each a request of its own
+                self._transient(*self.reductions.staging_allocations(func, args, kwargs, out))
         if self.workspaces is not None:
             for nbytes in self.workspaces.due(func, args, kwargs, backward=self.phase is Phase.BACKWARD,
                                               stream=self._stream()):
                 self.reserve(nbytes, Category.WORKSPACES)
-            self._transient(self.workspaces.transient(func, args, out), Category.WORKSPACES)
+            self._transient(*self.workspaces.transient(func, args, out), category=Category.WORKSPACES)
         self._transient(ctc_backward_scratch_bytes(func, args))
         return out
 
@@ -328,13 +329,13 @@ class StorageTracker(TorchDispatchMode):
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=out[3].device)  # fake: we are above the fake mode
         return (*out[:3], workspace)
 
-    def _transient(self, nbytes: int | tuple[int, ...], category: Category = Category.TEMPORARIES) -> None:
-        """Memory a kernel holds only while it runs, on top of what is live (its outputs included): one block, or
-        several held together (a cuDNN RNN's copies and workspace)."""
-        blocks = [b for b in ((nbytes,) if isinstance(nbytes, int) else nbytes) if b > 0]
-        if not blocks:
+    def _transient(self, *sizes: int, category: Category = Category.TEMPORARIES) -> None:
+        """Memory a kernel holds only while it runs, on top of what is live (its outputs included): one request per
+        size, in order, all held at once, then freed (a reduction's staging buffer and semaphores, a cuDNN RNN's
+        copies and workspace)."""
+        handles = [self.memory.malloc(n, self._stream()) for n in sizes if n > 0]
+        if not handles:
             return
-        handles = [self.memory.malloc(b, self._stream()) for b in blocks]
         held = sum(self.memory.block_bytes(h) for h in handles)
         self._by_category[category] += held
         self._update_peak()

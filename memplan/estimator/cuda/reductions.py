@@ -64,18 +64,24 @@ class ReductionStaging:
 
     def staging_bytes(self, func, args, kwargs, out) -> int:
         """Bytes (block-rounded) the CUDA kernel of `func` allocates while it runs: 0 for all but sum / mean."""
+        return sum(_rounded(n) for n in self.staging_allocations(func, args, kwargs, out))
+
+    def staging_allocations(self, func, args, kwargs, out) -> tuple[int, ...]:
+        """The requests the CUDA kernel of `func` makes of the caching allocator while it runs, in order: its staging
+        buffer, then its semaphores (each a request of its own: a 16 MiB buffer takes a 16 MiB block, not a 2 MiB
+        rounded 18 MiB one), both held until it returns; () for all but a sum / mean that splits across blocks."""
         if func not in _REDUCTIONS or not isinstance(out, torch.Tensor) or not isinstance(args[0], torch.Tensor):
-            return 0
+            return ()
         x = args[0]
         dims = args[1] if len(args) > 1 else kwargs.get("dim")
         if x.numel() == 0 or x.numel() >= 2 ** 31 or x.dtype.is_complex:
-            return 0
+            return ()
         lowp = x.dtype in (torch.float16, torch.bfloat16) and out.dtype == torch.float32
         scalar = x.dtype if lowp or x.dtype == out.dtype else out.dtype  # make_reduction casts the input otherwise
         arg_size = 4 if scalar in (torch.float16, torch.bfloat16) else scalar.itemsize  # sum's / mean's acc type
         shape, in_strides, out_strides = _iterator_dims(list(x.shape), list(x.stride()), dims)
         buffer, semaphores = self._config(shape, in_strides, out_strides, x.storage_offset(), arg_size)
-        return _rounded(buffer) + _rounded(semaphores)
+        return (buffer, semaphores) if buffer else ()
 
     def _config(self, shape, in_strides, out_strides, offset, arg_size) -> tuple[int, int]:
         """setReduceConfig's (global_memory_size, semaphore_size) for a TensorIterator of these dims."""
