@@ -26,8 +26,8 @@ points to an empty folder), so they show memplan's sourced constants; `memplan v
 --dry-run runs the same steps on CPU with tiny sizes (tests/benchmarks/test_gpu_campaign.py); its figures
 are no GPU figures. Where a fresh process matters only on a GPU, the dry run saves its start: the accuracy cases,
 the planner-vs-bisection steps, the part-2 probes, part 3's cases (but FSDP2's, which set up a process group),
-part 4's step times and, where no driver is present, the CUDA probes run in this process (validate still runs as a
-child). `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
+part 4's step times, `memplan validate` and, where no driver is present, the CUDA probes run in this process.
+`python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
 """
 from __future__ import annotations
 
@@ -242,7 +242,7 @@ def validate(rec: Recorder, entry: dict, dry: bool) -> None:
             for attempt in ("first",) if dry else ("first", "calibrated"):
                 argv = [sys.executable, "-m", "memplan", "validate", str(ROOT / "configs" / f"{config}.yaml"),
                         "--batch-size", str(batch), "--json"]
-                done = run_child(rec, argv, env=env, cap_s=240)
+                done = _validate_here(argv, env) if dry else run_child(rec, argv, env=env, cap_s=240)
                 result = {"command": " ".join(argv[1:]), "exit": done.returncode,
                           "stderr_tail": done.stderr.strip()[-1500:]}
                 try:
@@ -254,6 +254,25 @@ def validate(rec: Recorder, entry: dict, dry: bool) -> None:
         entry["calibration_file"] = json.loads(calibration.read_text()) if calibration.is_file() else None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _validate_here(argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    """A dry run's `memplan validate` (argv as a child would run it) in this process, with env's calibration file:
+    on CPU a fresh process only imports Lightning again, and the CPU truth is the profiler's, not the process's."""
+    from memplan.commands.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = os.environ.get("MEMPLAN_CALIBRATION")
+    os.environ["MEMPLAN_CALIBRATION"] = env["MEMPLAN_CALIBRATION"]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv[3:])
+    finally:
+        if saved is None:
+            os.environ.pop("MEMPLAN_CALIBRATION", None)
+        else:
+            os.environ["MEMPLAN_CALIBRATION"] = saved
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
