@@ -463,9 +463,6 @@ def run_part(settings: Settings) -> dict:
     calib_dir = Path(tempfile.mkdtemp(prefix="memplan-no-calibration-"))
     os.environ["MEMPLAN_CALIBRATION"] = str(calib_dir / "calibration.json")  # no file: the sourced constants
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    from benchmarks.accuracy_gpu import extra_cases
-    from benchmarks.zoo import CASES
-
     with rec.section("environment") as e:
         if e is not None:
             environment(e, dry)
@@ -503,9 +500,13 @@ def run_part(settings: Settings) -> dict:
                 validate(rec, e, dry)
         with rec.section("accuracy_zoo") as e:
             if e is not None:
+                from benchmarks.zoo import CASES  # (imports torch: not before a section runs)
+
                 accuracy(rec, e, settings.chosen(DRY_CASES if dry else CASES), dry)
         with rec.section("accuracy_extra") as e:
             if e is not None:
+                from benchmarks.accuracy_gpu import extra_cases
+
                 accuracy(rec, e, settings.chosen(DRY_EXTRA_CASES if dry else extra_cases()), dry)
     else:
         with rec.section("oom_retry") as e:
