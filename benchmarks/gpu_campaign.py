@@ -25,8 +25,9 @@ points to an empty folder), so they show memplan's sourced constants; `memplan v
 
 --dry-run runs the same steps on CPU with tiny sizes (tests/benchmarks/test_gpu_campaign.py); its figures
 are no GPU figures. Where a fresh process matters only on a GPU, the dry run saves its start: the accuracy cases,
-the planner-vs-bisection steps, the part-2 probes, part 3's cases (but FSDP2's, which set up a process group),
-part 4's step times, `memplan validate` and, where no driver is present, the CUDA probes run in this process.
+the planner-vs-bisection steps, the part-2 probes, part 3's cases (but FSDP2's truth, which sets up a process
+group), part 4's step times, `memplan validate` and, where no driver is present, the CUDA probes run in this
+process.
 `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
 """
 from __future__ import annotations
@@ -381,9 +382,9 @@ def memory_gaps(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None
         return marked_json(done.stdout, RESULT_MARKER)
 
     def here(mode: str, name: str, emulate: bool) -> dict:
-        """A dry run's case in this process (on CPU a fresh process only restarts Python); FSDP2's cases keep
-        theirs: they set up a process group."""
-        if gap_cases()[name].kind == "fsdp2":
+        """A dry run's case in this process (on CPU a fresh process only restarts Python); FSDP2's truth keeps
+        its own: it sets up a process group (its estimate traces in a fake one that it takes down again)."""
+        if gap_cases()[name].kind == "fsdp2" and mode == "memory":
             return one(mode, name, emulate)
         try:
             return run_gap(mode, name, cpu=True)
