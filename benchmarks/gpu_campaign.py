@@ -25,9 +25,10 @@ points to an empty folder), so they show memplan's sourced constants; `memplan v
 
 --dry-run runs the same steps on CPU with tiny sizes (tests/benchmarks/test_gpu_campaign.py); its figures
 are no GPU figures. Where a fresh process matters only on a GPU, the dry run saves its start: the accuracy cases,
-the planner-vs-bisection steps, the part-2 probes, part 3's cases (but FSDP2's, which set up a process group),
-part 4's step times and, where no driver is present, the CUDA probes run in this process (validate still runs as a
-child). `python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
+the planner-vs-bisection steps, the part-2 probes, part 3's cases (but FSDP2's truth, which sets up a process
+group), part 4's step times, `memplan validate` and, where no driver is present, the CUDA probes run in this
+process.
+`python -m benchmarks.gpu_results DIR` turns the JSON into benchmarks/results/*_gpu.md.
 """
 from __future__ import annotations
 
@@ -242,7 +243,7 @@ def validate(rec: Recorder, entry: dict, dry: bool) -> None:
             for attempt in ("first",) if dry else ("first", "calibrated"):
                 argv = [sys.executable, "-m", "memplan", "validate", str(ROOT / "configs" / f"{config}.yaml"),
                         "--batch-size", str(batch), "--json"]
-                done = run_child(rec, argv, env=env, cap_s=240)
+                done = _validate_here(argv, env) if dry else run_child(rec, argv, env=env, cap_s=240)
                 result = {"command": " ".join(argv[1:]), "exit": done.returncode,
                           "stderr_tail": done.stderr.strip()[-1500:]}
                 try:
@@ -254,6 +255,25 @@ def validate(rec: Recorder, entry: dict, dry: bool) -> None:
         entry["calibration_file"] = json.loads(calibration.read_text()) if calibration.is_file() else None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _validate_here(argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    """A dry run's `memplan validate` (argv as a child would run it) in this process, with env's calibration file:
+    on CPU a fresh process only imports Lightning again, and the CPU truth is the profiler's, not the process's."""
+    from memplan.commands.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = os.environ.get("MEMPLAN_CALIBRATION")
+    os.environ["MEMPLAN_CALIBRATION"] = env["MEMPLAN_CALIBRATION"]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv[3:])
+    finally:
+        if saved is None:
+            os.environ.pop("MEMPLAN_CALIBRATION", None)
+        else:
+            os.environ["MEMPLAN_CALIBRATION"] = saved
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def accuracy(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None:
@@ -362,9 +382,9 @@ def memory_gaps(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None
         return marked_json(done.stdout, RESULT_MARKER)
 
     def here(mode: str, name: str, emulate: bool) -> dict:
-        """A dry run's case in this process (on CPU a fresh process only restarts Python); FSDP2's cases keep
-        theirs: they set up a process group."""
-        if gap_cases()[name].kind == "fsdp2":
+        """A dry run's case in this process (on CPU a fresh process only restarts Python); FSDP2's truth keeps
+        its own: it sets up a process group (its estimate traces in a fake one that it takes down again)."""
+        if gap_cases()[name].kind == "fsdp2" and mode == "memory":
             return one(mode, name, emulate)
         try:
             return run_gap(mode, name, cpu=True)
@@ -444,9 +464,6 @@ def run_part(settings: Settings) -> dict:
     calib_dir = Path(tempfile.mkdtemp(prefix="memplan-no-calibration-"))
     os.environ["MEMPLAN_CALIBRATION"] = str(calib_dir / "calibration.json")  # no file: the sourced constants
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    from benchmarks.accuracy_gpu import extra_cases
-    from benchmarks.zoo import CASES
-
     with rec.section("environment") as e:
         if e is not None:
             environment(e, dry)
@@ -484,9 +501,13 @@ def run_part(settings: Settings) -> dict:
                 validate(rec, e, dry)
         with rec.section("accuracy_zoo") as e:
             if e is not None:
+                from benchmarks.zoo import CASES  # (imports torch: not before a section runs)
+
                 accuracy(rec, e, settings.chosen(DRY_CASES if dry else CASES), dry)
         with rec.section("accuracy_extra") as e:
             if e is not None:
+                from benchmarks.accuracy_gpu import extra_cases
+
                 accuracy(rec, e, settings.chosen(DRY_EXTRA_CASES if dry else extra_cases()), dry)
     else:
         with rec.section("oom_retry") as e:

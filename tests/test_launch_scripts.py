@@ -40,7 +40,7 @@ def test_script_without_config_is_a_usage_error(script, tmp_path):
     assert run.returncode == 2 and "usage:" in run.stderr
 
 
-def test_torchrun_sh_trains_on_cpu_with_the_planner_planning_at_fit_start(tmp_path):
+def test_torchrun_sh_trains_on_cpu_with_the_planner_planning_at_fit_start(tmp_path, capsys):
     env = dict(os.environ, OMP_NUM_THREADS="1", MEMPLAN_PYTHON=sys.executable, MEMPLAN_CPU="1")
     run = run_watched(
         [str(TORCHRUN_SH), str(MLP), "--", "--trainer.max_steps=3", "--trainer.log_every_n_steps=1"],
@@ -59,14 +59,17 @@ def test_torchrun_sh_trains_on_cpu_with_the_planner_planning_at_fit_start(tmp_pa
     assert layouts[0] == layouts[1], "every rank applies the same plan"
     # the config's memplan.global_batch_size reaches the callback, over 2 ranks
     assert layouts[0]["world_size"] == 2 and layouts[0]["global_batch_size"] == 1024
-    # and memplan report turns the run's logs into the picture and the summary
+    # and memplan report turns the run's logs into the picture and the summary (the command's own code, in this
+    # process: a child would only import torch again)
+    from memplan.commands.cli import main
+
     run_dir = logs[0].parent.parent
-    report = run_watched([sys.executable, "-m", "memplan", "report", str(run_dir)], cwd=tmp_path,
-                         env=env)
-    assert report.returncode == 0, report.stderr[-2000:]
+    code = main(["report", str(run_dir)])
+    report = capsys.readouterr()
+    assert code == 0, report.err[-2000:]
     png = run_dir / "memplan_report.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    assert "rank" in report.stdout and "peak" in report.stdout
+    assert "rank" in report.out and "peak" in report.out
 
 
 TINY_FSDP_GPT = {

@@ -211,17 +211,30 @@ def _child_env() -> dict:
                 OMP_NUM_THREADS="1")
 
 
-def _dry_run(raw, parts: tuple[int, ...]):
-    """The campaign's `parts` on CPU into `raw`, each asserted to exit 0. The campaign's own time budget (a GPU
-    lease's wall clock) is set far out: on a loaded machine the dry run is slow, not hung (run_watched tells the
-    two apart)."""
-    env = _child_env()
-    for part in parts:
-        done = run_watched([sys.executable, "-m", "benchmarks.gpu_campaign", "--part", str(part), "--out", str(raw),
-                            "--dry-run", "--jobs", "1", "--measure-jobs", "1", "--budget-s", "86400"],
-                           cwd=ROOT, env=env)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return raw
+#: the campaign's `parts` one after another, then the results converter, in ONE child process (argv: raw folder,
+#: results folder, parts): each part's exit status is checked as its own process's would be (10 + the part when it
+#: is not 0), the converter's is the child's. On CPU a fresh process per part only imports torch, Lightning and
+#: transformers again (~5 CPU-s each); on a GPU the campaign starts each part alone (test_the_one_call_script...
+#: runs them so, as `python -m benchmarks.gpu_campaign`).
+DRY_PARTS_THEN_CONVERTER = """import sys
+from benchmarks import gpu_campaign, gpu_results
+raw, out, *parts = sys.argv[1:]
+for part in parts:
+    status = gpu_campaign.main(["--part", part, "--out", raw, "--dry-run", "--jobs", "1", "--measure-jobs", "1",
+                                "--budget-s", "86400"])
+    if status != 0:
+        sys.exit(f"part {part} exited {status}")
+sys.exit(gpu_results.main([raw, "--results", out]))
+"""
+
+
+def _dry_run(raw: Path, out: Path, parts: tuple[int, ...]) -> None:
+    """The campaign's `parts` on CPU into `raw`, each asserted to exit 0, then the converter into `out`, asserted
+    to exit 0. The campaign's own time budget (a GPU lease's wall clock) is set far out: on a loaded machine the dry
+    run is slow, not hung (run_watched tells the two apart)."""
+    done = run_watched([sys.executable, "-c", DRY_PARTS_THEN_CONVERTER, str(raw), str(out), *map(str, parts)],
+                       cwd=ROOT, env=_child_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -229,7 +242,8 @@ def test_dry_run_of_both_parts_then_the_converter(tmp_path):
     """Both parts on CPU (a few minutes on 2 cores), then their results rendered. The campaign's own time
     budget (a GPU lease's wall clock) is set far out: on a loaded machine the dry run is slow, not hung
     (run_watched tells the two apart)."""
-    raw = _dry_run(tmp_path / "raw", (1, 2))
+    raw, out = tmp_path / "raw", tmp_path / "md"
+    _dry_run(raw, out, (1, 2))
     assert sorted(p.name for p in raw.iterdir()) == ["part1.json", "part1.log", "part2.json", "part2.log"]
     part1 = json.loads((raw / "part1.json").read_text())["sections"]
     part2 = json.loads((raw / "part2.json").read_text())["sections"]
@@ -244,10 +258,6 @@ def test_dry_run_of_both_parts_then_the_converter(tmp_path):
     pvb = part2["plan_vs_bisect_mlp"]
     assert pvb["truth_max_micro_batch"] >= 1 and pvb["probes"] and pvb["planned_runs"] in (True, False)
     assert pvb["batch_size_finder_seconds"] > 0 and part2["callback_overhead"]["own_us_per_step"] > 0
-    out = tmp_path / "md"
-    done = run_watched([sys.executable, "-m", "benchmarks.gpu_results", str(raw), "--results", str(out)],
-                       cwd=ROOT, env=_child_env())
-    assert done.returncode == 0, done.stderr
     for name in ("accuracy_gpu", "cuda_overheads_gpu", "validate_gpu", "plan_vs_bisect_gpu", "callback_gpu"):
         text = (out / f"{name}.md").read_text()
         assert "DRY RUN on CPU" in text and "Device: no GPU" in text
@@ -421,7 +431,8 @@ def test_dry_run_of_parts_3_and_4_then_the_converter(tmp_path):
     rendered: every gap case and every timed setting is there, and every timed setting gets a prediction."""
     from benchmarks.gpu_extra import DRY_GAPS, TIME_MODELS, time_settings
 
-    raw = _dry_run(tmp_path / "raw", (3, 4))
+    raw, out = tmp_path / "raw", tmp_path / "md"
+    _dry_run(raw, out, (3, 4))
     part3 = json.loads((raw / "part3.json").read_text())["sections"]
     part4 = json.loads((raw / "part4.json").read_text())["sections"]
     assert all(s["status"] == "done" for s in [*part3.values(), *part4.values()])
@@ -435,10 +446,6 @@ def test_dry_run_of_parts_3_and_4_then_the_converter(tmp_path):
         timed = part4[f"step_time_{model}"]["rows"]
         assert [(r["precision"], r["micro_batch"], r["checkpointing"]) for r in timed] == time_settings(model, True)
         assert all(r["step_seconds_median"] > 0 for r in timed)
-    out = tmp_path / "md"
-    done = run_watched([sys.executable, "-m", "benchmarks.gpu_results", str(raw), "--results", str(out)],
-                       cwd=ROOT, env=_child_env())
-    assert done.returncode == 0, done.stderr
     rendered = json.loads((out / "step_time_gpu.json").read_text())["rows"]
     assert len(rendered) == sum(len(time_settings(m, True)) for m in TIME_MODELS)
     assert all(r["predicted"]["step_seconds"] > 0 for r in rendered)

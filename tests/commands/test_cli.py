@@ -1,6 +1,8 @@
 """The memplan command line, end to end in-process (CPU; GPUs named from the catalog)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -36,8 +38,18 @@ def test_suggest_off_box_keeps_the_global_batch_and_fits(capsys):
     assert plan.gpu_name == "A100-80GB" and plan.gpu_total_bytes > 0
 
 
-def test_suggest_prints_a_table_with_reasons(capsys):
-    code, out, _ = run(capsys, "suggest", "--gpu-memory", "24GiB", MLP)
+@pytest.fixture(scope="module")
+def table_on_24gib() -> tuple[int, str]:
+    """`memplan suggest --gpu-memory 24GiB configs/mlp.yaml` (a table on stdout, not a terminal, as with
+    `> plan.txt`), run once for the tests that read it: its exit status and stdout."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["suggest", "--gpu-memory", "24GiB", MLP])
+    return code, out.getvalue()
+
+
+def test_suggest_prints_a_table_with_reasons(table_on_24gib):
+    code, out = table_on_24gib
     assert code == 0
     for word in ("micro-batch per GPU", "gradient accumulation", "predicted per-GPU peak", "Why:"):
         assert word in out
@@ -148,10 +160,10 @@ def test_estimate_passes_the_loop_and_the_data_dependent_policy_to_the_trace(cap
     assert (seen["loop"], seen["data_dependent"]) == expected
 
 
-def test_piped_output_keeps_each_sentence_on_one_line(capsys):
+def test_piped_output_keeps_each_sentence_on_one_line(table_on_24gib):
     # stdout here is not a terminal (as with `| tee plan.txt` or `> plan.txt`): rich wrapped it at 80 columns,
     # mid-sentence; now each reason is one line, whole
-    code, out, _ = run(capsys, "suggest", "--gpu-memory", "24GiB", MLP)
+    code, out = table_on_24gib
     assert code == 0
     why = next(line for line in out.splitlines() if line.startswith("Why: "))
     assert len(why) > 200 and why.rstrip().endswith(".")
