@@ -48,11 +48,12 @@ on its reduce-scatter stream; memplan keeps those pools apart (memplan.estimator
 pools, to show what the streams account for.
 
 What was checked against the code of that date and found to change nothing here (the traced torch, 2.13,
-behaves the same): FSDP2's stream layout (torch 2.6, cut from main ten days before the run's nightly: the
-all-gather output and copy-in buffer on the copy-in stream, forward and backward; the reduce-scatter input on
-the default stream; the reduce-scatter output, the sharded gradients, on the reduce-scatter stream; one
-reduce-scatter input kept until the next reduce-scatter; the last all-gather result freed by the root's
-post-forward); FSDP2's backward prefetch of one block; foreach AdamW's one parameter-sized intermediate list;
+behaves the same): FSDP2's stream layout (read in torch 2.6.0's source, branched from main shortly before
+the run's nightly of 2024-12-23: the all-gather output and copy-in buffer on the copy-in stream, forward and
+backward; the reduce-scatter input on the default stream; the reduce-scatter output, the sharded gradients,
+on the reduce-scatter stream; one reduce-scatter input kept until the next reduce-scatter; the last
+all-gather result freed by the root's post-forward); FSDP2's backward prefetch of one block; foreach AdamW's
+one parameter-sized intermediate list;
 no record_stream on any collective's tensors (torchtitan's init_distributed sets
 TORCH_NCCL_AVOID_RECORD_STREAMS=1, and ProcessGroupNCCL drops the stashed tensors at `wait()`). Known
 differences: the GPUs were 96 GB H100s (Grand Teton, HBM2e), traced here as the catalog's H100-80GB (sm90:
