@@ -107,8 +107,8 @@ def _published_gpu() -> tuple[str, ...]:
 
 def _torchtitan() -> tuple[str, ...]:
     report = results("torchtitan_memory")
-    rows = {(r["checkpointing"], r["pools"]): r for r in report["rows"]}
-    op, one_pool, s = rows["op", "per stream"], rows["op", "one pool"], report["summary"]
+    rows = {r["setting"]: r for r in report["rows"]}
+    op, one_pool, s = rows["op"], rows["op-one-pool"], report["summary"]
     return (f"{op['peak_reserved_gib']:.2f}", f"{s['published_gib']}", signed_pct(s["relative_error"], 1),
             f"{100 * s['goal']:.0f}", f"{op['side_stream_reserved_gib']:.2f}", f"{one_pool['peak_reserved_gib']:.2f}")
 
