@@ -167,9 +167,10 @@ def test_per_rank_peak_matches_a_real_two_rank_fsdp2_run():
     block = sum(p.numel() * p.element_size() for p in tiny_gpt().blocks[0].parameters())
     seen = []
     for _ in range(REAL_RUNS):
-        with children_watched(), mp.Manager() as manager:  # a hung rank is killed: spawn then fails
+        with children_watched(), mp.Manager() as manager:  # a hung rank is killed: the join then fails
             out = manager.dict()
-            mp.spawn(_real_rank, args=(2, _free_port(), out), nprocs=2, join=True)
+            # forked ranks: a spawned one would import torch, Lightning and memplan again (~8 CPU-s each)
+            mp.start_processes(_real_rank, args=(2, _free_port(), out), nprocs=2, join=True, start_method="fork")
             truths = [out[0], out[1]]
         seen.append(truths)
         for truth in truths:
