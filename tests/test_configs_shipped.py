@@ -104,15 +104,42 @@ def test_plain_lightning_cli_refuses_a_top_level_memplan_section_that_add_mempla
     assert exited.value.code == 0
 
 
+#: The suggest command's main, run on each config given (config path, result file) in turn in one process; each
+#: result file gets the command's exit status, stdout and stderr.
+SUGGEST_EACH = """
+import contextlib, io, json, sys
+from memplan.commands.cli import main
+for config, result in zip(sys.argv[1::2], sys.argv[2::2]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["suggest", "--gpus", "4", "--gpu", "A100-80GB", config, "--json"])
+    with open(result, "w") as f:
+        json.dump({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}, f)
+"""
+#: resnet first: the config seen to hang in a fresh process (below)
+SUGGESTED = ("resnet", *sorted(set(EXPECTED) - {"resnet"}))
+
+
+@pytest.fixture(scope="module")
+def suggested(tmp_path_factory) -> tuple[Path, object]:
+    """`memplan suggest --gpus 4 --gpu A100-80GB CONFIG --json` on each of SUGGESTED, one after another in one fresh
+    watched process (the command's own main: one Python, torch and Lightning start-up for the four): (the folder
+    holding NAME.json per config, the process's result). tests/conftest.py keeps this module on one xdist worker."""
+    root = tmp_path_factory.mktemp("suggest")
+    argv = [a for name in SUGGESTED for a in (str(CONFIGS / f"{name}.yaml"), str(root / f"{name}.json"))]
+    return root, run_watched([sys.executable, "-c", SUGGEST_EACH, *argv], cwd=root)
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_suggest_plans_each_shipped_config_end_to_end(name, tmp_path):
-    # The real command in a fresh process, as the README runs it: its search traces in the background
-    # (planner/background.py) after the config built real CPU tensors. Seen: resnet hung there for ever,
+def test_suggest_plans_each_shipped_config_end_to_end(name, suggested):
+    # The real command (its main, as `python -m memplan suggest` runs it) in a fresh process: its search traces in
+    # the background (planner/background.py) after the config built real CPU tensors. Seen: resnet hung there for ever,
     # so the run is watched: a hang (no CPU progress) fails the test instead of blocking the CI job.
     import json
 
-    done = run_watched([sys.executable, "-m", "memplan", "suggest", "--gpus", "4", "--gpu", "A100-80GB",
-                        str(CONFIGS / f"{name}.yaml"), "--json"], cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    plan = json.loads(done.stdout)
+    root, run = suggested
+    assert run.returncode == 0 and (root / f"{name}.json").exists(), run.stderr[-2000:]
+    done = json.loads((root / f"{name}.json").read_text())
+    assert done["returncode"] == 0, done["stderr"][-2000:]
+    plan = json.loads(done["stdout"])
     assert plan["world_size"] * plan["micro_batch_size"] * plan["accumulate_grad_batches"] == EXPECTED[name][2]

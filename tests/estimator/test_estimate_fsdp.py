@@ -5,6 +5,7 @@ largest on rank 0), and the whole per-rank peak against a real 2-rank FSDP2 run 
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 
@@ -47,10 +48,17 @@ def fsdp_estimate(ranks: int, settings: FsdpSettings | None = None, **kwargs):
                     fsdp=settings, **kwargs)
 
 
+@functools.cache
+def default_fsdp_estimate(ranks: int):
+    """fsdp_estimate(ranks), traced once per process: four tests read it (tests/conftest.py keeps this module on one
+    xdist worker)."""
+    return fsdp_estimate(ranks)
+
+
 def test_parameters_and_optimizer_state_are_rank_zeros_shards():
     model = tiny_gpt()
     for ranks in (2, 4):
-        est = fsdp_estimate(ranks)
+        est = default_fsdp_estimate(ranks)
         assert est.parameters == shard_bytes(model, ranks)
         assert est.optimizer_state == 2 * shard_bytes(model, ranks) + 4 * sum(1 for _ in model.parameters())
         assert est.strategy == "fsdp" and est.world_size == ranks
@@ -58,21 +66,21 @@ def test_parameters_and_optimizer_state_are_rank_zeros_shards():
 
 
 def test_sharding_strategies_order_by_memory():
-    full = fsdp_estimate(4)
+    full = default_fsdp_estimate(4)
     grad_op = fsdp_estimate(4, FsdpSettings(sharding_strategy="SHARD_GRAD_OP"))
     hybrid = fsdp_estimate(4, FsdpSettings(sharding_strategy="HYBRID_SHARD", shard_size=2))
     no_shard = fsdp_estimate(4, FsdpSettings(sharding_strategy="NO_SHARD"))
     one_rank = estimate(tiny_gpt, gpt_batch(), optimizer="adamw", device="cpu")
     assert full.peak_allocated < grad_op.peak_allocated
     assert full.peak_allocated < hybrid.peak_allocated < no_shard.peak_allocated
-    assert hybrid.parameters == fsdp_estimate(2).parameters  # sharded within the group of 2
+    assert hybrid.parameters == default_fsdp_estimate(2).parameters  # sharded within the group of 2
     assert no_shard.parameters == one_rank.parameters
 
 
 def test_cpu_offload_keeps_sharded_state_off_the_device():
     est = fsdp_estimate(2, FsdpSettings(cpu_offload=True))
     assert est.parameters == 0 and est.optimizer_state == 0
-    assert est.peak_allocated < fsdp_estimate(2).peak_allocated
+    assert est.peak_allocated < default_fsdp_estimate(2).peak_allocated
     assert any("CPU offload" in note for note in est.notes)
 
 
@@ -167,9 +175,10 @@ def test_per_rank_peak_matches_a_real_two_rank_fsdp2_run():
     block = sum(p.numel() * p.element_size() for p in tiny_gpt().blocks[0].parameters())
     seen = []
     for _ in range(REAL_RUNS):
-        with children_watched(), mp.Manager() as manager:  # a hung rank is killed: spawn then fails
+        with children_watched(), mp.Manager() as manager:  # a hung rank is killed: the join then fails
             out = manager.dict()
-            mp.spawn(_real_rank, args=(2, _free_port(), out), nprocs=2, join=True)
+            # forked ranks: a spawned one would import torch, Lightning and memplan again (~8 CPU-s each)
+            mp.start_processes(_real_rank, args=(2, _free_port(), out), nprocs=2, join=True, start_method="fork")
             truths = [out[0], out[1]]
         seen.append(truths)
         for truth in truths:
