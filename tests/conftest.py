@@ -24,10 +24,12 @@ torch.set_num_threads(1)  # in case a plugin imported torch before this file set
 #: test modules whose tests share work done once per process: a 2-rank launch (ddp_runs, fsdp_runs,
 #: planning_runs), every candidate of a search traced (test_planner_floors.every_trace, ~10-20 CPU-s a case,
 #: read by two tests), one process running `memplan suggest` on four configs (test_configs_shipped.suggested),
-#: FSDP estimates read by several tests (test_estimate_fsdp.default_fsdp_estimate)
+#: FSDP estimates read by several tests (test_estimate_fsdp.default_fsdp_estimate), one `memplan suggest` run
+#: read by two tests (test_cli.table_on_24gib)
 ONE_WORKER = frozenset({"tests/callback/test_callback_ddp.py", "tests/callback/test_callback_fsdp.py",
                         "tests/estimator/test_fake_copy_ddp.py", "tests/test_planner_floors.py",
-                        "tests/test_configs_shipped.py", "tests/estimator/test_estimate_fsdp.py"})
+                        "tests/test_configs_shipped.py", "tests/estimator/test_estimate_fsdp.py",
+                        "tests/commands/test_cli.py"})
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: ignored where xdist is not installed
