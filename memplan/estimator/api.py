@@ -19,6 +19,7 @@ from memplan.estimator.checkpointing import (
 from memplan.estimator.cuda.composite import RealCompositePaths
 from memplan.estimator.cuda.conv_workspace import ConvWorkspaces
 from memplan.estimator.cuda.reductions import ReductionStaging
+from memplan.estimator.cuda.rnn import CudnnRnnBuffers
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
@@ -42,6 +43,7 @@ from memplan.estimator.trace_route import fallback_after, trace_target
 from memplan.estimator.trace_setting import TraceSetting, check_strategy
 from memplan.estimator.tracker import Category, Phase, StorageTracker
 from memplan.estimator.values import DataDependent, ValueResolver
+from memplan.hardware.catalog import streaming_multiprocessors
 from memplan.units import MiB
 
 TRACED_STEPS = 2
@@ -245,9 +247,11 @@ class _Trace:
             for nbytes in ddp_bucket_bytes(list(self.model.parameters())):
                 tracker.reserve(nbytes, Category.GRADIENTS)
         if self.overheads is not None:  # cuBLAS(Lt) workspaces: taken at each thread's first call; cuDNN's per conv
+            cc = self.target.compute_capability
             tracker.workspaces = self.overheads.library_workspaces(
-                ConvWorkspaces(self.target.compute_capability, benchmark=torch.backends.cudnn.benchmark))
-            tracker.reductions = ReductionStaging.for_gpu(self.target.name, self.target.compute_capability)
+                ConvWorkspaces(cc, benchmark=torch.backends.cudnn.benchmark),
+                CudnnRnnBuffers(sm_count=streaming_multiprocessors(self.target.name, cc)))
+            tracker.reductions = ReductionStaging.for_gpu(self.target.name, cc)
         self.grad_scale = torch.tensor(65536.0, device=self.device) if self.policy.grad_scaling else None
         if self.manual is not None:
             self.manual.grad_scale = self.grad_scale

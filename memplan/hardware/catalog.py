@@ -42,6 +42,9 @@ class GpuModel:
     """Other spellings accepted by lookup_gpu (matched ignoring case and punctuation)."""
     nvml_names: tuple[str, ...] = ()
     """Names NVML gives this board (nvmlDeviceGetName), used by match_nvml_name."""
+    sm_count: int | None = None
+    """Streaming multiprocessors (NVIDIA's specification; the larger where SXM and PCIe boards share a name):
+    kernels size per-launch buffers by it (a CUDA sum's staging buffer, cuDNN's dropout state). None: unknown."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.total_bytes, int) or self.total_bytes <= 0:
@@ -64,45 +67,45 @@ class GpuModel:
 
 
 def _m(name: str, mib: int, cc: tuple[int, int], aliases: tuple[str, ...],
-       nvml: tuple[str, ...]) -> GpuModel:
+       nvml: tuple[str, ...], sms: int) -> GpuModel:
     return GpuModel(name=name, total_bytes=mib * MiB, compute_capability=cc,
-                    aliases=aliases, nvml_names=nvml)
+                    aliases=aliases, nvml_names=nvml, sm_count=sms)
 
 
 KNOWN_GPUS: tuple[GpuModel, ...] = (
     # Volta (no bf16). 16160 MiB on most drivers (16152 and 16130 also seen); 32510 MiB for 32 GB
     # (32480 and 32768 also seen).
     _m("V100-16GB", 16160, (7, 0), ("v100-16g", "v100-sxm2-16gb", "v100-pcie-16gb"),
-       ("Tesla V100-SXM2-16GB", "Tesla V100-PCIE-16GB", "Tesla V100-FHHL-16GB")),
+       ("Tesla V100-SXM2-16GB", "Tesla V100-PCIE-16GB", "Tesla V100-FHHL-16GB"), 80),
     _m("V100-32GB", 32510, (7, 0), ("v100-32g", "v100-sxm2-32gb", "v100-pcie-32gb"),
-       ("Tesla V100-SXM2-32GB", "Tesla V100-PCIE-32GB")),
+       ("Tesla V100-SXM2-32GB", "Tesla V100-PCIE-32GB"), 80),
     # Turing (no bf16). 15360 MiB with current drivers; drivers before R510 said 15109 MiB
     # (they left the driver's reservation out of the total).
-    _m("T4", 15360, (7, 5), ("tesla-t4", "t4-16gb"), ("Tesla T4",)),
+    _m("T4", 15360, (7, 5), ("tesla-t4", "t4-16gb"), ("Tesla T4",), 40),
     # Ampere. A100 PCIe boards report the same totals as SXM4 (40960 / 81920 MiB).
-    _m("A10G", 23028, (8, 6), ("a10g-24gb",), ("NVIDIA A10G",)),
+    _m("A10G", 23028, (8, 6), ("a10g-24gb",), ("NVIDIA A10G",), 80),
     _m("A100-40GB", 40960, (8, 0), ("a100-40g", "a100-sxm4-40gb", "a100-pcie-40gb"),
-       ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB")),
+       ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), 108),
     _m("A100-80GB", 81920, (8, 0), ("a100-80g", "a100-sxm4-80gb", "a100-pcie-80gb"),
-       ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe")),
-    _m("A40", 46068, (8, 6), ("a40-48gb",), ("NVIDIA A40",)),
-    _m("RTX-A6000", 49140, (8, 6), ("a6000", "rtxa6000"), ("NVIDIA RTX A6000",)),
+       ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"), 108),
+    _m("A40", 46068, (8, 6), ("a40-48gb",), ("NVIDIA A40",), 84),
+    _m("RTX-A6000", 49140, (8, 6), ("a6000", "rtxa6000"), ("NVIDIA RTX A6000",), 84),
     # 24576 MiB on Linux; Windows/WDDM drivers report less.
-    _m("RTX-3090", 24576, (8, 6), ("3090", "rtx3090"), ("NVIDIA GeForce RTX 3090",)),
+    _m("RTX-3090", 24576, (8, 6), ("3090", "rtx3090"), ("NVIDIA GeForce RTX 3090",), 82),
     # Ada Lovelace.
-    _m("L4", 23034, (8, 9), ("l4-24gb",), ("NVIDIA L4",)),
-    _m("L40", 46068, (8, 9), ("l40-48gb",), ("NVIDIA L40",)),
-    _m("L40S", 46068, (8, 9), ("l40s-48gb",), ("NVIDIA L40S",)),
-    _m("RTX-4090", 24564, (8, 9), ("4090", "rtx4090"), ("NVIDIA GeForce RTX 4090",)),
+    _m("L4", 23034, (8, 9), ("l4-24gb",), ("NVIDIA L4",), 58),
+    _m("L40", 46068, (8, 9), ("l40-48gb",), ("NVIDIA L40",), 142),
+    _m("L40S", 46068, (8, 9), ("l40s-48gb",), ("NVIDIA L40S",), 142),
+    _m("RTX-4090", 24564, (8, 9), ("4090", "rtx4090"), ("NVIDIA GeForce RTX 4090",), 128),
     _m("RTX-6000-Ada", 49140, (8, 9), ("rtx6000ada", "6000ada"),
-       ("NVIDIA RTX 6000 Ada Generation",)),
-    # Hopper. SXM5 and PCIe 80 GB boards both report 81559 MiB.
+       ("NVIDIA RTX 6000 Ada Generation",), 142),
+    # Hopper. SXM5 and PCIe 80 GB boards both report 81559 MiB (132 and 114 SMs: the larger is kept).
     _m("H100-80GB", 81559, (9, 0), ("h100", "h100-sxm", "h100-pcie", "h100-80gb-hbm3"),
-       ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe")),
-    _m("H100-NVL", 95830, (9, 0), ("h100-94gb", "h100nvl"), ("NVIDIA H100 NVL",)),
-    _m("H200", 143771, (9, 0), ("h200-141gb", "h200-nvl"), ("NVIDIA H200", "NVIDIA H200 NVL")),
+       ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"), 132),
+    _m("H100-NVL", 95830, (9, 0), ("h100-94gb", "h100nvl"), ("NVIDIA H100 NVL",), 132),
+    _m("H200", 143771, (9, 0), ("h200-141gb", "h200-nvl"), ("NVIDIA H200", "NVIDIA H200 NVL"), 132),
     # Blackwell.
-    _m("B200", 183359, (10, 0), ("b200-180gb",), ("NVIDIA B200",)),
+    _m("B200", 183359, (10, 0), ("b200-180gb",), ("NVIDIA B200",), 148),
 )
 
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce"}
@@ -134,6 +137,29 @@ _AMBIGUOUS = {"v100": ("V100-16GB", "V100-32GB"), "a100": ("A100-40GB", "A100-80
 def known_gpu_names() -> tuple[str, ...]:
     """Canonical names of every catalogued GPU, in catalog order."""
     return tuple(model.name for model in KNOWN_GPUS)
+
+
+def streaming_multiprocessors(name: str, compute_capability: tuple[int, int]) -> int:
+    """SMs of the GPU named `name` (a catalog or NVML spelling); for a GPU outside the catalog, the most of any
+    catalogued board of its generation (compute capability major), else of any: buffers sized by SMs are then
+    not under-counted."""
+    try:
+        model = lookup_gpu(name)
+    except UnknownGpu:
+        model = match_nvml_name(name)
+    if model is not None and model.sm_count:
+        return model.sm_count
+    same = [m.sm_count for m in KNOWN_GPUS if m.compute_capability[0] == compute_capability[0]]
+    return max(same or [m.sm_count for m in KNOWN_GPUS])
+
+
+_THREADS_PER_SM = {(7, 5): 1024, (8, 6): 1536, (8, 9): 1536, (12, 0): 1536}
+"""maxThreadsPerMultiProcessor where it is not 2048 (CUDA C Programming Guide, compute capabilities table)."""
+
+
+def max_threads_per_sm(compute_capability: tuple[int, int]) -> int:
+    """Resident threads per SM of a GPU of `compute_capability`."""
+    return _THREADS_PER_SM.get(tuple(compute_capability), 2048)
 
 
 class UnknownGpu(ValueError):
@@ -177,7 +203,8 @@ def custom_gpu(total_bytes: int | str, compute_capability: tuple[int, int] = (8,
 
 
 __all__ = ["BF16_MIN_CAPABILITY", "GpuModel", "KNOWN_GPUS", "custom_gpu", "known_gpu_names",
-           "lookup_gpu", "match_nvml_name", "supports_bf16", "UnknownGpu"]
+           "lookup_gpu", "match_nvml_name", "max_threads_per_sm", "streaming_multiprocessors", "supports_bf16",
+           "UnknownGpu"]
 
 
 # --- interconnect and compute, for the planner's communication cost (memplan/planner/costs.py) -------

@@ -8,6 +8,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.estimator.cuda.rnn import GRU, LSTM, RnnShape, dropout_state_bytes, held_blocks, reserve_bytes
+from memplan.hardware.catalog import streaming_multiprocessors
 from memplan.estimator.cuda.semantics import emulate_cuda
 
 aten = torch.ops.aten
@@ -63,7 +64,8 @@ def test_the_rule_gives_the_h100_readings_of_each_op_to_the_byte(cell):
         assert _new_bytes(produced) == reading["backward_new"]
         assert sum(_block(b) for b in held_blocks(aten._cudnn_rnn_backward.default, backward_args)) == \
             reading["backward_held"]
-    assert dropout_state_bytes(H100) == 19_071_488 - 12_583_424  # _cudnn_init_dropout_state's step-1 reading
+    # _cudnn_init_dropout_state's step-1 reading, with the catalog's SM count of the board that read it
+    assert dropout_state_bytes(streaming_multiprocessors("NVIDIA H100 80GB HBM3", H100)) == 19_071_488 - 12_583_424
 
 
 def _small(module, **kwargs):

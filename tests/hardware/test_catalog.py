@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from memplan.hardware.catalog import (
-    KNOWN_GPUS, GpuModel, custom_gpu, known_gpu_names, lookup_gpu, match_nvml_name, supports_bf16,
+    KNOWN_GPUS, GpuModel, custom_gpu, known_gpu_names, lookup_gpu, match_nvml_name, max_threads_per_sm,
+    streaming_multiprocessors, supports_bf16,
 )
 from memplan.units import GiB, MiB
 
@@ -109,3 +110,23 @@ def test_gpu_model_validates_and_is_frozen():
         GpuModel(name="x", total_bytes=24.5 * GiB, compute_capability=(8, 0))
     with pytest.raises(dataclasses.FrozenInstanceError):
         lookup_gpu("T4").total_bytes = 1
+
+
+def test_every_catalogued_gpu_has_its_sm_count_and_the_count_follows_any_spelling():
+    assert all(isinstance(m.sm_count, int) and m.sm_count > 0 for m in KNOWN_GPUS)
+    # NVIDIA's specifications: an A100 has 108 SMs, an L4 58, an H100 SXM 132 (its PCIe board's 114 is not kept)
+    assert streaming_multiprocessors("A100-80GB", (8, 0)) == 108
+    assert streaming_multiprocessors("NVIDIA L4", (8, 9)) == 58
+    assert streaming_multiprocessors("h100-pcie", (9, 0)) == 132
+
+
+def test_a_gpu_outside_the_catalog_gets_the_most_sms_of_its_generation_never_fewer():
+    ampere_and_ada = max(m.sm_count for m in KNOWN_GPUS if m.compute_capability[0] == 8)
+    assert streaming_multiprocessors("custom-24GiB", (8, 6)) == ampere_and_ada == 142
+    assert streaming_multiprocessors("NVIDIA Future GPU", (99, 0)) == max(m.sm_count for m in KNOWN_GPUS)
+
+
+def test_resident_threads_per_sm_follow_the_compute_capability():
+    assert max_threads_per_sm((9, 0)) == max_threads_per_sm((8, 0)) == 2048
+    assert max_threads_per_sm((8, 6)) == max_threads_per_sm((8, 9)) == 1536
+    assert max_threads_per_sm((7, 5)) == 1024

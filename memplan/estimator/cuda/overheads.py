@@ -100,14 +100,12 @@ class CudaOverheads:
             per_pair.append(self.cublaslt_workspace_bytes)
         return tuple(n for n in per_pair * self.cublas_workspaces if n)
 
-    def library_workspaces(self, conv=None):
-        """A fresh cuda.workspaces.LibraryWorkspaces for one trace: the workspaces taken at first use, and with
-        `conv` (a cuda.conv_workspace.ConvWorkspaces) each convolution's for its run and, for the same GPU, cuDNN
-        RNNs' buffers (cuda.rnn.CudnnRnnBuffers)."""
-        from memplan.estimator.cuda.rnn import CudnnRnnBuffers
+    def library_workspaces(self, conv=None, rnn=None):
+        """A fresh cuda.workspaces.LibraryWorkspaces for one trace: the workspaces taken at first use, with `conv`
+        (a cuda.conv_workspace.ConvWorkspaces) each convolution's for its run, with `rnn` (a fresh
+        cuda.rnn.CudnnRnnBuffers) cuDNN RNNs' buffers."""
         from memplan.estimator.cuda.workspaces import LibraryWorkspaces
 
-        rnn = None if conv is None else CudnnRnnBuffers(conv.compute_capability)  # the GPU: the conv model's
         return LibraryWorkspaces(self.cublas_workspace_bytes, self.cublaslt_workspace_bytes, conv, rnn)
 
     def step_context_bytes(self, *, cudnn: bool) -> int:

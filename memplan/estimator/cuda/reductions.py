@@ -29,18 +29,6 @@ _INPUT_VEC = 4  # gpu_reduce_kernel's default vt0 / input_vec_size on CUDA
 _MIN_VALUES_PER_THREAD, _MAX_VALUES_PER_THREAD = 16, 256
 _ALIGN = 512  # the caching allocator's kMinBlockSize
 
-# Streaming multiprocessors by catalogued board (NVIDIA's specifications). H100-80GB stands for SXM (132)
-# and PCIe (114) boards alike: the larger count, whose staging is the larger or the same.
-_SM_COUNT = {
-    "V100-16GB": 80, "V100-32GB": 80, "T4": 40, "A10G": 80, "A100-40GB": 108, "A100-80GB": 108, "A40": 84,
-    "RTX-A6000": 84, "RTX-3090": 82, "L4": 58, "L40": 142, "L40S": 142, "RTX-4090": 128, "RTX-6000-Ada": 142,
-    "H100-80GB": 132, "H100-NVL": 132, "H200": 132, "B200": 148,
-}
-_SM_COUNT_BY_MAJOR = {7: 80, 8: 142, 9: 132, 10: 148}
-"""For a GPU outside the catalog: the most SMs of its generation's catalogued boards."""
-_THREADS_PER_SM = {(7, 5): 1024, (8, 6): 1536, (8, 9): 1536, (12, 0): 1536}
-"""maxThreadsPerMultiProcessor where it is not 2048 (CUDA C Programming Guide, compute capabilities table)."""
-
 
 class ReductionStaging:
     """The staging bytes of each sum / mean on one GPU model."""
@@ -50,17 +38,12 @@ class ReductionStaging:
 
     @classmethod
     def for_gpu(cls, name: str, compute_capability: tuple[int, int]) -> ReductionStaging:
-        """The GPU named `name` (a catalog name or NVML's), of `compute_capability`."""
-        from memplan.hardware.catalog import UnknownGpu, lookup_gpu, match_nvml_name
+        """The GPU named `name` (a catalog name or NVML's), of `compute_capability` (its SMs: the hardware
+        catalog's)."""
+        from memplan.hardware.catalog import max_threads_per_sm, streaming_multiprocessors
 
-        try:
-            model = lookup_gpu(name)
-        except UnknownGpu:
-            model = match_nvml_name(name)
-        sms = _SM_COUNT.get(model.name) if model is not None else None
-        if sms is None:
-            sms = _SM_COUNT_BY_MAJOR.get(compute_capability[0], max(_SM_COUNT_BY_MAJOR.values()))
-        return cls(sm_count=sms, threads_per_sm=_THREADS_PER_SM.get(tuple(compute_capability), 2048))
+        return cls(sm_count=streaming_multiprocessors(name, compute_capability),
+                   threads_per_sm=max_threads_per_sm(compute_capability))
 
     def staging_bytes(self, func, args, kwargs, out) -> int:
         """Bytes (block-rounded) the CUDA kernel of `func` allocates while it runs: 0 for all but sum / mean."""

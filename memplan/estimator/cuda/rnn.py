@@ -53,9 +53,6 @@ WORKSPACE_PER_GATE, WORKSPACE_BASE = 1.59375, 10.1875
 PAD_BYTES = 512
 """What both readings hold beyond the structured sizes, in the reserve and the workspace alike."""
 CURAND_STATE_BYTES, THREADS_PER_SM = 48, 1024
-SM_COUNT = {(7, 0): 80, (7, 5): 40, (8, 0): 108, (8, 6): 84, (8, 7): 16, (8, 9): 142, (9, 0): 132, (10, 0): 148,
-            (10, 3): 148, (12, 0): 188}
-"""Streaming multiprocessors by compute capability: the largest board of each (the dropout state grows with it)."""
 
 _ENTRIES = {"lstm.input": LSTM, "gru.input": GRU, "rnn_tanh.input": RNN_TANH, "rnn_relu.input": RNN_RELU}
 
@@ -95,10 +92,9 @@ def workspace_bytes(shape: RnnShape) -> int:
     return int(units * shape.tokens * shape.hidden * math_itemsize) * shape.directions + PAD_BYTES
 
 
-def dropout_state_bytes(compute_capability: tuple[int, int]) -> int:
-    """cudnnDropoutGetStatesSize on a GPU of this compute capability (the largest board's SM count)."""
-    sms = SM_COUNT.get(tuple(compute_capability), max(SM_COUNT.values()))
-    return CURAND_STATE_BYTES * THREADS_PER_SM * sms
+def dropout_state_bytes(sm_count: int) -> int:
+    """cudnnDropoutGetStatesSize on a GPU of `sm_count` streaming multiprocessors (the hardware catalog's)."""
+    return CURAND_STATE_BYTES * THREADS_PER_SM * sm_count
 
 
 def _nbytes(t) -> int:
@@ -154,15 +150,15 @@ class CudnnRnnBuffers:
     """Per trace: the dropout state a CUDA process makes at its first training RNN call with dropout, and the
     blocks each cuDNN RNN call holds while it runs (see the module docstring)."""
 
-    def __init__(self, compute_capability: tuple[int, int]) -> None:
-        self.compute_capability = tuple(compute_capability)
+    def __init__(self, *, sm_count: int) -> None:
+        self.sm_count = sm_count
         self._dropout_state = False
 
     def due(self, func, args) -> list[int]:
         """[the dropout state's bytes] at the first training `_cudnn_rnn` with dropout > 0, else []."""
         if func is aten._cudnn_rnn.default and len(args) > 12 and args[12] and args[11] > 0 and not self._dropout_state:
             self._dropout_state = True
-            return [dropout_state_bytes(self.compute_capability)]
+            return [dropout_state_bytes(self.sm_count)]
         return []
 
     def held(self, func, args) -> tuple[int, ...]:
