@@ -115,7 +115,9 @@ class StorageTracker(TorchDispatchMode):
         self.forward_activations = 0
         self.workspaces = None
         """A cuda.workspaces.LibraryWorkspaces: cuBLAS(Lt) workspaces taken at first use, cuDNN convolutions'
-        for their run (None: CPU target)."""
+        and RNNs' for their run (None: CPU target)."""
+        self.reductions = None
+        """A cuda.reductions.ReductionStaging: a CUDA sum's staging buffer and semaphores (None: CPU target)."""
         self._accumulation: tuple | None = None
         """A backward `add` that may be the autograd engine's gradient accumulation, until the next op
         shows whether one input died with it (see _settle_accumulation)."""
@@ -221,7 +223,6 @@ class StorageTracker(TorchDispatchMode):
         self.memory.free(record.handle)
 
     _defer_peak = False
-    reductions = None  # a cuda.reductions.ReductionStaging: a CUDA sum's staging buffer (None: CPU target)
 
 
     def _settle_accumulation(self) -> None:
