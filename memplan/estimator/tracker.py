@@ -33,6 +33,7 @@ from memplan.compat.torch import (
 )
 from memplan.estimator.accumulation import accumulation_inputs
 from memplan.estimator.allocator import ZERO_HANDLE
+from memplan.estimator.cuda.op_scratch import cuda_op_scratch_bytes
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
@@ -311,6 +312,7 @@ class StorageTracker(TorchDispatchMode):
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
             self._transient(cuda_contiguous_copy_bytes(func, args))
+            self._transient(cuda_op_scratch_bytes(func, args, kwargs))
             self._transient(self.reductions.staging_bytes(func, args, kwargs, out) if self.reductions else 0)
         if self.workspaces is not None:
             for nbytes in self.workspaces.due(func, args, kwargs, backward=self.phase is Phase.BACKWARD,
