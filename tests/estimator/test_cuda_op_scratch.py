@@ -138,3 +138,26 @@ def test_host_state_is_the_counters_each_optimizer_creates_without_a_device(make
     optimizer.param_groups[0]["capturable"] = True  # Adagrad and Adafactor have no capturable: theirs stay
     still = {torch.optim.Adagrad, torch.optim.Adafactor}
     assert bool(host_state_tensors(optimizer)) == (type(optimizer) in still)
+
+
+def test_embedding_and_its_backward_copy_non_contiguous_indices_and_gradients():
+    """lstm-b32 / gru-b32: [32, 64] int64 token ids transposed from [64, 32] and the LSTM's [32, 64, 128]
+    fp32 gradient transposed alike; the H100 held 16,384 B in the embedding, 1,064,960 in its backward."""
+    from memplan.estimator.kernels.scratch import cuda_contiguous_copy_bytes
+
+    ids = meta(64, 32, dtype=torch.int64).t()
+    grad = meta(64, 32, 128).transpose(0, 1)
+    assert cuda_op_scratch_bytes(aten.embedding.default, (meta(5000, 128), ids), {}) == 16_384
+    assert cuda_op_scratch_bytes(aten.embedding.default, (meta(5000, 128), ids.contiguous()), {}) == 0
+    assert cuda_contiguous_copy_bytes(aten.embedding_dense_backward.default, (grad, ids, 5000, -1, False)) == 1_064_960
+
+
+@pytest.mark.parametrize(("shape", "dtype", "measured"), [
+    ((2, 256), torch.bool, 4_096),  # llama-gqa-b2: an attention mask's positions
+    ((8, 128), torch.bool, 8_192),  # gpt2-b8-bf16mixed
+    ((4,), torch.int32, 1_024),  # mixtral-moe-b4: tokens per expert, one run through cub's scan
+    ((4, 256), torch.float32, 0),  # no cast, no single run
+])
+def test_cumsum_sums_a_bool_or_int_input_in_an_int64_copy(shape, dtype, measured):
+    x = meta(*shape, dtype=dtype)
+    assert cuda_op_scratch_bytes(aten.cumsum.default, (x, -1), {}) == measured

@@ -23,8 +23,17 @@ kernel probe measures what CPU kernels do.
   [16, 4, 128, 64] fp32 -> 2,097,152 + 32,768 + 32,768 = 2,162,688 B. The half kernels' workspace is modelled
   with 64 x 64 query tiles; their dK / dV accumulators (head dims above a kernel's register tile, > 128) are not.
 
-Not modelled (measured, small or data dependent): embedding_dense_backward's sort buffers, index_put's and
-sort's index buffers, a bool cumsum's int64 copy (tens of KiB); the flash backward's dq accumulator.
+- `embedding` (aten/src/ATen/native/Embedding.cpp): `weight.index_select(0, indices.reshape(-1))`: indices of
+  more than one dim that cannot be flattened as a view are copied. H100: [32, 64] int64 -> 16,384 B.
+- `cumsum` / `cumprod` (aten/src/ATen/native/ReduceOps.cpp `impl_func_cum_ops`): the kernel runs on
+  `self.to(result.scalar_type())`, a copy when the result's dtype differs (a bool or int32 input sums in
+  int64); a single scanned run (`numel == size(dim)`) goes through cub's scan, whose temporary storage
+  took one block for 4 elements (more for long runs: not modelled). H100: [2, 256] bool -> 4,096 B;
+  [8, 128] -> 8,192; [4] int32 -> 1,024.
+
+Not modelled (measured, small or data dependent): index_put's (accumulate) and sort's index buffers (tens of
+KiB), a boolean mask's nonzero indices, embedding's backward sort over more than 3072 indices; the flash
+backward's dq accumulator.
 """
 from __future__ import annotations
 
@@ -82,6 +91,23 @@ def _efficient_attention_backward(grad_out, query, *rest, **kwargs) -> int:
     return copy + max(product + 2 * delta, delta + workspace)
 
 
+def _embedding(weight, indices, *rest) -> int:
+    """Arguments: (weight, indices, padding_idx, scale_grad_by_freq, sparse)."""
+    if indices.dim() <= 1 or indices.is_contiguous():
+        return 0
+    return _rounded(_nbytes(indices))
+
+
+def _cumulative(self, dim, dtype=None) -> int:
+    if self.dim() == 0 or self.numel() == 0:
+        return 0
+    result = dtype or (torch.int64 if not (self.is_floating_point() or self.is_complex()) else self.dtype)
+    cub = _ALIGN if self.numel() == self.size(dim) else 0  # ScanUtils.cuh scan_dim: one scanned run -> cub's temp storage
+    if result == self.dtype:
+        return cub
+    return _rounded(self.numel() * torch.empty((), dtype=result, device="meta").element_size()) + cub
+
+
 def _meta_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
@@ -98,4 +124,7 @@ _RULES = {
     aten._softmax_backward_data.default: _softmax_backward,
     aten._safe_softmax.default: _safe_softmax,
     aten._scaled_dot_product_efficient_attention_backward.default: _efficient_attention_backward,
+    aten.embedding.default: _embedding,
+    aten.cumsum.default: _cumulative,
+    aten.cumprod.default: _cumulative,
 }
