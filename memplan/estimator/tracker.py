@@ -33,7 +33,7 @@ from memplan.compat.torch import (
 )
 from memplan.estimator.accumulation import accumulation_inputs
 from memplan.estimator.allocator import ZERO_HANDLE
-from memplan.estimator.cuda.op_scratch import cuda_op_scratch_bytes
+from memplan.estimator.cuda.op_scratch import cuda_op_scratch
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
@@ -312,7 +312,8 @@ class StorageTracker(TorchDispatchMode):
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
             self._transient(cuda_contiguous_copy_bytes(func, args))
-            self._transient(cuda_op_scratch_bytes(func, args, kwargs))
+            for held in cuda_op_scratch(func, args, kwargs):  # an op's own buffers, phase by phase
+                self._hold(held)
             self._transient(self.reductions.staging_bytes(func, args, kwargs, out) if self.reductions else 0)
         if self.workspaces is not None:
             for nbytes in self.workspaces.due(func, args, kwargs, backward=self.phase is Phase.BACKWARD,
@@ -332,13 +333,19 @@ class StorageTracker(TorchDispatchMode):
 
     def _transient(self, nbytes: int, category: Category = Category.TEMPORARIES) -> None:
         """Memory a kernel holds only while it runs, on top of what is live (its outputs included)."""
-        if nbytes <= 0:
+        self._hold((nbytes,), category)
+
+    def _hold(self, sizes: Iterable[int], category: Category = Category.TEMPORARIES) -> None:
+        """Buffers (one allocation each) a kernel holds at once only while it runs, on top of what is live."""
+        handles = [self.memory.malloc(n, self._stream()) for n in sizes if n > 0]
+        if not handles:
             return
-        handle = self.memory.malloc(nbytes, self._stream())
-        self._by_category[category] += self.memory.block_bytes(handle)
+        held = sum(self.memory.block_bytes(h) for h in handles)
+        self._by_category[category] += held
         self._update_peak()
-        self._by_category[category] -= self.memory.block_bytes(handle)
-        self.memory.free(handle)
+        self._by_category[category] -= held
+        for handle in handles:
+            self.memory.free(handle)
 
     def _maybe_realize_factory(self, func, args, kwargs, out):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]

@@ -51,14 +51,24 @@ MatmulGradQ's ThreadblockShape::kN for the sm80 kernels with head dim <= 64, whi
 _TILE_HEADER = 4  # GradQTempStorage's lock, counter and pad: 4 int32 before each tile's fp32 buffer
 
 
-def cuda_op_scratch_bytes(func, args, kwargs) -> int:
-    """Bytes (block-rounded, summed over the buffers held at once) `func`'s CUDA implementation allocates
-    and frees inside the op, beyond its inputs and outputs: 0 for ops without a rule here."""
+Phases = tuple[tuple[int, ...], ...]
+"""An op's temporaries: per phase of the op, in order, the bytes of each buffer it holds at once (one
+allocation each, as the caching allocator sees them)."""
+
+
+def cuda_op_scratch(func, args, kwargs) -> Phases:
+    """The temporaries `func`'s CUDA implementation allocates and frees inside the op, beyond its inputs and
+    outputs: () for ops without a rule here."""
     rule = _RULES.get(func)
-    return 0 if rule is None else rule(*args, **kwargs)
+    return () if rule is None else tuple(held for held in rule(*args, **kwargs) if any(held))
 
 
-def _softmax_backward(grad, output, dim, input_dtype) -> int:
+def cuda_op_scratch_bytes(func, args, kwargs) -> int:
+    """The most bytes (block-rounded) `func`'s temporaries hold at once."""
+    return max((sum(_rounded(n) for n in held) for held in cuda_op_scratch(func, args, kwargs)), default=0)
+
+
+def _softmax_backward(grad, output, dim, input_dtype) -> Phases:
     with disable_current_modes():  # TensorIterator's layout for the product, on meta tensors
         product = torch.mul(_meta_like(grad), _meta_like(output))
     held = [_nbytes(product)]
@@ -66,46 +76,44 @@ def _softmax_backward(grad, output, dim, input_dtype) -> int:
         held.append(_nbytes(product))  # host_softmax_backward: grad_.contiguous() of the product
     if not output.is_contiguous():
         held.append(_nbytes(output))  # and output_.contiguous()
-    return sum(_rounded(n) for n in held)
+    return (tuple(held),)
 
 
-def _safe_softmax(self, dim, dtype=None) -> int:
-    copy = _rounded(_nbytes(self)) if not self.is_contiguous() else 0  # softmax's input_.contiguous(), freed after
+def _safe_softmax(self, dim, dtype=None) -> Phases:
+    copy = _nbytes(self) if not self.is_contiguous() else 0  # softmax's input_.contiguous(), freed after
     rows = self.numel() // max(self.size(dim), 1) if self.dim() else 1
-    mask = _rounded(self.numel()) + _rounded(rows) + _ALIGN  # isneginf, all(.., keepdim), the 0-dim zero
-    return max(copy, mask)
+    return (copy,), (self.numel(), rows, 1)  # isneginf, all(.., keepdim), the 0-dim zero (itemsize <= 8)
 
 
-def _efficient_attention_backward(grad_out, query, *rest, **kwargs) -> int:
+def _efficient_attention_backward(grad_out, query, *rest, **kwargs) -> Phases:
     """Arguments: (grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset, ...)."""
     batch, heads, queries, head_dim = query.shape
     rows = batch * heads * queries
-    copy = 0 if grad_out.transpose(1, 2).is_contiguous() else _rounded(_nbytes(grad_out))
-    delta = _rounded(rows * _F32)
+    copy = 0 if grad_out.transpose(1, 2).is_contiguous() else _nbytes(grad_out)
+    delta = rows * _F32
     tiles = -(-queries // _MEM_EFF_TILE) * -(-head_dim // _MEM_EFF_TILE)
     per_head = tiles * (_TILE_HEADER + _MEM_EFF_TILE * _MEM_EFF_TILE)
-    workspace = _rounded(batch * heads * (-(-per_head // 4) * 4) * _F32)
+    workspace = batch * heads * (-(-per_head // 4) * 4) * _F32
     if query.dtype in (torch.float16, torch.bfloat16):  # the kernel computes delta into an empty tensor
-        return copy + delta + workspace
-    product = _rounded(grad_out.numel() * _F32)
-    return copy + max(product + 2 * delta, delta + workspace)
+        return ((copy, delta, workspace),)
+    product = grad_out.numel() * _F32  # (grad_out * out), its row sums, delta: one expression's temporaries
+    return (copy, product, delta, delta), (copy, delta, workspace)
 
 
-def _embedding(weight, indices, *rest) -> int:
+def _embedding(weight, indices, *rest) -> Phases:
     """Arguments: (weight, indices, padding_idx, scale_grad_by_freq, sparse)."""
     if indices.dim() <= 1 or indices.is_contiguous():
-        return 0
-    return _rounded(_nbytes(indices))
+        return ()
+    return ((_nbytes(indices),),)
 
 
-def _cumulative(self, dim, dtype=None) -> int:
+def _cumulative(self, dim, dtype=None) -> Phases:
     if self.dim() == 0 or self.numel() == 0:
-        return 0
+        return ()
     result = dtype or (torch.int64 if not (self.is_floating_point() or self.is_complex()) else self.dtype)
-    cub = _ALIGN if self.numel() == self.size(dim) else 0  # ScanUtils.cuh scan_dim: one scanned run -> cub's temp storage
-    if result == self.dtype:
-        return cub
-    return _rounded(self.numel() * torch.empty((), dtype=result, device="meta").element_size()) + cub
+    cub = 1 if self.numel() == self.size(dim) else 0  # ScanUtils.cuh scan_dim: one run -> cub's temp storage
+    cast = 0 if result == self.dtype else self.numel() * torch.empty((), dtype=result, device="meta").element_size()
+    return ((cast, cub),)
 
 
 def _meta_like(t: torch.Tensor) -> torch.Tensor:
