@@ -22,7 +22,6 @@ kernel probe measures what CPU kernels do.
   (`kNeedsAccumGradQ`: split keys are enabled from sm70), `workspace_size()`. H100, bert-b16-ckpt
   [16, 4, 128, 64] fp32 -> 2,097,152 + 32,768 + 32,768 = 2,162,688 B. The half kernels' workspace is modelled
   with 64 x 64 query tiles; their dK / dV accumulators (head dims above a kernel's register tile, > 128) are not.
-
 - `embedding` (aten/src/ATen/native/Embedding.cpp): `weight.index_select(0, indices.reshape(-1))`: indices of
   more than one dim that cannot be flattened as a view are copied. H100: [32, 64] int64 -> 16,384 B.
 - `cumsum` / `cumprod` (aten/src/ATen/native/ReduceOps.cpp `impl_func_cum_ops`): the kernel runs on

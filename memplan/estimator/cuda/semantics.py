@@ -42,9 +42,10 @@ Known differences not emulated
   and so are softmax backward's product, _safe_softmax's masks and the memory-efficient attention backward's
   delta and workspace (cuda/op_scratch.py); other ops' own temporaries measured on an H100 are not (index_put's
   and sort's index buffers, a bool cumsum's int64 copy: benchmarks/results/op_transients.md).
-- Embedding backward: `embedding_dense_backward_cuda` (aten/src/ATen/native/cuda/Embedding.cu) sorts
-  the indices with int64 temporaries the size of the index tensor; CPU does not. The dense weight
-  gradient is the same.
+- Embedding backward: `embedding_dense_backward_cuda` (aten/src/ATen/native/cuda/Embedding.cu) over more
+  than 3072 indices sorts them with int64 temporaries the size of the index tensor; CPU does not. Its
+  contiguous copies of a non-contiguous gradient and indices are modelled (kernels/scratch.py). The dense
+  weight gradient is the same.
 - Batch norm: cuDNN `cudnn_batch_norm` (aten/src/ATen/native/cudnn/BatchNorm.cpp) saves a reserve
   tensor besides save_mean / save_var; per-channel sizes, negligible.
 - Autocast rules registered outside aten: an op's own AutocastCUDA kernel (torchvision's roi_align, nms ...)
