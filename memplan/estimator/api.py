@@ -18,6 +18,7 @@ from memplan.estimator.checkpointing import (
 )
 from memplan.estimator.cuda.composite import RealCompositePaths
 from memplan.estimator.cuda.conv_workspace import ConvWorkspaces
+from memplan.estimator.cuda.host_state import host_state_tensors
 from memplan.estimator.cuda.reductions import ReductionStaging
 from memplan.estimator.cuda.rnn import CudnnRnnBuffers
 from memplan.estimator.ddp import ddp_bucket_bytes
@@ -292,9 +293,10 @@ class _Trace:
         optimizers = self.manual.optimizers if self.manual is not None else [self.optimizer]
         state_tensors = [t for o in optimizers for s in o.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         self.tracker.classify_all(state_tensors, Category.OPTIMIZER_STATE)
-        if self.fsdp is not None and self.fsdp.cpu_offload:
-            for t in state_tensors:
-                self.tracker.forget(t)
+        off_device = state_tensors if self.fsdp is not None and self.fsdp.cpu_offload else (
+            [t for o in optimizers for t in host_state_tensors(o)] if self.target.is_cuda else [])
+        for t in off_device:  # CPU-offloaded state; on CUDA, the step counters torch keeps on the host
+            self.tracker.forget(t)
 
     def _on_phase(self, name: str, saved_hooks) -> None:
         tracker = self.tracker

@@ -33,6 +33,7 @@ from memplan.compat.torch import (
 )
 from memplan.estimator.accumulation import accumulation_inputs
 from memplan.estimator.allocator import ZERO_HANDLE
+from memplan.estimator.cuda.op_scratch import cuda_op_scratch
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
@@ -312,6 +313,8 @@ class StorageTracker(TorchDispatchMode):
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
             self._transient(cuda_contiguous_copy_bytes(func, args))
+            for held in cuda_op_scratch(func, args, kwargs):  # an op's own buffers, phase by phase
+                self._transient(*held)
             if self.reductions is not None:  # its buffer and semaphores, each a request of its own
                 self._transient(*self.reductions.staging_allocations(func, args, kwargs, out))
         if self.workspaces is not None:
@@ -332,8 +335,8 @@ class StorageTracker(TorchDispatchMode):
 
     def _transient(self, *sizes: int, category: Category = Category.TEMPORARIES) -> None:
         """Memory a kernel holds only while it runs, on top of what is live (its outputs included): one request per
-        size, in order, all held at once, then freed (a reduction's staging buffer and semaphores, a cuDNN RNN's
-        copies and workspace)."""
+        size, in order, all held at once, then freed in reverse, as C++ destroys locals (a reduction's staging
+        buffer and semaphores, a cuDNN RNN's copies and workspace, an op's own buffers)."""
         handles = [self.memory.malloc(n, self._stream()) for n in sizes if n > 0]
         if not handles:
             return

@@ -119,7 +119,8 @@ def test_cuda_softmax_of_a_transposed_activation_holds_a_contiguous_copy(monkeyp
     with_copy = estimate(SoftmaxOverTokens, batch, loss=lambda m, b: m(b), device="H100-80GB")
     monkeypatch.setattr(tracker, "cuda_contiguous_copy_bytes", lambda func, args: 0)
     without = estimate(SoftmaxOverTokens, batch, loss=lambda m, b: m(b), device="H100-80GB")
-    assert 0.9 * copy < with_copy.peak_allocated - without.peak_allocated <= copy
+    forward = dict(with_copy.peak_allocated_by_phase)["forward"] - dict(without.peak_allocated_by_phase)["forward"]
+    assert 0.9 * copy < forward <= copy  # the backward's peak holds the product's copies (cuda/op_scratch.py)
 
 
 def test_cuda_contiguous_copies_count_only_non_contiguous_arguments():
@@ -130,6 +131,6 @@ def test_cuda_contiguous_copies_count_only_non_contiguous_arguments():
     t = x.transpose(1, 2)
     assert cuda_contiguous_copy_bytes(aten._softmax.default, (x, -1, False)) == 0
     assert cuda_contiguous_copy_bytes(aten._softmax.default, (t, -1, False)) == x.numel() * 4
-    assert cuda_contiguous_copy_bytes(aten._softmax_backward_data.default, (t, x, -1, torch.float32)) == x.numel() * 4
+    assert cuda_contiguous_copy_bytes(aten._log_softmax_backward_data.default, (t, x, -1, torch.float32)) == x.numel() * 4
     assert cuda_contiguous_copy_bytes(aten.native_layer_norm.default, (t, [8], None, None, 1e-5)) == x.numel() * 4
     assert cuda_contiguous_copy_bytes(aten.gelu.default, (t,)) == 0

@@ -43,12 +43,14 @@ Known differences not emulated
 - Scratch memory inside kernels: flash backward's fp32 dq accumulator and softmax_d
   (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp). cuDNN convolution workspaces are a
   rule fitted to sm90 / cuDNN 9 measurements, not cuDNN's algorithm choice (cuda/conv_workspace.py);
-  cuBLAS workspaces: see cuda/workspaces.py. A sum / mean's staging buffer is modelled (cuda/reductions.py);
-  other ops' own temporaries measured on an H100 are not (softmax backward, _safe_softmax's mask, index_put's
+  cuBLAS workspaces: see cuda/workspaces.py. A sum / mean's staging buffer is modelled (cuda/reductions.py),
+  and so are softmax backward's product, _safe_softmax's masks and the memory-efficient attention backward's
+  delta and workspace (cuda/op_scratch.py); other ops' own temporaries measured on an H100 are not (index_put's
   and sort's index buffers, a bool cumsum's int64 copy: benchmarks/results/op_transients.md).
-- Embedding backward: `embedding_dense_backward_cuda` (aten/src/ATen/native/cuda/Embedding.cu) sorts
-  the indices with int64 temporaries the size of the index tensor; CPU does not. The dense weight
-  gradient is the same.
+- Embedding backward: `embedding_dense_backward_cuda` (aten/src/ATen/native/cuda/Embedding.cu) over more
+  than 3072 indices sorts them with int64 temporaries the size of the index tensor; CPU does not. Its
+  contiguous copies of a non-contiguous gradient and indices are modelled (kernels/scratch.py). The dense
+  weight gradient is the same.
 - Batch norm: cuDNN `cudnn_batch_norm` (aten/src/ATen/native/cudnn/BatchNorm.cpp) saves a reserve
   tensor besides save_mean / save_var; per-channel sizes, negligible.
 - Autocast rules registered outside aten: an op's own AutocastCUDA kernel (torchvision's roi_align, nms ...)

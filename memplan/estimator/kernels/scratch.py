@@ -89,19 +89,22 @@ _CUDA_CONTIGUOUS_COPIES = {
     # op: the positions of the tensor arguments the CUDA kernel makes contiguous
     _aten._softmax.default: (0,),  # cuda/SoftMax.cu host_softmax: input_.contiguous()
     _aten._log_softmax.default: (0,),
-    _aten._softmax_backward_data.default: (0, 1),  # host_softmax_backward: grad_, output_ .contiguous()
-    _aten._log_softmax_backward_data.default: (0, 1),
+    _aten._log_softmax_backward_data.default: (0, 1),  # host_softmax_backward: grad_, output_ .contiguous()
+    # softmax's backward makes its product contiguous instead (cuda/op_scratch.py)
     _aten.native_layer_norm.default: (0,),  # cuda/layer_norm_kernel.cu layer_norm_cuda: input.expect_contiguous()
     _aten.native_layer_norm_backward.default: (0, 1),  # dY.contiguous(), input.expect_contiguous()
+    _aten.embedding_dense_backward.default: (0, 1),  # cuda/Embedding.cu: grad_.contiguous(), indices_.contiguous()
 }
 
 
 def cuda_contiguous_copy_bytes(func, args) -> int:
-    """CUDA softmax, log_softmax (and their backwards) and layer_norm copy a non-contiguous input into a
+    """CUDA softmax, log_softmax, log_softmax's backward, layer_norm and embedding's backward copy a non-contiguous input into a
     contiguous temporary before launching (source lines above; torch 2.x). A transposed activation
     fed to them holds that copy while the kernel runs. CUDA targets only: on a CPU target the kernel
     probe measures what CPU's kernels do. Sourced from ATen; on an H100 (benchmarks/results/op_transients.md)
-    MLP-Mixer's layer norms and their backwards on transposed inputs held exactly this copy."""
+    MLP-Mixer's layer norms and their backwards on transposed inputs held exactly this copy, and an embedding's
+    backward its gradient's and indices' copies (lstm-b32: [32, 64, 128] fp32 + [32, 64] int64 = 1,064,960 B).
+    Embedding's backward over more than 3072 indices also sorts them (int64 buffers): not modelled."""
     positions = _CUDA_CONTIGUOUS_COPIES.get(func)
     if positions is None:
         return 0

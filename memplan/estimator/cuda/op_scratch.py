@@ -1,0 +1,137 @@
+"""Temporaries that CUDA ops allocate through the caching allocator while they run, and free before they return.
+
+Each rule is read from the op's CUDA implementation in ATen (torch 2.11) and checked against the H100's
+op-by-op readings (benchmarks/results/gpu_campaign_raw_h100/ops/, peak inside the op - max(before, after);
+benchmarks/results/op_transients.md). CUDA targets only, native and emulated traces alike: a CPU target's
+kernel probe measures what CPU kernels do.
+
+- `_softmax_backward_data` (aten/src/ATen/native/cuda/SoftMax.cu, `softmax_backward_cuda_out`):
+  `Tensor tmp = grad * output;` then `host_softmax_backward(tmp, output, ...)`, which makes `tmp` and
+  `output` contiguous. The product is one input's size (in the promoted dtype, laid out as TensorIterator
+  lays out a binary op's output), held beside the output gradient. log_softmax's backward has no product.
+  H100: [2, 8, 256, 256] fp32 -> 4,194,304 B; [4, 8, 256, 256] -> 8,388,608; [1024, 4] -> 16,384.
+- `_safe_softmax` (aten/src/ATen/native/transformers/attention.cpp): `out = softmax(self)`, then
+  `masked = self.isneginf()` (a bool per element), `masked_rows = all(masked, dim, keepdim)` (a bool per
+  row) and a 0-dim `zero` on the device, and `where_out(out, ...)` writes into `out`. H100: [2, 8, 256, 256]
+  fp32 -> 1,048,576 + 4,096 + 512 = 1,053,184 B; [4, 8, 256, 256] -> 2,105,856.
+- `_scaled_dot_product_efficient_attention_backward` (transformers/cuda/attention_backward.cu,
+  `_efficient_attention_backward`): `grad_out` (as [B, M, H, K]) made contiguous; `delta` [B, H, M] fp32.
+  The fp32 kernels do not compute delta themselves (mem_eff_attention/kernel_backward.h
+  `kKernelComputesDelta = kIsHalf && ...`): `(grad_out * out).sum(-1).transpose(-2, -1).contiguous()` holds
+  the product, the row sums and delta at once. Then the kernel's workspace: a dQ accumulator per query tile
+  (`kNeedsAccumGradQ`: split keys are enabled from sm70), `workspace_size()`. H100, bert-b16-ckpt
+  [16, 4, 128, 64] fp32 -> 2,097,152 + 32,768 + 32,768 = 2,162,688 B. The half kernels' workspace is modelled
+  with 64 x 64 query tiles; their dK / dV accumulators (head dims above a kernel's register tile, > 128) are not.
+- `embedding` (aten/src/ATen/native/Embedding.cpp): `weight.index_select(0, indices.reshape(-1))`: indices of
+  more than one dim that cannot be flattened as a view are copied. H100: [32, 64] int64 -> 16,384 B.
+- `cumsum` / `cumprod` (aten/src/ATen/native/ReduceOps.cpp `impl_func_cum_ops`): the kernel runs on
+  `self.to(result.scalar_type())`, a copy when the result's dtype differs (a bool or int32 input sums in
+  int64); a single scanned run (`numel == size(dim)`) goes through cub's scan, whose temporary storage
+  took one block for 4 elements (more for long runs: not modelled). H100: [2, 256] bool -> 4,096 B;
+  [8, 128] -> 8,192; [4] int32 -> 1,024.
+
+Not modelled (measured, small or data dependent): index_put's (accumulate) and sort's index buffers (tens of
+KiB), a boolean mask's nonzero indices, embedding's backward sort over more than 3072 indices; the flash
+backward's dq accumulator.
+"""
+from __future__ import annotations
+
+import torch
+
+from memplan.compat.torch import disable_current_modes
+
+aten = torch.ops.aten
+
+_ALIGN = 512  # the caching allocator's kMinBlockSize
+_F32 = 4
+_MEM_EFF_TILE = 64
+"""Query rows and dQ columns per tile of the memory-efficient backward's dQ accumulator (kBlockSizeI,
+MatmulGradQ's ThreadblockShape::kN for the sm80 kernels with head dim <= 64, which sm90 runs too)."""
+_TILE_HEADER = 4  # GradQTempStorage's lock, counter and pad: 4 int32 before each tile's fp32 buffer
+
+
+Phases = tuple[tuple[int, ...], ...]
+"""An op's temporaries: per phase of the op, in order, the bytes of each buffer it holds at once (one
+allocation each, as the caching allocator sees them)."""
+
+
+def cuda_op_scratch(func, args, kwargs) -> Phases:
+    """The temporaries `func`'s CUDA implementation allocates and frees inside the op, beyond its inputs and
+    outputs: () for ops without a rule here."""
+    rule = _RULES.get(func)
+    return () if rule is None else tuple(held for held in rule(*args, **kwargs) if any(held))
+
+
+def cuda_op_scratch_bytes(func, args, kwargs) -> int:
+    """The most bytes (block-rounded) `func`'s temporaries hold at once."""
+    return max((sum(_rounded(n) for n in held) for held in cuda_op_scratch(func, args, kwargs)), default=0)
+
+
+def _softmax_backward(grad, output, dim, input_dtype) -> Phases:
+    with disable_current_modes():  # TensorIterator's layout for the product, on meta tensors
+        product = torch.mul(_meta_like(grad), _meta_like(output))
+    held = [_nbytes(product)]
+    if not product.is_contiguous():
+        held.append(_nbytes(product))  # host_softmax_backward: grad_.contiguous() of the product
+    if not output.is_contiguous():
+        held.append(_nbytes(output))  # and output_.contiguous()
+    return (tuple(held),)
+
+
+def _safe_softmax(self, dim, dtype=None) -> Phases:
+    copy = _nbytes(self) if not self.is_contiguous() else 0  # softmax's input_.contiguous(), freed after
+    rows = self.numel() // max(self.size(dim), 1) if self.dim() else 1
+    return (copy,), (self.numel(), rows, 1)  # isneginf, all(.., keepdim), the 0-dim zero (itemsize <= 8)
+
+
+def _efficient_attention_backward(grad_out, query, *rest, **kwargs) -> Phases:
+    """Arguments: (grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset, ...)."""
+    batch, heads, queries, head_dim = query.shape
+    rows = batch * heads * queries
+    copy = 0 if grad_out.transpose(1, 2).is_contiguous() else _nbytes(grad_out)
+    delta = rows * _F32
+    tiles = -(-queries // _MEM_EFF_TILE) * -(-head_dim // _MEM_EFF_TILE)
+    per_head = tiles * (_TILE_HEADER + _MEM_EFF_TILE * _MEM_EFF_TILE)
+    workspace = batch * heads * (-(-per_head // 4) * 4) * _F32
+    if query.dtype in (torch.float16, torch.bfloat16):  # the kernel computes delta into an empty tensor
+        return ((copy, delta, workspace),)
+    product = grad_out.numel() * _F32  # (grad_out * out), its row sums, delta: one expression's temporaries
+    return (copy, product, delta, delta), (copy, delta, workspace)
+
+
+def _embedding(weight, indices, *rest) -> Phases:
+    """Arguments: (weight, indices, padding_idx, scale_grad_by_freq, sparse)."""
+    if indices.dim() <= 1 or indices.is_contiguous():
+        return ()
+    return ((_nbytes(indices),),)
+
+
+def _cumulative(self, dim, dtype=None) -> Phases:
+    if self.dim() == 0 or self.numel() == 0:
+        return ()
+    result = dtype or (torch.int64 if not (self.is_floating_point() or self.is_complex()) else self.dtype)
+    cub = 1 if self.numel() == self.size(dim) else 0  # ScanUtils.cuh scan_dim: one run -> cub's temp storage
+    cast = 0 if result == self.dtype else self.numel() * torch.empty((), dtype=result, device="meta").element_size()
+    return ((cast, cub),)
+
+
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _rounded(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+_RULES = {
+    aten._softmax_backward_data.default: _softmax_backward,
+    aten._safe_softmax.default: _safe_softmax,
+    aten._scaled_dot_product_efficient_attention_backward.default: _efficient_attention_backward,
+    aten.embedding.default: _embedding,
+    aten.cumsum.default: _cumulative,
+    aten.cumprod.default: _cumulative,
+}
