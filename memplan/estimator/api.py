@@ -339,7 +339,8 @@ class _Trace:
         if self.target.name == GENERIC_CUDA:
             notes.append(generic_gpu_note(self.target.compute_capability))
         if self.overheads is not None:
-            notes.extend(self.overheads.notes + tuple(self.tracker.workspaces.conv.notes()))
+            workspaces = self.tracker.workspaces
+            notes.extend(self.overheads.notes + tuple(workspaces.conv.notes()) + tuple(workspaces.rnn.notes()))
         if self.checkpointed:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks"
                          f"{' (per-op policy: matmul and attention outputs kept)' if self.checkpoint_mode == 'op' else ''}")

@@ -132,3 +132,53 @@ def test_the_zoo_rnn_language_models_estimate_within_1_percent_of_the_h200(case,
     est = estimate(c.build, c.make_batch(c.batch_size), loss=c.loss, optimizer=c.optimizer, precision=c.precision,
                    checkpointing=c.checkpointing, loop=c.loop, device="H200")
     assert abs(est.peak_allocated - truth) / truth < 0.01
+
+
+class _RawFeatureLstm(nn.Module):
+    """A time-series LSTM on raw features: its input is the loader's batch itself, or (shift) a tensor the model
+    computed from it."""
+
+    def __init__(self, shift: bool) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(64, 128, num_layers=2, dropout=0.1, batch_first=True)
+        self.zero = nn.Parameter(torch.zeros(()))
+        self.head = nn.Linear(128, 1)
+        self.shift = shift
+
+    def forward(self, x):
+        out, _ = self.rnn(x + self.zero if self.shift else x)
+        return self.head(out[:, -1])
+
+
+def test_an_rnn_fed_the_loaders_batch_takes_cudnns_path_like_one_fed_a_computed_tensor():
+    """The loader's batch is a real tensor in the trace: an RNN reading it directly took CPU's per-step cells on a
+    CUDA target (no reserve, no workspace, no dropout state), silently."""
+    from memplan.estimator.api import estimate
+
+    batch = (torch.randn(32, 64, 64), torch.randn(32, 1))
+
+    def loss(model, b):
+        return nn.functional.mse_loss(model(b[0]), b[1])
+
+    raw, computed = (estimate(lambda shift=shift: _RawFeatureLstm(shift), batch, loss=loss, optimizer="adam",
+                              device="H100-80GB") for shift in (False, True))
+    assert raw.workspaces == computed.workspaces > dropout_state_bytes(132)
+    assert raw.activations == computed.activations
+    assert any(n.startswith("cuDNN RNN reserve, workspace and dropout state modelled") for n in raw.notes)
+
+
+def test_the_notes_name_what_the_rnn_rules_were_not_measured_on():
+    from memplan.estimator.api import estimate
+
+    batch = (torch.randn(8, 16, 64), torch.randn(8, 1))
+
+    class Bidirectional(_RawFeatureLstm):
+        def __init__(self) -> None:
+            super().__init__(shift=False)
+            self.rnn = nn.GRU(64, 64, num_layers=2, batch_first=True, bidirectional=True)
+
+    def loss(model, b):
+        return nn.functional.mse_loss(model(b[0]), b[1])
+
+    (note,) = (n for n in estimate(Bidirectional, batch, loss=loss, device="T4").notes if n.startswith("cuDNN RNN"))
+    assert note.endswith("outside the measured range: this GPU (40 SMs; measured: 132), bidirectional")

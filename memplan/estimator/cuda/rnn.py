@@ -45,6 +45,9 @@ aten = torch.ops.aten
 
 RNN_RELU, RNN_TANH, LSTM, GRU = 0, 1, 2, 3
 """cudnnRNNMode_t."""
+MODE_NAMES = {RNN_RELU: "RNN relu", RNN_TANH: "RNN tanh", LSTM: "LSTM", GRU: "GRU"}
+MEASURED_SMS = 132
+"""The readings' GPU: an H100 SXM."""
 GATES = {RNN_RELU: 1, RNN_TANH: 1, LSTM: 4, GRU: 3}
 RESERVE_UNITS_PER_LAYER = {RNN_RELU: 2, RNN_TANH: 2, LSTM: 6, GRU: 7}
 """seq x batch x hidden tensors the reserve keeps per layer and direction (LSTM, GRU fitted; RNN by analogy)."""
@@ -153,6 +156,7 @@ class CudnnRnnBuffers:
     def __init__(self, *, sm_count: int) -> None:
         self.sm_count = sm_count
         self._dropout_state = False
+        self._calls: set[tuple[int, bool, torch.dtype]] = set()
 
     def due(self, func, args) -> list[int]:
         """[the dropout state's bytes] at the first training `_cudnn_rnn` with dropout > 0, else []."""
@@ -162,15 +166,32 @@ class CudnnRnnBuffers:
         return []
 
     def held(self, func, args) -> tuple[int, ...]:
+        if func is aten._cudnn_rnn.default and len(args) >= 15:
+            self._calls.add((args[6], bool(args[13]), args[0].dtype))
         return held_blocks(func, args)
+
+    def notes(self) -> list[str]:
+        """What the estimate's cuDNN RNN sizes rest on, once an RNN took cuDNN's path."""
+        if not self._calls:
+            return []
+        outside = [f"this GPU ({self.sm_count} SMs; measured: 132)"] if self.sm_count != MEASURED_SMS else []
+        outside += sorted({MODE_NAMES[mode] for mode, _, _ in self._calls} - {"LSTM", "GRU"})
+        outside += ["bidirectional"] * any(bidirectional for _, bidirectional, _ in self._calls)
+        outside += sorted({str(dtype).removeprefix("torch.") for _, _, dtype in self._calls} - {"float32"})
+        text = ("cuDNN RNN reserve, workspace and dropout state modelled from two sm90 / cuDNN 9 readings (2-layer "
+                "LSTM and GRU, float32, unidirectional); packed sequences keep the CPU path")
+        return [text + ("; outside the measured range: " + ", ".join(outside) if outside else "")]
 
 
 # --- the emulation: the RNN entries take cuDNN's op; Meta kernels give it cuDNN's buffers ---------------------
 
-def cudnn_acceptable(input: torch.Tensor, compute_capability: tuple[int, int]) -> bool:
-    """RNN.cpp `use_cudnn` for the emulated GPU, on fake tensors (real CPU tensors keep the CPU path)."""
+def cudnn_acceptable(input: torch.Tensor, params, compute_capability: tuple[int, int]) -> bool:
+    """RNN.cpp `use_cudnn` for the emulated GPU, in a trace: the module's weights (or its input) are fake. A batch
+    the loader gave is a real tensor in the trace, so a real input with fake weights is traced too; real weights
+    and input (a real CPU run) keep the CPU path."""
     dtypes = (torch.float32, torch.float64, torch.float16) + ((torch.bfloat16,) if compute_capability >= (8, 0) else ())
-    return (is_fake(input) and torch.backends.cudnn.enabled and input.numel() > 0 and input.dtype in dtypes)
+    traced = is_fake(input) or any(is_fake(p) for p in params)
+    return traced and torch.backends.cudnn.enabled and input.numel() > 0 and input.dtype in dtypes
 
 
 def _autocast_half(params) -> bool:
@@ -216,9 +237,12 @@ class CudnnRnns:
         op = getattr(getattr(aten, base), overload)
 
         def kernel(*args):
-            if not cudnn_acceptable(args[0], self.compute_capability):
+            input, params = args[0], args[2]
+            if not cudnn_acceptable(input, params, self.compute_capability):
                 return op.decompose(*args)
-            return self._run(mode, *args)
+            if not is_fake(input):  # the loader's real batch: the op runs on the weights' fake device
+                input = next(p for p in params if is_fake(p)).fake_mode.from_tensor(input)
+            return self._run(mode, input, *args[1:])
 
         kernel.__name__ = f"cudnn_{base}"
         return kernel
