@@ -351,9 +351,13 @@ def test_emulated_attention_matches_the_math_reference(case):
             out = F.scaled_dot_product_attention(*tensors, **kwargs)
             out.float().pow(2).sum().backward()
         grads.append([out.detach().float()] + [t.grad.float() for t in tensors])
-    tol = 3e-2 if tensors[0].dtype == BF16 else 1e-4
     for reference, emulated in zip(*grads):
-        torch.testing.assert_close(emulated, reference, atol=tol, rtol=tol)
+        if tensors[0].dtype == BF16:  # two summation orders in bf16 differ by a few units in the last place of the
+            # tensor's largest values (2**-8 of it), anywhere in it: bound the difference by the tensor's scale
+            scale = reference.abs().max().item()
+            torch.testing.assert_close(emulated, reference, atol=2 ** -5 * scale, rtol=3e-2)
+        else:
+            torch.testing.assert_close(emulated, reference, atol=1e-4, rtol=1e-4)
 
 
 # --- RMSNorm and fp16 softmax -------------------------------------------------------------------
