@@ -225,7 +225,6 @@ class StorageTracker(TorchDispatchMode):
 
     _defer_peak = False
 
-
     def _settle_accumulation(self) -> None:
         """After an accumulation's `add`: if the gradient it could add into died with it (the engine held its last
         reference), the real engine added in place and never held the sum besides both inputs; count the moment of the
