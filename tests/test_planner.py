@@ -540,3 +540,33 @@ def test_a_model_checkpointing_inside_its_forward_is_kept_and_memplan_adds_none(
     assert any(r.startswith("Keeps the model's own activation checkpointing (torch.utils.checkpoint") for r in plan.reasons)
     assert not any(ckpt for _, _, ckpt, _ in sim.calls)
     assert len(sim.calls) == len(set(sim.calls)), "a trace made before the model's checkpointing was found is made again"
+
+
+@dataclass
+class CastBoundStep(SimulatedStep):
+    """A simulated step whose autocast casts (many small ops, host-bound) cost more than AMP's tensor-core
+    speed-up: a small MLP on a fast GPU, where 32-true wins."""
+
+    casts: int = 20_000
+
+    def costs(self, micro: int, precision: str) -> StepCosts:
+        base = super().costs(micro, precision)
+        if precision == "32-true":
+            return base
+        cast = OpCost(op_class="elementwise", dtype="bf16", phase="forward", flops=0, bytes=1024, cast=True,
+                      count=self.casts)
+        return StepCosts(ops=base.ops + (cast,))
+
+
+def test_a_32_true_winner_lists_each_alternative_once_and_races_its_mixed_precision_settings():
+    # A 32-true winner has no bf16/16-mixed twin: its mixed settings are ordinary rivals (the runner-up when
+    # fastest), and an alternative found both as "the winner's twin" and as "the best of its kind" is printed once.
+    sim = CastBoundStep(params_bytes=64 * MiB, activation_bytes_per_sample=MiB)
+    plan = make_plan(PlanRequest(global_batch_size=64, devices=gpus("H100-80GB", 1)), sim)
+    assert plan.precision == "32-true"
+    lines = [(a.world_size, a.micro_batch_size, a.precision, a.checkpointing) for a in plan.alternatives]
+    assert len(lines) == len(set(lines)), lines
+    mixed = [a for a in plan.alternatives if a.precision != "32-true" and a.fits]
+    assert mixed and "instead of 32-true" in mixed[0].why_not
+    fastest_rival = max((a for a in plan.alternatives if a.fits), key=lambda a: a.relative_speed)
+    assert f"micro-batch {fastest_rival.micro_batch_size}, {fastest_rival.precision}" in plan.speed_reason

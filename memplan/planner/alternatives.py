@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from memplan.plan import Alternative
 from memplan.planner.candidates import Candidate
-from memplan.planner.wording import layout_name, plural, same_setting, timing_fields, why_unfit
+from memplan.planner.wording import layout_name, plural, precision_twin, timing_fields, why_unfit
 
 if TYPE_CHECKING:
     from memplan.planner.search import _Search
@@ -32,7 +32,7 @@ def alternatives(w: Candidate, search: _Search) -> list[Alternative]:
             best_fit[kind(c)] = c
     fits = sorted(best_fit.values(), key=Candidate.rank_key, reverse=True)
     # The winner's own kind: its precision twin, and its best smaller micro-batch.
-    twin = [c for c in seen if same_setting(c, w, precision=c.precision) and search.fits(c)]
+    twin = [c for c in seen if precision_twin(c, w) and search.fits(c)]
     smaller = [c for c in seen if kind(c) == kind(w) and c.precision == w.precision and search.fits(c)]
     own = twin[:1] + ([max(smaller, key=Candidate.rank_key)] if smaller else [])
 
@@ -42,7 +42,8 @@ def alternatives(w: Candidate, search: _Search) -> list[Alternative]:
         if kind(c) not in closest_miss or over < _overshoot(search, closest_miss[kind(c)]):
             closest_miss[kind(c)] = c
     misses = sorted(closest_miss.values(), key=lambda c: _overshoot(search, c))[:MAX_NEAR_MISSES]
-    chosen = sorted((own + fits)[:MAX_ALTERNATIVES - len(misses)] + misses, key=lambda c: c.speed, reverse=True)
+    kept = list({id(c): c for c in own + fits}.values())  # one line per candidate
+    chosen = sorted(kept[:MAX_ALTERNATIVES - len(misses)] + misses, key=lambda c: c.speed, reverse=True)
     return [_alternative(c, w, search) for c in chosen]
 
 
@@ -81,6 +82,8 @@ def _differences(c: Candidate, w: Candidate) -> str:
         out.append(f"{c.checkpointing.describe()} instead of {w.checkpointing.describe()}")
     if c.precision == "32-true" and w.precision != "32-true":
         out.append("32-true forgoes AMP's tensor-core speed-up")
+    if c.precision != "32-true" and w.precision == "32-true":
+        out.append(f"{c.precision} instead of 32-true (AMP's casts cost more than it saves at this setting)")
     if c.precision == "16-mixed" and w.precision == "bf16-mixed":
         out.append("16-mixed pays for a GradScaler; same memory as bf16-mixed")
     return "; ".join(out) or "ranked lower by the step-time model"

@@ -13,8 +13,8 @@ from memplan.planner.checkpoint_reasons import checkpoint_speed_reason
 from memplan.planner.layout_reasons import strategy_reasons
 from memplan.planner.reasons import GPUS_USED, Reason, no_checkpointing
 from memplan.planner.request import PlanRequest
-from memplan.planner.wording import (find_setting, format_seconds, layout_name, plural, same_setting, timing_fields,
-                                     why_unfit)
+from memplan.planner.wording import (find_setting, format_seconds, layout_name, plural, precision_twin, same_setting,
+                                     timing_fields, why_unfit)
 from memplan.units import format_bytes
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def _rate(c: Candidate) -> str:
 def runner_up(w: Candidate, search: _Search) -> Candidate | None:
     """The fastest fitting candidate that is not the winner or its bf16/16-mixed twin."""
     rivals = [c for c in search.candidates if search.fits(c) and c is not w
-              and not same_setting(c, w, precision=c.precision)]
+              and not precision_twin(c, w)]
     return fastest(rivals)
 
 

@@ -41,6 +41,12 @@ def same_setting(c: Candidate, w: Candidate, **changes) -> bool:
     return all(getattr(c, k) == v for k, v in fields.items())
 
 
+def precision_twin(c: Candidate, w: Candidate) -> bool:
+    """c is w's bf16-mixed/16-mixed twin: the same setting in the other AMP flavour (same memory). A 32-true
+    winner has no twin: its mixed-precision settings differ in memory and speed."""
+    return c is not w and c.group.amp and w.group.amp and same_setting(c, w, precision=c.precision)
+
+
 def find_setting(search: _Search, w: Candidate, **changes) -> Candidate | None:
     return next((c for c in search.candidates if same_setting(c, w, **changes)), None)
 
