@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 
 from memplan.estimator.cuda.conv_workspace import (
-    BACKWARD_INPUT, BACKWARD_WEIGHT, COEFFICIENTS, FORWARD, ConvGeometry, classify, workspace_bytes,
+    BACKWARD_INPUT, BACKWARD_WEIGHT, COEFFICIENTS, FORWARD, SPLIT_K, ConvGeometry, classify, split_k_bytes,
+    workspace_bytes,
 )
 
 DEFAULT_GRID = Path(__file__).parent / "results" / "gpu_campaign_raw_h100" / "conv_grid.json"
@@ -59,25 +60,66 @@ def load(path: Path) -> list[dict]:
     return rows
 
 
-def fit(rows: list[dict]) -> dict[tuple[str, str, str], float]:
-    """Each (class, pass, precision) cell's median measured workspace / (x + y + w); cells without rows take the
-    general class's."""
-    ratios: dict[tuple[str, str, str], list[float]] = {}
+_SPLIT_COPIES = range(0, 33)
+_SPLIT_CAPS = [512 * 1024 * i for i in range(0, 65)]
+"""The split-K grid searched: copies of the weight 0-32, caps 0-32 MiB by 0.5 MiB."""
+
+
+def _split_k(cell_rows: list[dict]) -> tuple[int, int]:
+    """A backward-filter cell's split-K term (copies, cap bytes): the one whose min(copies * w, cap) on top of the
+    transposes (x + dy + w) leaves the least |error|; kept only where, with the coefficient then refitted, it
+    lowers the cell's |error| by a tenth or more against the coefficient alone. (0, 0): none."""
+    geoms = [(r["geom"], r["transient"]) for r in cell_rows]
+
+    def error(term: tuple[int, int], coefficient: float) -> float:
+        return sum(abs(int(coefficient * (g.x_bytes + g.y_bytes + g.w_bytes)) + split_k_bytes(g, term) - t)
+                   for g, t in geoms)
+
+    term = min(((c, k) for c in _SPLIT_COPIES for k in _SPLIT_CAPS), key=lambda ck: error(ck, 1.0))
+    coefficient = statistics.median((t - split_k_bytes(g, term)) / (g.x_bytes + g.y_bytes + g.w_bytes)
+                                    for g, t in geoms)
+    alone = statistics.median(t / (g.x_bytes + g.y_bytes + g.w_bytes) for g, t in geoms)
+    return term if term[0] and term[1] and error(term, coefficient) < 0.9 * error((0, 0), alone) else (0, 0)
+
+
+def fit(rows: list[dict]) -> dict:
+    """Each (class, pass, precision) cell's median measured workspace / (x + y + w) (net of a backward-filter cell's
+    split-K term, under the key (class, precision), where one is fitted); cells without rows take the general
+    class's."""
+    cells: dict[tuple[str, str, str], list[dict]] = {}
     for r in rows:
         if r["what"] in _FIT_ROWS:
             g = r["geom"]
-            ratios.setdefault((g.klass, _FIT_ROWS[r["what"]], g.precision), []).append(
-                r["transient"] / (g.x_bytes + g.y_bytes + g.w_bytes))
-    table = {cell: statistics.median(values) for cell, values in ratios.items()}
+            cells.setdefault((g.klass, _FIT_ROWS[r["what"]], g.precision), []).append(r)
+    table: dict = {}
+    for (klass, what, precision), cell in cells.items():
+        term = _split_k(cell) if what == BACKWARD_WEIGHT else (0, 0)
+        if term[0]:
+            table[(klass, precision)] = term
+        table[(klass, what, precision)] = statistics.median(
+            (r["transient"] - split_k_bytes(r["geom"], term))
+            / (r["geom"].x_bytes + r["geom"].y_bytes + r["geom"].w_bytes) for r in cell)
     for klass, what, precision in COEFFICIENTS:
         table.setdefault((klass, what, precision), table.get(("general", what, precision), 1.0))
     return table
 
 
+def coefficients(table: dict) -> dict[tuple[str, str, str], float]:
+    """The coefficient cells of a fitted table."""
+    return {k: v for k, v in table.items() if len(k) == 3}
+
+
+def split_k(table: dict) -> dict[tuple[str, str], tuple[int, int]]:
+    """The split-K cells of a fitted table."""
+    return {k: v for k, v in table.items() if len(k) == 2}
+
+
 def predict(row: dict, table: dict) -> int:
     g = row["geom"]
-    saved = dict(COEFFICIENTS)
-    COEFFICIENTS.update(table)
+    saved, saved_split = dict(COEFFICIENTS), dict(SPLIT_K)
+    COEFFICIENTS.update(coefficients(table))
+    SPLIT_K.clear()
+    SPLIT_K.update(split_k(table))
     try:
         if row["what"] == "forward":
             return workspace_bytes(g, FORWARD)
@@ -87,6 +129,8 @@ def predict(row: dict, table: dict) -> int:
     finally:
         COEFFICIENTS.clear()
         COEFFICIENTS.update(saved)
+        SPLIT_K.clear()
+        SPLIT_K.update(saved_split)
 
 
 def errors(rows: list[dict], table: dict) -> dict:
@@ -150,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = load(args.grid)
     table = fit(rows)
     loso = leave_one_shape_out(rows)
-    result = {"coefficients": {" ".join(k): round(v, 3) for k, v in sorted(table.items())},
-              "in_sample": errors(rows, table), "in_sample_with_memplan_coefficients": errors(rows, COEFFICIENTS),
+    memplan = {**COEFFICIENTS, **SPLIT_K}
+    result = {"coefficients": {" ".join(k): round(v, 3) for k, v in sorted(coefficients(table).items())},
+              "split_k": {" ".join(k): {"copies": c, "cap_MiB": cap / 2**20} for k, (c, cap) in split_k(table).items()},
+              "in_sample": errors(rows, table), "in_sample_with_memplan_coefficients": errors(rows, memplan),
               "leave_one_shape_out": loso,
               "loso_median_abs_error_of_workspace": statistics.median(s["abs_error_of_workspace"] for s in loso),
               "loso_median_op_peak_error": statistics.median(s["median_abs_error_of_op_peak"] for s in loso),
@@ -162,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     print("coefficients (class pass precision: workspace / (x + y + w)):")
     for k, v in result["coefficients"].items():
         print(f"  {k:40s} {v:6.3f}   memplan: {COEFFICIENTS[tuple(k.split())]:.3f}")
+    print("backward filter's split-K term (class precision: min(copies * w, cap)):")
+    for k, v in result["split_k"].items():
+        copies, cap = SPLIT_K.get(tuple(k.split()), (0, 0))
+        print(f"  {k:40s} {v['copies']} copies, cap {v['cap_MiB']:.1f} MiB   memplan: {copies} copies, cap "
+              f"{cap / 2**20:.1f} MiB")
     print("in sample:", result["in_sample"])
     print("leave one shape out:")
     for s in loso:
