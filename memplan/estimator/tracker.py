@@ -298,6 +298,9 @@ class StorageTracker(TorchDispatchMode):
                     self.memory.free(r.handle)
                     r.handle = ZERO_HANDLE
         outputs = _tensors_in(out)
+        for t, nbytes in self.workspaces.conv_calls(func, args, out) if self.workspaces is not None else ():
+            self.track(t)  # a cuDNN call's output, then its workspace, freed before the next call
+            self._transient(nbytes, category=Category.WORKSPACES)
         for t in outputs:
             self.track(t)
         if self.costs is not None:

@@ -21,6 +21,12 @@ forward measurements (some fp32 engines take x + w only, some fp16 ones up to 2.
 
 Backward data takes the forward's transposes (dy, w, dx), by the same rule as the forward. Each coefficient is
 the median over its class's measurements of workspace / (x + y + w), one for float32 and one for bfloat16/float16.
+Backward filter in float32 (TF32) also sums split-K partial weight gradients: min(14 w, 7.5 MiB) more on the
+general class (a ResNet's 128-channel 3x3 at 32 x 32, batch 8: 20.25 MiB measured, 8.56 MiB of transposes; with
+the term the class's |error| is 0.10 of the measured workspace, 0.14 without). Where the rule is known to miss:
+float32 forwards of some shapes take x + w only (the output written NCHW directly: ResNet-18's 64-channel 3x3
+convolutions at batch 8 and 16, not at 32 and 64), a choice of cuDNN's heuristics that no geometry feature of the
+grid separates; the rule takes x + y + w there.
 """
 from __future__ import annotations
 
@@ -45,9 +51,17 @@ COEFFICIENTS: dict[tuple[str, str, str], float] = {
     ("thin", FORWARD, "float32"): 0.0, ("thin", FORWARD, "half"): 0.0,
     ("thin", BACKWARD_WEIGHT, "float32"): 0.0, ("thin", BACKWARD_WEIGHT, "half"): 1.088,
     ("general", FORWARD, "float32"): 1.0, ("general", FORWARD, "half"): 1.0,
-    ("general", BACKWARD_WEIGHT, "float32"): 1.134, ("general", BACKWARD_WEIGHT, "half"): 1.080,
+    ("general", BACKWARD_WEIGHT, "float32"): 1.003, ("general", BACKWARD_WEIGHT, "half"): 1.080,
 }
 """Workspace bytes per byte of (input + output + weight), by geometry class, pass and precision."""
+
+SPLIT_K: dict[tuple[str, str], tuple[int, int]] = {
+    # (class, "float32" or "half"): backward filter's split-K partial sums, (copies of the weight, cap in bytes),
+    # fitted on conv_grid.json where they lower the cell's |error| by a tenth or more (conv_workspace_fit.py)
+    ("general", "float32"): (14, 7680 * 1024),
+}
+"""Backward filter's extra workspace: min(copies * weight bytes, cap) (none where absent)."""
+
 
 MEASURED_SM = (9, 0)
 MEASURED_MAX_BYTES = 496 * 1024 * 1024
@@ -107,7 +121,16 @@ def workspace_bytes(geom: ConvGeometry, what: str) -> int:
     """The workspace one cuDNN call (FORWARD, BACKWARD_INPUT or BACKWARD_WEIGHT) of this convolution takes."""
     rule = FORWARD if what == BACKWARD_INPUT else what  # backward data: the forward's transposes
     coefficient = COEFFICIENTS[(geom.klass, rule, geom.precision)]
-    return int(coefficient * (geom.x_bytes + geom.y_bytes + geom.w_bytes))
+    nbytes = int(coefficient * (geom.x_bytes + geom.y_bytes + geom.w_bytes))
+    if what == BACKWARD_WEIGHT:
+        nbytes += split_k_bytes(geom, SPLIT_K.get((geom.klass, geom.precision), (0, 0)))
+    return nbytes
+
+
+def split_k_bytes(geom: ConvGeometry, term: tuple[int, int]) -> int:
+    """Backward filter's split-K partial weight gradients (summed at the end): min(copies * w, cap) bytes."""
+    copies, cap = term
+    return min(copies * geom.w_bytes, cap)
 
 
 def op_geometry(func, args, out) -> tuple[ConvGeometry, tuple[str, ...]] | None:
@@ -136,8 +159,28 @@ class ConvWorkspaces:
         """The largest workspace of the trace (bytes)."""
         self.unmeasured: set[str] = set()
 
+    def calls(self, func, args, out) -> list[tuple[torch.Tensor, int]]:
+        """Each cuDNN call `func` makes, in torch's order, as (the tensor it allocates, its workspace bytes): the
+        call allocates its output first, then its workspace, and frees the workspace before the next call starts
+        (cudnn_convolution_forward: the output, then the workspace; cudnn_convolution_backward: grad_input and its
+        workspace, then grad_weight and its; ConvShared.cpp / Conv_v8.cpp, torch 2.11). [] for any other op."""
+        found = op_geometry(func, args, out)
+        if found is None:
+            return []
+        geom, calls = found
+        self.unmeasured.update(geom.unmeasured)
+        outputs = (out,) if func is aten.convolution.default else tuple(out[:2])
+        held = []
+        for call in calls:
+            nbytes = workspace_bytes(geom, call)
+            self.largest = max(self.largest, nbytes)
+            tensor = outputs[0] if call in (FORWARD, BACKWARD_INPUT) else outputs[1]
+            if isinstance(tensor, torch.Tensor):
+                held.append((tensor, nbytes))
+        return held
+
     def transient_bytes(self, func, args, out) -> int:
-        """The workspace `func` holds while it runs (the larger of backward data's and backward filter's)."""
+        """The largest workspace `func` holds while it runs (backward: the larger of its two calls')."""
         found = op_geometry(func, args, out)
         if found is None:
             return 0

@@ -67,10 +67,13 @@ class LibraryWorkspaces:
 
     def transient(self, func, args, out) -> tuple[int, ...]:
         """Bytes of each block `func` takes through the caching allocator for its own run only and holds together:
-        a convolution's workspace, a cuDNN RNN's workspace and contiguous copies."""
-        blocks = self.rnn.held(func, args) if self.rnn is not None else ()
-        conv = 0 if self.conv is None else self.conv.transient_bytes(func, args, out)
-        return (*blocks, conv) if conv else blocks
+        a cuDNN RNN's workspace and contiguous copies."""
+        return self.rnn.held(func, args) if self.rnn is not None else ()
+
+    def conv_calls(self, func, args, out) -> list[tuple[torch.Tensor, int]]:
+        """A convolution's cuDNN calls in order, each (the output it allocates, then its workspace's bytes, held
+        until the call ends): [] for any other op, or without the convolution rule."""
+        return [] if self.conv is None else self.conv.calls(func, args, out)
 
     def due(self, func, args, kwargs, *, backward: bool, stream: int) -> list[int]:
         """Bytes of each workspace `func` allocates on first use, in order ([] for most ops)."""
