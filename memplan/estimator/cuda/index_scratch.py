@@ -51,8 +51,8 @@ def index_scratch(self, indices):
     return (*_nonzero_phases(masks), (*masks, *_stride_copies(self, indices, masks)))
 
 
-def index_put_scratch(self, indices, values, accumulate=False):
-    """`index_put` / `index_put_`: with accumulate, `index_put_with_sort_kernel`'s phases; without, the masks'
+def index_put_scratch(self, indices, values, accumulate=False, unsafe=False):
+    """`index_put` / `index_put_` / `_index_put_impl_`: with accumulate, `index_put_with_sort_kernel`'s phases; without, the masks'
     nonzero buffers (none where a scalar goes into one mask: masked_fill_)."""
     sort = accumulate or (torch.are_deterministic_algorithms_enabled() and values.numel() > 1)
     if not sort:
