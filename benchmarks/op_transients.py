@@ -115,6 +115,15 @@ def trace_case(name: str, *, reductions: bool) -> dict:
             "peak_reserved": est.peak_reserved}
 
 
+_SAME_OP = {
+    "aten._scaled_dot_product_cudnn_attention.default": "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_cudnn_attention_backward.default":
+        "aten._scaled_dot_product_flash_attention_backward.default",
+}
+"""GPU ops lined up with the op memplan runs in their place: the H100 ran cuDNN attention (sm90 with cuDNN > 9.15
+prefers it), memplan emulates flash (memplan.estimator.cuda.sdpa). Reported as memplan's op, '(GPU: cuDNN)'."""
+
+
 def _transient(row, before: int, peak: int, after: int) -> int:
     return max(0, row[peak] - max(row[before], row[after]))
 
@@ -122,7 +131,7 @@ def _transient(row, before: int, peak: int, after: int) -> int:
 def compare(gpu_rows: list[list], mp_rows: list[list]) -> list[dict]:
     """One entry per op with a transient on either side: GPU rows [step, op, main, before, peak, after,
     reserved, shapes], memplan rows [step, op, before, peak, after, shapes], lined up by op name."""
-    gpu_names, mp_names = [r[1] for r in gpu_rows], [r[1] for r in mp_rows]
+    gpu_names, mp_names = [_SAME_OP.get(r[1], r[1]) for r in gpu_rows], [r[1] for r in mp_rows]
     matcher = difflib.SequenceMatcher(None, gpu_names, mp_names, autojunk=False)
     out = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -133,7 +142,9 @@ def compare(gpu_rows: list[list], mp_rows: list[list]) -> list[dict]:
             m = _transient(mp_rows[j], 2, 3, 4) if j is not None else None
             if not g and not m:
                 continue
-            op = gpu_rows[i][1] if i is not None else mp_rows[j][1]
+            op = gpu_names[i] if i is not None else mp_rows[j][1]
+            if i is not None and gpu_rows[i][1] != op:
+                op += " (GPU: cuDNN)"
             shapes = gpu_rows[i][7] if i is not None and gpu_rows[i][7] else (mp_rows[j][5] if j is not None else None)
             out.append({"op": op, "gpu": g, "memplan": m, "shapes": shapes, "position": i if i is not None else j})
     return out
@@ -202,7 +213,8 @@ def render(report: dict, before: dict | None) -> str:
              "torch 2.11.0+cu130, step 2 of each case (benchmarks/results/gpu_campaign_raw_h100/ops/). memplan: this "
              f"tree, traced on this CPU with CUDA emulated for {report['device']} (torch {report['machine']['torch']}), "
              "its steady-state step. An op's transient is peak - max(before, after). Ops are lined up by name "
-             "(difflib); 'gpu only' / 'memplan only': an op with a transient that one side does not run at that "
+             "(difflib; the GPU's cuDNN attention ops stand where memplan runs flash's, marked '(GPU: cuDNN)'); "
+             "'gpu only' / 'memplan only': an op with a transient that one side does not run at that "
              "place. A transient within 2 % of the GPU's is a match.", "",
              "## Per op class, all cases", "",
              "| op | match | missed | over-counted | gpu only | memplan only | GPU MiB (sum) | memplan MiB (sum) |"

@@ -34,8 +34,8 @@ from memplan.estimator.notes import generic_gpu_note
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator import manual
 from memplan.estimator.step import (
-    LOOP_NOTES, LossFn, Loop, PrecisionPolicy, SavedTensorsHooks, StepOptions, check_loop, iter_tensors,
-    run_training_step,
+    LOOP_NOTES, LossFn, Loop, PrecisionPolicy, SavedTensorsHooks, StepOptions, check_loop, grad_scaler_tensors,
+    iter_tensors, run_training_step,
 )
 from memplan.estimator.streams import StreamNumbers, side_stream_bytes
 from memplan.estimator.target import (GENERIC_CUDA, check_precision_on_target, memory_model,
@@ -253,7 +253,8 @@ class _Trace:
                 ConvWorkspaces(cc, benchmark=torch.backends.cudnn.benchmark),
                 CudnnRnnBuffers(sm_count=streaming_multiprocessors(self.target.name, cc)))
             tracker.reductions = ReductionStaging.for_gpu(self.target.name, cc)
-        self.grad_scale = torch.tensor(65536.0, device=self.device) if self.policy.grad_scaling else None
+        self.grad_scale, self.growth_tracker = grad_scaler_tensors(self.device, cuda=self.target.is_cuda) \
+            if self.policy.grad_scaling else (None, None)
         if self.manual is not None:
             self.manual.grad_scale = self.grad_scale
 
@@ -280,7 +281,8 @@ class _Trace:
                     run_training_step(
                         self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer,
                         options=StepOptions(policy=self.policy, device_type=self.device.type,
-                                            grad_scale=self.grad_scale, loop=self.loop),
+                                            grad_scale=self.grad_scale, loop=self.loop,
+                                            scaler_copies=self.target.is_cuda),
                         on_phase=lambda name: self._on_phase(name, saved_hooks),
                     )
         except (EstimateError, DataDependentOutputException, DynamicOutputShapeException):

@@ -78,9 +78,9 @@ class _StandInOptimizer:
             closure()
         self._trainer.phase("optimizer")
         if self._trainer.grad_scale is not None:
-            from memplan.estimator.step import _unscale_grads
+            from memplan.estimator.step import unscale_grads
 
-            _unscale_grads(self.optimizer, self._trainer.grad_scale)
+            unscale_grads(self.optimizer, self._trainer.grad_scale)
         out = self.optimizer.step(**kwargs)
         self._trainer.phase("forward")  # whatever runs next is the next model's forward
         return out

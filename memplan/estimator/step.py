@@ -133,6 +133,9 @@ class StepOptions:
     """The loss scale for '16-mixed' (a float32 scalar tensor); None without a GradScaler."""
     loop: Loop = "lightning"
     """The step order (see the module's docstring)."""
+    scaler_copies: bool = False
+    """Unscale as torch's GradScaler does on a CUDA target: per-device copies of inv_scale and found_inf, the found_inf
+    copy kept through optimizer.step() (see `unscale_grads`)."""
 
 
 def run_training_step(
@@ -169,9 +172,9 @@ def run_training_step(
     phase("backward")
     (loss * grad_scale if grad_scale is not None else loss).backward()
     phase("optimizer")
-    if grad_scale is not None:
-        _unscale_grads(optimizer, grad_scale)
+    found_inf = unscale_grads(optimizer, grad_scale, copies=options.scaler_copies) if grad_scale is not None else None
     optimizer.step()
+    del found_inf  # GradScaler.update() drops found_inf_per_device
     if loop == "torch":
         optimizer.zero_grad(set_to_none=True)
     elif loop == "torch-keep-grads":
@@ -207,13 +210,35 @@ def check_loss(loss: Any) -> None:
         )
 
 
-def _unscale_grads(optimizer: torch.optim.Optimizer, grad_scale: torch.Tensor) -> None:
+def grad_scaler_tensors(device: torch.device, *, cuda: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """torch.amp.GradScaler's `_scale` (fp32, 65536) and, on a CUDA target, its `_growth_tracker` (int32): both made
+    at the first `scale()` and kept (torch/amp/grad_scaler.py `_lazy_init_scale_growth_tracker`, torch 2.4-2.13).
+    The H100 read 512 B more than memplan's peak without the tracker in every 16-mixed case (bf16-mixed twins: 0).
+    A CPU target keeps memplan's earlier model (the scale only; torch's CPU tracker is 4 bytes), so CPU estimates
+    stay as they were."""
+    scale = torch.tensor(65536.0, device=device)
+    return scale, (torch.zeros((), dtype=torch.int32, device=device) if cuda else None)
+
+
+def unscale_grads(optimizer: torch.optim.Optimizer, grad_scale: torch.Tensor, *, copies: bool = False):
+    """`GradScaler.unscale_`'s tensor work. With `copies` (CUDA targets), as torch orders it: inv_scale (fp64, then
+    fp32), found_inf, then `_MultiDeviceReplicator.get`'s copy of each on the gradients' device; the found_inf copy
+    is returned: the scaler keeps it in found_inf_per_device until update(), after optimizer.step() (the H100's
+    16-mixed rows whose peak is in the step read 512 B more than memplan without it). Otherwise memplan's earlier
+    model: found_inf and inv_scale, freed on return (None)."""
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not grads:
-        return
-    found_inf = torch.zeros((), dtype=torch.float32, device=grad_scale.device)
+        return None
+    if not copies:
+        found_inf = torch.zeros((), dtype=torch.float32, device=grad_scale.device)
+        inv_scale = grad_scale.double().reciprocal().float()
+        amp_unscale_(grads, found_inf, inv_scale)
+        return None
     inv_scale = grad_scale.double().reciprocal().float()
-    amp_unscale_(grads, found_inf, inv_scale)
+    found_inf = torch.zeros((), dtype=torch.float32, device=grad_scale.device)
+    kept = found_inf.clone()
+    amp_unscale_(grads, kept, inv_scale.clone())
+    return kept
 
 
 def params_with_grad(params: Sequence[nn.Parameter]) -> list[nn.Parameter]:

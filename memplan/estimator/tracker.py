@@ -37,7 +37,7 @@ from memplan.estimator.cuda.op_scratch import cuda_op_scratch
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
-    ctc_backward_scratch_bytes, cuda_contiguous_copy_bytes, promotion_scratch_bytes, rnn_workspace_bytes,
+    ctc_backward_scratch_bytes, cuda_contiguous_copies, promotion_scratch_bytes, rnn_workspace_bytes,
 )
 from memplan.estimator.values import is_random
 
@@ -314,7 +314,7 @@ class StorageTracker(TorchDispatchMode):
             with disable_current_modes():  # the probe runs the real op on real tensors
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
-            self._transient(cuda_contiguous_copy_bytes(func, args))
+            self._transient(*cuda_contiguous_copies(func, args))  # one request per copy
             for held in cuda_op_scratch(func, args, kwargs):  # an op's own buffers, phase by phase
                 self._transient(*held)
             if self.reductions is not None:  # its buffer and semaphores, each a request of its own

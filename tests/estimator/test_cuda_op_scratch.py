@@ -58,6 +58,29 @@ def test_efficient_attention_backward_in_fp32_holds_the_delta_product():
     assert copied == 2_162_688 + contiguous.numel() * 4
 
 
+@pytest.mark.parametrize(("q_shape", "kv_heads", "gpu"), [
+    ((8, 4, 128, 64), 4, 1_065_472),  # gpt2-b8-bf16mixed, 4 layers alike
+    ((4, 8, 256, 32), 2, 2_130_432),  # llama-gqa-b4-bf16mixed: 2 key/value heads
+])
+def test_flash_attention_backward_holds_its_dq_accumulator_and_softmax_d(q_shape, kv_heads, gpu):
+    """mha_bwd: softmax_d [B, H, S128] fp32, dq_accum [B, S128, H, D32] fp32, and under GQA dK and dV at the query's
+    head count. q, k, v, out, grad_out bf16 as [B, H, S, D] views of [B, S, H, D]. The H100 ran cuDNN's backward
+    there (it prefers cuDNN on sm90), holding 512 B more than the rule."""
+    batch, heads, seq, dim = q_shape
+    view = meta(batch, seq, heads, dim, dtype=torch.bfloat16).transpose(1, 2)
+    kv = meta(batch, seq, kv_heads, dim, dtype=torch.bfloat16).transpose(1, 2)
+    scalar = meta((), dtype=torch.int64)
+    args = (view, view, kv, kv, view, meta(batch, heads, seq), None, None, seq, seq, 0.1, True, scalar, scalar)
+    rule = cuda_op_scratch_bytes(aten._scaled_dot_product_flash_attention_backward.default, args, {})
+    expanded = 0 if kv_heads == heads else 2 * batch * seq * heads * dim * 2
+    assert rule == batch * heads * seq * 4 + batch * seq * heads * dim * 4 + expanded
+    assert 0 <= gpu - rule <= 512
+    contiguous = meta(*q_shape, dtype=torch.bfloat16)  # a grad_out laid out [B, H, S, D] is copied first
+    copied = cuda_op_scratch_bytes(aten._scaled_dot_product_flash_attention_backward.default,
+                                   (contiguous, *args[1:]), {})
+    assert copied == rule + contiguous.numel() * 2
+
+
 class Attention(nn.Module):
     """Eager attention over 256 tokens, 8 heads (the zoo's llama-gqa attention without the rest)."""
 
@@ -143,13 +166,13 @@ def test_host_state_is_the_counters_each_optimizer_creates_without_a_device(make
 def test_embedding_and_its_backward_copy_non_contiguous_indices_and_gradients():
     """lstm-b32 / gru-b32: [32, 64] int64 token ids transposed from [64, 32] and the LSTM's [32, 64, 128]
     fp32 gradient transposed alike; the H100 held 16,384 B in the embedding, 1,064,960 in its backward."""
-    from memplan.estimator.kernels.scratch import cuda_contiguous_copy_bytes
+    from memplan.estimator.kernels.scratch import cuda_contiguous_copies
 
     ids = meta(64, 32, dtype=torch.int64).t()
     grad = meta(64, 32, 128).transpose(0, 1)
     assert cuda_op_scratch_bytes(aten.embedding.default, (meta(5000, 128), ids), {}) == 16_384
     assert cuda_op_scratch_bytes(aten.embedding.default, (meta(5000, 128), ids.contiguous()), {}) == 0
-    assert cuda_contiguous_copy_bytes(aten.embedding_dense_backward.default, (grad, ids, 5000, -1, False)) == 1_064_960
+    assert cuda_contiguous_copies(aten.embedding_dense_backward.default, (grad, ids, 5000, -1, False)) == (1_048_576, 16_384)
 
 
 @pytest.mark.parametrize(("shape", "dtype", "measured"), [

@@ -117,20 +117,20 @@ def test_cuda_softmax_of_a_transposed_activation_holds_a_contiguous_copy(monkeyp
     batch = torch.randn(16, 512, 256)
     copy = batch.numel() * 4  # the (16, 256, 512) fp32 transposed activation
     with_copy = estimate(SoftmaxOverTokens, batch, loss=lambda m, b: m(b), device="H100-80GB")
-    monkeypatch.setattr(tracker, "cuda_contiguous_copy_bytes", lambda func, args: 0)
+    monkeypatch.setattr(tracker, "cuda_contiguous_copies", lambda func, args: ())
     without = estimate(SoftmaxOverTokens, batch, loss=lambda m, b: m(b), device="H100-80GB")
     forward = dict(with_copy.peak_allocated_by_phase)["forward"] - dict(without.peak_allocated_by_phase)["forward"]
     assert 0.9 * copy < forward <= copy  # the backward's peak holds the product's copies (cuda/op_scratch.py)
 
 
 def test_cuda_contiguous_copies_count_only_non_contiguous_arguments():
-    from memplan.estimator.kernels.scratch import cuda_contiguous_copy_bytes
+    from memplan.estimator.kernels.scratch import cuda_contiguous_copies
 
     aten = torch.ops.aten
     x = torch.empty(4, 8, 16)
     t = x.transpose(1, 2)
-    assert cuda_contiguous_copy_bytes(aten._softmax.default, (x, -1, False)) == 0
-    assert cuda_contiguous_copy_bytes(aten._softmax.default, (t, -1, False)) == x.numel() * 4
-    assert cuda_contiguous_copy_bytes(aten._log_softmax_backward_data.default, (t, x, -1, torch.float32)) == x.numel() * 4
-    assert cuda_contiguous_copy_bytes(aten.native_layer_norm.default, (t, [8], None, None, 1e-5)) == x.numel() * 4
-    assert cuda_contiguous_copy_bytes(aten.gelu.default, (t,)) == 0
+    assert cuda_contiguous_copies(aten._softmax.default, (x, -1, False)) == ()
+    assert cuda_contiguous_copies(aten._softmax.default, (t, -1, False)) == (x.numel() * 4,)
+    assert cuda_contiguous_copies(aten._log_softmax_backward_data.default, (t, x, -1, torch.float32)) == (x.numel() * 4,)
+    assert cuda_contiguous_copies(aten.native_layer_norm.default, (t, [8], None, None, 1e-5)) == (x.numel() * 4,)
+    assert cuda_contiguous_copies(aten.gelu.default, (t,)) == ()

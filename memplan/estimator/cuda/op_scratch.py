@@ -30,15 +30,27 @@ kernel probe measures what CPU kernels do.
   took one block for 4 elements (more for long runs: not modelled). H100: [2, 256] bool -> 4,096 B;
   [8, 128] -> 8,192; [4] int32 -> 1,024.
 
-Not modelled (measured, small or data dependent): index_put's (accumulate) and sort's index buffers (tens of
-KiB), a boolean mask's nonzero indices, embedding's backward sort over more than 3072 indices; the flash
-backward's dq accumulator.
+- `_scaled_dot_product_flash_attention_backward` (transformers/cuda/attention_backward.cu
+  `_flash_attention_backward`, flash_attn/flash_api.cpp `mha_bwd`): `grad_out` and `out` as [B, S, H, D] made
+  contiguous; `softmax_d` [B, H, S rounded up to 128] fp32 (returned by mha_bwd, dropped by its caller); the dQ
+  accumulator [B, S rounded to 128, H, D rounded to 32 (64 above 128)] fp32 (`loop` is always true; the
+  deterministic kernel's split accumulator is not modelled); with fewer key/value heads than query heads (GQA),
+  dK and dV at the query's head count in the input dtype, summed into the outputs at the end. The H100 ran
+  cuDNN attention there (sm90, cuDNN > 9.15 prefers it; memplan emulates flash): its backward held 512 B more
+  than this rule, gpt2-b8-bf16mixed [8, 4, 128, 64] bf16 1,065,472 B (rule 1,064,960), llama-gqa-b4-bf16mixed
+  [4, 8, 256, 32] with 2 key/value heads 2,130,432 B (rule 2,129,920).
+- Advanced indexing and sort (index, index_put with accumulate, a mask's nonzero, sort's index buffers):
+  cuda/index_scratch.py.
+
+Not modelled (measured, small or data dependent): embedding's backward sort over more than 3072 indices, cub's
+storage for sorts over more than one tile.
 """
 from __future__ import annotations
 
 import torch
 
 from memplan.compat.torch import disable_current_modes
+from memplan.estimator.cuda.index_scratch import RULES as INDEX_RULES
 
 aten = torch.ops.aten
 
@@ -99,6 +111,19 @@ def _efficient_attention_backward(grad_out, query, *rest, **kwargs) -> Phases:
     return (copy, product, delta, delta), (copy, delta, workspace)
 
 
+def _flash_attention_backward(grad_out, query, key, value, out, *rest, **kwargs) -> Phases:
+    """Arguments: (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+    is_causal, philox_seed, philox_offset); q, k, v, out as [B, H, S, D]."""
+    batch, heads, queries, head_dim = query.shape
+    copies = [0 if t.transpose(1, 2).is_contiguous() else _nbytes(t) for t in (grad_out, out)]
+    rows = -(-queries // 128) * 128  # round_multiple(seqlen_q, 128)
+    rounded_head = -(-head_dim // (32 if head_dim <= 128 else 64)) * (32 if head_dim <= 128 else 64)
+    softmax_d = batch * heads * rows * _F32
+    dq_accum = batch * rows * heads * rounded_head * _F32
+    expanded = 0 if key.size(1) == heads else batch * key.size(2) * heads * head_dim * query.element_size()
+    return ((*copies, softmax_d, dq_accum, expanded, expanded),)
+
+
 def _embedding(weight, indices, *rest) -> Phases:
     """Arguments: (weight, indices, padding_idx, scale_grad_by_freq, sparse)."""
     if indices.dim() <= 1 or indices.is_contiguous():
@@ -134,4 +159,6 @@ _RULES = {
     aten.embedding.default: _embedding,
     aten.cumsum.default: _cumulative,
     aten.cumprod.default: _cumulative,
+    aten._scaled_dot_product_flash_attention_backward.default: _flash_attention_backward,
+    **INDEX_RULES,
 }

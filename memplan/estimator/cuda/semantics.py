@@ -40,13 +40,12 @@ Known differences not emulated
   sm103 with cuDNN > 9.15.0, which depends on the runtime cuDNN. We use flash there; cuDNN saves the
   same out + fp32 logsumexp (B, H, L, 1), and it also takes attn_mask where we use efficient.
   FlashAttention-3 (`torch.backends.cuda.enable_flash_sdp` FA3 opt-in) is not emulated either.
-- Scratch memory inside kernels: flash backward's fp32 dq accumulator and softmax_d
-  (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp). cuDNN convolution workspaces are a
+- Scratch memory inside kernels: cuDNN convolution workspaces are a
   rule fitted to sm90 / cuDNN 9 measurements, not cuDNN's algorithm choice (cuda/conv_workspace.py);
   cuBLAS workspaces: see cuda/workspaces.py. A sum / mean's staging buffer is modelled (cuda/reductions.py),
-  and so are softmax backward's product, _safe_softmax's masks and the memory-efficient attention backward's
-  delta and workspace (cuda/op_scratch.py); other ops' own temporaries measured on an H100 are not (index_put's
-  and sort's index buffers, a bool cumsum's int64 copy: benchmarks/results/op_transients.md).
+  and so are softmax backward's product, _safe_softmax's masks, the memory-efficient attention backward's
+  delta and workspace, flash backward's dq accumulator and softmax_d (cuda/op_scratch.py), and indexing's and
+  sort's index buffers (cuda/index_scratch.py); benchmarks/results/op_transients.md compares them op by op.
 - Embedding backward: `embedding_dense_backward_cuda` (aten/src/ATen/native/cuda/Embedding.cu) over more
   than 3072 indices sorts them with int64 temporaries the size of the index tensor; CPU does not. Its
   contiguous copies of a non-contiguous gradient and indices are modelled (kernels/scratch.py). The dense

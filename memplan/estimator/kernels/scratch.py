@@ -97,18 +97,21 @@ _CUDA_CONTIGUOUS_COPIES = {
 }
 
 
-def cuda_contiguous_copy_bytes(func, args) -> int:
+def cuda_contiguous_copies(func, args) -> tuple[int, ...]:
     """CUDA softmax, log_softmax, log_softmax's backward, layer_norm and embedding's backward copy a non-contiguous input into a
     contiguous temporary before launching (source lines above; torch 2.x). A transposed activation
     fed to them holds that copy while the kernel runs. CUDA targets only: on a CPU target the kernel
-    probe measures what CPU's kernels do. Sourced from ATen; on an H100 (benchmarks/results/op_transients.md)
+    probe measures what CPU kernels do. Sourced from ATen; on an H100 (benchmarks/results/op_transients.md)
     MLP-Mixer's layer norms and their backwards on transposed inputs held exactly this copy, and an embedding's
     backward its gradient's and indices' copies (lstm-b32: [32, 64, 128] fp32 + [32, 64] int64 = 1,064,960 B).
-    Embedding's backward over more than 3072 indices also sorts them (int64 buffers): not modelled."""
+    Returns the bytes of each copy: each `.contiguous()` is a request of its own to the caching allocator (a
+    1 MiB copy and a 16 KiB one take two small-pool blocks, where their sum, over 1 MiB, would take a large
+    block and can take a cached 2 MiB one whole). Embedding's backward over more than 3072 indices also sorts
+    them (int64 buffers): not modelled."""
     positions = _CUDA_CONTIGUOUS_COPIES.get(func)
     if positions is None:
-        return 0
-    return sum(
+        return ()
+    return tuple(
         t.numel() * t.element_size()
         for t in (args[i] for i in positions if i < len(args))
         if isinstance(t, torch.Tensor) and not t.is_contiguous()

@@ -1,0 +1,217 @@
+"""Temporaries of CUDA's advanced indexing and sort: index buffers that ATen allocates inside the op and frees
+before it returns. Rules for cuda/op_scratch.py (same form: per phase, the bytes of each buffer held at once).
+
+Read from ATen (torch 2.11) and checked against the H100's op-by-op readings (benchmarks/results/
+gpu_campaign_raw_h100/ops/, peak inside the op - max(before, after); benchmarks/results/op_transients.md):
+
+- Index tensors, on CUDA (TensorAdvancedIndexing.cpp `AdvancedIndex`): two or more whose strides differ once
+  broadcast together (`all_strides_match`) are each made contiguous at the broadcast shape. H100, bert-b16-ckpt
+  `mask[rows, cols]` over a [16, 128] bool with [16, 1, 1, 1] and [1, 1, 1, 128] int64 indices: 2 x 16,384 =
+  32,768 B.
+- A boolean (or uint8) mask index: `expandTensors` (aten/src/ATen/native/IndexingUtils.h) replaces it by
+  `index.nonzero()`, one int64 buffer of nnz x mask.dim() (nonzero_cuda writes a [dim, nnz] buffer and returns
+  its transpose), held while the op runs; while nonzero runs, its count and cub's storage beside it (a block
+  each, Nonzero.cu). From the source, not read on a GPU (no zoo case indexes with a mask). nnz is counted where
+  the mask is real (the batch's masks); for a fake mask, index_put's value length there, else every element.
+- `index_put` / `index_put_` with accumulate=True (or deterministic algorithms and more than one value) runs
+  `index_put_with_sort_kernel` (aten/src/ATen/native/cuda/Indexing.cu): `makeLinearIndex` computes the linear
+  index (`wrapIndexOnce`: `index.remainder(size)`, then `* stride`: two int64 buffers of the index count N, a
+  third while a second index is added in), then holds it beside `sorted_indices`, `orig_indices` (empty_like)
+  and `range` (arange(N)), N int64 each, and cub's radix sort storage (`radix_sort_pairs`); a non-contiguous
+  self or value is copied first, an int32 index widened to int64. H100, mixtral-moe-b4 (N = 2048, twelve ops,
+  three shapes of self): 4 x 16,384 + 512 = 66,048 B. cub's storage is one 512-byte block for that single-tile
+  sort; a sort over more than one tile also keeps cub's alternate key and value buffers there (not read on a
+  GPU: not modelled). Without accumulate, `index_put_` builds an AdvancedIndex as `index` does (a mask's
+  nonzero, the copies of index tensors whose strides differ); a scalar value into one mask is `masked_fill_`.
+- `sort` (aten/src/ATen/native/cuda/Sort.cpp `sort_cuda_kernel`): a dim of at most 4096 (Sort.h
+  `should_use_small_sort`) sorts in place in the outputs after `fillSliceWithIndex` fills the indices from an
+  `arange(size(dim))` (int64, freed at once). H100, mixtral-moe-b4 [2048] int64: 16,384 B. Longer dims take
+  SortStable.cu's cub sorts: a copy of a self whose sorted dim is not innermost and dense, SortStable.cu's own
+  index buffers (8 bytes per element: one row's reverse indices for a single row, two int2 index-and-segment
+  buffers for under 128 rows, reverse indices beyond), and cub's storage (counted as one block: more for a
+  multi-tile sort, not modelled). `argsort` and `msort` reach `sort` (composite).
+"""
+from __future__ import annotations
+
+import torch
+
+from memplan.compat.torch import disable_current_modes, is_fake
+
+aten = torch.ops.aten
+
+_I64 = 8
+_CUB_BLOCK = 1
+"""cub's temporary storage for a single-tile radix sort: a request of a few bytes, one 512-byte block."""
+_SMALL_SORT = 4096
+
+
+def index_scratch(self, indices):
+    """`index.Tensor`: each mask's nonzero, then AdvancedIndex's contiguous copies of the index tensors."""
+    masks = _mask_nonzeros(self, indices, None)
+    return (*_nonzero_phases(masks), (*masks, *_stride_copies(self, indices, masks)))
+
+
+def index_put_scratch(self, indices, values, accumulate=False, unsafe=False):
+    """`index_put` / `index_put_` / `_index_put_impl_`: with accumulate, `index_put_with_sort_kernel`'s phases; without, the masks'
+    nonzero buffers (none where a scalar goes into one mask: masked_fill_)."""
+    sort = accumulate or (torch.are_deterministic_algorithms_enabled() and values.numel() > 1)
+    if not sort:
+        if _is_masked_fill(indices, values):
+            return ()
+        masks = _mask_nonzeros(self, indices, values)
+        return (*_nonzero_phases(masks), (*masks, *_stride_copies(self, indices, masks)))
+    defined = [i for i in indices if i is not None]
+    count = _index_count(self, indices, values)
+    if not defined or not count or self.numel() == 0:
+        return ()
+    self_copy = 0 if self.is_contiguous() else _nbytes(self)
+    masks = _mask_nonzeros(self, indices, values)
+    nonzero = tuple((self_copy, *phase) for phase in _nonzero_phases(masks))
+    held = [self_copy, *masks]
+    held += [count * _I64 for i in defined if i.dtype == torch.int32]  # makeLinearIndex: i.to(kLong)
+    n = count * _I64
+    linear = (*held, n, n) if len(defined) == 1 else (*held, n, n, n)  # remainder, * stride (, += into the sum)
+    value_copy = 0 if values.is_contiguous() and values.numel() >= count * _slice(self, indices) else \
+        count * _slice(self, indices) * values.element_size()
+    permuted = 0 if _adjacent(indices) else _nbytes(self)  # transposeToFront: src_ = src.contiguous()
+    sort = (self_copy, n, value_copy, permuted, n, n, n, _CUB_BLOCK)  # linear, sorted, orig, range, cub
+    return (*nonzero, linear, sort)
+
+
+def sort_scratch(self, *args, **kwargs):
+    """`sort.default(self, dim=-1, descending=False)` / `sort.stable(self, *, stable, dim=-1, descending=False)`."""
+    dim = args[0] if args and not isinstance(args[0], bool) and isinstance(args[0], int) else kwargs.get("dim", -1)
+    if self.dim() == 0 or self.numel() == 0:
+        return ()
+    length = self.size(dim)
+    if length <= _SMALL_SORT:
+        return ((length * _I64,),)  # fillSliceWithIndex's arange
+    copy = 0 if _dense(self) and self.stride(dim) == 1 else _nbytes(self)
+    segments = self.numel() // length  # SortStable.cu: its own index buffers, then cub's (not modelled)
+    if segments == 1 or length >= 1_000_000:
+        own = (length * _I64,)  # segmented_sort_large_segments: the reverse indices, one row
+    elif segments < 128:
+        own = (self.numel() * _I64, self.numel() * _I64)  # by_full_sort: two int2 index-and-segment buffers
+    else:
+        own = (self.numel() * _I64,)  # segmented_sort_pairs: reverse indices
+    return ((copy, *own, _CUB_BLOCK),)
+
+
+def _mask_nonzeros(self, indices, values) -> list[int]:
+    """Bytes of `nonzero()` of each bool / uint8 index: nnz x its dims, int64."""
+    out = []
+    position = 0
+    for index in indices:
+        if index is None:
+            position += 1
+            continue
+        if index.dtype in (torch.bool, torch.uint8):
+            out.append(_nonzero_count(index, self, values, position) * index.dim() * _I64)
+        position += index.dim() if index.dtype in (torch.bool, torch.uint8) else 1
+    return out
+
+
+def _nonzero_phases(masks: list[int]) -> tuple[tuple[int, ...], ...]:
+    """nonzero_cuda_out_impl, mask by mask: its output beside the count (`num_nonzeros`) and cub's
+    DeviceSelect storage, a block each, the masks before it still held."""
+    return tuple((*masks[:i], nbytes, _CUB_BLOCK, _CUB_BLOCK) for i, nbytes in enumerate(masks))
+
+
+def _stride_copies(self, indices, masks: list[int]) -> list[int]:
+    """AdvancedIndex (TensorAdvancedIndexing.cpp): on CUDA, two or more index tensors whose strides differ after
+    broadcasting (`all_strides_match`) are each made contiguous (`indices[i].contiguous()`); a mask's nonzero
+    columns share one layout."""
+    plain = [i for i in indices if i is not None and i.dtype not in (torch.bool, torch.uint8)]
+    if masks or len(plain) < 2:
+        return []
+    with disable_current_modes():
+        expanded = torch.broadcast_tensors(*(_meta(i) for i in plain))
+    if all(t.stride() == expanded[0].stride() for t in expanded[1:]):
+        return []
+    return [t.numel() * t.element_size() for t in expanded if not t.is_contiguous()]
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _nonzero_count(mask, self, values, position: int) -> int:
+    """The mask's set elements: counted where the mask is real (the batch's own masks); for a fake mask the
+    value's length there (index_put), or every element (an upper bound)."""
+    if not is_fake(mask) and mask.device.type != "meta":
+        with disable_current_modes():  # a real mask (the batch's): count it outside the fake mode
+            return int(torch.count_nonzero(mask))
+    if values is not None and values.dim() > 0:
+        lead = values.dim() - (self.dim() - mask.dim() + 1)
+        if 0 <= lead + position < values.dim() and values.size(lead + position) > 1:
+            return values.size(lead + position)
+    return mask.numel()
+
+
+def _index_count(self, indices, values) -> int:
+    """N: the elements of the broadcast index (a mask's nonzero count)."""
+    counts = []
+    position = 0
+    for index in indices:
+        if index is None:
+            position += 1
+            continue
+        if index.dtype in (torch.bool, torch.uint8):
+            counts.append(_nonzero_count(index, self, values, position))
+            position += index.dim()
+        else:
+            counts.append(index.numel())
+            position += 1
+    return max(counts, default=0)
+
+
+def _slice(self, indices) -> int:
+    """Elements of self per index position: the dims before the first index and after the indexed ones
+    (computeLinearIndex's nElemBefore x nElemAfter)."""
+    defined = [i for i, index in enumerate(indices) if index is not None]
+    if not defined:
+        return self.numel()
+    covered = sum(index.dim() if index.dtype in (torch.bool, torch.uint8) else 1 for index in indices if index is not None)
+    before = defined[0]
+    total = 1
+    for size in (*self.shape[:before], *self.shape[before + covered:]):
+        total *= size
+    return total
+
+
+def _adjacent(indices) -> bool:
+    """hasContiguousSubspace: the defined indices are next to each other."""
+    defined = [i for i, index in enumerate(indices) if index is not None]
+    return not defined or defined[-1] - defined[0] + 1 == len(defined)
+
+
+def _is_masked_fill(indices, values) -> bool:
+    """canDispatchToMaskedFill (TensorAdvancedIndexing.cpp): one bool mask and a one-element value."""
+    defined = [i for i in indices if i is not None]
+    return (len(defined) == 1 and defined[0].dtype == torch.bool and values.numel() == 1
+            and (values.dim() == 0 or values.device.type == "cpu"))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """is_non_overlapping_and_dense: some order of the dims lays the elements out without gaps or overlap."""
+    expected = 1
+    for size, stride in sorted(((s, st) for s, st in zip(t.shape, t.stride()) if s != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+RULES = {
+    aten.index.Tensor: index_scratch,
+    aten.index_put.default: index_put_scratch,
+    aten.index_put_.default: index_put_scratch,
+    aten._index_put_impl_.default: index_put_scratch,
+    aten.sort.default: sort_scratch,
+    aten.sort.stable: sort_scratch,
+}
+"""The indexing and sort rules, by the aten op that runs them."""

@@ -1,0 +1,72 @@
+"""Advanced indexing's and sort's index buffers on a CUDA target (memplan.estimator.cuda.index_scratch), against the
+H100's op-by-op readings (benchmarks/results/gpu_campaign_raw_h100/ops/, torch 2.11.0+cu130: peak inside the op
+- max(before, after))."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memplan.estimator.cuda.op_scratch import cuda_op_scratch, cuda_op_scratch_bytes
+
+aten = torch.ops.aten
+
+
+def meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize(("self_shape", "values_shape"), [
+    ((2048, 256), (2048, 256)),  # mixtral-moe-b4's backward of the routed tokens' gather, 4 layers each
+    ((2048,), (2048,)),  # the routing weights' gather
+    ((1024, 256), (2048, 256)),  # the hidden states', two experts per token
+])
+def test_index_put_with_accumulate_holds_four_index_buffers_and_cubs_block(self_shape, values_shape):
+    """index_put_with_sort_kernel over 2048 int64 indices: the linear index, sorted_indices, orig_indices and
+    arange(N) (16,384 B each) and cub's single-tile storage (one block); the H100 held 66,048 B in all twelve."""
+    index = meta(2048, dtype=torch.int64)
+    args = (meta(*self_shape), [index], meta(*values_shape), True)
+    assert cuda_op_scratch_bytes(aten.index_put.default, args, {}) == 66_048
+    assert cuda_op_scratch_bytes(aten.index_put.default, args[:3] + (False,), {}) == 0  # no sort without accumulate
+
+
+def test_index_put_copies_a_non_contiguous_value_and_widens_an_int32_index():
+    index = meta(2048, dtype=torch.int32)
+    values = meta(256, 2048).t()
+    phases = cuda_op_scratch(aten.index_put.default, (meta(2048, 256), [index], values, True), {})
+    assert phases[0] == (0, 2048 * 8, 2048 * 8, 2048 * 8)  # the widened index, remainder, * stride
+    assert phases[1] == (0, 2048 * 8, values.numel() * 4, 0, 2048 * 8, 2048 * 8, 2048 * 8, 1)
+
+
+def test_sort_of_a_short_dim_holds_one_arange_of_it():
+    """mixtral-moe-b4 sorts its [2048] int64 expert assignments: fillSliceWithIndex's arange, 16,384 B on the H100."""
+    assert cuda_op_scratch_bytes(aten.sort.default, (meta(2048, dtype=torch.int64),), {}) == 16_384
+    assert cuda_op_scratch_bytes(aten.sort.stable, (meta(64, 2048),), {"stable": True, "dim": -1}) == 16_384
+    assert cuda_op_scratch_bytes(aten.sort.default, (meta(64, 2048), 0), {}) == 512  # 64 along dim 0
+
+
+def test_sort_of_a_long_dim_keeps_sortstables_index_buffers():
+    one_row = cuda_op_scratch_bytes(aten.sort.default, (meta(10_000),), {})
+    assert one_row == 80_384 + 512  # one row's reverse indices, cub's block
+    rows = cuda_op_scratch_bytes(aten.sort.default, (meta(8, 10_000),), {})
+    assert rows == 2 * 640_000 + 512  # two int2 index-and-segment buffers for under 128 rows
+
+
+def test_indexing_with_two_broadcast_index_tensors_makes_each_contiguous():
+    """bert-b16-ckpt: `mask[rows, cols]` over a [16, 128] bool with [16, 1, 1, 1] and [1, 1, 1, 128] int64 indices;
+    their strides differ once broadcast, so AdvancedIndex copies both to [16, 1, 1, 128]: 32,768 B on the H100."""
+    rows, cols = meta(16, 1, 1, 1, dtype=torch.int64), meta(1, 1, 1, 128, dtype=torch.int64)
+    assert cuda_op_scratch_bytes(aten.index.Tensor, (meta(16, 128, dtype=torch.bool), [rows, cols]), {}) == 32_768
+    same = meta(16, 128, dtype=torch.int64)
+    assert cuda_op_scratch_bytes(aten.index.Tensor, (meta(16, 128), [same, same]), {}) == 0
+    assert cuda_op_scratch_bytes(aten.index.Tensor, (meta(2048, 256), [meta(2048, dtype=torch.int64)]), {}) == 0
+
+
+def test_a_boolean_mask_is_indexed_through_its_nonzero():
+    """Read from ATen's expandTensors, not on a GPU: a real mask's set elements x its dims, int64, beside
+    nonzero's count and cub's storage (a block each) while nonzero runs, then held through the kernel."""
+    mask = torch.zeros(16, 128, dtype=torch.bool)
+    mask[:, :100] = True
+    phases = cuda_op_scratch(aten.index.Tensor, (meta(16, 128, 64), [mask]), {})
+    assert phases == ((1600 * 2 * 8, 1, 1), (1600 * 2 * 8,))
+    scalar = torch.tensor(0.0)
+    assert cuda_op_scratch(aten.index_put_.default, (meta(16, 128), [mask], scalar, False), {}) == ()  # masked_fill_
