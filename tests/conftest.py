@@ -11,13 +11,19 @@ Every test process computes on one CPU thread (OMP_NUM_THREADS=1, set here befor
 child processes tests start inherit it too; a test that needs more threads sets them itself). README's `-n 2`
 runs two workers on two cores: with torch's default of one OpenMP thread per core each worker's threads spin
 waiting for a core the other worker holds, which cost 40 % more CPU time on tests/estimator (126 against 75
-CPU-seconds for test_estimate_cpu.py and test_checkpoint_settings.py on a 2-core AMD EPYC) for the same results."""
+CPU-seconds for test_estimate_cpu.py and test_checkpoint_settings.py on a 2-core AMD EPYC) for the same results.
+
+The child processes tests start see memplan's user install, without the dev extras transformers and scipy, which
+torchmetrics (imported by Lightning) would import in each, ~1.8 CPU-s apiece (child_site.py); a child that needs
+one is given `child_site.dev_env(env)`."""
 import os
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+import child_site  # noqa: E402
 
 torch.set_num_threads(1)  # in case a plugin imported torch before this file set the variable
 
@@ -46,6 +52,20 @@ def pytest_xdist_make_scheduler(config, log):
             return module if module in ONE_WORKER else nodeid
 
     return OneWorkerModules(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _children_see_the_user_install(tmp_path_factory):
+    """PYTHONPATH for every child process of this test process (not for xdist's workers, which the controller
+    starts before any test runs): child_site's sitecustomize first."""
+    hook = child_site.install(tmp_path_factory.mktemp("child-site"))
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), before]))
+    yield
+    if before is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = before
 
 
 @pytest.fixture(autouse=True)
