@@ -3,8 +3,8 @@
 
 Under pytest-xdist (README's `-n 2`), the modules in ONE_WORKER run whole on one worker, each as one unit
 handed out before the single tests: their tests share work that a module-scoped fixture or a cache does
-once per process (on two workers it would be done twice). Every other test is handed out on its own, as
-`-n` does.
+once per process (on two workers it would be done twice); a module SCOPES names runs in another's unit. Every
+other test is handed out on its own, as `-n` does.
 (xdist's own `--dist loadgroup` does not group under pytest 9.2: pytest-dev/pytest-xdist#1386.)
 
 Every test process computes on one CPU thread (OMP_NUM_THREADS=1, set here before torch is imported, so the
@@ -27,15 +27,19 @@ import child_site  # noqa: E402
 
 torch.set_num_threads(1)  # in case a plugin imported torch before this file set the variable
 
-#: test modules whose tests share work done once per process: a 2-rank launch (ddp_runs, fsdp_runs,
-#: planning_runs), every candidate of a search traced (test_planner_floors.every_trace, ~10-20 CPU-s a case,
-#: read by two tests), one process running `memplan suggest` on four configs (test_configs_shipped.suggested),
+#: test modules whose tests share work done once per process: a 2-rank launch (fsdp_runs, planning_runs; ddp_runs,
+#: a session fixture: see SCOPES), every candidate of a search traced (test_planner_floors.every_trace, ~10-20 CPU-s a
+#: case, read by two tests), one process running `memplan suggest` on four configs (test_configs_shipped.suggested),
 #: FSDP estimates read by several tests (test_estimate_fsdp.default_fsdp_estimate), one `memplan suggest` run
 #: read by two tests (test_cli.table_on_24gib)
 ONE_WORKER = frozenset({"tests/callback/test_callback_ddp.py", "tests/callback/test_callback_fsdp.py",
                         "tests/estimator/test_fake_copy_ddp.py", "tests/test_planner_floors.py",
                         "tests/test_configs_shipped.py", "tests/estimator/test_estimate_fsdp.py",
                         "tests/commands/test_cli.py"})
+#: modules that read a session fixture of another module's unit, and run in that unit: tests/callback/conftest.py's
+#: ddp_runs, one 2-rank launch of the DDP scenarios that end with success
+SCOPES = {"tests/callback/test_callback_final_backward.py": "tests/callback/test_callback_ddp.py",
+          "tests/callback/test_callback_lightning_pytorch.py": "tests/callback/test_callback_ddp.py"}
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: ignored where xdist is not installed
@@ -45,10 +49,12 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class OneWorkerModules(LoadScopeScheduling):
-        """Scopes as xdist's loadscope handles them (the largest first): a module of ONE_WORKER, or one test."""
+        """Scopes as xdist's loadscope handles them (the largest first): a module of ONE_WORKER (with the modules
+        SCOPES puts in it), or one test."""
 
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
+            module = SCOPES.get(module, module)
             return module if module in ONE_WORKER else nodeid
 
     return OneWorkerModules(config, log)
