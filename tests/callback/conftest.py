@@ -14,12 +14,12 @@ import pytorch_lightning as pl
 from subprocess_run import run_watched
 
 DDP_DRIVER = Path(__file__).with_name("ddp_driver.py")
-#: ddp_driver.py's scenarios that end by themselves with success: one launch runs them all (the ddp_runs fixture),
-#: read by test_callback_ddp.py, test_callback_final_backward.py (`final`) and test_callback_lightning_pytorch.py
-#: (`lightning`, where the lightning package is installed). `fatal` fails the job, `sigterm` is stopped by its test
-#: and `spawn` starts workers of its own: a launch each.
+#: ddp_driver.py's scenarios that one 2-rank launch runs (the ddp_runs fixture), read by test_callback_ddp.py,
+#: test_callback_final_backward.py (`final`) and test_callback_lightning_pytorch.py (`lightning`, where the lightning
+#: package is installed): those that end by themselves with success, then `fatal`, which ends the job (last, so no
+#: scenario is left unrun). `sigterm` is stopped by its test and `spawn` starts workers of its own: a launch each.
 DDP_SHARED = ("adjust", "oom", "converge", "accumulate", "buckets", "buckets_plain", "mixed", "tokens", "tokens_plain",
-              "final", *(("lightning",) if importlib.util.find_spec("lightning") else ()))
+              "final", *(("lightning",) if importlib.util.find_spec("lightning") else ()), "fatal")
 
 
 @pytest.fixture(scope="session")

@@ -124,13 +124,15 @@ def test_after_an_oom_both_ranks_settle_at_the_fewest_even_chunks_and_never_retr
     check_trained_like_one_process(out, steps=12, per_rank_batch=16)
 
 
-def test_when_nothing_fits_the_job_ends_with_one_error_naming_the_rank(tmp_path):
-    out = tmp_path / "fatal"
-    result = run_scenario("fatal", tmp_path)
+def test_when_nothing_fits_the_job_ends_with_one_error_naming_the_rank(ddp_runs):
+    root, result = ddp_runs  # `fatal` is the shared launch's last scenario
+    out = root / "fatal"
     assert result.returncode != 0
+    # the job's whole output: each scenario's, and the launch's stderr (a rank's traceback after its scenario goes
+    # to the rank's own stderr: rank 1's is the file its first scenario's rank 0 wrote when Lightning started it)
+    printed = result.stderr + "".join(scenario_output(folder) for folder in sorted(root.iterdir()) if folder.is_dir())
     assert ("NothingFitsError: MemoryPlanner: rank 1 ran out of memory at step 0 (batch 0) with "
-            "micro-batch 1 and activation checkpointing on, and nothing smaller fits. device:") in (
-                result.stderr + scenario_output(out))  # (a rank's own stderr, or its traceback after the scenario)
+            "micro-batch 1 and activation checkpointing on, and nothing smaller fits. device:") in printed
     fatal = [e for e in read_jsonl(out / "memplan" / "rank1.jsonl") if e["event"] == "fatal"][-1]
     assert fatal["device_total_bytes"] > 0 and fatal["process_bytes"] > 0
 
