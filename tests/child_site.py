@@ -1,41 +1,42 @@
-"""The child processes tests start see memplan's user install, not the test venv's dev extras.
+"""The child processes tests start import Lightning as memplan's user install does, without the dev extras.
 
 `python3 scripts/install.py --dev` adds transformers and scipy (pyproject's [dev] extra) beside memplan's own
-dependencies, and torchmetrics, which Lightning imports, imports both whenever they are installed
-(torchmetrics/__init__.py imports scipy.signal; torchmetrics.functional.text.bert imports transformers'
-AutoModel): ~1.8 CPU-s more for every process that imports Lightning (5.8 against 4.0 CPU-s on a 2-core AMD
-EPYC), and the suite starts dozens (torchrun's ranks, `memplan suggest`, the callback's DDP and FSDP drivers).
-A user who installs memplan alone (`python3 scripts/install.py`, the README's first command) has neither.
+dependencies, and torchmetrics, which Lightning imports, imports both whenever it finds them installed
+(torchmetrics/__init__.py imports scipy.signal where find_spec finds scipy; torchmetrics.functional.text.bert imports
+transformers' AutoModel where transformers' distribution metadata says >= 4.4): ~1.8 CPU-s more for every process
+that imports Lightning (5.8 against 4.0 CPU-s on a 2-core AMD EPYC), and the suite starts dozens (torchrun's ranks,
+`memplan suggest`, the callback's DDP and FSDP drivers). A user who installs memplan alone
+(`python3 scripts/install.py`, the README's first command) has neither.
 
-`install(folder)` writes, under `folder`, a copy of this venv's site-packages made of links, without the
-packages of HIDDEN, and a sitecustomize.py that puts that copy in the real folder's place on sys.path; it
-returns the folder to put on PYTHONPATH. A child of this venv's Python then runs as in the user install;
-another Python (a test's stub, a venv of its own) finds its own site-packages and is left as it is.
-A child that needs a hidden package (a transformers model) is given `dev_env(env)`: with
-MEMPLAN_TESTS_CHILD_SITE=dev its sitecustomize changes nothing, for it and the processes it starts."""
+`install(folder)` writes, under `folder`, a copy of this venv's site-packages made of links, without scipy and
+without transformers' distribution metadata (its modules stay: a test's child may build a transformers model,
+which torchmetrics then does not import for itself), and a sitecustomize.py that puts that copy in the real
+folder's place on sys.path; it returns the folder to put on PYTHONPATH. Another Python (a test's stub, a venv of
+its own) finds its own site-packages and is left as it is. (No child of the suite needs scipy.)"""
 from __future__ import annotations
 
 import os
 import sysconfig
 from pathlib import Path
 
-#: the dev extras a child does not see (their distributions and modules both: torchmetrics asks for either)
-HIDDEN = ("transformers", "scipy")
-#: set to "dev" in a child's environment: it sees every package of this venv
-SWITCH = "MEMPLAN_TESTS_CHILD_SITE"
+#: what a child does not see: scipy whole (torchmetrics asks find_spec), transformers' distribution metadata
+#: (torchmetrics asks importlib.metadata)
+HIDDEN = ("scipy",)
+HIDDEN_DISTRIBUTIONS = ("transformers",)
 
-SITECUSTOMIZE = '''"""Written by memplan's tests/child_site.py: this venv's site-packages without {hidden}."""
-import os
+SITECUSTOMIZE = '''"""Written by memplan's tests/child_site.py: this venv's site-packages without scipy and transformers'
+distribution metadata."""
 import sys
 
-if os.environ.get({switch!r}) != "dev":
-    sys.path[:] = [{mirror!r} if entry == {site!r} else entry for entry in sys.path]
+sys.path[:] = [{mirror!r} if entry == {site!r} else entry for entry in sys.path]
 '''
 
 
 def _hidden(name: str) -> bool:
-    """Whether a site-packages entry belongs to a HIDDEN package (its module, its dist-info, its .libs)."""
-    return any(name == package or name.startswith((f"{package}-", f"{package}.")) for package in HIDDEN)
+    """Whether a site-packages entry is a HIDDEN package's (its module, its dist-info, its .libs) or the
+    distribution metadata of one of HIDDEN_DISTRIBUTIONS."""
+    return (any(name == package or name.startswith((f"{package}-", f"{package}.")) for package in HIDDEN)
+            or any(name.startswith(f"{package}-") for package in HIDDEN_DISTRIBUTIONS))
 
 
 def install(folder: Path) -> Path:
@@ -49,10 +50,6 @@ def install(folder: Path) -> Path:
     hook = folder / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        SITECUSTOMIZE.format(hidden=", ".join(HIDDEN), switch=SWITCH, mirror=str(mirror), site=site))
+        SITECUSTOMIZE.format(mirror=str(mirror), site=site))
     return hook
 
-
-def dev_env(env: dict[str, str]) -> dict[str, str]:
-    """`env` for a child that needs a package of HIDDEN: it sees the whole test venv."""
-    return {**env, SWITCH: "dev"}

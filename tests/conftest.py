@@ -13,9 +13,9 @@ runs two workers on two cores: with torch's default of one OpenMP thread per cor
 waiting for a core the other worker holds, which cost 40 % more CPU time on tests/estimator (126 against 75
 CPU-seconds for test_estimate_cpu.py and test_checkpoint_settings.py on a 2-core AMD EPYC) for the same results.
 
-The child processes tests start see memplan's user install, without the dev extras transformers and scipy, which
-torchmetrics (imported by Lightning) would import in each, ~1.8 CPU-s apiece (child_site.py); a child that needs
-one is given `child_site.dev_env(env)`."""
+The child processes tests start import Lightning as memplan's user install does: torchmetrics (which Lightning
+imports) finds neither of the dev extras transformers and scipy, which it would import in each child, ~1.8 CPU-s
+apiece; transformers' modules stay importable for a test's own models (child_site.py)."""
 import os
 
 os.environ["OMP_NUM_THREADS"] = "1"

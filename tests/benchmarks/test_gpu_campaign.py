@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from child_site import dev_env
 from subprocess_run import run_watched
 
 from benchmarks import gpu_campaign, gpu_extra_results, gpu_results
@@ -207,11 +206,9 @@ def test_results_name_the_folder_when_it_holds_no_part(tmp_path, capsys):
 
 
 # --- the dry run, end to end ---------------------------------------------------------------------
-def _child_env(*, dev: bool = False) -> dict:
-    """A child's environment: the repository on its path; with `dev`, the dev extras too (tests/child_site.py)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1")
-    return dev_env(env) if dev else env
+def _child_env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                OMP_NUM_THREADS="1")
 
 
 #: the campaign's `parts` one after another, then the results converter, in ONE child process (argv: raw folder,
@@ -231,12 +228,12 @@ sys.exit(gpu_results.main([raw, "--results", out]))
 """
 
 
-def _dry_run(raw: Path, out: Path, parts: tuple[int, ...], *, dev: bool = False) -> None:
+def _dry_run(raw: Path, out: Path, parts: tuple[int, ...]) -> None:
     """The campaign's `parts` on CPU into `raw`, each asserted to exit 0, then the converter into `out`, asserted
-    to exit 0 (with `dev`, in a child that sees transformers). The campaign's own time budget (a GPU lease's wall clock) is set far out: on a loaded machine the dry
+    to exit 0. The campaign's own time budget (a GPU lease's wall clock) is set far out: on a loaded machine the dry
     run is slow, not hung (run_watched tells the two apart)."""
     done = run_watched([sys.executable, "-c", DRY_PARTS_THEN_CONVERTER, str(raw), str(out), *map(str, parts)],
-                       cwd=ROOT, env=_child_env(dev=dev))
+                       cwd=ROOT, env=_child_env())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -435,7 +432,7 @@ def test_dry_run_of_parts_3_and_4_then_the_converter(tmp_path):
     from benchmarks.gpu_extra import DRY_GAPS, TIME_MODELS, time_settings
 
     raw, out = tmp_path / "raw", tmp_path / "md"
-    _dry_run(raw, out, (3, 4), dev=True)  # the gap cases' and timed models' transformers architectures
+    _dry_run(raw, out, (3, 4))
     part3 = json.loads((raw / "part3.json").read_text())["sections"]
     part4 = json.loads((raw / "part4.json").read_text())["sections"]
     assert all(s["status"] == "done" for s in [*part3.values(), *part4.values()])

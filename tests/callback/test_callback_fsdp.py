@@ -5,7 +5,6 @@ fsdp_driver.py)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from callback_sim import check_scenario_ran, ddp_batches, read_jsonl, reference_weights, scenario_output
-from child_site import dev_env
 from subprocess_run import run_watched
 
 DRIVER = Path(__file__).with_name("fsdp_driver.py")
@@ -28,10 +26,9 @@ pytestmark = pytest.mark.slow
 def fsdp_runs(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """SCENARIOS, run once in one watched 2-rank launch (a hang fails every test reading it): (the folder
     holding one folder per scenario, the launch's result). tests/conftest.py keeps this module on one xdist
-    worker. The hf_ scenarios' models are transformers': the launch sees the dev extras (tests/child_site.py)."""
+    worker."""
     root = tmp_path_factory.mktemp("fsdp")
-    return root, run_watched([sys.executable, str(DRIVER), str(root), *SCENARIOS], cwd=root,
-                             env=dev_env(dict(os.environ)))
+    return root, run_watched([sys.executable, str(DRIVER), str(root), *SCENARIOS], cwd=root)
 
 
 def run_logs(fsdp_runs: tuple[Path, subprocess.CompletedProcess], scenario: str) -> list[list[dict]]:
