@@ -17,15 +17,16 @@ The child processes tests start import Lightning as memplan's user install does:
 imports) finds neither of the dev extras transformers and scipy, which it would import in each child, ~1.8 CPU-s
 apiece; transformers' modules stay importable for a test's own models (child_site.py)."""
 import os
+import sys
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 import child_site  # noqa: E402
 
-torch.set_num_threads(1)  # in case a plugin imported torch before this file set the variable
+if "torch" in sys.modules:  # a plugin imported torch before this file set the variable (the test modules import it
+    sys.modules["torch"].set_num_threads(1)  # after; xdist's controller, which runs no test, never: ~2 s saved there)
 
 #: test modules whose tests share work done once per process: a 2-rank launch (fsdp_runs, planning_runs; ddp_runs,
 #: a session fixture: see SCOPES), every candidate of a search traced (test_planner_floors.every_trace, ~10-20 CPU-s a
