@@ -38,7 +38,7 @@ ONE_WORKER = frozenset({"tests/callback/test_callback_ddp.py", "tests/callback/t
                         "tests/test_configs_shipped.py", "tests/estimator/test_estimate_fsdp.py",
                         "tests/commands/test_cli.py"})
 #: modules that read a session fixture of another module's unit, and run in that unit: tests/callback/conftest.py's
-#: ddp_runs, one 2-rank launch of the DDP scenarios that end with success
+#: ddp_runs, one 2-rank launch of most of the DDP driver's scenarios
 SCOPES = {"tests/callback/test_callback_final_backward.py": "tests/callback/test_callback_ddp.py",
           "tests/callback/test_callback_lightning_pytorch.py": "tests/callback/test_callback_ddp.py"}
 

@@ -1,8 +1,8 @@
 """MemoryPlanner under Lightning DDP on CPU (gloo, 2 processes, strategy="ddp"), in watched subprocesses, so
 a hang (no CPU progress) fails the test and kills every rank instead of blocking the suite. The scenarios
-that end by themselves with success run in one launch (the ddp_runs fixture), each test reading its own
-scenario's folder and output (tests/callback/conftest.py, which other modules' scenarios share); the others have a
-launch each. The scenarios and their SIMULATED devices are in ddp_driver.py."""
+that end by themselves with success, then `fatal`, run in one launch (the ddp_runs fixture in
+tests/callback/conftest.py, which other modules' scenarios share), each test reading its own scenario's folder and
+output; the others have a launch each. The scenarios and their SIMULATED devices are in ddp_driver.py."""
 from __future__ import annotations
 
 import json
