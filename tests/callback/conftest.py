@@ -2,11 +2,33 @@
 SIMULATED device memory) is imported by module name, as tests/hardware imports fake_nvml."""
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
+from subprocess_run import run_watched
+
+DDP_DRIVER = Path(__file__).with_name("ddp_driver.py")
+#: ddp_driver.py's scenarios that one 2-rank launch runs (the ddp_runs fixture), read by test_callback_ddp.py,
+#: test_callback_final_backward.py (`final`) and test_callback_lightning_pytorch.py (`lightning`, where the lightning
+#: package is installed): those that end by themselves with success, then `fatal`, which ends the job (last, so no
+#: scenario is left unrun). `sigterm` is stopped by its test and `spawn` starts workers of its own: a launch each.
+DDP_SHARED = ("adjust", "oom", "converge", "accumulate", "buckets", "buckets_plain", "mixed", "tokens", "tokens_plain",
+              "final", *(("lightning",) if importlib.util.find_spec("lightning") else ()), "fatal")
+
+
+@pytest.fixture(scope="session")
+def ddp_runs(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """DDP_SHARED, run once in one watched 2-rank launch (a hang fails every test reading it): (the folder holding
+    one folder per scenario, the launch's result). tests/conftest.py keeps the three modules reading it on one
+    xdist worker."""
+    root = tmp_path_factory.mktemp("ddp")
+    return root, run_watched([sys.executable, str(DDP_DRIVER), str(root), *DDP_SHARED], cwd=root)
 
 
 @pytest.fixture

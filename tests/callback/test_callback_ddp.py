@@ -1,8 +1,8 @@
 """MemoryPlanner under Lightning DDP on CPU (gloo, 2 processes, strategy="ddp"), in watched subprocesses, so
 a hang (no CPU progress) fails the test and kills every rank instead of blocking the suite. The scenarios
-that end by themselves with success run in one launch (the ddp_runs fixture), each test reading its own
-scenario's folder and output; the others have a launch each. The scenarios and their SIMULATED devices
-are in ddp_driver.py."""
+that end by themselves with success, then `fatal`, run in one launch (the ddp_runs fixture in
+tests/callback/conftest.py, which other modules' scenarios share), each test reading its own scenario's folder and
+output; the others have a launch each. The scenarios and their SIMULATED devices are in ddp_driver.py."""
 from __future__ import annotations
 
 import json
@@ -20,32 +20,9 @@ DRIVER = Path(__file__).with_name("ddp_driver.py")
 pytestmark = pytest.mark.slow
 
 
-#: ddp_driver.py's scenarios that end by themselves with success and only this module reads: one launch runs
-#: them all (`fatal` fails the job, `sigterm` is stopped by its test and `spawn` starts workers of its own:
-#: a launch each, as are `final` and `lightning`, which other modules read)
-SHARED = ("adjust", "oom", "converge", "accumulate", "buckets", "buckets_plain", "mixed", "tokens", "tokens_plain")
-
-
-@pytest.fixture(scope="module")
-def ddp_runs(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """SHARED, run once in one watched 2-rank launch (a hang fails every test reading it): (the folder holding
-    one folder per scenario, the launch's result). tests/conftest.py keeps this module on one xdist worker."""
-    root = tmp_path_factory.mktemp("ddp")
-    return root, run_watched([sys.executable, str(DRIVER), str(root), *SHARED], cwd=root)
-
-
 def run_scenario(scenario: str, root: Path) -> subprocess.CompletedProcess:
     """A launch of its own for `scenario`, writing under root/<scenario>."""
     return run_watched([sys.executable, str(DRIVER), str(root), scenario], cwd=root)
-
-
-def run_logs(scenario: str, out: Path) -> list[list[dict]]:
-    """Run a scenario that must succeed in a launch of its own, writing under `out` (root/<scenario>); each
-    rank's MemoryPlanner log."""
-    result = run_scenario(scenario, out.parent)
-    assert result.returncode == 0, result.stderr[-3000:]
-    check_scenario_ran(out, result)
-    return rank_logs(out)
 
 
 def shared_scenario(ddp_runs: tuple[Path, subprocess.CompletedProcess], scenario: str) -> tuple[Path, str]:
@@ -147,13 +124,15 @@ def test_after_an_oom_both_ranks_settle_at_the_fewest_even_chunks_and_never_retr
     check_trained_like_one_process(out, steps=12, per_rank_batch=16)
 
 
-def test_when_nothing_fits_the_job_ends_with_one_error_naming_the_rank(tmp_path):
-    out = tmp_path / "fatal"
-    result = run_scenario("fatal", tmp_path)
+def test_when_nothing_fits_the_job_ends_with_one_error_naming_the_rank(ddp_runs):
+    root, result = ddp_runs  # `fatal` is the shared launch's last scenario
+    out = root / "fatal"
     assert result.returncode != 0
+    # the job's whole output: each scenario's, and the launch's stderr (a rank's traceback after its scenario goes
+    # to the rank's own stderr: rank 1's is the file its first scenario's rank 0 wrote when Lightning started it)
+    printed = result.stderr + "".join(scenario_output(folder) for folder in sorted(root.iterdir()) if folder.is_dir())
     assert ("NothingFitsError: MemoryPlanner: rank 1 ran out of memory at step 0 (batch 0) with "
-            "micro-batch 1 and activation checkpointing on, and nothing smaller fits. device:") in (
-                result.stderr + scenario_output(out))  # (a rank's own stderr, or its traceback after the scenario)
+            "micro-batch 1 and activation checkpointing on, and nothing smaller fits. device:") in printed
     fatal = [e for e in read_jsonl(out / "memplan" / "rank1.jsonl") if e["event"] == "fatal"][-1]
     assert fatal["device_total_bytes"] > 0 and fatal["process_bytes"] > 0
 

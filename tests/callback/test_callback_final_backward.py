@@ -16,7 +16,7 @@ from callback_sim import (
 )
 from pytorch_lightning.plugins import MixedPrecision
 from test_callback_chunking import assert_trained_like_full_batches
-from test_callback_ddp import check_trained_like_one_process, retries, run_logs
+from test_callback_ddp import check_trained_like_one_process, retries, shared_logs
 
 from memplan.hardware import readings
 from memplan.callback import MemoryPlanner, carrier
@@ -159,9 +159,8 @@ def test_the_handoff_moves_each_gradient_without_copying_it(make_trainer, monkey
 
 
 @pytest.mark.slow
-def test_an_oom_in_one_ranks_only_backward_is_retried_there_without_a_hang(tmp_path):
-    out = tmp_path / "final"
-    logs = run_logs("final", out)
+def test_an_oom_in_one_ranks_only_backward_is_retried_there_without_a_hang(ddp_runs):
+    out, logs = shared_logs(ddp_runs, "final")  # a scenario of the shared 2-rank launch (tests/callback/conftest.py)
     assert retries(logs[1]) == [(0, "backward", 8, 4)] and not retries(logs[0])
     assert not [e for log in logs for e in log if e["event"] == "fatal"]
     # step 0: rank 0 ran one chunk of 8, rank 1 two chunks of 4 after the failed 8; DDP paired them

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from callback_sim import RegressionSteps, SimulatedBudget, make_plan, read_jsonl
 from test_callback_chunking import assert_trained_like_full_batches
-from test_callback_ddp import check_trained_like_one_process, retries, run_logs
+from test_callback_ddp import check_trained_like_one_process, retries, shared_logs
 
 from memplan.callback import MemoryPlanner
 
@@ -47,8 +47,7 @@ def test_refusals_are_lightning_pytorch_misconfiguration_exceptions(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_oom_in_one_ranks_backward_is_retried_under_lightning_pytorch_ddp(tmp_path):
-    out = tmp_path / "lightning"
-    logs = run_logs("lightning", out)
+def test_an_oom_in_one_ranks_backward_is_retried_under_lightning_pytorch_ddp(ddp_runs):
+    out, logs = shared_logs(ddp_runs, "lightning")  # a scenario of the shared 2-rank launch (tests/callback/conftest.py)
     assert retries(logs[1]) == [(0, "backward", 8, 4)] and not retries(logs[0])
     check_trained_like_one_process(out, steps=4)

@@ -21,7 +21,9 @@ print("MODULES", [m for m in {heavy!r} if m in sys.modules], "CODE", code, file=
 
 def modules_imported(argv: list[str], heavy: tuple[str, ...]) -> tuple[list[str], int, str, str]:
     """(the modules of `heavy` that `memplan *argv` imported, its exit code, its stdout, its stderr)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the repository first; then what the suite gives every child (tests/child_site.py: torchmetrics, should a command
+    # import Lightning, then imports no transformers, whose own modules a command would still find)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     done = run_watched([sys.executable, "-c", PROBE.format(heavy=heavy), *argv], env=env, cwd=ROOT)
     line = next(line for line in done.stderr.splitlines() if line.startswith("MODULES"))
     modules, code = line.removeprefix("MODULES ").rsplit(" CODE ", 1)

@@ -1,0 +1,55 @@
+"""The child processes tests start import Lightning as memplan's user install does, without the dev extras.
+
+`python3 scripts/install.py --dev` adds transformers and scipy (pyproject's [dev] extra) beside memplan's own
+dependencies, and torchmetrics, which Lightning imports, imports both whenever it finds them installed
+(torchmetrics/__init__.py imports scipy.signal where find_spec finds scipy; torchmetrics.functional.text.bert imports
+transformers' AutoModel where transformers' distribution metadata says >= 4.4): ~1.8 CPU-s more for every process
+that imports Lightning (5.8 against 4.0 CPU-s on a 2-core AMD EPYC), and the suite starts dozens (torchrun's ranks,
+`memplan suggest`, the callback's DDP and FSDP drivers). A user who installs memplan alone
+(`python3 scripts/install.py`, the README's first command) has neither.
+
+`install(folder)` writes, under `folder`, a copy of this venv's site-packages made of links, without scipy and
+without transformers' distribution metadata (its modules stay: a test's child may build a transformers model,
+which torchmetrics then does not import for itself), and a sitecustomize.py that puts that copy in the real
+folder's place on sys.path; it returns the folder to put on PYTHONPATH. Another Python (a test's stub, a venv of
+its own) finds its own site-packages and is left as it is. (No child of the suite needs scipy.)"""
+from __future__ import annotations
+
+import os
+import sysconfig
+from pathlib import Path
+
+#: what a child does not see: scipy whole (torchmetrics asks find_spec), transformers' distribution metadata
+#: (torchmetrics asks importlib.metadata)
+HIDDEN = ("scipy",)
+HIDDEN_DISTRIBUTIONS = ("transformers",)
+
+SITECUSTOMIZE = '''"""Written by memplan's tests/child_site.py: this venv's site-packages without scipy and transformers'
+distribution metadata."""
+import sys
+
+sys.path[:] = [{mirror!r} if entry == {site!r} else entry for entry in sys.path]
+'''
+
+
+def _hidden(name: str) -> bool:
+    """Whether a site-packages entry is a HIDDEN package's (its module, its dist-info, its .libs) or the
+    distribution metadata of one of HIDDEN_DISTRIBUTIONS."""
+    return (any(name == package or name.startswith((f"{package}-", f"{package}.")) for package in HIDDEN)
+            or any(name.startswith(f"{package}-") for package in HIDDEN_DISTRIBUTIONS))
+
+
+def install(folder: Path) -> Path:
+    """The folder (under `folder`) holding sitecustomize.py, for children's PYTHONPATH."""
+    site = sysconfig.get_paths()["purelib"]
+    mirror = folder / "user-site-packages"
+    mirror.mkdir(parents=True)
+    for entry in os.scandir(site):
+        if not _hidden(entry.name):
+            (mirror / entry.name).symlink_to(entry.path)
+    hook = folder / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        SITECUSTOMIZE.format(mirror=str(mirror), site=site))
+    return hook
+
