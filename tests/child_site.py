@@ -26,9 +26,10 @@ HIDDEN_DISTRIBUTIONS = ("transformers",)
 
 SITECUSTOMIZE = '''"""Written by memplan's tests/child_site.py: this venv's site-packages without scipy and transformers'
 distribution metadata."""
+import os
 import sys
 
-sys.path[:] = [{mirror!r} if entry == {site!r} else entry for entry in sys.path]
+sys.path[:] = [{mirror!r} if os.path.realpath(entry) == {site!r} else entry for entry in sys.path]
 '''
 
 
@@ -50,6 +51,6 @@ def install(folder: Path) -> Path:
     hook = folder / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        SITECUSTOMIZE.format(mirror=str(mirror), site=site))
+        SITECUSTOMIZE.format(mirror=str(mirror), site=os.path.realpath(site)))
     return hook
 
