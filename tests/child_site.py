@@ -15,6 +15,8 @@ folder's place on sys.path; it returns the folder to put on PYTHONPATH. Another 
 its own) finds its own site-packages and is left as it is. (No child of the suite needs scipy.)"""
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import sysconfig
 from pathlib import Path
@@ -26,10 +28,18 @@ HIDDEN_DISTRIBUTIONS = ("transformers",)
 
 SITECUSTOMIZE = '''"""Written by memplan's tests/child_site.py: this venv's site-packages without scipy and transformers'
 distribution metadata."""
+import importlib
 import os
 import sys
 
 sys.path[:] = [{mirror!r} if os.path.realpath(entry) == {site!r} else entry for entry in sys.path]
+# the interpreter's own sitecustomize (a distribution's, coverage's), which this one shadows, still runs
+sys.path[:] = [entry for entry in sys.path if entry != {hook!r}]
+del sys.modules["sitecustomize"]
+try:
+    importlib.import_module("sitecustomize")
+except ImportError:
+    pass
 '''
 
 
@@ -40,9 +50,13 @@ def _hidden(name: str) -> bool:
             or any(name.startswith(f"{package}-") for package in HIDDEN_DISTRIBUTIONS))
 
 
-def install(folder: Path) -> Path:
-    """The folder (under `folder`) holding sitecustomize.py, for children's PYTHONPATH."""
-    site = sysconfig.get_paths()["purelib"]
+def install(folder: Path) -> Path | None:
+    """The folder (under `folder`) holding sitecustomize.py, for children's PYTHONPATH; None where this venv's
+    site-packages does not hold what HIDDEN names (another layout: a separate platlib, the user site, system site
+    packages), so that children would still see it: they then import as the test process does."""
+    site = os.path.realpath(sysconfig.get_paths()["purelib"])
+    if not os.path.isdir(site) or not all(_inside(site, where) for where in _found()):
+        return None
     mirror = folder / "user-site-packages"
     mirror.mkdir(parents=True)
     for entry in os.scandir(site):
@@ -50,7 +64,24 @@ def install(folder: Path) -> Path:
             (mirror / entry.name).symlink_to(entry.path)
     hook = folder / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
-        SITECUSTOMIZE.format(mirror=str(mirror), site=os.path.realpath(site)))
+    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE.format(mirror=str(mirror), site=site, hook=str(hook)))
     return hook
 
+
+def _found() -> list[str]:
+    """Where the HIDDEN packages and the HIDDEN_DISTRIBUTIONS' metadata that this interpreter finds live."""
+    out = []
+    for package in HIDDEN:
+        spec = importlib.util.find_spec(package)
+        if spec is not None:
+            out.extend(spec.submodule_search_locations or [spec.origin or ""])
+    for name in HIDDEN_DISTRIBUTIONS:
+        try:
+            out.append(str(importlib.metadata.distribution(name).locate_file("")))
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _inside(site: str, where: str) -> bool:
+    return os.path.realpath(where).startswith(site + os.sep) or os.path.realpath(where) == site

@@ -2,7 +2,10 @@
 as memplan's user install does, without torchmetrics importing the dev extras transformers and scipy (~1.8 CPU-s
 in every child), and can still build a transformers model of its own."""
 import json
+import os
 import sys
+
+import pytest
 
 from subprocess_run import run_watched
 
@@ -15,7 +18,24 @@ print(json.dumps({"with_lightning": imported, "transformers": transformers.Llama
 
 
 def test_a_child_imports_lightning_without_the_dev_extras_and_can_still_import_transformers():
+    pytest.importorskip("transformers")
+    if "child-site" not in os.environ.get("PYTHONPATH", ""):
+        pytest.skip("this venv keeps scipy or transformers outside its site-packages: conftest left children as they are")
     done = run_watched([sys.executable, "-c", CHILD])
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout) == {"with_lightning": [], "transformers": "LlamaConfig"}
 
+
+
+def test_the_interpreter_s_own_sitecustomize_still_runs_in_a_child(tmp_path):
+    # the hook's sitecustomize shadows any other on the path (a distribution's, coverage's process_startup):
+    # it imports the next one itself
+    if "child-site" not in os.environ.get("PYTHONPATH", ""):
+        pytest.skip("conftest installed no child hook in this venv")
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['OWN_SITECUSTOMIZE'] = 'ran'\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ["PYTHONPATH"], str(own)])}
+    done = run_watched([sys.executable, "-c", "import os; print(os.environ.get('OWN_SITECUSTOMIZE'))"], env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ran"

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from memplan.plan import Alternative
 from memplan.planner.candidates import Candidate
-from memplan.planner.wording import layout_name, plural, precision_twin, timing_fields, why_unfit
+from memplan.planner.wording import layout_name, plural, precision_twin, same_setting, timing_fields, why_unfit
 
 if TYPE_CHECKING:
     from memplan.planner.search import _Search
@@ -83,7 +83,8 @@ def _differences(c: Candidate, w: Candidate) -> str:
     if c.precision == "32-true" and w.precision != "32-true":
         out.append("32-true forgoes AMP's tensor-core speed-up")
     if c.precision != "32-true" and w.precision == "32-true":
-        out.append(f"{c.precision} instead of 32-true (AMP's casts cost more than it saves at this setting)")
+        alone = same_setting(c, w, precision=c.precision)  # the precision is the only difference
+        out.append(f"{c.precision} instead of 32-true" + (" (AMP's casts cost more than it saves here)" if alone else ""))
     if c.precision == "16-mixed" and w.precision == "bf16-mixed":
         out.append("16-mixed pays for a GradScaler; same memory as bf16-mixed")
     return "; ".join(out) or "ranked lower by the step-time model"
