@@ -186,14 +186,7 @@ class ConvWorkspaces:
 
     def transient_bytes(self, func, args, out) -> int:
         """The largest workspace `func` holds while it runs (backward: the larger of its two calls')."""
-        found = op_geometry(func, args, out)
-        if found is None:
-            return 0
-        geom, calls = found
-        nbytes = max((workspace_bytes(geom, c) for c in calls), default=0)
-        self.unmeasured.update(geom.unmeasured)
-        self.largest = max(self.largest, nbytes)
-        return nbytes
+        return max((nbytes for _, nbytes in self.calls(func, args, out)), default=0)
 
     def notes(self) -> list[str]:
         if not self.largest and not self.unmeasured:
