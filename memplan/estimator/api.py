@@ -256,7 +256,7 @@ class _Trace:
         self.grad_scale, self.growth_tracker = grad_scaler_tensors(self.device, cuda=self.target.is_cuda) \
             if self.policy.grad_scaling else (None, None)
         if self.manual is not None:
-            self.manual.grad_scale = self.grad_scale
+            self.manual.grad_scale, self.manual.scaler_copies = self.grad_scale, self.target.is_cuda
 
     def _prepare_batch(self, batch: Any) -> tuple[Any, Any]:
         """The batch as the loader gives it on the trace's device, and as the step takes it (precision's)."""

@@ -66,10 +66,13 @@ class _SchedulerConfig:
         self.scheduler = scheduler
 
 
-class _StandInOptimizer:
-    """What `self.optimizers()` returns: the optimizer, whose step moves the tracer's phases."""
+class _StandInOptimizer(torch.optim.Optimizer):
+    """What `self.optimizers()` returns: the optimizer, whose step moves the tracer's phases. An Optimizer to
+    `isinstance`, as Lightning's LightningOptimizer is: `LightningModule.optimizers()` returns a lone optimizer
+    itself, not a one-item list, only for those (a module with one optimizer calls `self.optimizers().step()`).
+    Optimizer.__init__ is not run: every attribute but the few set here is the wrapped optimizer's."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, trainer: StandInTrainer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, trainer: StandInTrainer) -> None:  # noqa: super not called
         self.optimizer = optimizer
         self._trainer = trainer
 
@@ -77,11 +80,13 @@ class _StandInOptimizer:
         if closure is not None:
             closure()
         self._trainer.phase("optimizer")
+        found_inf = None  # GradScaler's per-device copy (CUDA targets): held through the step, dropped at update()
         if self._trainer.grad_scale is not None:
             from memplan.estimator.step import unscale_grads
 
-            unscale_grads(self.optimizer, self._trainer.grad_scale)
+            found_inf = unscale_grads(self.optimizer, self._trainer.grad_scale, copies=self._trainer.scaler_copies)
         out = self.optimizer.step(**kwargs)
+        del found_inf
         self._trainer.phase("forward")  # whatever runs next is the next model's forward
         return out
 
@@ -114,6 +119,8 @@ class StandInTrainer:
         self.lr_scheduler_configs = [_SchedulerConfig(s) for s in schedulers]
         self.device_type = device_type
         self.grad_scale = grad_scale
+        self.scaler_copies = False
+        """Whether unscaling makes GradScaler's per-device copies (a CUDA target; step.unscale_grads)."""
         self.phase = phase
         self.strategy = _StandInStrategy(self)
 

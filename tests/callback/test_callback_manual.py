@@ -4,6 +4,7 @@ watches, and says what it does not adjust; the global batch is what each optimiz
 from __future__ import annotations
 
 import pytest
+import torch
 from gan_sim import TinyGAN
 from callback_sim import make_plan
 
@@ -24,6 +25,26 @@ def test_the_estimate_traces_the_manual_step_with_every_optimizer():
     assert estimate.optimizer_state >= 2 * param_bytes > 2 * generator_bytes
     assert estimate.peak_allocated >= estimate.parameters + estimate.optimizer_state
     assert estimate.batch_size == 16
+
+
+def test_a_module_with_one_optimizer_gets_it_alone_from_self_optimizers():
+    # Lightning's `self.optimizers()` returns a lone optimizer itself (not a one-item list): the common
+    # single-optimizer manual step `opt = self.optimizers(); opt.zero_grad(); ...; opt.step()` estimates
+    class OneOptimizer(TinyGAN):
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            (real,) = batch
+            opt.zero_grad()
+            self.manual_backward(self.discriminator(real).square().mean())
+            opt.step()
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.discriminator.parameters())
+
+    module = OneOptimizer()
+    estimate = memplan.estimate(module, next(iter(module.train_dataloader())))
+    param_bytes = sum(p.numel() * p.element_size() for p in module.discriminator.parameters())
+    assert estimate.optimizer_state >= 2 * param_bytes  # Adam's two moments: the step was traced
 
 
 def test_a_trainer_attribute_the_estimate_cannot_stand_in_for_is_named():

@@ -167,7 +167,10 @@ def test_each_cudnn_call_allocates_its_output_then_its_workspace_freed_before_th
     tracker.workspaces = LibraryWorkspaces(0, 0, ConvWorkspaces((9, 0)))
     with fake_mode, tracker:
         x, w, b = _fake(8, 64, 32, 32), _fake(128, 64, 3, 3), _fake(128)
+        events.clear()
         y = aten.convolution.default(x, w, b, *CONV)
+        forward = [(kind, nbytes) for kind, nbytes, _ in events]
+        forward_handles = [handle for _, _, handle in events]
         events.clear()
         grads = aten.convolution_backward.default(y, x, w, [128], *CONV, [True, True, True])
     tracker.stop()
@@ -181,6 +184,8 @@ def test_each_cudnn_call_allocates_its_output_then_its_workspace_freed_before_th
                          ("malloc", w.nbytes), ("malloc", filter_ws), ("free", None), ("malloc", b.nbytes)]
     assert events[2][2] == events[1][2] and events[5][2] == events[4][2]  # each workspace freed before the next call
     assert forward_ws > 0
+    assert forward[:3] == [("malloc", y.nbytes), ("malloc", forward_ws), ("free", None)]
+    assert forward_handles[2] == forward_handles[1]  # the forward's workspace freed at its end, y kept
 
 
 class ConvNet(nn.Module):

@@ -81,6 +81,15 @@ def test_flash_attention_backward_holds_its_dq_accumulator_and_softmax_d(q_shape
     assert copied == rule + contiguous.numel() * 2
 
 
+def test_flash_attention_backward_rounds_the_sequence_to_128_and_the_head_dim_to_32():
+    """mha_bwd (flash_api.cpp): seqlen_q_rounded = round_multiple(100, 128) = 128, head_size_rounded =
+    round_multiple(72, 32) = 96: softmax_d 2 x 4 x 128 x 4 B = 4,096 B, dq_accum 2 x 128 x 4 x 96 x 4 B = 393,216 B."""
+    view = meta(2, 100, 4, 72, dtype=torch.bfloat16).transpose(1, 2)
+    scalar = meta((), dtype=torch.int64)
+    args = (view, view, view, view, view, meta(2, 4, 100), None, None, 100, 100, 0.0, False, scalar, scalar)
+    assert cuda_op_scratch_bytes(aten._scaled_dot_product_flash_attention_backward.default, args, {}) == 4_096 + 393_216
+
+
 class Attention(nn.Module):
     """Eager attention over 256 tokens, 8 heads (the zoo's llama-gqa attention without the rest)."""
 

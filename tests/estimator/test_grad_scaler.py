@@ -2,6 +2,7 @@
 unscale_grads), against the H100 campaign's truths (benchmarks/results/gpu_campaign_raw_h100/part1.json)."""
 from __future__ import annotations
 
+import pytorch_lightning as pl
 import torch
 from torch import nn
 
@@ -30,3 +31,28 @@ def test_a_16mixed_cuda_step_holds_the_scale_the_growth_tracker_and_found_inf():
     assert fp16["optimizer"] - bf16["optimizer"] == 3 * 512
     assert fp16["forward"] - bf16["forward"] == 2 * 512
     assert fp16["backward"] - bf16["backward"] == 3 * 512
+
+
+class ManualMLP(pl.LightningModule):
+    """mlp() optimized by hand: Lightning's precision plugin unscales at `opt.step()` as in automatic optimization."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.net = mlp()
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(loss(self.net, batch))
+        opt.step()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters())
+
+
+def test_manual_optimization_holds_the_scaler_s_found_inf_copy_through_the_step_as_automatic_does():
+    batch = (torch.randn(64, 256), torch.randint(0, 10, (64,)))
+    phases = {p: dict(estimate(ManualMLP, batch, precision=p, device="H100-80GB").peak_allocated_by_phase)
+              for p in ("16-mixed", "bf16-mixed")}
+    assert phases["16-mixed"]["optimizer"] - phases["bf16-mixed"]["optimizer"] == 3 * 512
