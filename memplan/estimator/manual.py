@@ -72,7 +72,7 @@ class _StandInOptimizer(torch.optim.Optimizer):
     itself, not a one-item list, only for those (a module with one optimizer calls `self.optimizers().step()`).
     Optimizer.__init__ is not run: every attribute but the few set here is the wrapped optimizer's."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, trainer: StandInTrainer) -> None:  # Optimizer.__init__ not called (docstring)
+    def __init__(self, optimizer: torch.optim.Optimizer, trainer: StandInTrainer) -> None:  # no super().__init__()
         self.optimizer = optimizer
         self._trainer = trainer
 

@@ -84,7 +84,8 @@ def _differences(c: Candidate, w: Candidate) -> str:
         out.append("32-true forgoes AMP's tensor-core speed-up")
     if c.precision != "32-true" and w.precision == "32-true":
         alone = same_setting(c, w, precision=c.precision)  # the precision is the only difference
-        out.append(f"{c.precision} instead of 32-true" + (" (AMP's casts cost more than it saves here)" if alone else ""))
+        why = " (AMP's casts cost more than it saves here)" if alone else ""
+        out.append(f"{c.precision} instead of 32-true{why}")
     if c.precision == "16-mixed" and w.precision == "bf16-mixed":
         out.append("16-mixed pays for a GradScaler; same memory as bf16-mixed")
     return "; ".join(out) or "ranked lower by the step-time model"
