@@ -35,11 +35,11 @@ import sys
 sys.path[:] = [{mirror!r} if os.path.realpath(entry) == {site!r} else entry for entry in sys.path]
 # the interpreter's own sitecustomize (a distribution's, coverage's), which this one shadows, still runs
 sys.path[:] = [entry for entry in sys.path if entry != {hook!r}]
-del sys.modules["sitecustomize"]
+this = sys.modules.pop("sitecustomize")
 try:
     importlib.import_module("sitecustomize")
-except ImportError:
-    pass
+except ImportError:  # none: this module stays what `import sitecustomize` found (site.py looks it up)
+    sys.modules["sitecustomize"] = this
 '''
 
 

@@ -39,3 +39,13 @@ def test_the_interpreter_s_own_sitecustomize_still_runs_in_a_child(tmp_path):
     done = run_watched([sys.executable, "-c", "import os; print(os.environ.get('OWN_SITECUSTOMIZE'))"], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "ran"
+
+
+def test_a_child_without_a_sitecustomize_of_its_own_starts_silently():
+    # the hook's sitecustomize, finding no other to run, leaves nothing on stderr (a test reading a child's
+    # stderr byte for byte would see it)
+    if "child-site" not in os.environ.get("PYTHONPATH", ""):
+        pytest.skip("conftest installed no child hook in this venv")
+    done = run_watched([sys.executable, "-c", "import sys; print(sys.modules['sitecustomize'].__file__)"])
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "child-site" in done.stdout
