@@ -117,7 +117,7 @@ def _suite_time() -> tuple[str, ...]:
     report = results("test_suite_time")
     (run,) = report["runs"]
     return (str(run["passed"]), f"{run['wall_minutes']:.1f}", report["cpu_model"], run["load_range"],
-            f"{run['cpu_minutes']:.1f}", f"{run['cpu_minutes'] / report['usable_cores']:.0f}")
+            f"{run['cpu_minutes']:.1f}", f"{run['cpu_minutes'] / report['usable_cores']:.1f}")
 
 
 def _logs_at_scale() -> tuple[str, ...]:
