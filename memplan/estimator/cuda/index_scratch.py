@@ -97,18 +97,24 @@ def sort_scratch(self, *args, **kwargs):
     return ((copy, *own, _CUB_BLOCK),)
 
 
-def _mask_nonzeros(self, indices, values) -> list[int]:
-    """Bytes of `nonzero()` of each bool / uint8 index: nnz x its dims, int64."""
-    out = []
+def _positions(indices):
+    """(index, the first dim of self it indexes) for each index tensor: None and a plain index take one dim, a
+    bool / uint8 mask as many as it has."""
     position = 0
     for index in indices:
-        if index is None:
-            position += 1
-            continue
-        if index.dtype in (torch.bool, torch.uint8):
-            out.append(_nonzero_count(index, self, values, position) * index.dim() * _I64)
-        position += index.dim() if index.dtype in (torch.bool, torch.uint8) else 1
-    return out
+        if index is not None:
+            yield index, position
+        position += index.dim() if index is not None and _is_mask(index) else 1
+
+
+def _is_mask(index: torch.Tensor) -> bool:
+    return index.dtype in (torch.bool, torch.uint8)
+
+
+def _mask_nonzeros(self, indices, values) -> list[int]:
+    """Bytes of `nonzero()` of each bool / uint8 index: nnz x its dims, int64."""
+    return [_nonzero_count(index, self, values, position) * index.dim() * _I64
+            for index, position in _positions(indices) if _is_mask(index)]
 
 
 def _nonzero_phases(masks: list[int]) -> tuple[tuple[int, ...], ...]:
@@ -150,19 +156,8 @@ def _nonzero_count(mask, self, values, position: int) -> int:
 
 def _index_count(self, indices, values) -> int:
     """N: the elements of the broadcast index (a mask's nonzero count)."""
-    counts = []
-    position = 0
-    for index in indices:
-        if index is None:
-            position += 1
-            continue
-        if index.dtype in (torch.bool, torch.uint8):
-            counts.append(_nonzero_count(index, self, values, position))
-            position += index.dim()
-        else:
-            counts.append(index.numel())
-            position += 1
-    return max(counts, default=0)
+    return max((_nonzero_count(index, self, values, position) if _is_mask(index) else index.numel()
+                for index, position in _positions(indices)), default=0)
 
 
 def _slice(self, indices) -> int:
