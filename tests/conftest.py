@@ -66,16 +66,10 @@ def _children_see_the_user_install(tmp_path_factory):
     """PYTHONPATH for every child process of this test process (not for xdist's workers, which the controller
     starts before any test runs): child_site's sitecustomize first."""
     hook = child_site.install(tmp_path_factory.mktemp("child-site"))
-    if hook is None:  # this venv's layout keeps the extras elsewhere: children import as this process does
+    with pytest.MonkeyPatch.context() as patch:
+        if hook is not None:  # None: this venv keeps the extras elsewhere, children import as this process does
+            patch.setenv("PYTHONPATH", str(hook), prepend=os.pathsep)
         yield
-        return
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), before]))
-    yield
-    if before is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = before
 
 
 @pytest.fixture(autouse=True)
