@@ -68,6 +68,11 @@ DRY_GAPS = ("vit-l16-16mixed-b16", "autocast-cache-lstm-b32", "fsdp2-1gpu-fp32")
 
 
 # --- models and batches ---------------------------------------------------------------------------
+def _autocast_batch(case, cpu: bool) -> int:
+    """The zoo case's batch; 2 in a dry run (tiny sizes, as the other cases')."""
+    return 2 if cpu else case.batch_size
+
+
 def _zoo_case(name: str):
     from benchmarks.zoo import CASES
 
@@ -185,6 +190,18 @@ def measure_vit(gap: Gap, cpu: bool) -> dict:
 
 
 def measure_autocast(gap: Gap, cpu: bool) -> dict:
+    """The plain autocast loop's peaks. On a CPU (a dry run) whose oneDNN has no bfloat16 kernels (no AVX-512 BF16
+    or AMX: an AVX2-only AMD EPYC, whose oneDNN cannot build a bf16 LSTM), the loop runs on ATen's own kernels
+    instead, and the result says so: the dry run checks the campaign's plumbing, not these CPU figures."""
+    import torch
+
+    if cpu and not torch.ops.mkldnn._is_mkldnn_bf16_supported():  # private: a dry run's choice only
+        with torch.backends.mkldnn.flags(enabled=False):
+            return {**_measure_autocast(gap, cpu), "cpu_kernels": "ATen's (this CPU's oneDNN has no bfloat16)"}
+    return _measure_autocast(gap, cpu)
+
+
+def _measure_autocast(gap: Gap, cpu: bool) -> dict:
     import torch
 
     from benchmarks.zoo import make_optimizer
@@ -195,7 +212,7 @@ def measure_autocast(gap: Gap, cpu: bool) -> dict:
     torch.manual_seed(0)
     model = case.build().to(device)
     optimizer = make_optimizer(case.optimizer, model.parameters())
-    batch = _to(case.make_batch(case.batch_size), device)
+    batch = _to(case.make_batch(_autocast_batch(case, cpu)), device)
     for step in range(STEPS):
         with torch.autocast(device, dtype=torch.bfloat16):  # cache_enabled: torch's default, True
             loss = case.loss(model, batch)
@@ -204,7 +221,7 @@ def measure_autocast(gap: Gap, cpu: bool) -> dict:
         optimizer.zero_grad(set_to_none=True)
         if step == 0:
             peaks.after_first_step()
-    return {"zoo_case": case.name, "optimizer": case.optimizer, "batch": case.batch_size,
+    return {"zoo_case": case.name, "optimizer": case.optimizer, "batch": _autocast_batch(case, cpu),
             "loop": "autocast(bf16, cache on) forward + loss, backward, step, zero_grad(set_to_none=True)",
             **peaks.result()}
 
@@ -269,8 +286,8 @@ def estimate_gap(gap: Gap, cpu: bool) -> dict:
         est = _vit(gap.precision, gap.batch, device=device)(False)
     elif gap.kind == "autocast":
         case = _zoo_case(gap.zoo)
-        est = estimate(case.build, case.make_batch(case.batch_size), loss=case.loss, optimizer=case.optimizer,
-                       precision="bf16-mixed", loop="torch", device=device)
+        est = estimate(case.build, case.make_batch(_autocast_batch(case, cpu)), loss=case.loss,
+                       optimizer=case.optimizer, precision="bf16-mixed", loop="torch", device=device)
     else:
         est = estimate(functools.partial(gpt2_small, cpu), gpt2_small_batch(gap.batch, cpu), optimizer="adamw",
                        precision=gap.precision, strategy="fsdp", world_size=1, device=device)
