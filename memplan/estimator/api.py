@@ -19,6 +19,7 @@ from memplan.estimator.checkpointing import (
 from memplan.estimator.cuda.composite import RealCompositePaths
 from memplan.estimator.cuda.conv_workspace import ConvWorkspaces
 from memplan.estimator.cuda.host_state import host_state_tensors
+from memplan.estimator.cuda.op_scratch import CudaGpu
 from memplan.estimator.cuda.reductions import ReductionStaging
 from memplan.estimator.cuda.rnn import CudnnRnnBuffers
 from memplan.estimator.ddp import ddp_bucket_bytes
@@ -253,6 +254,7 @@ class _Trace:
                 ConvWorkspaces(cc, benchmark=torch.backends.cudnn.benchmark),
                 CudnnRnnBuffers(sm_count=streaming_multiprocessors(self.target.name, cc)))
             tracker.reductions = ReductionStaging.for_gpu(self.target.name, cc)
+            tracker.cuda_gpu = CudaGpu.for_gpu(self.target.name, cc)
         self.grad_scale, self.growth_tracker = grad_scaler_tensors(self.device, cuda=self.target.is_cuda) \
             if self.policy.grad_scaling else (None, None)
         if self.manual is not None:
@@ -365,8 +367,7 @@ class _Trace:
             peak_reserved=max(peak_reserved, peak.total),
             side_stream_reserved=side,
             device_total=max(peak_reserved, peak.total) + context + communication,
-            cuda_context=context,
-            communication=communication,
+            cuda_context=context, communication=communication,
             device=self.target.name,
             precision=self.policy.precision,
             checkpointing=bool(self.checkpointed),

@@ -33,7 +33,7 @@ from memplan.compat.torch import (
 )
 from memplan.estimator.accumulation import accumulation_inputs
 from memplan.estimator.allocator import ZERO_HANDLE
-from memplan.estimator.cuda.op_scratch import cuda_op_scratch
+from memplan.estimator.cuda.op_scratch import GENERIC_GPU, cuda_op_scratch
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
@@ -119,6 +119,8 @@ class StorageTracker(TorchDispatchMode):
         and RNNs' for their run (None: CPU target)."""
         self.reductions = None
         """A cuda.reductions.ReductionStaging: a CUDA sum's staging buffer and semaphores (None: CPU target)."""
+        self.cuda_gpu = GENERIC_GPU
+        """The CUDA target's architecture and SMs, for the ops' own temporaries (cuda/op_scratch.py)."""
         self._accumulation: tuple | None = None
         """A backward `add` that may be the autograd engine's gradient accumulation, until the next op
         shows whether one input died with it (see _settle_accumulation)."""
@@ -315,7 +317,7 @@ class StorageTracker(TorchDispatchMode):
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
             self._transient(*cuda_contiguous_copies(func, args))  # one request per copy
-            for held in cuda_op_scratch(func, args, kwargs):  # an op's own buffers, phase by phase
+            for held in cuda_op_scratch(func, args, kwargs, self.cuda_gpu):  # an op's own buffers, phase by phase
                 self._transient(*held)
             if self.reductions is not None:  # its buffer and semaphores, each a request of its own
                 self._transient(*self.reductions.staging_allocations(func, args, kwargs, out))

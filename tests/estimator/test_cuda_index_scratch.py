@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from memplan.estimator.cuda.cub_sort import radix_sort_temp_bytes, segmented_radix_sort_temp_bytes
 from memplan.estimator.cuda.op_scratch import cuda_op_scratch, cuda_op_scratch_bytes
 
 aten = torch.ops.aten
@@ -44,11 +45,21 @@ def test_sort_of_a_short_dim_holds_one_arange_of_it():
     assert cuda_op_scratch_bytes(aten.sort.default, (meta(64, 2048), 0), {}) == 512  # 64 along dim 0
 
 
-def test_sort_of_a_long_dim_keeps_sortstables_index_buffers():
-    one_row = cuda_op_scratch_bytes(aten.sort.default, (meta(10_000),), {})
-    assert one_row == 80_384 + 512  # one row's reverse indices, cub's block
-    rows = cuda_op_scratch_bytes(aten.sort.default, (meta(8, 10_000),), {})
-    assert rows == 2 * 640_000 + 512  # two int2 index-and-segment buffers for under 128 rows
+def test_sort_of_a_long_dim_keeps_sortstables_index_buffers_and_cubs_storage():
+    """Past 4096 along the dim, SortStable.cu's own index buffers beside cub's storage (cuda/cub_sort.py, tested
+    there), on the default GPU (an A100's sm80)."""
+    a100 = {"compute_capability": (8, 0), "sm_count": 108}
+    one_row = cuda_op_scratch(aten.sort.default, (meta(10_000),), {})
+    assert one_row == ((0, 10_000 * 8, radix_sort_temp_bytes(10_000, 4, 8, **a100)),)  # reverse indices, cub's
+    rows = cuda_op_scratch(aten.sort.default, (meta(8, 10_000),), {})
+    n = 80_000  # 8 rows: by full sort, the int2 buffers, the keys cub.cuh allocates, then the segment-bit sort
+    assert rows == ((0, n * 8, n * 8, n * 4, radix_sort_temp_bytes(n, 4, 8, **a100)),
+                    (0, n * 8, n * 8, radix_sort_temp_bytes(n, 8, 0, bits=3, **a100)))
+    many = cuda_op_scratch(aten.sort.default, (meta(256, 5000, dtype=torch.bfloat16),), {})
+    n = 256 * 5000  # 256 rows: the reverse indices, then DeviceSegmentedRadixSort's extra keys and values
+    assert many == ((0, n * 8, segmented_radix_sort_temp_bytes(n, 2, 8)),)
+    strided = cuda_op_scratch(aten.sort.default, (meta(10_000, 2)[:, 0],), {})
+    assert strided == ((10_000 * 4, 10_000 * 8, radix_sort_temp_bytes(10_000, 4, 8, **a100)),)  # Sort.cpp's copy
 
 
 def test_indexing_with_two_broadcast_index_tensors_makes_each_contiguous():

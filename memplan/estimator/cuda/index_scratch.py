@@ -26,16 +26,24 @@ gpu_campaign_raw_h100/ops/, peak inside the op - max(before, after); benchmarks/
 - `sort` (aten/src/ATen/native/cuda/Sort.cpp `sort_cuda_kernel`): a dim of at most 4096 (Sort.h
   `should_use_small_sort`) sorts in place in the outputs after `fillSliceWithIndex` fills the indices from an
   `arange(size(dim))` (int64, freed at once). H100, mixtral-moe-b4 [2048] int64: 16,384 B. Longer dims take
-  SortStable.cu's cub sorts: a copy of a self whose sorted dim is not innermost and dense, SortStable.cu's own
-  index buffers (8 bytes per element: one row's reverse indices for a single row, two int2 index-and-segment
-  buffers for under 128 rows, reverse indices beyond), and cub's storage (counted as one block: more for a
-  multi-tile sort, not modelled). `argsort` and `msort` reach `sort` (composite).
+  SortStable.cu's cub sorts (`do_launch_stable_sort_kernel`): a copy of a self whose sorted dim is not innermost
+  and dense (Sort.cpp), SortStable.cu's own index buffers (8 bytes per element: one row's reverse indices for a
+  single row or rows of 1,000,000 or more, `segmented_sort_large_segments`; two int2 index-and-segment buffers
+  for under 128 rows, `segmented_sort_pairs_by_full_sort`, whose `radix_sort_pairs` is given no keys output and
+  allocates one (aten/src/ATen/cuda/cub.cuh / cub.cu `radix_sort_pairs_impl`: `keys_out_owner`), then a second
+  phase sorting the int2 pairs as int64 keys over the segment bits; reverse indices beyond, `segmented_sort_pairs`),
+  and cub's temporary storage, sized as CUB sizes it (cuda/cub_sort.py: beyond one tile, an extra key and value
+  buffer of the whole sort, plus bins and lookback). From the source, not read on a GPU. `argsort` and `msort`
+  reach `sort` (composite).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from memplan.compat.torch import disable_current_modes, is_fake
+from memplan.estimator.cuda.cub_sort import radix_sort_temp_bytes, segmented_radix_sort_temp_bytes
 
 aten = torch.ops.aten
 
@@ -78,8 +86,9 @@ def index_put_scratch(self, indices, values, accumulate=False, unsafe=False):
     return (*nonzero, linear, sort)
 
 
-def sort_scratch(self, *args, **kwargs):
-    """`sort.default(self, dim=-1, descending=False)` / `sort.stable(self, *, stable, dim=-1, descending=False)`."""
+def sort_scratch(self, *args, gpu, **kwargs):
+    """`sort.default(self, dim=-1, descending=False)` / `sort.stable(self, *, stable, dim=-1, descending=False)` on
+    `gpu` (a cuda.op_scratch.CudaGpu: cub's tiles depend on its architecture)."""
     dim = args[0] if args and not isinstance(args[0], bool) and isinstance(args[0], int) else kwargs.get("dim", -1)
     if self.dim() == 0 or self.numel() == 0:
         return ()
@@ -87,14 +96,20 @@ def sort_scratch(self, *args, **kwargs):
     if length <= _SMALL_SORT:
         return ((length * _I64,),)  # fillSliceWithIndex's arange
     copy = 0 if _dense(self) and self.stride(dim) == 1 else _nbytes(self)
-    segments = self.numel() // length  # SortStable.cu: its own index buffers, then cub's (not modelled)
-    if segments == 1 or length >= 1_000_000:
-        own = (length * _I64,)  # segmented_sort_large_segments: the reverse indices, one row
-    elif segments < 128:
-        own = (self.numel() * _I64, self.numel() * _I64)  # by_full_sort: two int2 index-and-segment buffers
-    else:
-        own = (self.numel() * _I64,)  # segmented_sort_pairs: reverse indices
-    return ((copy, *own, _CUB_BLOCK),)
+    n, key = self.numel(), self.element_size()
+    arch = {"compute_capability": gpu.compute_capability, "sm_count": gpu.sm_count}
+    segments = n // length
+    if segments == 1 or length >= 1_000_000:  # segmented_sort_large_segments: one row's reverse indices, then
+        # radix_sort_pairs<scalar_t, int64_t> row by row (each row's cub storage freed before the next)
+        return ((copy, length * _I64, radix_sort_temp_bytes(length, key, _I64, **arch)),)
+    if segments < 128:  # segmented_sort_pairs_by_full_sort: two int2 (index, segment) buffers; radix_sort_pairs
+        # <scalar_t, int2> with keys_out = nullptr allocates the sorted keys (cub.cuh), then cub's storage; then
+        # radix_sort_keys<int64_t> over the segment bits
+        pairs = (copy, n * _I64, n * _I64, n * key, radix_sort_temp_bytes(n, key, _I64, **arch))
+        bits = max(1, math.ceil(math.log2(segments)))
+        return pairs, (copy, n * _I64, n * _I64, radix_sort_temp_bytes(n, _I64, 0, bits=bits, **arch))
+    # segmented_sort_pairs: the reverse indices, then DeviceSegmentedRadixSort's storage
+    return ((copy, n * _I64, segmented_radix_sort_temp_bytes(n, key, _I64)),)
 
 
 def _positions(indices):

@@ -33,19 +33,27 @@ kernel probe measures what CPU kernels do.
 - `_scaled_dot_product_flash_attention_backward` (transformers/cuda/attention_backward.cu
   `_flash_attention_backward`, flash_attn/flash_api.cpp `mha_bwd`): `grad_out` and `out` as [B, S, H, D] made
   contiguous; `softmax_d` [B, H, S rounded up to 128] fp32 (returned by mha_bwd, dropped by its caller); the dQ
-  accumulator [B, S rounded to 128, H, D rounded to 32 (64 above 128)] fp32 (`loop` is always true; the
-  deterministic kernel's split accumulator is not modelled); with fewer key/value heads than query heads (GQA),
-  dK and dV at the query's head count in the input dtype, summed into the outputs at the end. The H100 ran
+  accumulator [B, S rounded to 128, H, D rounded to 32 (64 above 128)] fp32 (`loop` is always true). Under
+  `torch.use_deterministic_algorithms(True)` (not warn_only: attention_backward.cu `_flash_attention_backward`
+  passes `deterministic` to mha_bwd only then) the accumulator is `at::zeros({nsplits, B, S_r, H, D_r})` with
+  nsplits = ceil(SMs / (B x H)), one per split of the keys the kernel's grid then runs (flash_api.cpp `mha_bwd`
+  at pytorch 03b7c19, the statements `const int nsplits = (dprops->multiProcessorCount + batch_size * num_heads -
+  1) / (batch_size * num_heads);` and `dq_accum = at::zeros({nsplits, ...})` after `bool loop = true;`; line
+  numbers not given: the pytorch snapshot was too large to bring here); from the source, not read on a GPU. With
+  fewer key/value heads than query heads (GQA), dK and dV at the query's head count in the input dtype, summed
+  into the outputs at the end. The H100 ran
   cuDNN attention there (sm90, cuDNN > 9.15 prefers it; memplan emulates flash): its backward held 512 B more
   than this rule, gpt2-b8-bf16mixed [8, 4, 128, 64] bf16 1,065,472 B (rule 1,064,960), llama-gqa-b4-bf16mixed
   [4, 8, 256, 32] with 2 key/value heads 2,130,432 B (rule 2,129,920).
 - Advanced indexing and sort (index, index_put with accumulate, a mask's nonzero, sort's index buffers):
   cuda/index_scratch.py.
 
-Not modelled (measured, small or data dependent): embedding's backward sort over more than 3072 indices, cub's
-storage for sorts over more than one tile.
+Not modelled (measured, small or data dependent): embedding's backward sort over more than 3072 indices; cub's
+storage for index_put's sort over more than one tile (cuda/cub_sort.py sizes it; `sort` uses it).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -67,16 +75,41 @@ Phases = tuple[tuple[int, ...], ...]
 allocation each, as the caching allocator sees them)."""
 
 
-def cuda_op_scratch(func, args, kwargs) -> Phases:
-    """The temporaries `func`'s CUDA implementation allocates and frees inside the op, beyond its inputs and
-    outputs: () for ops without a rule here."""
+@dataclass(frozen=True, kw_only=True)
+class CudaGpu:
+    """What some ops' temporaries depend on besides their arguments."""
+
+    compute_capability: tuple[int, int]
+    """(major, minor): which kernels and tile sizes run (cub's sort tunings)."""
+    sm_count: int
+    """Streaming multiprocessors (deterministic flash backward's splits, cub's sort grid)."""
+
+    @classmethod
+    def for_gpu(cls, name: str, compute_capability: tuple[int, int]) -> CudaGpu:
+        """The GPU named `name` (a catalog name or NVML's), its SMs from the hardware catalog."""
+        from memplan.hardware.catalog import streaming_multiprocessors
+
+        return cls(compute_capability=tuple(compute_capability),
+                   sm_count=streaming_multiprocessors(name, compute_capability))
+
+
+GENERIC_GPU = CudaGpu(compute_capability=(8, 0), sm_count=108)
+"""An A100's: the generic CUDA target's compute capability (estimator/target.py)."""
+
+
+def cuda_op_scratch(func, args, kwargs, gpu: CudaGpu = GENERIC_GPU) -> Phases:
+    """The temporaries `func`'s CUDA implementation allocates and frees inside the op on `gpu`, beyond its inputs
+    and outputs: () for ops without a rule here."""
     rule = _RULES.get(func)
-    return () if rule is None else tuple(held for held in rule(*args, **kwargs) if any(held))
+    if rule is None:
+        return ()
+    phases = rule(*args, gpu=gpu, **kwargs) if func in _BY_GPU else rule(*args, **kwargs)
+    return tuple(held for held in phases if any(held))
 
 
-def cuda_op_scratch_bytes(func, args, kwargs) -> int:
-    """The most bytes (block-rounded) `func`'s temporaries hold at once."""
-    return max((sum(_rounded(n) for n in held) for held in cuda_op_scratch(func, args, kwargs)), default=0)
+def cuda_op_scratch_bytes(func, args, kwargs, gpu: CudaGpu = GENERIC_GPU) -> int:
+    """The most bytes (block-rounded) `func`'s temporaries hold at once on `gpu`."""
+    return max((sum(_rounded(n) for n in held) for held in cuda_op_scratch(func, args, kwargs, gpu)), default=0)
 
 
 def _softmax_backward(grad, output, dim, input_dtype) -> Phases:
@@ -111,7 +144,7 @@ def _efficient_attention_backward(grad_out, query, *rest, **kwargs) -> Phases:
     return (copy, product, delta, delta), (copy, delta, workspace)
 
 
-def _flash_attention_backward(grad_out, query, key, value, out, *rest, **kwargs) -> Phases:
+def _flash_attention_backward(grad_out, query, key, value, out, *rest, gpu: CudaGpu, **kwargs) -> Phases:
     """Arguments: (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
     is_causal, philox_seed, philox_offset); q, k, v, out as [B, H, S, D]."""
     batch, heads, queries, head_dim = query.shape
@@ -119,7 +152,10 @@ def _flash_attention_backward(grad_out, query, key, value, out, *rest, **kwargs)
     rows = -(-queries // 128) * 128  # round_multiple(seqlen_q, 128)
     rounded_head = -(-head_dim // (32 if head_dim <= 128 else 64)) * (32 if head_dim <= 128 else 64)
     softmax_d = batch * heads * rows * _F32
-    dq_accum = batch * rows * heads * rounded_head * _F32
+    deterministic = torch.are_deterministic_algorithms_enabled() and \
+        not torch.is_deterministic_algorithms_warn_only_enabled()
+    splits = -(-gpu.sm_count // (batch * heads)) if deterministic and batch * heads else 1
+    dq_accum = splits * batch * rows * heads * rounded_head * _F32
     expanded = 0 if key.size(1) == heads else batch * key.size(2) * heads * head_dim * query.element_size()
     return ((*copies, softmax_d, dq_accum, expanded, expanded),)
 
@@ -162,3 +198,5 @@ _RULES = {
     aten._scaled_dot_product_flash_attention_backward.default: _flash_attention_backward,
     **INDEX_RULES,
 }
+_BY_GPU = frozenset({aten._scaled_dot_product_flash_attention_backward.default, aten.sort.default, aten.sort.stable})
+"""Rules that take the GPU (keyword `gpu`)."""
