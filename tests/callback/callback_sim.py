@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -353,14 +354,19 @@ def run_scenarios(main: Callable[[str, Path], None], out_root: Path, scenarios: 
     Scenario S writes under out_root/S; this rank's stdout and stderr while S runs go to
     out_root/S/output_rank<R>.txt, and out_root/S/done_rank<R> is written once S returned. Each scenario
     starts from the real readings.read_memory (a scenario may SIMULATE it). An exception ends the rank
-    (its traceback on the rank's own stderr), so the scenarios after it leave no done file."""
+    (its traceback on the rank's own stderr and in out_root/raised_rank<R>, which check_scenario_ran quotes for
+    the scenarios after it), so the scenarios after it leave no done file."""
     real_read_memory = readings.read_memory
     for scenario in scenarios:
         out = out_root / scenario
         out.mkdir(parents=True, exist_ok=True)
         readings.read_memory = real_read_memory
-        with _output_to(out / f"output_rank{_rank()}.txt"):
-            main(scenario, out)
+        try:
+            with _output_to(out / f"output_rank{_rank()}.txt"):
+                main(scenario, out)
+        except BaseException:
+            (out_root / f"raised_rank{_rank()}").write_text(f"{scenario}\n{traceback.format_exc()}")
+            raise
         (out / f"done_rank{_rank()}").write_text("")
 
 
@@ -395,8 +401,13 @@ def check_scenario_ran(out: Path, result: subprocess.CompletedProcess, ranks: in
     scenario's output (scenario_output)."""
     output = scenario_output(out, ranks)
     missing = [r for r in range(ranks) if not (out / f"done_rank{r}").exists()]
+    raised = [(r, p.read_text().split("\n", 1)) for r in range(ranks)
+              if (p := out.parent / f"raised_rank{r}").exists()]
+    earlier = "".join(f"\nscenario {name} before it raised on rank {r}:\n{trace[-3000:]}"
+                      for r, (name, trace) in raised if name != out.name)
     assert not missing, (f"scenario {out.name}: rank(s) {missing} did not finish it (the launch exited "
-                         f"{result.returncode})\n{output[-3000:]}\n--- launch stderr ---\n{result.stderr[-3000:]}")
+                         f"{result.returncode}){earlier}\n{output[-3000:]}\n--- launch stderr ---\n"
+                         f"{result.stderr[-3000:]}")
     return output
 
 
