@@ -23,12 +23,19 @@ DDP_SHARED = ("adjust", "oom", "converge", "accumulate", "buckets", "buckets_pla
 
 
 @pytest.fixture(scope="session")
-def ddp_runs(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """DDP_SHARED, run once in one watched 2-rank launch (a hang fails every test reading it): (the folder holding
-    one folder per scenario, the launch's result). tests/conftest.py keeps the three modules reading it on one
-    xdist worker."""
+def ddp_runs(request, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The scenarios of DDP_SHARED that this session's tests read (each names its own with the ddp_scenarios mark:
+    a test run alone launches only its scenario; xdist's workers collect every test, so there all of them), run
+    once in one watched 2-rank launch (a hang fails every test reading it): (the folder holding one folder per
+    scenario, the launch's result). tests/conftest.py keeps the three modules reading it on one xdist worker."""
+    readers = [item for item in request.session.items if "ddp_runs" in getattr(item, "fixturenames", ())]
+    unnamed = [item.nodeid for item in readers if item.get_closest_marker("ddp_scenarios") is None]
+    assert not unnamed, f"tests reading ddp_runs without a ddp_scenarios mark: {unnamed}"
+    wanted = {name for item in readers for mark in item.iter_markers("ddp_scenarios") for name in mark.args}
+    assert wanted <= set(DDP_SHARED), f"ddp_scenarios names no shared scenario: {sorted(wanted - set(DDP_SHARED))}"
     root = tmp_path_factory.mktemp("ddp")
-    return root, run_watched([sys.executable, str(DDP_DRIVER), str(root), *DDP_SHARED], cwd=root)
+    scenarios = [s for s in DDP_SHARED if s in wanted]  # DDP_SHARED's order: `fatal` last
+    return root, run_watched([sys.executable, str(DDP_DRIVER), str(root), *scenarios], cwd=root)
 
 
 @pytest.fixture

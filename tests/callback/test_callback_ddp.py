@@ -63,6 +63,7 @@ def check_trained_like_one_process(out: Path, steps: int, per_rank_batch: int = 
         torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-12, msg=name)
 
 
+@pytest.mark.ddp_scenarios("adjust")
 def test_both_ranks_lower_together_when_one_rank_is_short_and_grow_back(ddp_runs):
     out, output = shared_scenario(ddp_runs, "adjust")
     logs = rank_logs(out)
@@ -82,6 +83,7 @@ def test_both_ranks_lower_together_when_one_rank_is_short_and_grow_back(ddp_runs
     assert "rank 1: peak 2.00 GiB in this process, least headroom 163.84 MiB" in output
 
 
+@pytest.mark.ddp_scenarios("oom")
 def test_an_oom_on_one_rank_is_retried_there_without_a_hang_and_then_shared(ddp_runs):
     out, logs = shared_logs(ddp_runs, "oom")
     # no plan was given: rank 0 planned, every rank applied the same plan (global batch 16 kept)
@@ -113,6 +115,7 @@ def test_a_plain_memory_planner_runs_under_ddp_spawn_and_retries_an_oom_there(tm
     check_trained_like_one_process(out, steps=4)
 
 
+@pytest.mark.ddp_scenarios("converge")
 def test_after_an_oom_both_ranks_settle_at_the_fewest_even_chunks_and_never_retry_a_failed_size(ddp_runs):
     # the held-out job of issue 20: loader 16 per rank, rank 1 out of memory above 8 samples
     out, logs = shared_logs(ddp_runs, "converge")
@@ -124,6 +127,7 @@ def test_after_an_oom_both_ranks_settle_at_the_fewest_even_chunks_and_never_retr
     check_trained_like_one_process(out, steps=12, per_rank_batch=16)
 
 
+@pytest.mark.ddp_scenarios("fatal")
 def test_when_nothing_fits_the_job_ends_with_one_error_naming_the_rank(ddp_runs):
     root, result = ddp_runs  # `fatal` is the shared launch's last scenario
     out = root / "fatal"
@@ -137,6 +141,7 @@ def test_when_nothing_fits_the_job_ends_with_one_error_naming_the_rank(ddp_runs)
     assert fatal["device_total_bytes"] > 0 and fatal["process_bytes"] > 0
 
 
+@pytest.mark.ddp_scenarios("accumulate")
 def test_chunks_with_accumulation_under_ddp_keep_every_gradient(ddp_runs):
     out, logs = shared_logs(ddp_runs, "accumulate")
     apply = logs[0][0]
@@ -148,6 +153,7 @@ def test_chunks_with_accumulation_under_ddp_keep_every_gradient(ddp_runs):
     check_trained_like_one_process(out, steps=4, per_rank_batch=16)
 
 
+@pytest.mark.ddp_scenarios("buckets", "buckets_plain")
 def test_ddp_rebuilds_its_buckets_in_the_order_a_plain_backward_gives(ddp_runs):
     # DDP launches bucket i's all-reduce only after buckets 0..i-1: a bucket order scrambled by the
     # gradient handoff would hold back every all-reduce for the rest of the run
@@ -160,6 +166,7 @@ def test_ddp_rebuilds_its_buckets_in_the_order_a_plain_backward_gives(ddp_runs):
     check_trained_like_one_process(ddp_runs[0] / "buckets", steps=3)
 
 
+@pytest.mark.ddp_scenarios("mixed")
 def test_ranks_on_different_paths_in_one_step_pair_their_backwards(ddp_runs):
     out, logs = shared_logs(ddp_runs, "mixed")
     assert retries(logs[1]) == [(3, "forward", 8, 4)] and not retries(logs[0])
@@ -171,6 +178,7 @@ def test_ranks_on_different_paths_in_one_step_pair_their_backwards(ddp_runs):
     check_trained_like_one_process(out, steps=6)
 
 
+@pytest.mark.ddp_scenarios("tokens", "tokens_plain")
 def test_a_token_mean_loss_split_on_each_rank_trains_as_ddp_does_whole(ddp_runs):
     # DDP averages the ranks' gradients, each rank's loss being the mean over its own tokens: that is
     # what a split batch reproduces (README: "Loss semantics"), not a mean over all ranks' tokens

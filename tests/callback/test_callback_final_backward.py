@@ -158,6 +158,7 @@ def test_the_handoff_moves_each_gradient_without_copying_it(make_trainer, monkey
     assert_trained_like_full_batches(module, 8, steps=3)
 
 
+@pytest.mark.ddp_scenarios("final")
 @pytest.mark.slow
 def test_an_oom_in_one_ranks_only_backward_is_retried_there_without_a_hang(ddp_runs):
     out, logs = shared_logs(ddp_runs, "final")  # a scenario of the shared 2-rank launch (tests/callback/conftest.py)

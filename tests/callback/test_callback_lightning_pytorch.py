@@ -46,6 +46,7 @@ def test_refusals_are_lightning_pytorch_misconfiguration_exceptions(tmp_path):
         lightning_trainer(tmp_path, [MemoryPlanner(make_plan(8, 1))]).fit(module)
 
 
+@pytest.mark.ddp_scenarios("lightning")
 @pytest.mark.slow
 def test_an_oom_in_one_ranks_backward_is_retried_under_lightning_pytorch_ddp(ddp_runs):
     out, logs = shared_logs(ddp_runs, "lightning")  # a scenario of the shared 2-rank launch (tests/callback/conftest.py)
