@@ -228,7 +228,9 @@ def loader_ignores(trainer: Any, module: Any, batch_arg_name: str) -> str | None
         after = _batch_size(train_loader(trainer))
     finally:
         lightning_setattr(module, batch_arg_name, size)
-    return None if (before, after) == (size, size + 1) else f"it yields batches of {before} whatever `{batch_arg_name}` is"
+    if (before, after) == (size, size + 1):
+        return None
+    return f"it yields batches of {before} whatever `{batch_arg_name}` is"
 
 
 def _batch_size(loader: Any) -> int | str:
