@@ -215,6 +215,36 @@ def current_loader_batch_size(trainer: Any, module: Any, batch_arg_name: str | N
     return int(size) if size else loaded_batch_size(next(iter(loader))) or 1
 
 
+def loader_ignores(trainer: Any, module: Any, batch_arg_name: str) -> str | None:
+    """Why the train loader does not take its batch size from the attribute `batch_arg_name`, in words (a batch
+    sampler of its own, a size of its own); None where it does: the loader built with the attribute one larger has
+    the batch size (its own, or its batch sampler's) one larger. The attribute is restored."""
+    size = int(lightning_getattr(module, batch_arg_name))
+    before = _batch_size(train_loader(trainer))
+    if not isinstance(before, int):
+        return before
+    lightning_setattr(module, batch_arg_name, size + 1)
+    try:
+        after = _batch_size(train_loader(trainer))
+    finally:
+        lightning_setattr(module, batch_arg_name, size)
+    if (before, after) == (size, size + 1):
+        return None
+    return f"it yields batches of {before} whatever `{batch_arg_name}` is"
+
+
+def _batch_size(loader: Any) -> int | str:
+    """A DataLoader's batch size (its batch sampler's where it has none), or why it has none, in words."""
+    own = getattr(loader, "batch_size", None)
+    if own is None:
+        sampler = getattr(loader, "batch_sampler", None)
+        own = getattr(sampler, "batch_size", None)
+        if own is None:
+            return (f"it batches with its {type(sampler).__name__}" if sampler is not None
+                    else f"{type(loader).__name__} with no batch size of its own")
+    return own
+
+
 def train_loader(trainer: Any) -> Any:
     """The fit's one train DataLoader, as the model or datamodule builds it now."""
     return _first_loader(compat.train_data_source(trainer).dataloader())

@@ -29,17 +29,14 @@ moved out of `.grad` before returning and given back, not copied, by Lightning's
 What it costs, and what it cannot do:
   - A second, empty autograd pass and a few Python calls per batch (0.2-0.44 ms a step on a 2-core
     CPU: benchmarks/results/callback_overhead.md).
-  - Under DDP, every gradient is ready only when the whole backward is done, so the step's
-    all-reduce cannot overlap it.
-  - DDP rebuilds its buckets once, from the order its hooks fire in the first synchronised
-    backward: that one backward hands the gradients over in the order the step's own backward made
-    them (a chain of carriers, memplan.callback.carrier).
-  - Parameter gradient hooks would run per chunk and again on the whole gradient: refused
-    (checks.check_gradient_hooks).
+  - Under DDP, every gradient is ready only when the whole backward is done, so the step's all-reduce
+    cannot overlap it.
+  - DDP rebuilds its buckets once, from the order its hooks fire in the first synchronised backward: that one
+    backward hands the gradients over in the order the step's own backward made them (memplan.callback.carrier).
+  - Parameter gradient hooks would run per chunk and again on the whole gradient: refused (checks).
   - Under DDP's gradient_as_bucket_view the handoff would copy the gradients out of DDP's buckets:
     not guarded (checks.guard_blocker).
-  - DDP's static_graph counts each parameter's hooks over the first iteration, the chunks' no_sync
-    backwards included, and then skips the all-reduce of later steps: refused (checks.check_can_adjust).
+  - DDP's static_graph (it would skip later all-reduces after counting the chunks' hooks): refused.
 
 Guarded and unguarded: so the runner is `guarded` (the above) only while a rank may run out of
 memory: until a reading at its current layout shows the margin free (those steps fit, and steps of
@@ -60,9 +57,9 @@ retried there (a rank cannot re-run part of a step alone while the others all-ga
 Values `self.log`-ged in training_step describe the whole batch: every chunk's calls are held, and
 once the last chunk's backward has succeeded they are merged (memplan.callback.logged: weighted as
 the losses are) and made, so every rank logs, and syncs, once per batch however many chunks it ran
-or retried. A chunk that weighs nothing (no token to average over) runs its forward, not its
-backward. BatchNorm running statistics see the samples of a failed forward twice (they are buffers,
-not gradients).
+or retried; a dict training_step returns reaches on_train_batch_end joined over the chunks
+(memplan.callback.outputs). A chunk that weighs nothing (no token to average over) runs its forward, not its
+backward. BatchNorm running statistics see the samples of a failed forward twice (buffers, not gradients).
 """
 from __future__ import annotations
 
@@ -80,6 +77,7 @@ from memplan.callback.chunk_job import ChunkJob, ChunkResult, RunnerOptions
 from memplan.callback.held_logging import HeldLogging, replay_logged
 from memplan.callback.layout import chunk_bounds
 from memplan.callback.logged import merge_logged
+from memplan.callback.outputs import OutputJoiner
 from memplan.callback.step_wrapper import StepWrapper
 from memplan.callback.retry import (
     NONE, Failure, Frozen, NothingFitsError, OomRetry, RetryState, gradient_versions, release_memory, touched,
@@ -128,6 +126,7 @@ class MicroBatchRunner(StepWrapper):
         self._on_first_split = options.on_first_split
         self._sharded_sync_off = options.sharded_sync_off  # FSDP: sync off but for a batch's last chunk (callback.sharded)
         self._planned_load = options.planned_load_per_sample  # (memplan.shapes)
+        self._outputs = OutputJoiner()  # training_step's other outputs, joined over a batch's chunks
         self.heavier_batches = 0
         """Batches heavier per sample than the one planned for, run as smaller chunks before they ran."""
 
@@ -293,6 +292,7 @@ class MicroBatchRunner(StepWrapper):
             clear = False
             self.retries.ran(stop - start)
             held.append((result.weight, result.logged))
+            self._outputs.add(batch, start, stop, result.output)
             if result.loss is not None and result.weight:
                 share = result.loss.detach() if result.weight == 1.0 else result.loss.detach() * result.weight
                 value = share if value is None else value + share
@@ -302,7 +302,7 @@ class MicroBatchRunner(StepWrapper):
                     return result.output
         if value is None:  # every chunk weighed nothing (no token to average over): a zero loss
             value = result.loss.detach() * 0.0
-        return carry(result.output, value, self._params, order)
+        return carry(self._outputs.joined(result.output), value, self._params, order)
 
     def _weight(self, chunk: Any, size: int, start: int, stop: int, total: float | None) -> float:
         """What a chunk's loss is multiplied by so the chunks add up to the whole batch's loss: 1 for a

@@ -20,7 +20,7 @@ from memplan import compat
 from memplan.callback import fsdp_plan, mesh, sharded
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, check_planned_precision, current_loader_batch_size, device_budget, enable_checkpointing,
-    first_train_batch, host_side, layout_from_plan, planning_request,
+    first_train_batch, host_side, layout_from_plan, loader_ignores, planning_request,
     samples_per_rank, train_loader,
 )
 from memplan.callback.checks import (
@@ -102,7 +102,20 @@ class FitStart(CallbackState):
             self._fit.apply_record = None
 
     def _settable(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
-        return lightning_hasattr(pl_module, self.settings.batch_arg_name) and compat.train_data_source(trainer).is_module()
+        """Whether setting the batch-size attribute sets the train loader's batch (decided once a fit): the model or
+        datamodule has it, builds the loader, and the loader it builds yields it (a `batch_sampler` of its own does
+        not read it: raising the accumulation for it would grow the global batch)."""
+        if self._fit.settable is None:
+            name = self.settings.batch_arg_name
+            self._fit.settable = lightning_hasattr(pl_module, name) and compat.train_data_source(trainer).is_module()
+            if self._fit.settable:
+                ignored = loader_ignores(trainer, pl_module, name)
+                if ignored is not None:
+                    rank_zero_info(f"MemoryPlanner: the train loader does not take its batch size from `{name}` "
+                                   f"({ignored}): the loader keeps its batches, and a smaller micro-batch runs them "
+                                   "as chunks")
+                    self._fit.settable = False
+        return self._fit.settable
 
     def _resolve_layout(self, trainer: pl.Trainer, pl_module: pl.LightningModule, settable: bool
                         ) -> tuple[Layout, str]:

@@ -61,6 +61,8 @@ class FitSession:
     """The first step, and the step after a change, are always recorded."""
     sampled: bool = False
     planned_micro_batch_size: int = 0
+    settable: bool | None = None
+    """Whether the batch-size attribute sets the train loader's batch (decided at the first need)."""
     first_batch_seen: bool = False
     oom_retries_seen: int = 0
     peak_process_bytes: int | None = None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import warnings
 from types import SimpleNamespace
 
@@ -253,17 +254,23 @@ def test_a_loader_passed_to_fit_keeps_its_batch_and_runs_as_chunks(make_trainer)
     assert {len(s) for s in module.seen} == {4}
 
 
-def test_a_loader_that_ignores_the_batch_size_attribute_is_noticed_at_its_first_batch(make_trainer):
+def test_a_loader_that_ignores_the_batch_size_attribute_is_noticed_at_fit_start(make_trainer, caplog):
+    # the attribute says 8, the loader yields 16 whatever it says: MemoryPlanner keeps the loader's 16 and
+    # splits it (before, it set the attribute to 4 and raised the accumulation, so each step took 2 x 16)
     class FixedLoader(Regression):
         def train_dataloader(self):
             return DataLoader(IndexedData(), batch_size=16)
 
     module = FixedLoader(batch_size=8)
-    planner = MemoryPlanner(make_plan(4, 2))
+    planner = MemoryPlanner(make_plan(4, 4))
     trainer = make_trainer([planner], max_steps=1)
-    with pytest.warns(UserWarning, match="yields 16 samples per batch, not the 4 of the layout"):
+    with caplog.at_level(logging.INFO):
         trainer.fit(module)
+    assert "does not take its batch size from `batch_size` (it yields batches of 16 whatever" in caplog.text
+    assert module.batch_size == 8 and trainer.accumulate_grad_batches == 1
     assert planner.layout.loader_batch_size == 16 and {len(s) for s in module.seen} == {4}
+    with pytest.raises(MisconfigurationException, match="global batch of 8 is not a multiple of the loader batch 16"):
+        make_trainer([MemoryPlanner(make_plan(4, 2))], max_steps=1).fit(FixedLoader(batch_size=8))
 
 
 def test_a_callback_reused_for_another_fit_starts_afresh(make_trainer):

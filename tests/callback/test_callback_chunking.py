@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from callback_sim import (
-    Block, Regression, SimulatedBudget, consecutive_batches, make_plan, read_jsonl, reference_weights, weights_of,
+    Block, Regression, SimulatedBudget, consecutive_batches, make_plan, read_jsonl, reference_weights, run_net, tracing,
+    weights_of,
 )
 
 from memplan.callback import MemoryPlanner, NothingFitsError
@@ -158,3 +160,34 @@ def test_an_oom_in_validation_is_named_with_what_can_help(make_trainer, caplog):
     fatal = [e for e in read_jsonl(planner.log_path) if e["event"] == "fatal"][-1]
     assert fatal["where"].startswith("in validation") and "validation loader's batch size" in fatal["fix"]
     assert "guard='always'" not in caplog.text
+
+
+class ReturnsOutputs(Regression):
+    """training_step returns a dict: the loss, per-sample predictions and a count; on_train_batch_end keeps them."""
+
+    def __init__(self) -> None:
+        super().__init__(batch_size=8, with_attr=False)
+        self.outputs: list[dict] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y, _ = batch
+        pred = run_net(self.net, x)
+        return {"loss": F.mse_loss(pred, y), "pred": pred.detach(), "count": torch.tensor(x.shape[0])}
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if not tracing(self):
+            self.outputs.append({k: v.detach().clone() for k, v in outputs.items() if k != "loss"})
+
+
+def test_a_dict_training_step_returns_reaches_on_train_batch_end_joined_over_the_chunks(make_trainer):
+    # each loaded batch of 8 runs as 2 chunks of 4: the per-sample predictions on_train_batch_end receives are
+    # the batch's 8 (they were the last chunk's 4), and the count it cannot join is named in a warning
+    plain = ReturnsOutputs()
+    make_trainer([], max_steps=3).fit(plain)
+    module = ReturnsOutputs()
+    with pytest.warns(UserWarning, match=r"returns 'count' beside the loss.*last chunk's value of it"):
+        make_trainer([MemoryPlanner(make_plan(4, 2), grow=False)], max_steps=3).fit(module)
+    assert [o["pred"].shape[0] for o in module.outputs] == [8, 8, 8]
+    for got, want in zip(module.outputs, plain.outputs, strict=True):
+        torch.testing.assert_close(got["pred"], want["pred"], rtol=0, atol=1e-12)
+    assert [int(o["count"]) for o in module.outputs] == [4, 4, 4]  # (the whole batch's would be 8: named above)

@@ -66,3 +66,30 @@ def test_a_precision_mismatch_is_in_the_summary(make_trainer, caplog):
         make_trainer([planner], max_steps=1).fit(Regression(batch_size=8))
     summary = next(r.getMessage() for r in caplog.records if "MemoryPlanner summary" in r.getMessage())
     assert "plan mismatch: the plan is for precision='bf16-mixed', the Trainer runs '32-true'" in summary
+
+
+class OwnBatchSampler(Regression):
+    """A `batch_size` attribute the loader does not read: its own batch sampler yields 8 (a bucketing sampler)."""
+
+    def train_dataloader(self):
+        from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+        from callback_sim import IndexedData
+
+        data = IndexedData()
+        return DataLoader(data, batch_sampler=BatchSampler(SequentialSampler(data), batch_size=8, drop_last=False))
+
+
+def test_a_loader_with_its_own_batch_sampler_keeps_its_batch_and_accumulation(make_trainer):
+    # the attribute is 8 and the plan says 4 x accumulate 2: setting the attribute would change nothing the loader
+    # does, and the accumulation raised to 2 would double the global batch (it did: 16 samples a step)
+    from test_callback_chunking import assert_trained_like_full_batches
+
+    module = OwnBatchSampler(batch_size=8)
+    planner = MemoryPlanner(make_plan(4, 2), grow=False)
+    trainer = make_trainer([planner], max_steps=3)
+    trainer.fit(module)
+    assert module.batch_size == 8 and trainer.accumulate_grad_batches == 1
+    assert (planner.layout.loader_batch_size, planner.layout.micro_batch_size) == (8, 4)
+    assert not planner.rewrites
+    assert_trained_like_full_batches(module, 8, steps=3)
