@@ -12,6 +12,7 @@ allocator while it runs:
 - a float16 or bfloat16 matmul (mm, addmm, bmm, baddbmm): its operands converted or packed for the
   GEMM (0.87 MiB for a 256 x 512 x 512 float16 addmm on a 2-core AMX Xeon, 32 % of a small MLP's
   16-true peak; float32 matmuls take none), and the mean of a half-precision tensor, a float32 copy;
+- linear algebra (qr, svd, eigh, solve, matrix_exp): LAPACK's work arrays, matrix_exp's Pade terms;
 - softmax, log_softmax, their backwards, layer_norm, log_sigmoid and an erf gelu_backward given a non-contiguous
   input: a contiguous copy of it (MLP-Mixer's token mixing read 27 % under without it).
 Their size depends on the algorithm the library picks for the shape, the ISA and the thread count,
@@ -69,10 +70,20 @@ _BATCH_NORMS = frozenset({
 })
 """CPU batch norm's backward takes a buffer the size of its input while it runs (its forward a few
 per-channel buffers): a BatchNorm3d after a depthwise Conv3d peaks there (-14.9 % unprobed)."""
+_MATRIX_EXP = torch.ops.aten.linalg_matrix_exp.default
+_LINALG = frozenset({
+    _MATRIX_EXP, torch.ops.aten.linalg_qr.default, torch.ops.aten._linalg_svd.default,
+    torch.ops.aten._linalg_eigh.default, torch.ops.aten._linalg_solve_ex.default,
+})
+"""CPU linear algebra keeps buffers while it runs: LAPACK's work arrays and the copies it factors in place (a
+shape's alone: zeros and random inputs take the same), and matrix_exp's Pade terms, whose number grows with the
+input's 1-norm (4 x n^2 floats at norm 0 to 12 x at and above theta_18, where it scales and squares). The
+trace does not know the values, so matrix_exp is probed at the worst case (_worst_case_input); the estimate's
+notes say so. orthogonal parametrizations call it in every forward, and twice the size in the backward."""
 _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
-    *_ATTENTION, *_BATCH_NORMS,
+    *_ATTENTION, *_BATCH_NORMS, *_LINALG,
 })
 _MATMULS = frozenset({
     torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
@@ -116,7 +127,7 @@ class KernelScratchProbe:
 
     def scratch_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
         """The real kernel's scratch for `func(*args, **kwargs)`; 0 for an op that is not probed (all but
-        convolutions, LSTM layers, CPU flash attention, float16/bfloat16 matmuls and means, and
+        convolutions, LSTM layers, CPU flash attention, _LINALG, float16/bfloat16 matmuls and means, and
         _LAYOUT_OPS on a non-contiguous input)."""
         if not (func in _PROBED_OPS or _is_half_matmul(func, out) or _copies_for_layout(func, args)):
             return 0
@@ -159,6 +170,9 @@ class KernelScratchProbe:
                        f"non-contiguous input): measured by running each of "
                        f"{len(self.probed)} op shapes once on this host, {torch.get_num_threads()} threads "
                        f"(largest {self.largest / 2**20:.2f} MiB)")
+        if any(key[0] is _MATRIX_EXP for key in self.probed):
+            out.append("matrix_exp's scratch is counted at its worst case (the input's 1-norm past theta_18); "
+                       "a smaller norm takes as little as a third of it")
         if self.skipped:
             out.append(f"CPU kernel scratch: the scratch of {len(self.skipped)} op shapes is "
                        f"not counted (over {PROBE_MAX_BYTES >> 20} MiB or {PROBE_MAX_FLOPS / 1e9:.0f} GFLOP to "
@@ -245,6 +259,8 @@ def _measure(func, args: tuple, kwargs: dict) -> int:
     """Run `func` on real zeros shaped like `args`; the most it had allocated at once, less its outputs."""
     real_args = tuple(_real(a) for a in args)
     kwargs = {k: _real(v) for k, v in kwargs.items()}
+    if func is _MATRIX_EXP:
+        real_args = (_worst_case_input(real_args[0]), *real_args[1:])
     if func is torch.ops.aten.native_layer_norm_backward.default:
         # mean and rstd as the real forward makes them: CPU's mixed-dtype layer_norm keeps them in
         # float32 where the meta kernel says the input's dtype, and the real backward checks.
@@ -260,6 +276,12 @@ def _measure(func, args: tuple, kwargs: dict) -> int:
         live += event.nbytes()
         peak = max(peak, live)
     return max(0, peak - sum(t.untyped_storage().nbytes() for t in _outputs(out)))
+
+
+def _worst_case_input(a: torch.Tensor) -> torch.Tensor:
+    """A matrix_exp input whose 1-norm (8 in every matrix) is past theta_18 for every dtype, so the kernel takes
+    its largest path (degree 18 and squaring); more squarings take no more buffers."""
+    return a.fill_(8.0 / max(1, a.shape[-1]))
 
 
 @contextlib.contextmanager
