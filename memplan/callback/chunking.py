@@ -299,7 +299,7 @@ class MicroBatchRunner(StepWrapper):
             if not pending:  # the batch's last chunk succeeded: make the batch's `self.log` calls, once
                 replay_logged(self._module, held[0][1] if len(held) == 1 else merge_logged(held, self._sum))
                 if result.loss is None:  # no loss: Lightning skips this batch's backward
-                    return result.output
+                    return self._outputs.joined(result.output)
         if value is None:  # every chunk weighed nothing (no token to average over): a zero loss
             value = result.loss.detach() * 0.0
         return carry(self._outputs.joined(result.output), value, self._params, order)

@@ -3,6 +3,8 @@ training must equal plain full-batch SGD, which they do only if every sample of 
 was counted exactly once, at the right scale."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,7 @@ from callback_sim import (
 
 from memplan.callback import MemoryPlanner, NothingFitsError
 from memplan.callback.adjust import smaller_micro_batch
+from memplan.callback.outputs import JOINED
 
 
 def assert_trained_like_full_batches(module: Regression, global_batch: int, steps: int, *,
@@ -168,25 +171,32 @@ class ReturnsOutputs(Regression):
     def __init__(self) -> None:
         super().__init__(batch_size=8, with_attr=False)
         self.outputs: list[dict] = []
+        self.graphs: list[bool] = []  # whether the predictions reaching on_train_batch_end kept their graph
 
     def training_step(self, batch, batch_idx):
         x, y, _ = batch
         pred = run_net(self.net, x)
-        return {"loss": F.mse_loss(pred, y), "pred": pred.detach(), "count": torch.tensor(x.shape[0])}
+        return {"loss": F.mse_loss(pred, y), "pred": pred, "count": torch.tensor(x.shape[0])}
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if not tracing(self):
             self.outputs.append({k: v.detach().clone() for k, v in outputs.items() if k != "loss"})
+            self.graphs.append(outputs["pred"].grad_fn is not None)
 
 
-def test_a_dict_training_step_returns_reaches_on_train_batch_end_joined_over_the_chunks(make_trainer):
+def test_a_dict_training_step_returns_reaches_on_train_batch_end_joined_over_the_chunks(make_trainer, caplog):
     # each loaded batch of 8 runs as 2 chunks of 4: the per-sample predictions on_train_batch_end receives are
-    # the batch's 8 (they were the last chunk's 4), and the count it cannot join is named in a warning
+    # the batch's 8 (they were the last chunk's 4), detached (no chunk's graph is kept through the next) and named
+    # once as joined; the count it cannot join is named in a warning
     plain = ReturnsOutputs()
     make_trainer([], max_steps=3).fit(plain)
     module = ReturnsOutputs()
-    with pytest.warns(UserWarning, match=r"returns 'count' beside the loss.*last chunk's value of it"):
+    with pytest.warns(UserWarning, match=r"returns 'count' beside the loss.*last chunk's value of it"), \
+            caplog.at_level(logging.INFO):
         make_trainer([MemoryPlanner(make_plan(4, 2), grow=False)], max_steps=3).fit(module)
+    assert [r.getMessage() for r in caplog.records].count(JOINED.format(keys="'pred'")) == 1
+    assert module.graphs == [False] * 3  # (Lightning hands a whole batch's on with its graph; a chunk's graph
+    assert plain.graphs == [True] * 3  # kept through the next chunk would hold what chunking is there to free)
     assert [o["pred"].shape[0] for o in module.outputs] == [8, 8, 8]
     for got, want in zip(module.outputs, plain.outputs, strict=True):
         torch.testing.assert_close(got["pred"], want["pred"], rtol=0, atol=1e-12)
