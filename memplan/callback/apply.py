@@ -210,44 +210,52 @@ def current_loader_batch_size(trainer: Any, module: Any, batch_arg_name: str | N
     the loader's own."""
     if batch_arg_name is not None:
         return int(lightning_getattr(module, batch_arg_name))
-    loader = _first_loader(compat.train_data_source(trainer).dataloader())
+    loader = train_loader(trainer)
     size = getattr(loader, "batch_size", None)
     return int(size) if size else loaded_batch_size(next(iter(loader))) or 1
 
 
 def loader_ignores(trainer: Any, module: Any, batch_arg_name: str) -> str | None:
-    """Why the train loader does not take its batch size from the attribute `batch_arg_name`, in words (a batch
-    sampler of its own, a size of its own); None where it does: the loader built with the attribute one larger has
-    the batch size (its own, or its batch sampler's) one larger. The attribute is restored."""
+    """Why the train loader's batch is not the attribute `batch_arg_name` itself, in words (a batch sampler of its
+    own, a size of its own, the attribute scaled); None where it is, or where the loader shows no batch size to
+    tell by (an iterable dataset batching itself, a sampler without `batch_size`: set as before). The loader is
+    built with the attribute as it is and doubled; the attribute and the random generators the builds advance (a
+    `random_split` without a generator) are restored."""
+    from memplan.shapes import rng_preserved
+
     size = int(lightning_getattr(module, batch_arg_name))
-    before = _batch_size(train_loader(trainer))
-    if not isinstance(before, int):
-        return before
-    lightning_setattr(module, batch_arg_name, size + 1)
-    try:
-        after = _batch_size(train_loader(trainer))
-    finally:
-        lightning_setattr(module, batch_arg_name, size)
-    if (before, after) == (size, size + 1):
+    with rng_preserved():
+        before = _batch_size(train_loader(trainer))
+        if before is None:
+            return None
+        lightning_setattr(module, batch_arg_name, 2 * size)
+        try:
+            after = _batch_size(train_loader(trainer))
+        finally:
+            lightning_setattr(module, batch_arg_name, size)
+    if (before, after) == (size, 2 * size):
         return None
-    return f"it yields batches of {before} whatever `{batch_arg_name}` is"
+    if after == before:
+        return f"it yields batches of {before} whatever `{batch_arg_name}` is"
+    return f"it yields {before} for `{batch_arg_name}`={size} and {after} for {2 * size}, not the attribute itself"
 
 
-def _batch_size(loader: Any) -> int | str:
-    """A DataLoader's batch size (its batch sampler's where it has none), or why it has none, in words."""
+def _batch_size(loader: Any) -> int | None:
+    """A DataLoader's batch size (its batch sampler's where it has none); None where neither shows one."""
     own = getattr(loader, "batch_size", None)
     if own is None:
-        sampler = getattr(loader, "batch_sampler", None)
-        own = getattr(sampler, "batch_size", None)
-        if own is None:
-            return (f"it batches with its {type(sampler).__name__}" if sampler is not None
-                    else f"{type(loader).__name__} with no batch size of its own")
-    return own
+        own = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return own if isinstance(own, int) else None
 
 
 def train_loader(trainer: Any) -> Any:
-    """The fit's one train DataLoader, as the model or datamodule builds it now."""
-    return _first_loader(compat.train_data_source(trainer).dataloader())
+    """The fit's one train DataLoader, as the model or datamodule builds it now; the random generators its build
+    advances (a train_dataloader() drawing a random split) are restored, so the fit's own build draws as without
+    memplan."""
+    from memplan.shapes import rng_preserved
+
+    with rng_preserved():
+        return _first_loader(compat.train_data_source(trainer).dataloader())
 
 
 def samples_per_rank(loader: Any, world_size: int) -> int | None:

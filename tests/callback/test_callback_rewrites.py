@@ -6,6 +6,7 @@ import logging
 import warnings
 
 import pytest
+import torch
 from callback_sim import Regression, make_plan
 
 from memplan.callback import MemoryPlanner
@@ -93,3 +94,37 @@ def test_a_loader_with_its_own_batch_sampler_keeps_its_batch_and_accumulation(ma
     assert (planner.layout.loader_batch_size, planner.layout.micro_batch_size) == (8, 4)
     assert not planner.rewrites
     assert_trained_like_full_batches(module, 8, steps=3)
+
+
+class HalvedShuffledLoader(Regression):
+    """A loader that reads the attribute (halved, as a script dividing a global batch over 2 replicas does) and
+    draws its order from the global generator each time it is built."""
+
+    def train_dataloader(self):
+        from torch.utils.data import DataLoader, Subset
+
+        from callback_sim import IndexedData
+
+        data = IndexedData()
+        self.orders.append(torch.randperm(len(data)).tolist())
+        return DataLoader(Subset(data, self.orders[-1]), batch_size=self.batch_size // 2)
+
+
+def test_a_loader_scaling_the_attribute_keeps_its_batch_and_building_it_moves_no_generator(make_trainer, caplog):
+    # the loader's batch is the attribute halved: setting it to the micro-batch would halve the global batch, so
+    # the loader keeps its 8 and runs them as chunks of 4 (named at fit start); the check builds the loader twice
+    # more and leaves the global generator where it was: the run's loader draws the order a run without it draws
+    module = HalvedShuffledLoader(batch_size=16)
+    module.orders = []
+    planner = MemoryPlanner(make_plan(4, 2), grow=False)
+    torch.manual_seed(5)
+    with caplog.at_level(logging.INFO):
+        make_trainer([planner], max_steps=1).fit(module)
+    assert "it yields 8 for `batch_size`=16 and 16 for 32, not the attribute itself" in caplog.text
+    assert module.batch_size == 16 and not planner.rewrites
+    assert (planner.layout.loader_batch_size, planner.layout.micro_batch_size) == (8, 4)
+    plain = HalvedShuffledLoader(batch_size=16)
+    plain.orders = []
+    torch.manual_seed(5)
+    make_trainer([], max_steps=1).fit(plain)
+    assert module.orders[-1] == plain.orders[-1] and len(module.orders) > len(plain.orders)
