@@ -39,7 +39,10 @@ kernel probe measures what CPU kernels do.
   nsplits = ceil(SMs / (B x H)), one per split of the keys the kernel's grid then runs (flash_api.cpp `mha_bwd`
   at pytorch 03b7c19, the statements `const int nsplits = (dprops->multiProcessorCount + batch_size * num_heads -
   1) / (batch_size * num_heads);` and `dq_accum = at::zeros({nsplits, ...})` after `bool loop = true;`; line
-  numbers not given: the pytorch snapshot was too large to bring here); from the source, not read on a GPU. With
+  numbers not given: the pytorch snapshot was too large to bring here); from the source, not read on a GPU. The
+  flag is read in the process that traces: MemoryPlanner's estimate inside a fit with `Trainer(deterministic=True)`
+  sees it, while `memplan estimate`/`suggest` and the FSDP planning subprocess do not (they count the
+  non-deterministic accumulator: an underestimate for deterministic runs, up to 512 MiB at B1 H32 S8192 D128). With
   fewer key/value heads than query heads (GQA), dK and dV at the query's head count in the input dtype, summed
   into the outputs at the end. The H100 ran
   cuDNN attention there (sm90, cuDNN > 9.15 prefers it; memplan emulates flash): its backward held 512 B more

@@ -199,15 +199,16 @@ def _forward_flops(func, flops: int) -> int:
     0 for the other ops (their bytes limit them)."""
     if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
         return flops // 2
-    return flops if func in _MATMULS or func in _ATTENTION else 0
+    return flops if func in _MATMULS or func in _ATTENTION or func in _LINALG else 0
 
 
 def _flops(func, args: tuple, out) -> int:
     """Floating-point operations of a probed op, 2 per multiply-add: a matmul (2 x batch x M x N x K),
     attention (4 x batch x heads x Lq x Lk x head dim forward), a convolution (2 x output elements x
     the weight's elements per output channel; the input's elements for a transposed one) and an LSTM
-    layer (2 x steps x batch x both weight matrices); a backward counts twice its forward (the
-    gradients of the input and of the weights). 0 for the other probed ops, whose work is their bytes."""
+    layer (2 x steps x batch x both weight matrices), linear algebra (_LINALG: 40 x the matrices' n^3); a backward
+    counts twice its forward (the gradients of the input and of the weights). 0 for the other probed ops, whose
+    work is their bytes."""
     if func in _ATTENTION:
         forward = func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
         q, k = (args[0], args[1]) if forward else (args[1], args[2])
@@ -227,6 +228,9 @@ def _flops(func, args: tuple, out) -> int:
         weights = sum(w.numel() for w in args[1:3])
         forward = func is torch.ops.aten.mkldnn_rnn_layer.default
         return (1 if forward else 2) * 2 * (input.numel() // max(1, input.shape[-1])) * weights
+    if func in _LINALG:  # n^3 per matrix: about 20 matmuls' worth at matrix_exp's worst case (13th-order Pade,
+        a = args[0]  # scaling and squaring), a bound for the factorizations (qr, svd, eigh, solve: 1-10 n^3)
+        return 20 * 2 * a.numel() * a.shape[-1]
     return 0
 
 
