@@ -32,6 +32,7 @@ from benchmarks.realmodels import (
     _gen,
     _hf_case,
     cls_batch,
+    compare,
     image_batch,
     plain_batch,
     plain_loss,
@@ -290,13 +291,7 @@ def run_case(name: str) -> dict:
                            "truth": truth, "estimate": est["estimate"] if est else None,
                            "truth_process_seconds": round(truth_wall, 2),
                            "estimate_process_seconds": round(est_wall, 2)}
-    if truth_error or est_error:
-        row["failed"] = "truth" if truth_error else "estimate"
-        row["error_message"] = truth_error or est_error
-        return row
-    peak = truth["peak_allocated"]
-    row["error"] = (row["estimate"]["peak_allocated"] - peak) / peak
-    row["error_bytes"] = row["estimate"]["peak_allocated"] - peak
+    compare(row, truth_error, est_error)
     return row
 
 

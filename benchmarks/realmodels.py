@@ -507,14 +507,10 @@ def run_case(name: str) -> dict:
         "truth": truth, "estimate": est["estimate"] if est else None,
         "truth_process_seconds": round(truth_wall, 2), "estimate_process_seconds": round(est_wall, 2),
     }
-    if truth_error or est_error:
-        row["failed"] = "truth" if truth_error else "estimate"
-        row["error_message"] = truth_error or est_error
+    if not compare(row, truth_error, est_error):
         return row
-    peak = truth["peak_allocated"]
-    row["error"] = (row["estimate"]["peak_allocated"] - peak) / peak
-    row["error_bytes"] = row["estimate"]["peak_allocated"] - peak
     if case.family == "moe":  # the other routing assumption, for comparison
+        peak = truth["peak_allocated"]
         sample, _, sample_error = _run_json(["benchmarks.realmodels", "--estimate-one", name, "--data-dependent", "sample"])
         row["error_sample"] = (sample["estimate"]["peak_allocated"] - peak) / peak if sample else None
         row["error_sample_message"] = sample_error or None
@@ -523,6 +519,19 @@ def run_case(name: str) -> dict:
 
 # --------------------------------------------------------------------------------------------------
 # the report
+
+
+def compare(row: dict, truth_error: str | None, est_error: str | None) -> bool:
+    """Fill `row` (holding "truth" and "estimate") with the estimate's error against the truth's peak, or with
+    which side failed and why; whether both ran."""
+    if truth_error or est_error:
+        row["failed"] = "truth" if truth_error else "estimate"
+        row["error_message"] = truth_error or est_error
+        return False
+    peak = row["truth"]["peak_allocated"]
+    row["error"] = (row["estimate"]["peak_allocated"] - peak) / peak
+    row["error_bytes"] = row["estimate"]["peak_allocated"] - peak
+    return True
 
 
 def summarize(rows: list[dict]) -> dict:
