@@ -12,6 +12,7 @@ Names bound here are the very objects torch has (no wrapper), so a per-op call c
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -149,6 +150,22 @@ def dispatch_registrations(key: str) -> list[str]:
     """`torch._C._dispatch_get_registrations_for_dispatch_key(key)` (torch 2.4-2.13): the ops with a
     kernel on dispatch key `key` ('AutocastCPU'), as 'aten::name.overload'."""
     return torch._C._dispatch_get_registrations_for_dispatch_key(key)
+
+
+_IMPL_ALLOWS_OVERRIDE = "allow_override" in inspect.signature(torch.library.Library.impl).parameters
+
+
+def override_kernel(lib: torch.library.Library, op_name: str, fn: Callable[..., Any], dispatch_key: str) -> None:
+    """`lib.impl(op_name, fn, dispatch_key)` that replaces a kernel torch itself registered from Python for that key
+    (torch._meta_registrations' Meta kernels: `_cudnn_rnn`'s). torch 2.13 allows it by default; torch 2.11-2.12
+    refuse it unless `allow_override=True` ("already a kernel registered from python overriding ..."); a torch
+    without that flag (2.4-2.10) checks `torch.library._impls`, the "ns/op/key" strings registered from Python,
+    from which the key is dropped first. The earlier kernel comes back when `lib` is destroyed."""
+    if _IMPL_ALLOWS_OVERRIDE:
+        lib.impl(op_name, fn, dispatch_key, allow_override=True)
+        return
+    torch.library._impls.discard(f"{lib.ns}/{op_name.split('::')[-1]}/{dispatch_key}")
+    lib.impl(op_name, fn, dispatch_key)
 
 
 def destroy_library(lib: torch.library.Library) -> None:

@@ -1,6 +1,6 @@
 """Flash attention's backward under deterministic algorithms (memplan.estimator.cuda.op_scratch): mha_bwd's dQ
-accumulator gets one copy per split, nsplits = ceil(SMs / (B x H)) (flash_api.cpp). From the source: no GPU reading
-ran deterministic attention."""
+accumulator gets one copy per split, nsplits = ceil(SMs / (B x H)) (flash_api.cpp). Read on an H200 as the rule
+gives it (benchmarks/results/gpu_rules.md, tests/benchmarks/test_gpu_rules.py)."""
 from __future__ import annotations
 
 import pytest

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from memplan.estimator.cuda.cub_sort import radix_sort_temp_bytes, segmented_radix_sort_temp_bytes
-from memplan.estimator.cuda.op_scratch import cuda_op_scratch, cuda_op_scratch_bytes
+from memplan.estimator.cuda.op_scratch import CudaGpu, cuda_op_scratch, cuda_op_scratch_bytes
 
 aten = torch.ops.aten
 
@@ -50,16 +50,30 @@ def test_sort_of_a_long_dim_keeps_sortstables_index_buffers_and_cubs_storage():
     there), on the default GPU (an A100's sm80)."""
     a100 = {"compute_capability": (8, 0), "sm_count": 108}
     one_row = cuda_op_scratch(aten.sort.default, (meta(10_000),), {})
-    assert one_row == ((0, 10_000 * 8, radix_sort_temp_bytes(10_000, 4, 8, **a100)),)  # reverse indices, cub's
+    assert one_row == ((10_000 * 8, radix_sort_temp_bytes(10_000, 4, 8, **a100)),)  # reverse indices, cub's
     rows = cuda_op_scratch(aten.sort.default, (meta(8, 10_000),), {})
     n = 80_000  # 8 rows: by full sort, the int2 buffers, the keys cub.cuh allocates, then the segment-bit sort
-    assert rows == ((0, n * 8, n * 8, n * 4, radix_sort_temp_bytes(n, 4, 8, **a100)),
-                    (0, n * 8, n * 8, radix_sort_temp_bytes(n, 8, 0, bits=3, **a100)))
+    assert rows == ((n * 8, n * 8, n * 4, radix_sort_temp_bytes(n, 4, 8, **a100)),
+                    (n * 8, n * 8, radix_sort_temp_bytes(n, 8, 0, bits=3, **a100)))
     many = cuda_op_scratch(aten.sort.default, (meta(256, 5000, dtype=torch.bfloat16),), {})
     n = 256 * 5000  # 256 rows: the reverse indices, then DeviceSegmentedRadixSort's extra keys and values
-    assert many == ((0, n * 8, segmented_radix_sort_temp_bytes(n, 2, 8)),)
+    assert many == ((n * 8, segmented_radix_sort_temp_bytes(n, 2, 8)),)
     strided = cuda_op_scratch(aten.sort.default, (meta(10_000, 2)[:, 0],), {})
     assert strided == ((10_000 * 4, 10_000 * 8, radix_sort_temp_bytes(10_000, 4, 8, **a100)),)  # Sort.cpp's copy
+
+
+def test_sort_along_a_dim_that_is_not_innermost_holds_the_copy_and_outputs_at_its_strides():
+    """Sort.cpp copies self to dim-last strides and sorts into values and indices buffers at those strides when the
+    outputs' (self's) differ, copying them back after. Read on an H200 (benchmarks/results/gpu_rules.md): a
+    [16384, 64] fp32 sort along dim 0 requested 50,541,055 bytes of temporaries at once; the rule without the two
+    output buffers gave 37,958,144."""
+    h200 = CudaGpu(compute_capability=(9, 0), sm_count=132)
+    n = 16384 * 64
+    phases = cuda_op_scratch(aten.sort.stable, (meta(16384, 64),), {"stable": False, "dim": 0}, h200)
+    assert phases[0][:3] == (n * 4, n * 4, n * 8)  # the copy, values, indices at dim-last strides
+    assert sum(phases[0]) == 50_541_055
+    transposed = meta(64, 16384).t()  # dense with dim 0 innermost: sorted where it is, into outputs like it
+    assert cuda_op_scratch(aten.sort.stable, (transposed,), {"stable": False, "dim": 0}, h200)[0][:2] == (n * 8, n * 8)
 
 
 def test_indexing_with_two_broadcast_index_tensors_makes_each_contiguous():

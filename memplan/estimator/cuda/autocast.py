@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from memplan.compat.torch import (
-    OpOverload, destroy_library, dispatch_registrations, excluding_autocast_cpu, is_view, op_schema,
+    OpOverload, destroy_library, dispatch_registrations, excluding_autocast_cpu, is_view, op_schema, override_kernel,
 )
 
 # --- CUDA policy (aten/src/ATen/autocast_mode.h, torch 2.13) -------------------------------------
@@ -133,7 +133,7 @@ class KernelLibraries:
     def impl(self, qualified_name: str, kernel, dispatch_key: str) -> None:
         """Register `kernel` for 'namespace::name.overload' on `dispatch_key`."""
         namespace, _, name = qualified_name.partition("::")
-        self.library(namespace).impl(name, kernel, dispatch_key)
+        override_kernel(self.library(namespace), name, kernel, dispatch_key)
 
     def destroy(self) -> None:
         for lib in reversed(self._open.values()):
@@ -185,9 +185,9 @@ def register_cuda_autocast(libraries: KernelLibraries, *, lower_dtype: torch.dty
     for name, policy in policies.items():
         if name in SAME_ON_CPU and name in cpu_ops:
             continue
-        lib.impl(name, _make_kernel(name, policy, lower_dtype, cache), "AutocastCPU")
+        override_kernel(lib, name, _make_kernel(name, policy, lower_dtype, cache), "AutocastCPU")
     for name in sorted(cpu_ops - policies.keys()):
-        lib.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
+        override_kernel(lib, name, torch.library.fallthrough_kernel, "AutocastCPU")
     for name in sorted(other_cpu_autocast_ops()):
         libraries.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
 

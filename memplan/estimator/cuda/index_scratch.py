@@ -33,7 +33,10 @@ gpu_campaign_raw_h100/ops/, peak inside the op - max(before, after); benchmarks/
   allocates one (aten/src/ATen/cuda/cub.cuh / cub.cu `radix_sort_pairs_impl`: `keys_out_owner`), then a second
   phase sorting the int2 pairs as int64 keys over the segment bits; reverse indices beyond, `segmented_sort_pairs`),
   and cub's temporary storage, sized as CUB sizes it (cuda/cub_sort.py: beyond one tile, an extra key and value
-  buffer of the whole sort, plus bins and lookback). From the source, not read on a GPU. `argsort` and `msort`
+  buffer of the whole sort, plus bins and lookback). Where the copy is made and the outputs' strides (self's)
+  differ from it, values and indices buffers at the copy's strides too (Sort.cpp `values_tmp`, `indices_tmp`).
+  Read on an H200 (torch 2.11): 9 sorts over all three paths as the rule requests (benchmarks/results/gpu_rules.md;
+  before the output buffers, a [16384, 64] sort along dim 0 read 25 % over the rule). `argsort` and `msort`
   reach `sort` (composite).
 """
 from __future__ import annotations
@@ -95,21 +98,41 @@ def sort_scratch(self, *args, gpu, **kwargs):
     length = self.size(dim)
     if length <= _SMALL_SORT:
         return ((length * _I64,),)  # fillSliceWithIndex's arange
-    copy = 0 if _dense(self) and self.stride(dim) == 1 else _nbytes(self)
     n, key = self.numel(), self.element_size()
+    # Sort.cpp: a self not dense with the sorted dim innermost is copied to dim-last strides, and outputs whose
+    # strides differ from that copy's get a values and an indices buffer at them (copied back after the sort)
+    held = () if _dense(self) and self.stride(dim) == 1 else (_nbytes(self),)
+    if held and _output_strides(self, dim) != _dim_last_strides(self, dim):
+        held += (n * key, n * _I64)
     arch = {"compute_capability": gpu.compute_capability, "sm_count": gpu.sm_count}
     segments = n // length
     if segments == 1 or length >= 1_000_000:  # segmented_sort_large_segments: one row's reverse indices, then
         # radix_sort_pairs<scalar_t, int64_t> row by row (each row's cub storage freed before the next)
-        return ((copy, length * _I64, radix_sort_temp_bytes(length, key, _I64, **arch)),)
+        return ((*held, length * _I64, radix_sort_temp_bytes(length, key, _I64, **arch)),)
     if segments < 128:  # segmented_sort_pairs_by_full_sort: two int2 (index, segment) buffers; radix_sort_pairs
         # <scalar_t, int2> with keys_out = nullptr allocates the sorted keys (cub.cuh), then cub's storage; then
         # radix_sort_keys<int64_t> over the segment bits
-        pairs = (copy, n * _I64, n * _I64, n * key, radix_sort_temp_bytes(n, key, _I64, **arch))
+        pairs = (*held, n * _I64, n * _I64, n * key, radix_sort_temp_bytes(n, key, _I64, **arch))
         bits = max(1, math.ceil(math.log2(segments)))
-        return pairs, (copy, n * _I64, n * _I64, radix_sort_temp_bytes(n, _I64, 0, bits=bits, **arch))
+        return pairs, (*held, n * _I64, n * _I64, radix_sort_temp_bytes(n, _I64, 0, bits=bits, **arch))
     # segmented_sort_pairs: the reverse indices, then DeviceSegmentedRadixSort's storage
-    return ((copy, n * _I64, segmented_radix_sort_temp_bytes(n, key, _I64)),)
+    return ((*held, n * _I64, segmented_radix_sort_temp_bytes(n, key, _I64)),)
+
+
+def _output_strides(self, dim: int) -> tuple[int, ...]:
+    """The strides sort's meta function gives its outputs (Sorting.cpp: self's when dense, else inferred dense)."""
+    with disable_current_modes():
+        return aten.sort.stable(_meta(self), stable=True, dim=dim)[0].stride()
+
+
+def _dim_last_strides(self, dim: int) -> tuple[int, ...]:
+    """Sort.cpp `infer_dense_strides_dim_last`: dense strides in self's stride order (stable, descending), `dim`
+    innermost."""
+    order = sorted(range(self.dim()), key=lambda d: -1 if d == dim % self.dim() else self.stride(d), reverse=True)
+    strides, step = [0] * self.dim(), 1
+    for d in reversed(order):
+        strides[d], step = step, step * self.size(d)
+    return tuple(strides)
 
 
 def _positions(indices):

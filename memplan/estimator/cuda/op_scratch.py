@@ -39,7 +39,9 @@ kernel probe measures what CPU kernels do.
   nsplits = ceil(SMs / (B x H)), one per split of the keys the kernel's grid then runs (flash_api.cpp `mha_bwd`
   at pytorch 03b7c19, the statements `const int nsplits = (dprops->multiProcessorCount + batch_size * num_heads -
   1) / (batch_size * num_heads);` and `dq_accum = at::zeros({nsplits, ...})` after `bool loop = true;`; line
-  numbers not given: the pytorch snapshot was too large to bring here); from the source, not read on a GPU. The
+  numbers not given: the pytorch snapshot was too large to bring here); read on an H200 (torch 2.11): the requested
+  bytes of 12 backwards, 6 of them deterministic (head dims 64-128, 72), as the rule gives (benchmarks/results/
+  gpu_rules.md). The
   flag is read in the process that traces: MemoryPlanner's estimate inside a fit with `Trainer(deterministic=True)`
   sees it, while `memplan estimate`/`suggest` and the FSDP planning subprocess do not (they count the
   non-deterministic accumulator: an underestimate for deterministic runs, up to 512 MiB at B1 H32 S8192 D128). With

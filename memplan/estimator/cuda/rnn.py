@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memplan.compat.torch import excluding_autocast_cpu, is_fake
+from memplan.compat.torch import excluding_autocast_cpu, is_fake, override_kernel
 
 aten = torch.ops.aten
 
@@ -228,9 +228,9 @@ class CudnnRnns:
 
     def register(self, lib: torch.library.Library) -> None:
         for name, mode in _ENTRIES.items():
-            lib.impl(name, self._entry(name, mode), "AutogradCPU")
-        lib.impl("_cudnn_rnn", _cudnn_rnn_meta, "Meta")
-        lib.impl("_cudnn_rnn_backward", _cudnn_rnn_backward_meta, "Meta")
+            override_kernel(lib, name, self._entry(name, mode), "AutogradCPU")
+        override_kernel(lib, "_cudnn_rnn", _cudnn_rnn_meta, "Meta")
+        override_kernel(lib, "_cudnn_rnn_backward", _cudnn_rnn_backward_meta, "Meta")
 
     def _entry(self, name: str, mode: int):
         base, _, overload = name.partition(".")

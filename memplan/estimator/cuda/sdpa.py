@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from memplan.compat.torch import sdp_priority_order
+from memplan.compat.torch import override_kernel, sdp_priority_order
 
 aten = torch.ops.aten
 Backend = Literal["flash", "efficient", "math"]
@@ -268,7 +268,7 @@ def register_cpu_reference_kernels(lib: torch.library.Library) -> None:
         grad_bias = grad_scores.to(attn_bias.dtype) if attn_bias is not None and grad_input_mask[3] else None
         return grad_q, grad_k, grad_v, grad_bias
 
-    lib.impl("_scaled_dot_product_flash_attention", flash, "CPU")
-    lib.impl("_scaled_dot_product_flash_attention_backward", flash_backward, "CPU")
-    lib.impl("_scaled_dot_product_efficient_attention", efficient, "CPU")
-    lib.impl("_scaled_dot_product_efficient_attention_backward", efficient_backward, "CPU")
+    override_kernel(lib, "_scaled_dot_product_flash_attention", flash, "CPU")
+    override_kernel(lib, "_scaled_dot_product_flash_attention_backward", flash_backward, "CPU")
+    override_kernel(lib, "_scaled_dot_product_efficient_attention", efficient, "CPU")
+    override_kernel(lib, "_scaled_dot_product_efficient_attention_backward", efficient_backward, "CPU")

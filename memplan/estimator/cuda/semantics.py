@@ -74,7 +74,7 @@ from collections.abc import Iterator
 
 import torch
 
-from memplan.compat.torch import OpOverload, is_fake
+from memplan.compat.torch import OpOverload, is_fake, override_kernel
 from memplan.estimator.cuda.autocast import CastCache, KernelLibraries, register_cuda_autocast, wrap_clear_autocast_cache
 from memplan.estimator.cuda.rnn import CudnnRnns
 from memplan.estimator.cuda.sdpa import cuda_sdpa_kernel, register_cpu_reference_kernels
@@ -110,12 +110,12 @@ def emulate_cuda(*, compute_capability: tuple[int, int], autocast_dtype: torch.d
             if autocast_dtype is not None:
                 register_cuda_autocast(libraries, lower_dtype=autocast_dtype, cache=cache)
                 torch.clear_autocast_cache = wrap_clear_autocast_cache(cache)
-            lib.impl("dropout", _dropout, "AutogradCPU")
-            lib.impl("scaled_dot_product_attention", cuda_sdpa_kernel(compute_capability), "AutogradCPU")
-            lib.impl("softmax.int", _softmax_kernel(aten._softmax.default), "AutogradCPU")
-            lib.impl("log_softmax.int", _softmax_kernel(aten._log_softmax.default), "AutogradCPU")
-            lib.impl("_fused_rms_norm", _fused_rms_norm, "CPU")
-            lib.impl("_fused_rms_norm_backward", _fused_rms_norm_backward, "CPU")
+            override_kernel(lib, "dropout", _dropout, "AutogradCPU")
+            override_kernel(lib, "scaled_dot_product_attention", cuda_sdpa_kernel(compute_capability), "AutogradCPU")
+            override_kernel(lib, "softmax.int", _softmax_kernel(aten._softmax.default), "AutogradCPU")
+            override_kernel(lib, "log_softmax.int", _softmax_kernel(aten._log_softmax.default), "AutogradCPU")
+            override_kernel(lib, "_fused_rms_norm", _fused_rms_norm, "CPU")
+            override_kernel(lib, "_fused_rms_norm_backward", _fused_rms_norm_backward, "CPU")
             register_cpu_reference_kernels(lib)
             CudnnRnns(compute_capability).register(lib)
         yield
