@@ -4,10 +4,10 @@ For every zoo case, and the zoo's missing fp32 / bf16-mixed / 16-mixed x checkpo
 (`all_cases`), three fresh processes:
   measure  -- real steps on the GPU: torch.cuda.max_memory_allocated over the steady-state step,
               max_memory_reserved, and the highest NVML per-process usage sampled during the run;
-  native   -- memplan.estimate(device=None): traced on fake CUDA tensors (torch has CUDA here);
-  emulated -- the same with MEMPLAN_TRACE_ON_CPU=1: fake CPU tensors with CUDA semantics emulated,
-              which is how a CPU-only machine estimates for a GPU. The gap native vs emulated is the
-              emulation's own error.
+  native   -- memplan.estimate(device=None) with MEMPLAN_TRACE_ON_CPU=0: traced on fake CUDA tensors (torch has
+              CUDA here);
+  emulated -- the same with MEMPLAN_TRACE_ON_CPU=1: fake CPU tensors with CUDA semantics emulated, how memplan
+              estimates for a GPU by default (on a CPU-only machine and, since session 9, on a GPU machine too).
 Goals (issue): median |error| <= 3 %, worst <= 6 %, never under by more than 2 %.
 
     python -m benchmarks.accuracy_gpu [--only NAME ...]
@@ -95,8 +95,7 @@ def _estimate(name: str, cpu: bool = False) -> dict:
 def child_command(mode: str, name: str, *, cpu: bool = False, emulate: bool = False) -> tuple[list[str], dict]:
     """(argv, env) of the fresh process that measures or estimates one case."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if emulate:
-        env["MEMPLAN_TRACE_ON_CPU"] = "1"
+    env["MEMPLAN_TRACE_ON_CPU"] = "1" if emulate else "0"
     return [sys.executable, "-m", "benchmarks.accuracy_gpu", f"--{mode}", name, *(["--cpu"] if cpu else [])], env
 
 
@@ -108,7 +107,8 @@ def dry_case(name: str) -> dict:
     out: dict[str, dict] = {}
     for what, emulate in (("truth", False), ("native", False), ("emulated", True)):
         try:
-            with environment_variable("MEMPLAN_TRACE_ON_CPU", "1") if emulate else contextlib.nullcontext():
+            with environment_variable("MEMPLAN_TRACE_ON_CPU", "1" if emulate else "0") if what != "truth" \
+                    else contextlib.nullcontext():
                 out[what] = _measure(name, cpu=True) if what == "truth" else _estimate(name, cpu=True)
         except Exception as err:  # noqa: BLE001 -- as a failed child: recorded, the others still run
             out[what] = {"error": f"{type(err).__name__}: {err}"}

@@ -371,7 +371,7 @@ def memory_gaps(rec: Recorder, entry: dict, names: list[str], dry: bool) -> None
     def one(mode: str, name: str, emulate: bool) -> dict:
         if rec.left() <= 10:
             return {"error": "skipped: out of time"}
-        env = dict(os.environ, OMP_NUM_THREADS="2", **({"MEMPLAN_TRACE_ON_CPU": "1"} if emulate else {}))
+        env = dict(os.environ, OMP_NUM_THREADS="2", MEMPLAN_TRACE_ON_CPU="1" if emulate else "0")
         argv = [sys.executable, "-m", "benchmarks.gpu_extra", f"--{mode}", name, *(["--cpu"] if dry else [])]
         try:
             done = run_child(rec, argv, env=env, cap_s=300)

@@ -79,9 +79,8 @@ def estimate(
         'blocks:4' the first 4 repeated blocks, 'every:2' every 2nd, 'op' torchtitan's per-op policy on each
         block), or a set of module classes to checkpoint.
     device: "cpu", a GPU model name ("A100-80GB"), a memplan.hardware GpuModel (custom_gpu("24GiB")),
-        or None for the local GPU. Where torch has CUDA and a GPU, a GPU target is traced on fake CUDA tensors,
-        else on fake CPU tensors with CUDA emulated; FSDP, and a step with an op that has no fake kernel on
-        CUDA (cuDNN's RNNs), take the emulated trace there too (memplan.estimator.trace_route; a note says so).
+        or None for the local GPU. A GPU target is traced on fake CPU tensors with CUDA emulated, also where
+        there is a GPU (MEMPLAN_TRACE_ON_CPU=0 traces on fake CUDA tensors there: memplan.estimator.target).
     strategy, world_size: None, or "ddp" / "fsdp" with the number of ranks (memory is per rank).
     loop: "lightning" (zero_grad after the forward, as Lightning runs it), "torch" (a plain loop:
         forward + loss, backward, step, zero_grad(set_to_none=True)), "torch-zero-after-forward" (a plain

@@ -1,6 +1,7 @@
-"""Where a CUDA target's step is traced: on fake CUDA tensors (native: this machine has a GPU and torch has CUDA)
-or on fake CPU tensors with CUDA's semantics emulated (memplan.estimator.cuda), which is what a machine without a
-GPU always does. Two cases leave the native trace for the emulated one, each with a note:
+"""Where a CUDA target's step is traced: on fake CPU tensors with CUDA's semantics emulated (memplan.estimator.cuda),
+the default on every machine, or, asked for with MEMPLAN_TRACE_ON_CPU=0 on a machine with a GPU, on fake CUDA
+tensors (native; memplan.estimator.target says why the emulated trace is the default). Two cases leave the native
+trace for the emulated one, each with a note:
 
 - strategy='fsdp': memplan.estimator.fsdp shards the fake model over a fake CPU device mesh, and fully_shard
   refuses fake CUDA parameters on it ("Expects the parameter to already be moved to device cpu but got

@@ -86,7 +86,8 @@ def test_nothing_starts_once_the_budget_is_spent(tmp_path):
 
 def test_a_dry_case_runs_its_three_children_in_one_process_and_keeps_each_failure(monkeypatch):
     """The dry run measures and estimates a case in the campaign's process: the emulated estimate sees
-    MEMPLAN_TRACE_ON_CPU=1 (as its child's environment would give it) and nothing else does, and a failure is
+    MEMPLAN_TRACE_ON_CPU=1 and the native one 0 (as their children's environments would give them), the truth
+    neither, and a failure is
     that child's {"error"} while the others still run, as a failed child's would be."""
     from benchmarks import accuracy_gpu
 
@@ -108,7 +109,7 @@ def test_a_dry_case_runs_its_three_children_in_one_process_and_keeps_each_failur
     got = accuracy_gpu.dry_case("mlp-b64")
     assert got == {"truth": {"max_allocated": 1}, "native": {"peak_allocated": 2},
                    "emulated": {"error": "RuntimeError: emulation broke"}}
-    assert seen == [("measure", "mlp-b64", True, None), ("estimate", "mlp-b64", True, None),
+    assert seen == [("measure", "mlp-b64", True, None), ("estimate", "mlp-b64", True, "0"),
                     ("estimate", "mlp-b64", True, "1")]
     assert "MEMPLAN_TRACE_ON_CPU" not in os.environ  # put back as it was
 

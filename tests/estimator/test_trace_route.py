@@ -68,7 +68,7 @@ def test_other_failures_and_emulated_traces_stand(cuda_only_op):
 
 
 def _on_a_gpu_machine(monkeypatch) -> None:
-    """memplan.estimate chooses the native trace, as where torch has CUDA and a GPU (MEMPLAN_TRACE_ON_CPU unset)."""
+    """memplan.estimate chooses the native trace, as where torch has CUDA and a GPU and MEMPLAN_TRACE_ON_CPU=0."""
     monkeypatch.setattr(target_module, "_trace_device", lambda: "cuda")
 
 
@@ -131,3 +131,26 @@ def test_an_fsdp_estimate_on_a_machine_with_a_gpu_is_the_emulated_one_with_a_not
     assert on_gpu_machine.peak_reserved == emulated.peak_reserved
     assert [getattr(n, "code", "") for n in on_gpu_machine.notes].count(FSDP_EMULATED) == 1
     assert [n for n in on_gpu_machine.notes if getattr(n, "code", "") != FSDP_EMULATED] == list(emulated.notes)
+
+
+@pytest.mark.parametrize(("setting", "has_gpu", "traced_on"), [
+    (None, True, "cpu"),  # a GPU machine traces emulated by default: the trace the H200's readings matched
+    ("1", True, "cpu"),
+    ("0", True, "cuda"),  # the native trace, asked for
+    ("0", False, "cpu"),  # no GPU here: emulated whatever the setting
+    (None, False, "cpu"),
+])
+def test_cuda_targets_are_traced_emulated_unless_the_native_trace_is_asked_for(monkeypatch, setting, has_gpu,
+                                                                                traced_on):
+    if setting is None:
+        monkeypatch.delenv(target_module.TRACE_ON_CPU_ENV, raising=False)
+    else:
+        monkeypatch.setenv(target_module.TRACE_ON_CPU_ENV, setting)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: has_gpu)
+    assert target_module.resolve_target("H100-80GB").trace_device == traced_on
+
+
+def test_a_trace_setting_other_than_0_or_1_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv(target_module.TRACE_ON_CPU_ENV, "yes")
+    with pytest.raises(ValueError, match=r"MEMPLAN_TRACE_ON_CPU='yes': set it to 1 .* or 0"):
+        target_module.resolve_target("H100-80GB")
