@@ -30,6 +30,20 @@ def test_index_put_with_accumulate_holds_four_index_buffers_and_cubs_block(self_
     assert cuda_op_scratch_bytes(aten.index_put.default, args[:3] + (False,), {}) == 0  # no sort without accumulate
 
 
+def test_index_put_over_more_than_one_tile_holds_cubs_storage_for_the_sorts_bits():
+    """From the source (Indexing.cu): radix_sort_pairs<int64, int64> over get_num_bits(largestIndex(self) /
+    sliceSize) bits; past one tile cub keeps alternate key and value buffers (cuda/cub_sort.py). Top-2 routing of
+    32K tokens into 1000 rows of 64: 65,536 indices over 10 bits, two 8-bit passes."""
+    h100 = CudaGpu(compute_capability=(9, 0), sm_count=132)
+    index = meta(65536, dtype=torch.int64)
+    sort = cuda_op_scratch(aten.index_put_.default, (meta(1000, 64), [index], meta(65536, 64), True), {}, h100)[-1]
+    cub = radix_sort_temp_bytes(65536, 8, 8, bits=10, compute_capability=(9, 0), sm_count=132)
+    assert sort[-1] == cub > 2 * 65536 * 8  # the alternate keys and values beside bins and lookback
+    single = cuda_op_scratch(aten.index_put_.default, (meta(1000, 64), [meta(2048, dtype=torch.int64)],
+                                                        meta(2048, 64), True), {}, h100)[-1]
+    assert single[-1] == 1  # one tile: one block, as the H100 read for mixtral-moe-b4
+
+
 def test_index_put_copies_a_non_contiguous_value_and_widens_an_int32_index():
     index = meta(2048, dtype=torch.int32)
     values = meta(256, 2048).t()

@@ -20,8 +20,9 @@ gpu_campaign_raw_h100/ops/, peak inside the op - max(before, after); benchmarks/
   and `range` (arange(N)), N int64 each, and cub's radix sort storage (`radix_sort_pairs`); a non-contiguous
   self or value is copied first, an int32 index widened to int64. H100, mixtral-moe-b4 (N = 2048, twelve ops,
   three shapes of self): 4 x 16,384 + 512 = 66,048 B. cub's storage is one 512-byte block for that single-tile
-  sort; a sort over more than one tile also keeps cub's alternate key and value buffers there (not read on a
-  GPU: not modelled). Without accumulate, `index_put_` builds an AdvancedIndex as `index` does (a mask's
+  sort; over more than one tile (2,304 pairs on sm80+) it is sized as cuda/cub_sort.py sizes it (alternate key
+  and value buffers, bins, lookback) for the sort's bits, get_num_bits(largestIndex(self) / sliceSize): from the
+  source, not read on a GPU. Without accumulate, `index_put_` builds an AdvancedIndex as `index` does (a mask's
   nonzero, the copies of index tensors whose strides differ); a scalar value into one mask is `masked_fill_`.
 - `sort` (aten/src/ATen/native/cuda/Sort.cpp `sort_cuda_kernel`): a dim of at most 4096 (Sort.h
   `should_use_small_sort`) sorts in place in the outputs after `fillSliceWithIndex` fills the indices from an
@@ -62,9 +63,9 @@ def index_scratch(self, indices):
     return (*_nonzero_phases(masks), (*masks, *_stride_copies(self, indices, masks)))
 
 
-def index_put_scratch(self, indices, values, accumulate=False, unsafe=False):
-    """`index_put` / `index_put_` / `_index_put_impl_`: with accumulate, `index_put_with_sort_kernel`'s phases; without, the masks'
-    nonzero buffers (none where a scalar goes into one mask: masked_fill_)."""
+def index_put_scratch(self, indices, values, accumulate=False, unsafe=False, *, gpu):
+    """`index_put` / `index_put_` / `_index_put_impl_` on `gpu`: with accumulate, `index_put_with_sort_kernel`'s
+    phases; without, the masks' nonzero buffers (none where a scalar goes into one mask: masked_fill_)."""
     sort = accumulate or (torch.are_deterministic_algorithms_enabled() and values.numel() > 1)
     if not sort:
         if _is_masked_fill(indices, values):
@@ -85,7 +86,11 @@ def index_put_scratch(self, indices, values, accumulate=False, unsafe=False):
     value_copy = 0 if values.is_contiguous() and values.numel() >= count * _slice(self, indices) else \
         count * _slice(self, indices) * values.element_size()
     permuted = 0 if _adjacent(indices) else _nbytes(self)  # transposeToFront: src_ = src.contiguous()
-    sort = (self_copy, n, value_copy, permuted, n, n, n, _CUB_BLOCK)  # linear, sorted, orig, range, cub
+    # radix_sort_pairs<int64_t, int64_t> over get_num_bits(largestIndex(self_) / sliceSize) bits (Indexing.cu)
+    bits = max(1, ((self.numel() - 1) // max(1, _elements_after(self, indices))).bit_length())
+    cub = radix_sort_temp_bytes(count, _I64, _I64, bits=bits, compute_capability=gpu.compute_capability,
+                                sm_count=gpu.sm_count)
+    sort = (self_copy, n, value_copy, permuted, n, n, n, cub)  # linear, sorted, orig, range, cub's storage
     return (*nonzero, linear, sort)
 
 
@@ -209,6 +214,19 @@ def _slice(self, indices) -> int:
     total = 1
     for size in (*self.shape[:before], *self.shape[before + covered:]):
         total *= size
+    return total
+
+
+def _elements_after(self, indices) -> int:
+    """computeLinearIndex's sliceSize (nElemAfter): the elements of the dims after the indexed ones, all the dims not
+    indexed where the indices are not adjacent (transposeToFront moves the indexed dims first)."""
+    indexed = {position + k for index, position in _positions(indices)
+               for k in range(index.dim() if _is_mask(index) else 1)}
+    last = max(indexed, default=-1)
+    total = 1
+    for d, size in enumerate(self.shape):
+        if d not in indexed and (d > last or not _adjacent(indices)):
+            total *= size
     return total
 
 

@@ -53,8 +53,10 @@ kernel probe measures what CPU kernels do.
 - Advanced indexing and sort (index, index_put with accumulate, a mask's nonzero, sort's index buffers):
   cuda/index_scratch.py.
 
-Not modelled (measured, small or data dependent): embedding's backward sort over more than 3072 indices; cub's
-storage for index_put's sort over more than one tile (cuda/cub_sort.py sizes it; `sort` uses it).
+- `embedding_dense_backward` over more than 3072 indices: the sort's and the two-pass kernel's buffers
+  (cuda/embedding_scratch.py; from the source, not read on a GPU).
+
+Not modelled (measured, small or data dependent): cub's storage for a cumsum over a long single run.
 """
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ from dataclasses import dataclass
 import torch
 
 from memplan.compat.torch import disable_current_modes
+from memplan.estimator.cuda.embedding_scratch import embedding_backward_scratch
 from memplan.estimator.cuda.index_scratch import RULES as INDEX_RULES
 
 aten = torch.ops.aten
@@ -198,10 +201,13 @@ _RULES = {
     aten._safe_softmax.default: _safe_softmax,
     aten._scaled_dot_product_efficient_attention_backward.default: _efficient_attention_backward,
     aten.embedding.default: _embedding,
+    aten.embedding_dense_backward.default: embedding_backward_scratch,
     aten.cumsum.default: _cumulative,
     aten.cumprod.default: _cumulative,
     aten._scaled_dot_product_flash_attention_backward.default: _flash_attention_backward,
     **INDEX_RULES,
 }
-_BY_GPU = frozenset({aten._scaled_dot_product_flash_attention_backward.default, aten.sort.default, aten.sort.stable})
+_BY_GPU = frozenset({aten._scaled_dot_product_flash_attention_backward.default, aten.sort.default, aten.sort.stable,
+                     aten.embedding_dense_backward.default, aten.index_put.default, aten.index_put_.default,
+                     aten._index_put_impl_.default})
 """Rules that take the GPU (keyword `gpu`)."""

@@ -93,12 +93,11 @@ _CUDA_CONTIGUOUS_COPIES = {
     # softmax's backward makes its product contiguous instead (cuda/op_scratch.py)
     _aten.native_layer_norm.default: (0,),  # cuda/layer_norm_kernel.cu layer_norm_cuda: input.expect_contiguous()
     _aten.native_layer_norm_backward.default: (0, 1),  # dY.contiguous(), input.expect_contiguous()
-    _aten.embedding_dense_backward.default: (0, 1),  # cuda/Embedding.cu: grad_.contiguous(), indices_.contiguous()
-}
+}  # embedding's backward: its copies are held through its sort (cuda/embedding_scratch.py)
 
 
 def cuda_contiguous_copies(func, args) -> tuple[int, ...]:
-    """CUDA softmax, log_softmax, log_softmax's backward, layer_norm and embedding's backward copy a non-contiguous input into a
+    """CUDA softmax, log_softmax, log_softmax's backward and layer_norm copy a non-contiguous input into a
     contiguous temporary before launching (source lines above; torch 2.x). A transposed activation
     fed to them holds that copy while the kernel runs. CUDA targets only: on a CPU target the kernel
     probe measures what CPU kernels do. Sourced from ATen; on an H100 (benchmarks/results/op_transients.md)
@@ -106,8 +105,8 @@ def cuda_contiguous_copies(func, args) -> tuple[int, ...]:
     backward its gradient's and indices' copies (lstm-b32: [32, 64, 128] fp32 + [32, 64] int64 = 1,064,960 B).
     Returns the bytes of each copy: each `.contiguous()` is a request of its own to the caching allocator (a
     1 MiB copy and a 16 KiB one take two small-pool blocks, where their sum, over 1 MiB, would take a large
-    block and can take a cached 2 MiB one whole). Embedding's backward over more than 3072 indices also sorts
-    them (int64 buffers): not modelled."""
+    block and can take a cached 2 MiB one whole). Embedding's backward makes the same copies inside its own rule
+    (cuda/embedding_scratch.py), which holds them through the sort it runs over more than 3072 indices."""
     positions = _CUDA_CONTIGUOUS_COPIES.get(func)
     if positions is None:
         return ()
