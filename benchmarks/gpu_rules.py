@@ -1,5 +1,6 @@
-"""CUDA op rules written from source, read on a real GPU: cub's radix-sort storage (sort over 4096 along its dim)
-and flash attention's backward under deterministic algorithms (issue #22 section 3).
+"""CUDA op rules written from source, read on a real GPU: cub's radix-sort storage (sort over 4096 along its dim),
+flash attention's backward under deterministic algorithms, embedding's backward over 3072 indices and index_put's
+sort over more than one cub tile (the last two added after the H200 run: the next GPU run reads them).
 
     python -m benchmarks.gpu_rules --out DIR [--cpu]      on the GPU: DIR/gpu_rules.json
     python -m benchmarks.gpu_rules --report RAW.json     here: benchmarks/results/gpu_rules.{json,md}
@@ -43,8 +44,17 @@ FLASH = (  # (batch, heads, seq, head dim)
     (2, 12, 512, 72),
     (16, 16, 256, 64),
 )
+EMBEDDINGS = (  # (tokens, rows, dim, dtype): the backward's sort and two-pass buffers past 3072 indices (no reading yet)
+    (8192, 50257, 768, "float32"),
+    (16384, 32000, 1024, "bfloat16"),
+    (4096, 400, 256, "float32"),  # few rows: newer torch may take its fused atomic path here (not modelled)
+)
+INDEX_PUTS = (  # (self shape, index count): index_put_ with accumulate over more than one cub tile (no reading yet)
+    ((1000, 64), 65536),
+    ((50000,), 200000),
+)
 CPU_SORTS = (((8, 5000), "float32", -1, False, False, "dry run"),)
-RULED = ("aten.sort.", "_flash_attention_backward")
+RULED = ("aten.sort.", "_flash_attention_backward", "embedding_dense_backward", "index_put")
 
 
 def _meta(value):
@@ -192,6 +202,35 @@ def _flash_case(spec, deterministic: bool, gpu) -> list[dict]:
                  path=f"{splits} split(s)") for row in mode.rows]
 
 
+def _embedding_case(spec, gpu) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    tokens, rows, dim, dtype = spec
+    weight = torch.randn(rows, dim, device="cuda", dtype=getattr(torch, dtype), requires_grad=True)
+    out = F.embedding(torch.randint(0, rows, (tokens,), device="cuda"), weight)
+    grad = torch.randn_like(out)
+    mode = _reading_mode(True, gpu)
+    with mode:
+        out.backward(grad)
+    return [dict(row, case=f"embedding backward {tokens} tokens {rows}x{dim} {dtype}", path="sort, two-pass")
+            for row in mode.rows]
+
+
+def _index_put_case(spec, gpu) -> list[dict]:
+    import torch
+
+    shape, count = spec
+    target = torch.zeros(shape, device="cuda")
+    index = torch.randint(0, shape[0], (count,), device="cuda")
+    values = torch.randn(count, *shape[1:], device="cuda")
+    mode = _reading_mode(True, gpu)
+    with mode:
+        target.index_put_((index,), values, accumulate=True)
+    return [dict(row, case=f"index_put_ accumulate {list(shape)} {count} indices", path="sort over tiles")
+            for row in mode.rows]
+
+
 def run(cpu: bool) -> dict:
     import torch
 
@@ -223,6 +262,14 @@ def run(cpu: bool) -> dict:
                 errors.append({"case": f"flash {spec} deterministic={deterministic}",
                                "error": "".join(traceback.format_exception_only(err))[-400:]})
             torch.cuda.empty_cache()
+    for case, specs in (() if cpu else ((_embedding_case, EMBEDDINGS), (_index_put_case, INDEX_PUTS))):
+        for spec in specs:
+            try:
+                rows.extend(case(spec, gpu))
+            except Exception as err:  # noqa: BLE001
+                errors.append({"case": f"{case.__name__} {spec}",
+                               "error": "".join(traceback.format_exception_only(err))[-400:]})
+            torch.cuda.empty_cache()
     return {"device": device_info, "python": platform.python_version(), "rows": rows, "errors": errors}
 
 
@@ -236,7 +283,7 @@ def report(raw: Path) -> dict:
     rows = []
     for row in data["rows"]:
         args, kwargs = decode(row["args"]), decode(row["kwargs"])
-        deterministic = "deterministic=True" in row["case"]
+        deterministic = "deterministic=True" in row["case"]  # (each case ran with the flag as its name says)
         previous = torch_deterministic(deterministic)
         try:
             phases = cuda_op_scratch(_op(row["op"]), args, kwargs, gpu)
