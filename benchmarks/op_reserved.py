@@ -26,7 +26,14 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.op_transients import DEVICE, RAW, MiB, _recording, estimate_emulated
+from benchmarks.op_transients import (
+    _SAME_OP,
+    DEVICE,
+    RAW,
+    MiB,
+    _recording,
+    estimate_emulated,
+)
 
 CONV, CONV_BACKWARD = "aten.convolution.default", "aten.convolution_backward.default"
 
@@ -83,9 +90,16 @@ def trace_rows(name: str, device: str = DEVICE) -> list[list]:
     return state["rows"]
 
 
+SAME_OP = {**_SAME_OP, "aten.cudnn_batch_norm.default": "aten.native_batch_norm.default",
+           "aten.cudnn_batch_norm_backward.default": "aten.native_batch_norm_backward.default"}
+"""GPU ops lined up with the op memplan's trace runs in their place: cuDNN attention (op_transients._SAME_OP) and
+cuDNN batch norm, which a trace on CPU runs as native_batch_norm."""
+
+
 def line_up(gpu_rows: list[list], mp_rows: list[list]) -> list[tuple[list | None, list | None]]:
     """Pairs (GPU row, memplan row), either None where the other side has an op with no counterpart."""
-    matcher = difflib.SequenceMatcher(None, [r[1] for r in gpu_rows], [r[1] for r in mp_rows], autojunk=False)
+    matcher = difflib.SequenceMatcher(None, [SAME_OP.get(r[1], r[1]) for r in gpu_rows], [r[1] for r in mp_rows],
+                                      autojunk=False)
     pairs: list[tuple[list | None, list | None]] = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":

@@ -32,12 +32,23 @@ def test_each_ops_reserved_growth_is_shown_on_both_sides_at_the_op_that_took_it(
 
 
 def test_an_op_one_side_lacks_carries_that_sides_reserved_over():
-    gpu = [gpu_row(MM, 20), gpu_row("aten.cudnn_batch_norm.default", 40), gpu_row(SUM, 40)]
-    mine = [mp_row(MM, 20), mp_row("aten.native_batch_norm.default", 22), mp_row(SUM, 42)]
+    gpu = [gpu_row(MM, 20), gpu_row("aten.cudnn_convolution.default", 40), gpu_row(SUM, 40)]
+    mine = [mp_row(MM, 20), mp_row("aten.native_layer_norm.default", 22), mp_row(SUM, 42)]
     entries = growth(line_up(gpu, mine), 0, 0)
     grew = {e["op"]: (e["gpu_grew"], e["memplan_grew"]) for e in entries}
-    assert grew["aten.cudnn_batch_norm.default"] == (20, 0) and grew["aten.native_batch_norm.default"] == (0, 2)
+    assert grew["aten.cudnn_convolution.default"] == (20, 0) and grew["aten.native_layer_norm.default"] == (0, 2)
     assert grew[SUM] == (0, 20)
+
+
+def test_cudnn_batch_norm_on_the_gpu_lines_up_with_the_traces_native_batch_norm():
+    """A trace on CPU runs native_batch_norm where the GPU ran cuDNN's: one row, both growths side by side."""
+    gpu = [gpu_row(MM, 20), gpu_row("aten.cudnn_batch_norm.default", 40),
+           gpu_row("aten.cudnn_batch_norm_backward.default", 60)]
+    mine = [mp_row(MM, 20), mp_row("aten.native_batch_norm.default", 38),
+            mp_row("aten.native_batch_norm_backward.default", 58)]
+    pairs = line_up(gpu, mine)
+    assert all(g is not None and m is not None for g, m in pairs)
+    assert [(e["gpu_grew"], e["memplan_grew"]) for e in growth(pairs, 0, 0)] == [(20, 20), (20, 18), (20, 20)]
 
 
 def conv_row(step: int, op: str, before: int, peak: int, after: int, shapes: list) -> list:
