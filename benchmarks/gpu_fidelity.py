@@ -12,7 +12,9 @@ skipped (an emulated failure there is re-estimated here).
 
 DIR defaults to benchmarks/results/gpu_campaign_raw/ (the first campaign: an H200, torch 2.11.0+cu130), written to
 benchmarks/results/gpu_fidelity.{json,md}; with --card NAME to gpu_fidelity_NAME.{json,md} (e.g. --raw
-benchmarks/results/gpu_campaign_raw_h100 --card h100). With --only: prints, writes nothing.
+benchmarks/results/gpu_campaign_raw_h100 --card h100). With --only: prints, writes nothing. The estimates run under the
+allocator setting the campaign recorded (PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF, unset where it had none):
+--raw benchmarks/results/gpu_campaign_raw_expandable --card expandable re-estimates the expandable-segments run.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import json
 import os
 import statistics
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.processes import environment_variable
@@ -48,14 +52,19 @@ def campaign(raw: Path = RAW) -> tuple[dict, str]:
 
 
 def recorded(raw: Path = RAW) -> dict[str, dict]:
-    """Case name -> {"truth", "emulated" (None where it failed on the GPU), "part"}, for every case with a truth."""
+    """Case name -> {"truth", "emulated" (None where it failed on the GPU), "part", "run" (part 1's call that
+    measured it, {"file", "memplan_commit"})}, for every case with a truth."""
+    from benchmarks.gpu_accuracy_results import row_runs
     from benchmarks.gpu_report import section
 
     parts, _ = campaign(raw)
+    runs = row_runs(parts)
     out = {}
     for name in ("accuracy_zoo", "accuracy_extra"):
         for row in (section(parts, name) or {}).get("rows", []):
-            out[row["case"]] = {"part": 1, "truth": row["truth"], "emulated": row["emulated"]}
+            run = runs.get(row["case"], {})
+            out[row["case"]] = {"part": 1, "truth": row["truth"], "emulated": row["emulated"],
+                                "run": {"file": run.get("file"), "memplan_commit": run.get("memplan_commit")}}
     for name, row in ((section(parts, "memory_gaps") or {}).get("rows") or {}).items():
         if name.startswith(("vit-", "autocast-")):
             out[name] = {"part": 3, "truth": row["truth"], "emulated": row.get("emulated", {})}
@@ -114,9 +123,13 @@ def _pct(e: float | None) -> str:
 def render(report: dict) -> str:
     c = report.get("campaign") or {"gpu": "H200", "gpu_name": "NVIDIA H200", "torch": "2.11.0+cu130",
                                    "raw": "benchmarks/results/gpu_campaign_raw/", "command": ""}
-    lines = [f"# memplan's emulated {c['gpu']} estimates against the GPU campaign's truths on that card", "",
+    setting = c.get("allocator")
+    lines = [f"# memplan's emulated {c['gpu']} estimates against the GPU campaign's truths on that card"
+             + (f", under {setting}" if setting else ""), "",
              f"`.venv/bin/python -m benchmarks.gpu_fidelity{c['command']}` (benchmarks/gpu_fidelity.py). Truth: "
-             f"one {c['gpu_name']}, torch {c['torch']} ({c['raw']}). 'recorded': the emulated estimate the campaign "
+             f"one {c['gpu_name']}, torch {c['torch']} ({c['raw']}"
+             + (f"; the truths and both estimates under {setting}" if setting else "")
+             + "). 'recorded': the emulated estimate the campaign "
              "recorded (this repository at the campaign's commit); 'now': this tree's, re-estimated on this CPU "
              f"(torch {report['machine']['torch']}) for the catalog's `{c['gpu']}`. Errors are (estimate - truth) / "
              "truth; lstm-b32 is listed but left out of the summary (cuDNN RNN: its reserved truth differs between "
@@ -124,6 +137,14 @@ def render(report: dict) -> str:
              + (" Re-estimated with transformers {transformers} (the campaign's models are built from its config "
                 "classes: match the campaign's version, e.g. `pip install --target DIR transformers==X` first on "
                 "PYTHONPATH).".format(**report["estimated_with"]) if report.get("estimated_with") else ""), ""]
+    calls: dict[tuple, int] = {}
+    for r in report["rows"]:
+        if r.get("run", {}).get("file"):
+            key = (r["run"]["file"], str(r["run"]["memplan_commit"])[:7])
+            calls[key] = calls.get(key, 0) + 1
+    if len(calls) > 1:
+        lines += ["'recorded' comes from the campaign call that measured each case, on that call's commit: "
+                  + "; ".join(f"{f} (memplan {c}): {n} cases" for (f, c), n in calls.items()) + ".", ""]
     failed = any(r["recorded"] is None for r in report["rows"])
     for key, title in (("recorded", "recorded"), ("now_on_recorded", "now, the same cases"),
                        ("now", "now, every case" + (" (some failed to estimate on the GPU)" if failed else ""))):
@@ -147,7 +168,7 @@ def render(report: dict) -> str:
 
 def run(names: list[str] | None = None, raw: Path = RAW) -> dict:
     """The report (rows and summaries) for these cases (all with a truth when None); prints a line per case."""
-    from benchmarks.gpu_report import environment
+    from benchmarks.gpu_report import alloc_conf, environment
 
     cases = recorded(raw)
     parts, device = campaign(raw)
@@ -155,10 +176,13 @@ def run(names: list[str] | None = None, raw: Path = RAW) -> dict:
     rows = []
     for name in names or list(cases):
         case = cases[name]
-        # no calibration file (the null device is no regular file): the sourced constants, as on the GPU run
-        with environment_variable("MEMPLAN_TRACE_ON_CPU", "1"), environment_variable("MEMPLAN_CALIBRATION", os.devnull):
+        # no calibration file (the null device is no regular file): the sourced constants, as on the GPU run; the
+        # allocator's settings the campaign ran under (expandable segments ...), which memplan reads as torch does
+        with (environment_variable("MEMPLAN_TRACE_ON_CPU", "1"),
+              environment_variable("MEMPLAN_CALIBRATION", os.devnull), allocator_settings(env)):
             now = estimate_now(name, case["part"], device)
-        row = {"case": name, "part": case["part"], "truth": case["truth"], "recorded": case["emulated"], "now": now}
+        row = {"case": name, "part": case["part"], "truth": case["truth"], "recorded": case["emulated"], "now": now,
+               **({"run": case["run"]} if "run" in case else {})}
         for label, field, truth_field in QUANTITIES:
             for key in ("recorded", "now"):
                 row[f"{key}_err_{label}"] = _err(row[key], field, case["truth"], truth_field)
@@ -170,8 +194,26 @@ def run(names: list[str] | None = None, raw: Path = RAW) -> dict:
     shown = where.relative_to(RESULTS.parent.parent) if where.is_relative_to(RESULTS.parent.parent) else where
     return {"machine": machine(), "campaign": {"raw": f"{shown}/", "gpu": device, "gpu_name": env["gpu"]["name"],
                                                "torch": env.get("torch"), "driver": env.get("driver"),
+                                               "allocator": alloc_conf(env),
                                                "command": "" if where == RAW.resolve() else f" --raw {shown}"},
             "estimated_with": _packages(), "rows": rows, "summary": summaries(rows)}
+
+
+@contextmanager
+def allocator_settings(env: dict) -> Iterator[None]:
+    """PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF as the campaign's environment recorded them (unset where it
+    recorded none), inside the block; this process's own values restored after."""
+    names = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+    recorded_env = env.get("env") or {}
+    previous = {n: os.environ.pop(n, None) for n in names}
+    try:
+        os.environ.update({n: recorded_env[n] for n in names if recorded_env.get(n) is not None})
+        yield
+    finally:
+        for n in names:
+            os.environ.pop(n, None)
+            if previous[n] is not None:
+                os.environ[n] = previous[n]
 
 
 def _packages() -> dict:

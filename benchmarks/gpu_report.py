@@ -31,19 +31,55 @@ def part_files(folder: Path, n: int) -> list[Path]:
 
 
 def load_parts(folder: Path) -> dict[int, dict]:
+    """Each part's files merged (merge_part), with `calls` (each file's start and environment) and `sources`
+    (section -> the files its figures come from, and each row's file: sources_of)."""
     parts = {}
     for n in PARTS:
+        calls = []
         for path in part_files(folder, n):
             try:
                 data = json.loads(path.read_text())
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path} is not valid JSON ({err}); was the run cut off while writing it?") from err
+            calls.append((path.name, data))
             parts[n] = (merge_part(parts[n], data, path.name) if n in parts
                         else dict(data, files=[path.name], folder=str(folder)))
+        if calls:
+            parts[n]["calls"] = {name: {"started": d.get("started"),
+                                        "environment": d.get("sections", {}).get("environment") or {}}
+                                 for name, d in calls}
+            parts[n]["sources"] = sources_of(calls, parts[n])
     if not parts:
         raise ValueError(f"{folder} holds none of part1.json .. part{PARTS[-1]}.json; pass the folder the campaign "
                          "wrote (the run tool's files_at)")
     return parts
+
+
+def _rows(entry: dict) -> list:
+    rows = entry.get("rows") if isinstance(entry, dict) else None
+    return list(rows.values()) if isinstance(rows, dict) else rows if isinstance(rows, list) else []
+
+
+def sources_of(calls: list[tuple[str, dict]], merged: dict) -> dict[str, dict]:
+    """For each section of a merged part: {"files": the calls whose figures it holds, in call order, "rows": case ->
+    the call that measured it}. merge_section keeps the calls' own entry and row objects, so each is found by
+    identity; a section merged from calls' rows comes from the calls of its rows."""
+    owner = {}
+    for name, data in calls:
+        for entry in data.get("sections", {}).values():
+            owner[id(entry)] = name
+            owner.update((id(r), name) for r in _rows(entry))
+    order = [name for name, _ in calls]
+    out = {}
+    for key, entry in merged.get("sections", {}).items():
+        rows = entry.get("rows")
+        by_case = ({case: owner[id(r)] for case, r in rows.items() if id(r) in owner} if isinstance(rows, dict)
+                   else {r["case"]: owner[id(r)] for r in _rows(entry) if "case" in r and id(r) in owner})
+        files = {owner[id(entry)]} if id(entry) in owner else set(by_case.values())
+        if not files:  # merged from calls that measured no rows: the last call that ran it
+            files = {next(n for n, d in reversed(calls) if key in d.get("sections", {}))}
+        out[key] = {"files": [n for n in order if n in files], "rows": by_case}
+    return out
 
 
 def merge_part(base: dict, follow: dict, name: str) -> dict:
@@ -56,7 +92,9 @@ def merge_part(base: dict, follow: dict, name: str) -> dict:
 
 
 def _not_run(entry: dict) -> bool:
-    return str(entry.get("status")).startswith("skipped") and not measured_anything(entry)
+    """Skipped, or run on no case (a call whose `--cases` named none of the section's): it measured nothing."""
+    no_case = entry.get("cases") == [] and not entry.get("rows")
+    return no_case or (str(entry.get("status")).startswith("skipped") and not measured_anything(entry))
 
 
 def merge_section(base: dict, follow: dict) -> dict:
@@ -112,17 +150,59 @@ def sections_starting(parts: dict[int, dict], prefix: str) -> dict[str, dict]:
             if name.startswith(prefix) and asked(e)}
 
 
-def environment(parts: dict[int, dict], part: int | None = None) -> dict:
+def environment(parts: dict[int, dict], part: int | None = None, sections: tuple[str, ...] = ()) -> dict:
     """The environment section of `part` (the part a file renders, which may have run in another call),
-    else the first part's that has one."""
+    else the first part's that has one. With `sections`: the environment of the calls those sections' figures
+    come from (the last of them; `runs` lists each where they are several), not of every call of the part."""
     order = ([part] if part in parts else []) + [n for n in parts if n != part]
     for n in order:
         data = parts[n]
         env = data.get("sections", {}).get("environment")
         if env and env.get("status") == "done":
-            return dict(env, date=data.get("started"), dry_run=data.get("dry_run", False), part=n,
-                        files=data.get("files", [f"part{n}.json"]))
+            files = _files_of(data, sections)
+            if files is None:
+                return dict(env, date=data.get("started"), dry_run=data.get("dry_run", False), part=n,
+                            files=data.get("files", [f"part{n}.json"]))
+            calls = data["calls"]
+            last = calls[files[-1]]
+            out = dict(last["environment"], date=last["started"], dry_run=data.get("dry_run", False), part=n,
+                       files=files)
+            if len(files) > 1:
+                counts = {f: 0 for f in files}
+                for key in sections:
+                    for f in data["sources"].get(key, {}).get("rows", {}).values():
+                        counts[f] = counts.get(f, 0) + 1
+                out["runs"] = [{"file": f, "date": calls[f]["started"], "rows": counts[f],
+                                "memplan_commit": calls[f]["environment"].get("memplan_commit"),
+                                "differs": _differs(calls[f]["environment"], out)} for f in files]
+            return out
     return {"date": None, "dry_run": any(d.get("dry_run") for d in parts.values())}
+
+
+def _files_of(data: dict, sections: tuple[str, ...]) -> list[str] | None:
+    """The calls the named sections' figures come from, in call order; None where not known (no sections)."""
+    sources = data.get("sources") or {}
+    found = [f for key in sections if key in sources and asked(data["sections"][key]) for f in sources[key]["files"]]
+    order = list(data.get("calls") or {})
+    return [f for f in order if f in found] or None
+
+
+def alloc_conf(env: dict) -> str | None:
+    """The allocator setting a call ran under ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"); None at
+    the defaults. torch reads PYTORCH_ALLOC_CONF first, as memplan does (AllocatorConfig.from_env)."""
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        if ((env.get("env") or {}).get(name)) is not None:
+            return f"{name}={env['env'][name]}"
+    return None
+
+
+def _differs(env: dict, shown: dict) -> list[str]:
+    """What a call's environment has that the header (the last call's) does not: GPU, driver, torch, allocator."""
+    def facts(e: dict) -> dict:
+        return {"GPU": (e.get("gpu") or {}).get("name"), "driver": e.get("driver"), "torch": e.get("torch"),
+                "transformers": (e.get("packages") or {}).get("transformers"), "allocator": alloc_conf(e) or "default"}
+    mine, theirs = facts(env), facts(shown)
+    return [f"{k} {v}" for k, v in mine.items() if v != theirs[k]]
 
 
 def header(title: str, env: dict, raw: str) -> list[str]:
@@ -130,7 +210,8 @@ def header(title: str, env: dict, raw: str) -> list[str]:
     gpu = env.get("gpu") or {}
     packages = env.get("packages") or {}
     cc = gpu.get("compute_capability")
-    lines = [f"# {title}", ""]
+    setting = alloc_conf(env)
+    lines = [f"# {title}" + (f", under {setting}" if setting else ""), ""]
     if env.get("dry_run"):
         lines += ["**DRY RUN on CPU: these are not GPU figures.**", ""]
     device = (f"{gpu.get('name')} ({format_bytes(gpu['total_bytes']) if gpu.get('total_bytes') else '?'}, "
@@ -138,10 +219,14 @@ def header(title: str, env: dict, raw: str) -> list[str]:
     files = env.get("files") or []
     part = (f" (campaign part {env['part']}" + (f": {' + '.join(files)}, {len(files)} calls" if len(files) > 1 else "")
             + ")") if env.get("part") else ""
+    when = (f"measured {env.get('date')}{part} on memplan {str(env.get('memplan_commit'))[:10]}" if not env.get("runs")
+            else f"measured in {len(env['runs'])} calls of campaign part {env.get('part')}: " + ", ".join(
+                f"{r['file']} ({r['date']}, memplan {str(r['memplan_commit'])[:10]}, {r['rows']} rows"
+                + "".join(f", {d}" for d in r["differs"]) + ")" for r in env["runs"]))
     lines += [f"Device: {device}; driver {env.get('driver')} (CUDA {env.get('cuda_driver')}); torch {env.get('torch')} "
               f"(CUDA {env.get('torch_cuda')}, cuDNN {env.get('cudnn')}); Lightning {packages.get('pytorch-lightning')}, "
-              f"transformers {packages.get('transformers')}; Python {env.get('python')}; measured {env.get('date')}"
-              f"{part} on memplan {str(env.get('memplan_commit'))[:10]}. Raw figures: `{raw}`.", ""]
+              f"transformers {packages.get('transformers')}; Python {env.get('python')}; {when}. Raw figures: `{raw}`.",
+              ""]
     return lines
 
 

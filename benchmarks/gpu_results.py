@@ -5,7 +5,8 @@ into committed result files.
 
 writes, for whatever the parts measured (a section that failed, ran out of time or never started says so, and
 each figure it lacks reads "not measured"):
-  accuracy_gpu.{md,json}        estimates vs torch's and NVML's peaks, native and CPU-emulated, per case (part 1)
+  accuracy_gpu.{md,json}        estimates vs torch's and NVML's peaks, native and CPU-emulated, per case (part 1;
+                                each case from the newest call that measured it, named with its memplan commit)
   cuda_overheads_gpu.{md,json}  CUDA context, cuBLAS workspaces, kernels, allocator segments; the JSON's
                                 `replaces` maps each constant of memplan/estimator/cuda/overheads.py to the measured figure
   calibration_gpu.json          the same as a memplan calibration file (MEMPLAN_CALIBRATION=... on that machine)
@@ -16,7 +17,10 @@ each figure it lacks reads "not measured"):
   step_time_gpu.{md,json}       measured step times vs memplan's predicted step time, predicted here on CPU (part 4)
   kernel_profile_gpu.{md,json}  GPT-2 small's step under torch.profiler: wall vs GPU busy time, top kernels (part 4)
   op_readings_gpu.{md,json}     part 5 summarised: the convolution grid's transients, each zoo step's op readings
-With --card NAME every name ends _gpu_NAME instead (accuracy_gpu_h100.md): a second card's results beside the first's.
+With --card NAME every name ends _gpu_NAME instead (accuracy_gpu_h100.md): a second card's results beside the first's,
+or a run under another allocator setting (`benchmarks/results/gpu_campaign_raw_expandable --card expandable`; a
+heading names a PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF the run recorded). A file's header names the calls its
+own sections came from: a follow-up call that did not re-measure a section leaves that section's file as it was.
 Every Markdown file names the device, driver, torch and CUDA versions of the part it renders. A dry run's results
 are refused for benchmarks/results (they are CPU figures); render them elsewhere with --results.
 """
@@ -29,100 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.gpu_report import (NOT_MEASURED, Results, environment, header, load_parts, one_line, raw_name,
-                                   section, sections_starting, status_line, value, write)
+from benchmarks.gpu_accuracy_results import accuracy, context_of
+from benchmarks.gpu_report import (NOT_MEASURED, Results, environment, header, load_parts, one_line, raw_name, section,
+                                   sections_starting, status_line, value, write)
 from benchmarks.gpu_report import nbytes as _b
-from benchmarks.gpu_report import pct as _pct
 from benchmarks.gpu_report import seconds as _f
 
 RESULTS = Path(__file__).resolve().parent / "results"
-GOALS = {"median_abs": 0.03, "worst_abs": 0.06, "most_under": -0.02}
-"""Issue 14's accuracy goals: median |error| <= 3 %, worst <= 6 %, never under by more than 2 %."""
-
-
-# --- accuracy --------------------------------------------------------------------------------------
-def accuracy(parts, env, out: Path) -> None:
-    from benchmarks.accuracy_gpu import summarize
-
-    named = {n: e for n in ("accuracy_zoo", "accuracy_extra") if (e := section(parts, n)) is not None}
-    if not named:
-        return
-    rows = [r for e in named.values() for r in e.get("rows", [])]
-    summary = summarize(rows)
-    lines = header("memplan's estimates vs a real GPU, on the zoo", env, raw_name(out, "accuracy_gpu"))
-    for name, e in named.items():
-        lines += status_line(e, name)
-    truths = [r for r in rows if "error" not in r["truth"]]
-    lines += [f"{len(rows)} cases, {len(truths)} with a measured truth; compared: native "
-              f"{sum('error' not in r['native'] for r in truths)}, emulated "
-              f"{sum('error' not in r['emulated'] for r in truths)} (the other estimates failed: listed at the end).", ""]
-    lines += ["Error = (estimate - measured) / measured, over the steady-state step (step 2). native: traced on fake "
-              "CUDA tensors; emulated: on fake CPU tensors with CUDA semantics (what a CPU-only machine does). "
-              "allocated: peak_allocated vs torch.cuda.max_memory_allocated; reserved: peak_reserved vs "
-              "max_memory_reserved; nvml: device_total vs NVML's per-process peak (memplan's sourced CUDA context; "
-              "no calibration). Goal: median |error| <= 3 %, worst <= 6 %, never under by more than 2 %.", "",
-              "| figure | median abs | worst abs | most under | n | goal |", "|---|---:|---:|---:|---:|---|"]
-    for key, s in summary.items():
-        met = (s["median_abs"] <= GOALS["median_abs"] and s["worst_abs"] <= GOALS["worst_abs"]
-               and s["most_under"] >= GOALS["most_under"])
-        lines.append(f"| {key} | {100 * s['median_abs']:.2f}% | {100 * s['worst_abs']:.2f}% | "
-                     f"{100 * s['most_under']:+.2f}% | {s['n']} | {'met' if met else 'NOT met'} |")
-    groups: dict[str, list[dict]] = {}
-    cases = _cases()
-    for r in rows:
-        c = cases.get(r["case"])
-        if c is not None:
-            groups.setdefault(f"{c.precision}{' + ckpt' if c.checkpointing else ''}", []).append(r)
-    lines += ["", "By precision and checkpointing (native allocated / reserved / nvml):", "",
-              "| setting | n | allocated median / worst | reserved median / worst | nvml median / worst |",
-              "|---|---:|---|---|---|"]
-    for g, rs in sorted(groups.items()):
-        s = summarize(rs)
-
-        def mw(key: str) -> str:
-            return NOT_MEASURED if key not in s else f"{100 * s[key]['median_abs']:.2f}% / {100 * s[key]['worst_abs']:.2f}%"
-
-        lines.append(f"| {g} | {len(rs)} | {mw('native_err_allocated')} | {mw('native_err_reserved')} | "
-                     f"{mw('native_err_nvml')} |")
-    contexts = [c for c in (context_of(r["truth"]) for r in rows) if c is not None]
-    if contexts:
-        lines += ["", f"Memory outside the allocator (NVML process peak - max_memory_reserved: the CUDA context and "
-                  f"kernels a training step loaded), over {len(contexts)} cases: min {_b(min(contexts))}, median "
-                  f"{_b(statistics.median(contexts))}, max {_b(max(contexts))}."]
-    lines += ["", "| case | measured allocated | native | emulated | measured reserved | native | emulated | NVML peak "
-              "| native | emulated | outside allocator |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        t = r["truth"]
-        if "error" in t:
-            why = f"{NOT_MEASURED} ({one_line(t['error'])[:120]})"
-            lines.append(f"| {r['case']} | {why} |" + f" {NOT_MEASURED} |" * 9)
-            continue
-
-        def err(kind: str, figure: str) -> str:
-            return "estimate failed" if "error" in r[kind] else _pct(r[f"{kind}_err_{figure}"])
-
-        lines.append(f"| {r['case']} | {_b(t.get('max_allocated'))} | {err('native', 'allocated')} | "
-                     f"{err('emulated', 'allocated')} | {_b(t.get('max_reserved'))} | {err('native', 'reserved')} | "
-                     f"{err('emulated', 'reserved')} | {_b(t.get('nvml_process_peak'))} | {err('native', 'nvml')} | "
-                     f"{err('emulated', 'nvml')} | {_b(context_of(t))} |")
-    failed = [(r["case"], k, r[k]["error"]) for r in rows for k in ("native", "emulated")
-              if "error" in r[k] and "error" not in r["truth"]]
-    if failed:
-        lines += ["", "Estimates that failed (the exception's line):", ""] + [
-            f"- {c} ({k}): {one_line(e)[:400]}" for c, k, e in failed]
-    write(out, "accuracy_gpu", {"environment": env, "summary": summary, "rows": rows}, lines)
-
-
-def _cases() -> dict:
-    from benchmarks.accuracy_gpu import all_cases
-
-    return all_cases()
-
-
-def context_of(truth: dict) -> int | None:
-    if truth.get("nvml_process_peak") is None or truth.get("max_reserved") is None:
-        return None
-    return truth["nvml_process_peak"] - truth["max_reserved"]
 
 
 # --- CUDA overheads -> constants -------------------------------------------------------------------
@@ -391,10 +308,12 @@ def convert(folder: Path, out: Path, card: str = "") -> list[str]:
     parts = load_parts(folder)
     target = Results(out, card)
     started = time.time()
-    for part, fn in ((1, overheads), (1, accuracy), (1, validate), (2, plan_vs_bisect), (2, callback),
-                     (3, gpu_extra_results.memory_gaps), (4, gpu_extra_results.step_times),
-                     (4, gpu_profile_results.kernel_profile), (5, gpu_profile_results.op_readings)):
-        fn(parts, environment(parts, part), target)
+    # part 1's files name the calls their own sections came from (a follow-up call may re-measure one section)
+    for part, fn, sections in ((1, overheads, ("cuda_overheads",)), (1, accuracy, ("accuracy_zoo", "accuracy_extra")),
+                               (1, validate, ("validate",)), (2, plan_vs_bisect, ()), (2, callback, ()),
+                               (3, gpu_extra_results.memory_gaps, ()), (4, gpu_extra_results.step_times, ()),
+                               (4, gpu_profile_results.kernel_profile, ()), (5, gpu_profile_results.op_readings, ())):
+        fn(parts, environment(parts, part, sections), target)
     pattern = f"*_gpu_{card}.*" if card else "*_gpu.*"
     return sorted(p.name for p in out.glob(pattern) if p.stat().st_mtime >= started - 1)
 

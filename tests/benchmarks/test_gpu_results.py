@@ -82,7 +82,7 @@ def test_the_second_cards_files_name_it_and_leave_the_first_cards_alone(tmp_path
     assert (out / "accuracy_gpu.md").read_text() == "the first card's\n"
     text = (out / "accuracy_gpu_h100.md").read_text()
     assert "Raw figures: `accuracy_gpu_h100.json`" in text
-    assert "(campaign part 1: part1.json + part1b.json, 2 calls)" in text
+    assert "measured in 2 calls of campaign part 1: part1.json (" in text and "part1b.json (" in text
     assert "3 cases, 3 with a measured truth" in text
     assert "cut off" not in text  # part1's cut-off cases were measured by part1b
     # mlp +1 %, gpt2 -3 %, bert +1 %: the rows of both calls summarised together
