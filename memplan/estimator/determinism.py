@@ -25,13 +25,13 @@ process that traces (`memplan suggest`, the FSDP planning subprocess) is not the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 
 from memplan.estimator.errors import EstimateError
 
-Deterministic = Union[bool, Literal["warn"]]
+Deterministic = bool | Literal["warn"]
 """False, True or "warn": Lightning's Trainer(deterministic=...) values (None, "as the process is", resolved)."""
 
 
