@@ -122,6 +122,7 @@ def _reading_mode(cuda: bool, gpu):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from memplan.estimator.cuda.op_scratch import cuda_op_scratch, cuda_op_scratch_bytes
+    from memplan.estimator.determinism import process_deterministic
 
     class Readings(TorchDispatchMode):
         def __init__(self) -> None:
@@ -152,14 +153,17 @@ def _reading_mode(cuda: bool, gpu):
 
         @staticmethod
         def _row(func, args, kwargs, before, peak, after, events) -> dict:
-            phases = cuda_op_scratch(func, decode(encode(args)), decode(encode(kwargs)), gpu)
+            deterministic = process_deterministic()  # what this process ran the op under
+            phases = cuda_op_scratch(func, decode(encode(args)), decode(encode(kwargs)), gpu,
+                                     deterministic=deterministic)
             sizes, requested = _temporaries(events)
             return {"op": str(func), "args": encode(args), "kwargs": encode(kwargs),
                     "before": before, "peak": peak, "after": after,
                     "gpu_transient": max(0, peak - max(before, after)),
                     "gpu_temporaries": sizes, "gpu_requested_peak": requested,
                     "rule_phases": [list(held) for held in phases], "rule_requested_peak": requested_peak(phases),
-                    "rule": cuda_op_scratch_bytes(func, decode(encode(args)), decode(encode(kwargs)), gpu)}
+                    "rule": cuda_op_scratch_bytes(func, decode(encode(args)), decode(encode(kwargs)), gpu,
+                                                  deterministic=deterministic)}
 
     return Readings()
 
@@ -283,13 +287,9 @@ def report(raw: Path) -> dict:
     rows = []
     for row in data["rows"]:
         args, kwargs = decode(row["args"]), decode(row["kwargs"])
-        deterministic = "deterministic=True" in row["case"]  # (each case ran with the flag as its name says)
-        previous = torch_deterministic(deterministic)
-        try:
-            phases = cuda_op_scratch(_op(row["op"]), args, kwargs, gpu)
-            rounded = cuda_op_scratch_bytes(_op(row["op"]), args, kwargs, gpu)
-        finally:
-            torch_deterministic(*previous)
+        deterministic = "deterministic=True" in row["case"]  # the trace's setting, as an estimate passes it
+        phases = cuda_op_scratch(_op(row["op"]), args, kwargs, gpu, deterministic=deterministic)
+        rounded = cuda_op_scratch_bytes(_op(row["op"]), args, kwargs, gpu, deterministic=deterministic)
         rows.append({"case": row["case"], "path": row["path"], "op": row["op"],
                      "gpu_requested_peak": row["gpu_requested_peak"], "rule_requested_peak": requested_peak(phases),
                      "gpu_transient": row["gpu_transient"], "rule_rounded": rounded,
@@ -297,15 +297,6 @@ def report(raw: Path) -> dict:
     exact = sum(r["gpu_requested_peak"] == r["rule_requested_peak"] for r in rows)
     return {"device": device, "source": str(raw), "rows": rows, "exact": exact, "n": len(rows),
             "errors": data["errors"]}
-
-
-def torch_deterministic(enabled: bool, warn_only: bool = False) -> tuple[bool, bool]:
-    """Set deterministic algorithms; return the previous setting."""
-    import torch
-
-    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-    return previous
 
 
 def _op(name: str):

@@ -42,6 +42,7 @@ from memplan.callback.session import CallbackState
 from memplan.estimator.errors import EstimateError
 from memplan.batching import tensor_bytes
 from memplan.plan import Plan
+from memplan.estimator.determinism import process_deterministic
 from memplan.planner import Estimator, NoFit, PlanRequest, estimator_for
 from memplan.planner.assemble import Asked
 from memplan.planner.reasons import Words
@@ -213,6 +214,10 @@ class FitStart(CallbackState):
                       margin=self.settings.planning_margin, strategies=("ddp",) if fsdp is None else ("fsdp",),
                       allow_cpu_offload=fsdp is None or fsdp.cpu_offload, words=CALLBACK_WORDS)
 
+        # Trainer(deterministic=...) is applied to this process's torch flags (Lightning's _set_torch_flags; the
+        # Trainer keeps no copy), where the step runs: read here, and handed to the planning as an input
+        deterministic = process_deterministic()
+
         def plan() -> Plan:
             check_planned_precision(str(trainer.precision))
             batch, on = self._batch_to_plan_for(trainer), "cpu" if device.type == "cpu" else None
@@ -221,10 +226,12 @@ class FitStart(CallbackState):
                                        data_parallel=data_parallel)
             try:
                 if fsdp is not None:  # traced in a process of its own, FSDP under the strategy's settings
-                    made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._plan_with, on)
+                    made = fsdp_plan.plan_in_subprocess(pl_module, batch, request, fsdp, self._plan_with, on,
+                                                        deterministic)
                     reduction = self._recognise(pl_module, batch)
                 else:
-                    estimator = estimator_for(pl_module, batch, device=on, resize=self._planning_batch)
+                    estimator = estimator_for(pl_module, batch, device=on, resize=self._planning_batch,
+                                              deterministic=deterministic)
                     made, reduction = self._plan_exactly(pl_module, request, estimator, loader_batch,
                                                          self._settable(trainer, pl_module))
             except EstimateError as err:  # the model or its batch cannot be traced: the message names why

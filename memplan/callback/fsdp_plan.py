@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from memplan.callback.framework import MODEL_PARALLEL_STRATEGIES, MisconfigurationException
+from memplan.estimator.determinism import Deterministic
 from memplan.estimator.fsdp import DTYPES, SHARDING_STRATEGIES, FsdpSettings
 from memplan.plan import Plan
 
@@ -101,17 +102,18 @@ def plan_as_run(plan: Any, settings: FsdpSettings) -> Any:
 
 
 def plan_in_subprocess(module: nn.Module, batch: Any, request: Any, settings: FsdpSettings, planner: Callable,
-                       device: str | None) -> Plan:
+                       device: str | None, deterministic: Deterministic) -> Plan:
     """`planner(request, estimator)` in a Python process of its own (`python -m memplan.callback.fsdp_plan`:
     it imports the model's module, and never re-runs the training script), the estimator tracing
-    `module`'s class rebuilt from its hparams on meta, FSDP candidates under `settings`."""
+    `module`'s class rebuilt from its hparams on meta, FSDP candidates under `settings`, with deterministic
+    algorithms as `deterministic` says (the training process's: that process's torch flags do not travel)."""
     import cloudpickle
 
     cls = type(module)
     # LightningCLI adds its own keys to hparams (_class_path, _instantiator): not __init__ arguments
     hparams = {k: v for k, v in dict(getattr(module, "hparams", {}) or {}).items() if not k.startswith("_")}
     try:  # (cloudpickle: what __main__ defines goes by value, everything importable by reference)
-        job = cloudpickle.dumps((cls, hparams, batch, request, settings, planner, device))
+        job = cloudpickle.dumps((cls, hparams, batch, request, settings, planner, device, deterministic))
     except (pickle.PicklingError, AttributeError, TypeError) as err:
         raise MisconfigurationException(
             f"MemoryPlanner plans FSDP in a process of its own and cannot send it the model's hparams, the train "
@@ -132,7 +134,7 @@ def plan_in_subprocess(module: nn.Module, batch: Any, request: Any, settings: Fs
 
 
 def _plan(cls: type, hparams: dict[str, Any], batch: Any, request: Any, settings: FsdpSettings, planner: Callable,
-          device: str | None) -> Plan:
+          device: str | None, deterministic: Deterministic) -> Plan:
     from memplan.planner import estimator_for
 
     try:
@@ -143,7 +145,8 @@ def _plan(cls: type, hparams: dict[str, Any], batch: Any, request: Any, settings
             f"MemoryPlanner plans FSDP in a process of its own and rebuilds {cls.__qualname__} there from its "
             f"hparams {sorted(hparams)}, which failed ({err}): call self.save_hyperparameters() in its __init__, or "
             "plan with `memplan suggest CONFIG --output plan.json` and pass MemoryPlanner(plan='plan.json')") from None
-    made = planner(request, with_settings(estimator_for(model, batch, device=device), settings))
+    made = planner(request, with_settings(estimator_for(model, batch, device=device, deterministic=deterministic),
+                                          settings))
     return plan_as_run(made, settings) if made.strategy == "fsdp" else made
 
 

@@ -130,6 +130,18 @@ def precision(flag: str) -> Callable[[str], str]:
     return parse
 
 
+def deterministic(flag: str) -> Callable[[str], bool | str]:
+    """Lightning's Trainer(deterministic=...) on the command line: 'true', 'false' or 'warn' (warn-only)."""
+    def parse(text: str) -> bool | str:
+        value = {"true": True, "false": False, "warn": "warn"}.get(text.strip().lower())
+        if value is None:
+            raise argparse.ArgumentTypeError("must be true, false or warn (Lightning's Trainer(deterministic=...): "
+                                             f"warn is warn-only); got {text!r}")
+        return value
+    parse.__name__ = flag
+    return parse
+
+
 def gpu_name(flag: str) -> Callable[[str], Any]:
     """A GPU model from memplan's catalog ('H100-80GB', 'a100_80g'), as a GpuModel."""
     def parse(text: str) -> Any:

@@ -35,6 +35,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--data-dependent", choices=("balanced", "sample", "error"), default="balanced",
                    help="shapes decided by activation values (MoE routing, matching): 'balanced' (even routing), "
                         "'sample' (random values) or 'error' (refuse); shapes decided by the batch are always exact")
+    p.add_argument("--deterministic", type=arg.deterministic("--deterministic"), default=None,
+                   help="whether the step runs with deterministic algorithms, as Lightning's "
+                        "Trainer(deterministic=...): true, false or warn (warn-only) (default: the config's "
+                        "trainer.deterministic, else false)")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes as ints)")
     p.set_defaults(run=run)
 
@@ -44,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         return arg.usage_error("pass a config file or --demo NAME (one of them)")
     options = dict(checkpointing=args.checkpointing, device=args.device,
                    strategy="ddp" if args.ddp else None, world_size=args.ddp or 1, loop=args.loop,
-                   data_dependent=args.data_dependent)
+                   data_dependent=args.data_dependent, deterministic=args.deterministic)
     from memplan.estimator.errors import NoRepeatedBlocks
 
     try:
@@ -133,6 +137,8 @@ def _estimate_config(args: argparse.Namespace, options: dict):
 
     loaded = load_config_for_command(args.config)
     precision = args.precision or loaded.trainer_precision or "32-true"
+    if options["deterministic"] is None:
+        options = dict(options, deterministic=loaded.trainer_deterministic)
     optimizer = args.optimizer or loaded.optimizer
     _check_batch_memory(loaded.example_batch(1), args.batch_size)
     return loaded.estimate(args.batch_size, precision=precision, optimizer=optimizer, **options)

@@ -182,9 +182,11 @@ def plan_config(
     allow_checkpointing: bool | None = None,
     margin: float | None = None,
     progress: Progress | None = None,
+    deterministic: bool | str | None = None,
 ) -> Plan:
     """Plan the config on the hardware; flags override the config's memplan settings. Everything that
-    needs no trace is checked first (check_request)."""
+    needs no trace is checked first (check_request). `deterministic` (--deterministic): over the config's
+    trainer.deterministic."""
     progress = progress or Progress(enabled=False)
     for outside in check_installed_once("memplan"):  # said once, here, not by each estimate
         progress.clear()
@@ -200,7 +202,8 @@ def plan_config(
                                         else f" from {loaded.data.cls.__name__}" if loaded.data is not None else ""))
     base = loaded.example_batch(loaded.data_batch_size or 1)
     request = request_of(loaded, hardware, wanted, skeleton, nodes=nodes)
-    estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device)
+    estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device,
+                              deterministic=loaded.trainer_deterministic if deterministic is None else deterministic)
     if isinstance(hardware.estimate_device, GpuModel) and can_fork():  # fake tensors only: safe to fork
         estimator = BackgroundEstimator(estimator)
     try:  # (the plan's account and NoFit speak of the flags and keys: the request's words)

@@ -36,6 +36,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--margin", type=arg.fraction("--margin", "of each GPU's free memory left unused"), default=None,
                    help="fraction of each GPU's free memory left unused, in [0, 1) (default: MemoryPlanner's plan_margin in "
                         "the config, else twice its margin: 0.10)")
+    p.add_argument("--deterministic", type=arg.deterministic("--deterministic"), default=None,
+                   help="whether training runs with deterministic algorithms, as Lightning's "
+                        "Trainer(deterministic=...): true, false or warn (warn-only) (default: the config's "
+                        "trainer.deterministic, else false)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (bytes as ints); no progress line")
     p.add_argument("--output", default=None, help="write the planned config here and the plan beside it "
                    "(<name>.plan.json); refuses to replace existing files without --force")
@@ -71,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             loaded, hardware, nodes=args.nodes, global_batch_size=args.global_batch_size,
             precisions=tuple(dict.fromkeys(args.precision)) if args.precision else None,
             allow_checkpointing=False if args.no_checkpointing else None, margin=args.margin, progress=progress,
+            deterministic=args.deterministic,
         )
     except NoFit as err:
         print(f"memplan: {err}", file=sys.stderr)

@@ -22,7 +22,9 @@ from memplan.config.lightning_parser import package_of, parse_config
 from memplan.config.placement import SettingsDeprecation, find_settings
 from memplan.config.sections import check_sections
 from memplan.config.settings import MAX_PREFETCH_FACTOR, MAX_WORKERS, MemplanSettings, normalize_precision
-from memplan.config.trainer_checks import check_accelerator, check_seed, check_strategy, device_count, positive_int
+from memplan.config.trainer_checks import (
+    check_accelerator, check_deterministic, check_seed, check_strategy, device_count, positive_int,
+)
 from memplan.config.yaml_file import expand_dotted, merge_overrides, read_yaml
 from memplan.plan import MAX_BATCH_SIZE, check_count
 
@@ -134,6 +136,11 @@ class LoadedConfig:
         """trainer.precision as Lightning's canonical string (16 -> '16-mixed'), or None if unset."""
         value = self.trainer.get("precision")
         return None if value is None else normalize_precision(value, name="trainer.precision")
+
+    @property
+    def trainer_deterministic(self) -> bool | str | None:
+        """trainer.deterministic: True, False, 'warn' (warn-only), or None if unset (the process as it is)."""
+        return check_deterministic(self.trainer.get("deterministic"))
 
     @property
     def optimizer(self) -> str | Callable[..., Any] | None:
@@ -282,6 +289,7 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     accumulate = positive_int(trainer, "accumulate_grad_batches")
     if trainer.get("precision") is not None:
         normalize_precision(trainer["precision"], name="trainer.precision")
+    check_deterministic(trainer.get("deterministic"))
     check_seed(raw.get("seed_everything"))
     for key in ("model", "data", "optimizer"):
         if raw.get(key) is not None:

@@ -113,3 +113,11 @@ def positive_int(trainer: Mapping[str, Any], name: str) -> int:
         return check_count(value, name=f"trainer.{name}", low=1, high=MAX_NODES if name == "num_nodes" else MAX_BATCH_SIZE)
     except ValueError as err:
         raise ConfigError(f"trainer.{name}", str(err)) from None
+
+
+def check_deterministic(value: Any) -> bool | str | None:
+    """trainer.deterministic as Lightning's Trainer takes it: True, False, 'warn' (warn-only) or None (unset)."""
+    if value is None or value is True or value is False or value == "warn":
+        return value
+    raise ConfigError("trainer.deterministic", "trainer.deterministic must be true, false or warn (Lightning's "
+                      f"Trainer(deterministic=...): warn is warn-only), or left out; got {value!r}")

@@ -17,11 +17,8 @@ from memplan.estimator.checkpointing import (
     _WRAPPED, CheckpointArg, OwnCheckpointCalls, apply_checkpointing, as_setting, find_repeated_blocks, saved_rng_states,
 )
 from memplan.estimator.cuda.composite import RealCompositePaths
-from memplan.estimator.cuda.conv_workspace import ConvWorkspaces
 from memplan.estimator.cuda.host_state import host_state_tensors
-from memplan.estimator.cuda.op_scratch import CudaGpu
-from memplan.estimator.cuda.reductions import ReductionStaging
-from memplan.estimator.cuda.rnn import CudnnRnnBuffers
+from memplan.estimator.determinism import Deterministic, deterministic_notes, resolve_deterministic
 from memplan.estimator.ddp import ddp_bucket_bytes
 from memplan.estimator.diagnose import explain_failure
 from memplan.estimator.errors import EstimateError
@@ -40,12 +37,12 @@ from memplan.estimator.step import (
 )
 from memplan.estimator.streams import StreamNumbers, side_stream_bytes
 from memplan.estimator.target import (GENERIC_CUDA, check_precision_on_target, memory_model,
-                                      precision_lightning_runs, resolve_target, target_overheads)
+                                      precision_lightning_runs, resolve_target, set_up_cuda_tracker,
+                                      target_overheads)
 from memplan.estimator.trace_route import fallback_after, trace_target
 from memplan.estimator.trace_setting import TraceSetting, check_strategy
 from memplan.estimator.tracker import Category, Phase, StorageTracker
 from memplan.estimator.values import DataDependent, ValueResolver
-from memplan.hardware.catalog import streaming_multiprocessors
 from memplan.units import MiB
 
 TRACED_STEPS = 2
@@ -66,6 +63,7 @@ def estimate(
     loop: Loop = "lightning",
     data_dependent: DataDependent = "balanced",
     fsdp: FsdpSettings | None = None,
+    deterministic: Deterministic | None = None,
 ) -> MemoryEstimate:
     """Peak memory of one steady-state training step, traced on fake tensors (no weight allocated).
 
@@ -90,6 +88,9 @@ def estimate(
         are resolved: "balanced" (even routing), "sample" (random values) or "error" (refuse). Shapes
         decided by the batch (masks, lengths) are always exact. See memplan/estimator/values.py.
     fsdp: FsdpSettings (sharding strategy, wrapped classes, offload, dtypes) for strategy="fsdp".
+    deterministic: whether the step runs with deterministic algorithms, as Lightning's Trainer(deterministic=...):
+        True, "warn" (warn-only) or False; None (default): as this process has set torch.use_deterministic_algorithms.
+        Some CUDA ops hold other temporaries then (memplan.estimator.determinism); a note names those counted.
 
     Warns (VersionWarning, once a process) where torch or Lightning is installed outside the versions
     memplan knows (memplan.compat.versions).
@@ -99,6 +100,7 @@ def estimate(
     policy = PrecisionPolicy.from_string(precision)
     check_strategy(strategy, world_size)
     check_loop(loop)
+    deterministic = resolve_deterministic(deterministic)
     if strategy == "fsdp":
         fsdp = fsdp or FsdpSettings()
         fsdp.check(world_size)
@@ -113,7 +115,8 @@ def estimate(
         warnings.filterwarnings("ignore", message=".*self.log.*")
         warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
         setting = TraceSetting(policy=policy, checkpointing=checkpointing, target=target, strategy=strategy, loop=loop,
-                               data_dependent=data_dependent, fsdp=fsdp, world_size=world_size)
+                               data_dependent=data_dependent, fsdp=fsdp, world_size=world_size,
+                               deterministic=deterministic)
         trace = _traced(model, batch, loss, optimizer, setting, [n for n in (precision_note, route_note) if n])
     return trace.result(time.perf_counter() - started, world_size)
 
@@ -140,7 +143,7 @@ class _Trace:
     def __init__(self, model, batch, loss, optimizer, setting: TraceSetting):
         policy, checkpointing, target, strategy = setting.policy, setting.checkpointing, setting.target, setting.strategy
         loop, data_dependent, fsdp, world_size = setting.loop, setting.data_dependent, setting.fsdp, setting.world_size
-        self.target = target
+        self.target, self.deterministic = target, setting.deterministic
         self.loop = loop
         self.policy = policy
         self.strategy = strategy
@@ -165,7 +168,7 @@ class _Trace:
         if target.is_cuda:
             self.tracker.streams = StreamNumbers(self.device.type)
         self.tracker.costs.watch_blocks(_blocks_of(self.model), [m for _, m in find_repeated_blocks(self.model)])
-        self.overheads = target_overheads(target)
+        self.overheads = target_overheads(target, deterministic=self.deterministic, loop=loop)
 
     # --- the trace ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -247,13 +250,8 @@ class _Trace:
         if self.strategy == "ddp":
             for nbytes in ddp_bucket_bytes(list(self.model.parameters())):
                 tracker.reserve(nbytes, Category.GRADIENTS)
-        if self.overheads is not None:  # cuBLAS(Lt) workspaces: taken at each thread's first call; cuDNN's per conv
-            cc = self.target.compute_capability
-            tracker.workspaces = self.overheads.library_workspaces(
-                ConvWorkspaces(cc, benchmark=torch.backends.cudnn.benchmark),
-                CudnnRnnBuffers(sm_count=streaming_multiprocessors(self.target.name, cc)))
-            tracker.reductions = ReductionStaging.for_gpu(self.target.name, cc)
-            tracker.cuda_gpu = CudaGpu.for_gpu(self.target.name, cc)
+        if self.overheads is not None:
+            set_up_cuda_tracker(tracker, self.overheads, self.target, self.deterministic)
         self.grad_scale, self.growth_tracker = grad_scaler_tensors(self.device, cuda=self.target.is_cuda) \
             if self.policy.grad_scaling else (None, None)
         if self.manual is not None:
@@ -348,6 +346,8 @@ class _Trace:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks"
                          f"{' (per-op policy: matmul and attention outputs kept)' if self.checkpoint_mode == 'op' else ''}")
         notes.extend(self.tracker.kernel_probe.notes())
+        notes.extend(deterministic_notes(self.deterministic, self.tracker.deterministic_paths, lightning=self.loop
+                                         == "lightning") if self.target.is_cuda else ())
         side = side_stream_bytes(self.memory)
         if side:
             whose = " (FSDP2's all-gather copy-in and reduce-scatter streams)" if self.fsdp is not None else ""

@@ -120,10 +120,38 @@ def memory_model(target: Target):
     return CachingAllocatorModel(config=AllocatorConfig.from_env())
 
 
-def target_overheads(target: Target):
-    """CUDA memory besides tensors (context, cuBLAS workspaces) for a GPU target; None on CPU."""
+LIGHTNING_DETERMINISTIC_CUBLAS = ":4096:8"
+"""CUBLAS_WORKSPACE_CONFIG as Lightning's Trainer(deterministic=True or "warn") sets it in the training process
+(accelerator_connector.py `_set_torch_flags`, over any value the user set), for cuBLAS's reproducibility."""
+
+
+def target_overheads(target: Target, *, deterministic=False, loop: Loop = "lightning"):
+    """CUDA memory besides tensors (context, cuBLAS workspaces) for a GPU target; None on CPU. A Lightning step
+    with deterministic algorithms (True or "warn") has Lightning's CUBLAS_WORKSPACE_CONFIG."""
     if not target.is_cuda:
         return None
     from memplan.estimator.cuda.overheads import cuda_overheads
 
-    return cuda_overheads(target.compute_capability)
+    env = os.environ
+    if deterministic and loop == "lightning":
+        env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": LIGHTNING_DETERMINISTIC_CUBLAS}
+    return cuda_overheads(target.compute_capability, env)
+
+
+def set_up_cuda_tracker(tracker, overheads, target: Target, deterministic) -> None:
+    """A CUDA target's tracker: the library workspaces taken at first use (cuBLAS(Lt) at each thread's first call,
+    cuDNN's per conv and RNN), reductions' staging, the GPU's architecture and SMs and the deterministic-algorithms
+    setting for the ops' own temporaries (cuda/op_scratch.py)."""
+    from memplan.estimator.cuda.conv_workspace import ConvWorkspaces
+    from memplan.estimator.cuda.op_scratch import CudaGpu
+    from memplan.estimator.cuda.reductions import ReductionStaging
+    from memplan.estimator.cuda.rnn import CudnnRnnBuffers
+    from memplan.hardware.catalog import streaming_multiprocessors
+
+    cc = target.compute_capability
+    tracker.workspaces = overheads.library_workspaces(
+        ConvWorkspaces(cc, benchmark=torch.backends.cudnn.benchmark),
+        CudnnRnnBuffers(sm_count=streaming_multiprocessors(target.name, cc)))
+    tracker.reductions = ReductionStaging.for_gpu(target.name, cc)
+    tracker.cuda_gpu = CudaGpu.for_gpu(target.name, cc)
+    tracker.deterministic = deterministic

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.estimator.checkpointing import CheckpointArg
+from memplan.estimator.determinism import Deterministic
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fsdp import FsdpSettings
 from memplan.estimator.step import Loop, PrecisionPolicy
@@ -44,3 +45,6 @@ class TraceSetting:
     """FSDP's settings (strategy "fsdp" only)."""
     world_size: int = 1
     """Ranks the step is one of."""
+    deterministic: Deterministic = False
+    """Whether the step runs with deterministic algorithms: True, "warn" (warn-only) or False (estimator/
+    determinism.py); the CUDA rules that depend on it read it here, never torch's flags in the tracing process."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import weakref
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -33,7 +34,8 @@ from memplan.compat.torch import (
 )
 from memplan.estimator.accumulation import accumulation_inputs
 from memplan.estimator.allocator import ZERO_HANDLE
-from memplan.estimator.cuda.op_scratch import GENERIC_GPU, cuda_op_scratch
+from memplan.estimator.cuda.op_scratch import BY_DETERMINISM, GENERIC_GPU, cuda_op_scratch
+from memplan.estimator.determinism import Deterministic
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
@@ -121,6 +123,10 @@ class StorageTracker(TorchDispatchMode):
         """A cuda.reductions.ReductionStaging: a CUDA sum's staging buffer and semaphores (None: CPU target)."""
         self.cuda_gpu = GENERIC_GPU
         """The CUDA target's architecture and SMs, for the ops' own temporaries (cuda/op_scratch.py)."""
+        self.deterministic: Deterministic = False
+        """Whether the step runs with deterministic algorithms, for the ops' own temporaries (cuda/op_scratch.py)."""
+        self.deterministic_paths: Counter[str] = Counter()
+        """Calls of ops whose temporaries took their deterministic path in the peak window, by op name (the note)."""
         self._accumulation: tuple | None = None
         """A backward `add` that may be the autograd engine's gradient accumulation, until the next op
         shows whether one input died with it (see _settle_accumulation)."""
@@ -264,6 +270,7 @@ class StorageTracker(TorchDispatchMode):
         self.memory.reset_peaks()
         self.peak = Snapshot(total=self.memory.allocated_bytes, by_category=dict(self._by_category), phase=self.phase)
         self.phase_peaks = {self.phase: self.memory.allocated_bytes}
+        self.deterministic_paths.clear()
         if self.costs is not None:
             self.costs.reset()
 
@@ -317,7 +324,11 @@ class StorageTracker(TorchDispatchMode):
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:
             self._transient(*cuda_contiguous_copies(func, args))  # one request per copy
-            for held in cuda_op_scratch(func, args, kwargs, self.cuda_gpu):  # an op's own buffers, phase by phase
+            phases = cuda_op_scratch(func, args, kwargs, self.cuda_gpu, deterministic=self.deterministic)
+            if self.deterministic and func in BY_DETERMINISM and phases != cuda_op_scratch(func, args, kwargs,
+                                                                                           self.cuda_gpu):
+                self.deterministic_paths[func.overloadpacket.__name__] += 1
+            for held in phases:  # an op's own buffers, phase by phase
                 self._transient(*held)
             if self.reductions is not None:  # its buffer and semaphores, each a request of its own
                 self._transient(*self.reductions.staging_allocations(func, args, kwargs, out))

@@ -12,13 +12,18 @@ from memplan.planner.search import Estimator
 
 
 def estimator_for(model: Any, batch: Any, *, loss: Callable | None = None, optimizer: Any = None,
-                  device: Any = None, resize: Callable[[Any, int], Any] | None = None) -> Estimator:
+                  device: Any = None, resize: Callable[[Any, int], Any] | None = None,
+                  deterministic: Any = None) -> Estimator:
     """An Estimator tracing `model` on `batch` resized to each micro-batch (`resize(batch, size)`, by
     default memplan.batching.resize_batch; MemoryPlanner passes one built on its `split_batch` hook), with
     strategy='ddp' for world_size > 1
-    (strategy='fsdp' when the planner passes FSDP settings). `model`, `loss`, `optimizer` and `device` are as in
-    memplan.estimate; build the model on meta or pass a callable so that no weights are allocated.
+    (strategy='fsdp' when the planner passes FSDP settings). `model`, `loss`, `optimizer`, `device` and
+    `deterministic` are as in memplan.estimate (`deterministic`, the run's, is resolved and checked here, once:
+    None, this process's setting); build the model on meta or pass a callable so that no weights are allocated.
     The resized batch is made of real tensors in host memory (the trace itself allocates nothing)."""
+    from memplan.estimator.determinism import resolve_deterministic
+
+    deterministic = resolve_deterministic(deterministic)
 
     def estimate_at(*, micro_batch_size: int, precision: str, checkpointing: bool, world_size: int, fsdp=None):
         from memplan.batching import resize_batch
@@ -27,7 +32,7 @@ def estimator_for(model: Any, batch: Any, *, loss: Callable | None = None, optim
         strategy = "fsdp" if fsdp is not None else ("ddp" if world_size > 1 else None)
         return estimate(model, (resize or resize_batch)(batch, micro_batch_size), loss=loss, optimizer=optimizer,
                         precision=precision, checkpointing=checkpointing, device=device,
-                        strategy=strategy, world_size=world_size, fsdp=fsdp)
+                        strategy=strategy, world_size=world_size, fsdp=fsdp, deterministic=deterministic)
 
     return estimate_at
 

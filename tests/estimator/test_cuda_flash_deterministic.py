@@ -17,11 +17,10 @@ FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_backward.default
 
 
 @pytest.fixture
-def deterministic():
-    """torch.use_deterministic_algorithms(True) for the test, then as it was."""
+def process_flags():
+    """Restores torch's deterministic-algorithms flags after a test that sets them."""
     enabled, warn_only = torch.are_deterministic_algorithms_enabled(), \
         torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
     yield
     torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
@@ -46,27 +45,23 @@ def rule_bytes(batch, heads, seq, dim, splits):
     ((4, 32, 256, 128), 132),  # 128 heads x batch cover the 132 SMs but for 4: 2 splits
     ((16, 16, 256, 64), 108),  # B x H = 256 >= SMs: one split, as without determinism
 ])
-def test_deterministic_flash_backward_holds_one_dq_accumulator_per_split(deterministic, shape, sm_count):
+def test_deterministic_flash_backward_holds_one_dq_accumulator_per_split(shape, sm_count):
     gpu = CudaGpu(compute_capability=(9, 0) if sm_count == 132 else (8, 0), sm_count=sm_count)
     batch, heads = shape[:2]
     splits = -(-sm_count // (batch * heads))
-    assert cuda_op_scratch_bytes(FLASH_BACKWARD, backward_args(*shape), {}, gpu) == rule_bytes(*shape, splits)
+    assert cuda_op_scratch_bytes(FLASH_BACKWARD, backward_args(*shape), {}, gpu, deterministic=True) == \
+        rule_bytes(*shape, splits)
 
 
-def test_flash_backward_splits_only_under_deterministic_algorithms_without_warn_only():
-    """attention_backward.cu passes deterministic=true only when deterministic algorithms are on and not warn_only."""
+def test_flash_backward_splits_only_under_deterministic_algorithms_without_warn_only(process_flags):
+    """attention_backward.cu passes deterministic=true only when deterministic algorithms are on and not warn_only;
+    the rule reads the setting it is given, never this process's flags."""
     shape, gpu = (1, 8, 1024, 64), CudaGpu(compute_capability=(9, 0), sm_count=132)
-    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), \
-        torch.is_deterministic_algorithms_warn_only_enabled()
-    try:
-        torch.use_deterministic_algorithms(False)
-        assert cuda_op_scratch_bytes(FLASH_BACKWARD, backward_args(*shape), {}, gpu) == rule_bytes(*shape, 1)
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        assert cuda_op_scratch_bytes(FLASH_BACKWARD, backward_args(*shape), {}, gpu) == rule_bytes(*shape, 1)
-        torch.use_deterministic_algorithms(True)
-        assert cuda_op_scratch_bytes(FLASH_BACKWARD, backward_args(*shape), {}, gpu) == rule_bytes(*shape, 17)
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    for flags in ((False, False), (True, False), (True, True)):
+        torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+        for given, splits in ((False, 1), ("warn", 1), (True, 17)):
+            assert cuda_op_scratch_bytes(FLASH_BACKWARD, backward_args(*shape), {}, gpu, deterministic=given) == \
+                rule_bytes(*shape, splits)
 
 
 class Attention(nn.Module):
@@ -85,20 +80,14 @@ class Attention(nn.Module):
 @pytest.mark.parametrize("device", ["H100-80GB", "A100-80GB"])
 def test_a_traced_deterministic_flash_backward_holds_the_split_accumulators_while_it_runs(monkeypatch, device):
     """B = 1, H = 8, S = 1024, D = 64 in bf16: inside the backward the trace holds the copy of grad_out, softmax_d
-    and ceil(SMs / 8) dQ accumulators, where it held one without determinism."""
+    and ceil(SMs / 8) dQ accumulators, where it held one without determinism (estimate(deterministic=...))."""
     seen = op_transients(monkeypatch, FLASH_BACKWARD)
     x = torch.randn(1, 1024, 8 * 64, dtype=torch.bfloat16)
-    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), \
-        torch.is_deterministic_algorithms_warn_only_enabled()
     held = {}
-    try:
-        for mode in (False, True):
-            torch.use_deterministic_algorithms(mode)
-            estimate(lambda: Attention(8, 64), x, loss=lambda m, b: m(b), optimizer="sgd", device=device,
-                     precision="bf16-true")
-            held[mode], seen[:] = set(seen), []
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    for mode in (False, True):
+        estimate(lambda: Attention(8, 64), x, loss=lambda m, b: m(b), optimizer="sgd", device=device,
+                 precision="bf16-true", deterministic=mode)
+        held[mode], seen[:] = set(seen), []
     splits = -(-streaming_multiprocessors(device, (9, 0) if device.startswith("H100") else (8, 0)) // 8)
     copy = 1 * 1024 * 8 * 64 * 2  # grad_out reaches the op laid out [B, H, S, D]: mha_bwd copies it to [B, S, H, D]
     assert held[True] == {copy + rule_bytes(1, 8, 1024, 64, splits)}

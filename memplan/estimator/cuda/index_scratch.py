@@ -13,7 +13,8 @@ gpu_campaign_raw_h100/ops/, peak inside the op - max(before, after); benchmarks/
   its transpose), held while the op runs; while nonzero runs, its count and cub's storage beside it (a block
   each, Nonzero.cu). From the source, not read on a GPU (no zoo case indexes with a mask). nnz is counted where
   the mask is real (the batch's masks); for a fake mask, index_put's value length there, else every element.
-- `index_put` / `index_put_` with accumulate=True (or deterministic algorithms and more than one value) runs
+- `index_put` / `index_put_` with accumulate=True (or deterministic algorithms, warn-only too, and more than one
+  value; the trace's setting: estimator/determinism.py) runs
   `index_put_with_sort_kernel` (aten/src/ATen/native/cuda/Indexing.cu): `makeLinearIndex` computes the linear
   index (`wrapIndexOnce`: `index.remainder(size)`, then `* stride`: two int64 buffers of the index count N, a
   third while a second index is added in), then holds it beside `sorted_indices`, `orig_indices` (empty_like)
@@ -48,6 +49,7 @@ import torch
 
 from memplan.compat.torch import disable_current_modes, is_fake
 from memplan.estimator.cuda.cub_sort import radix_sort_temp_bytes, segmented_radix_sort_temp_bytes
+from memplan.estimator.determinism import sorts_index_put
 
 aten = torch.ops.aten
 
@@ -63,10 +65,11 @@ def index_scratch(self, indices):
     return (*_nonzero_phases(masks), (*masks, *_stride_copies(self, indices, masks)))
 
 
-def index_put_scratch(self, indices, values, accumulate=False, unsafe=False, *, gpu):
-    """`index_put` / `index_put_` / `_index_put_impl_` on `gpu`: with accumulate, `index_put_with_sort_kernel`'s
-    phases; without, the masks' nonzero buffers (none where a scalar goes into one mask: masked_fill_)."""
-    sort = accumulate or (torch.are_deterministic_algorithms_enabled() and values.numel() > 1)
+def index_put_scratch(self, indices, values, accumulate=False, unsafe=False, *, gpu, deterministic=False):
+    """`index_put` / `index_put_` / `_index_put_impl_` on `gpu`: with accumulate (or `deterministic` algorithms,
+    warn-only too, and more than one value), `index_put_with_sort_kernel`'s phases; else the masks' nonzero buffers
+    (none where a scalar goes into one mask: masked_fill_)."""
+    sort = accumulate or (sorts_index_put(deterministic) and values.numel() > 1)
     if not sort:
         if _is_masked_fill(indices, values):
             return ()

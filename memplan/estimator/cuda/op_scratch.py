@@ -42,9 +42,8 @@ kernel probe measures what CPU kernels do.
   numbers not given: the pytorch snapshot was too large to bring here); read on an H200 (torch 2.11): the requested
   bytes of 12 backwards, 6 of them deterministic (head dims 64-128, 72), as the rule gives (benchmarks/results/
   gpu_rules.md). The
-  flag is read in the process that traces: MemoryPlanner's estimate inside a fit with `Trainer(deterministic=True)`
-  sees it, while `memplan estimate`/`suggest` and the FSDP planning subprocess do not (they count the
-  non-deterministic accumulator: an underestimate for deterministic runs, up to 512 MiB at B1 H32 S8192 D128). With
+  setting is the trace's (`deterministic`, estimator/determinism.py: estimate(deterministic=...), a config's
+  trainer.deterministic, the Trainer MemoryPlanner runs in), not the tracing process's flag. With
   fewer key/value heads than query heads (GQA), dK and dV at the query's head count in the input dtype, summed
   into the outputs at the end. The H100 ran
   cuDNN attention there (sm90, cuDNN > 9.15 prefers it; memplan emulates flash): its backward held 512 B more
@@ -67,6 +66,7 @@ import torch
 from memplan.compat.torch import disable_current_modes
 from memplan.estimator.cuda.embedding_scratch import embedding_backward_scratch
 from memplan.estimator.cuda.index_scratch import RULES as INDEX_RULES
+from memplan.estimator.determinism import Deterministic, splits_flash_backward
 
 aten = torch.ops.aten
 
@@ -105,19 +105,26 @@ GENERIC_GPU = CudaGpu(compute_capability=(8, 0), sm_count=108)
 """An A100's: the generic CUDA target's compute capability (estimator/target.py)."""
 
 
-def cuda_op_scratch(func, args, kwargs, gpu: CudaGpu = GENERIC_GPU) -> Phases:
+def cuda_op_scratch(func, args, kwargs, gpu: CudaGpu = GENERIC_GPU, *,
+                    deterministic: Deterministic = False) -> Phases:
     """The temporaries `func`'s CUDA implementation allocates and frees inside the op on `gpu`, beyond its inputs
-    and outputs: () for ops without a rule here."""
+    and outputs, with deterministic algorithms as `deterministic` says (estimator/determinism.py): () for ops
+    without a rule here."""
     rule = _RULES.get(func)
     if rule is None:
         return ()
-    phases = rule(*args, gpu=gpu, **kwargs) if func in _BY_GPU else rule(*args, **kwargs)
+    extra = {"gpu": gpu} if func in _BY_GPU else {}
+    if func in BY_DETERMINISM:
+        extra["deterministic"] = deterministic
+    phases = rule(*args, **extra, **kwargs)
     return tuple(held for held in phases if any(held))
 
 
-def cuda_op_scratch_bytes(func, args, kwargs, gpu: CudaGpu = GENERIC_GPU) -> int:
+def cuda_op_scratch_bytes(func, args, kwargs, gpu: CudaGpu = GENERIC_GPU, *,
+                          deterministic: Deterministic = False) -> int:
     """The most bytes (block-rounded) `func`'s temporaries hold at once on `gpu`."""
-    return max((sum(_rounded(n) for n in held) for held in cuda_op_scratch(func, args, kwargs, gpu)), default=0)
+    phases = cuda_op_scratch(func, args, kwargs, gpu, deterministic=deterministic)
+    return max((sum(_rounded(n) for n in held) for held in phases), default=0)
 
 
 def _softmax_backward(grad, output, dim, input_dtype) -> Phases:
@@ -152,7 +159,8 @@ def _efficient_attention_backward(grad_out, query, *rest, **kwargs) -> Phases:
     return (copy, product, delta, delta), (copy, delta, workspace)
 
 
-def _flash_attention_backward(grad_out, query, key, value, out, *rest, gpu: CudaGpu, **kwargs) -> Phases:
+def _flash_attention_backward(grad_out, query, key, value, out, *rest, gpu: CudaGpu, deterministic: Deterministic,
+                              **kwargs) -> Phases:
     """Arguments: (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
     is_causal, philox_seed, philox_offset); q, k, v, out as [B, H, S, D]."""
     batch, heads, queries, head_dim = query.shape
@@ -160,9 +168,7 @@ def _flash_attention_backward(grad_out, query, key, value, out, *rest, gpu: Cuda
     rows = -(-queries // 128) * 128  # round_multiple(seqlen_q, 128)
     rounded_head = -(-head_dim // (32 if head_dim <= 128 else 64)) * (32 if head_dim <= 128 else 64)
     softmax_d = batch * heads * rows * _F32
-    deterministic = torch.are_deterministic_algorithms_enabled() and \
-        not torch.is_deterministic_algorithms_warn_only_enabled()
-    splits = -(-gpu.sm_count // (batch * heads)) if deterministic and batch * heads else 1
+    splits = -(-gpu.sm_count // (batch * heads)) if splits_flash_backward(deterministic) and batch * heads else 1
     dq_accum = splits * batch * rows * heads * rounded_head * _F32
     expanded = 0 if key.size(1) == heads else batch * key.size(2) * heads * head_dim * query.element_size()
     return ((*copies, softmax_d, dq_accum, expanded, expanded),)
@@ -211,3 +217,6 @@ _BY_GPU = frozenset({aten._scaled_dot_product_flash_attention_backward.default, 
                      aten.embedding_dense_backward.default, aten.index_put.default, aten.index_put_.default,
                      aten._index_put_impl_.default})
 """Rules that take the GPU (keyword `gpu`)."""
+BY_DETERMINISM = frozenset({aten._scaled_dot_product_flash_attention_backward.default, aten.index_put.default,
+                            aten.index_put_.default, aten._index_put_impl_.default})
+"""Rules that take the trace's deterministic-algorithms setting (keyword `deterministic`)."""
