@@ -9,7 +9,7 @@ from torch import nn
 
 from memplan.estimator.api import estimate
 from memplan.estimator.cuda.host_state import host_state_tensors
-from memplan.estimator.cuda.op_scratch import cuda_op_scratch_bytes
+from memplan.estimator.cuda.op_scratch import cuda_op_scratch, cuda_op_scratch_bytes
 
 aten = torch.ops.aten
 
@@ -175,13 +175,13 @@ def test_host_state_is_the_counters_each_optimizer_creates_without_a_device(make
 def test_embedding_and_its_backward_copy_non_contiguous_indices_and_gradients():
     """lstm-b32 / gru-b32: [32, 64] int64 token ids transposed from [64, 32] and the LSTM's [32, 64, 128]
     fp32 gradient transposed alike; the H100 held 16,384 B in the embedding, 1,064,960 in its backward."""
-    from memplan.estimator.kernels.scratch import cuda_contiguous_copies
-
     ids = meta(64, 32, dtype=torch.int64).t()
     grad = meta(64, 32, 128).transpose(0, 1)
     assert cuda_op_scratch_bytes(aten.embedding.default, (meta(5000, 128), ids), {}) == 16_384
     assert cuda_op_scratch_bytes(aten.embedding.default, (meta(5000, 128), ids.contiguous()), {}) == 0
-    assert cuda_contiguous_copies(aten.embedding_dense_backward.default, (grad, ids, 5000, -1, False)) == (1_048_576, 16_384)
+    backward = (grad, ids, 5000, -1, False)  # the copies, in Embedding.cu's order (cuda/embedding_scratch.py)
+    assert cuda_op_scratch(aten.embedding_dense_backward.default, backward, {}) == ((16_384, 1_048_576),)
+    assert cuda_op_scratch_bytes(aten.embedding_dense_backward.default, backward, {}) == 1_064_960
 
 
 @pytest.mark.parametrize(("shape", "dtype", "measured"), [
