@@ -178,11 +178,12 @@ class StorageTracker(TorchDispatchMode):
                 self._by_category[Category.ACTIVATIONS] += record.nbytes
         self.forward_activations = self._by_category[Category.ACTIVATIONS]
 
-    def reserve(self, nbytes: int, category: Category) -> None:
-        """A persistent allocation no traced tensor stands for (a cuBLAS workspace, a DDP bucket)."""
+    def reserve(self, nbytes: int, category: Category) -> int:
+        """An allocation no traced tensor stands for (a cuBLAS workspace, a DDP bucket): its handle."""
         handle = self.memory.malloc(nbytes, self._stream())
         self._by_category[category] += self.memory.block_bytes(handle)
         self._update_peak()
+        return handle
 
     def resize(self, tensor: torch.Tensor) -> None:
         """A storage was resized in place (FSDP frees and re-allocates its unsharded parameters with
@@ -310,6 +311,7 @@ class StorageTracker(TorchDispatchMode):
         for t, nbytes in self.workspaces.conv_calls(func, args, out) if self.workspaces is not None else ():
             self.track(t)  # a cuDNN call's output, then its workspace, freed before the next call
             self._transient(nbytes, category=Category.WORKSPACES)
+        self._in_order(self.workspaces.rnn_steps(func, args, out) if self.workspaces is not None else ())
         for t in outputs:
             self.track(t)
         if self.costs is not None:
@@ -336,7 +338,6 @@ class StorageTracker(TorchDispatchMode):
             for nbytes in self.workspaces.due(func, args, kwargs, backward=self.phase is Phase.BACKWARD,
                                               stream=self._stream()):
                 self.reserve(nbytes, Category.WORKSPACES)
-            self._transient(*self.workspaces.transient(func, args, out), category=Category.WORKSPACES)
         self._transient(ctc_backward_scratch_bytes(func, args))
         return out
 
@@ -348,10 +349,25 @@ class StorageTracker(TorchDispatchMode):
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=out[3].device)  # fake: we are above the fake mode
         return (*out[:3], workspace)
 
+    def _in_order(self, steps) -> None:
+        """An op's allocations in its kernel's order (a cuDNN RNN call's: cuda/rnn.py `allocation_steps`): ("keep",
+        bytes) stays, ("track", tensor) is an output, ("hold", bytes) a local until ("drop", n) frees the last n."""
+        held: list[int] = []
+        for kind, value in steps:
+            if kind == "track":
+                self.track(value)
+            elif kind in ("keep", "hold"):
+                handle = self.reserve(value, Category.WORKSPACES)
+                held += [handle] * (kind == "hold")
+            else:
+                for handle in [held.pop() for _ in range(value)]:
+                    self._by_category[Category.WORKSPACES] -= self.memory.block_bytes(handle)
+                    self.memory.free(handle)
+
     def _transient(self, *sizes: int, category: Category = Category.TEMPORARIES) -> None:
         """Memory a kernel holds only while it runs, on top of what is live (its outputs included): one request per
         size, in order, all held at once, then freed in reverse, as C++ destroys locals (a reduction's staging
-        buffer and semaphores, a cuDNN RNN's copies and workspace, an op's own buffers)."""
+        buffer and semaphores, an op's own buffers)."""
         handles = [self.memory.malloc(n, self._stream()) for n in sizes if n > 0]
         if not handles:
             return

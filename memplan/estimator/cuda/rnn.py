@@ -28,7 +28,9 @@ input 128, batch 32, seq 64, float32, dropout 0.1, standard algorithm; u = seq x
   as are directions, layers (not scaled) and other input sizes.
 - dropout state: 48 bytes (a curandState) per thread, 1024 threads per SM: 6,488,064 bytes on a 132-SM H100.
 Also held during a call: the contiguous copy of a batch-first (transposed) input, and in the backward of the
-incoming gradient and zeros for the outputs whose gradient is undefined (RNN.cpp `_cudnn_rnn_backward`).
+incoming gradient and zeros for the outputs whose gradient is undefined (RNN.cpp `_cudnn_rnn_backward`). Each call's
+blocks are taken in RNN.cpp's order (`allocation_steps`): the forward's workspace after its outputs and before the
+reserve, so that with expandable segments its hole lies below the reserve the backward keeps, as on the GPU.
 Not emulated: packed sequences (they keep the CPU path), fp16's persistent algorithms (RNN.cpp `get_algo`: other
 reserve and workspace sizes), projections (LSTM proj_size: the rule counts hidden, not proj), and weights that are
 not one contiguous chunk (cuDNN then copies them into a new flat buffer per call; the trace assumes them flattened).
@@ -120,33 +122,44 @@ def _seq_major_copy_bytes(t, batch_first: bool, packed: bool) -> int:
     return 0 if view.is_contiguous() else _nbytes(t)
 
 
-def held_blocks(func, args) -> tuple[int, ...]:
-    """Blocks a `_cudnn_rnn` / `_cudnn_rnn_backward` call holds while it runs beyond its outputs; () for other ops.
+def _hold(nbytes: int) -> list[tuple[str, int]]:
+    return [("hold", nbytes)] if nbytes > 0 else []
 
-    Forward: the input's contiguous copy, the workspace. Backward (outputs dx, dhx, dcx, dw counted): zeros for
-    undefined gradients, the input's copy and the workspace of `_cudnn_rnn_backward_weight` (dx, dhx, dcx and dw
-    live), or, where larger, `_cudnn_rnn_backward_input`'s (the gradient's copy in place of dw)."""
+
+def allocation_steps(func, args, out) -> list[tuple[str, object]]:
+    """A `_cudnn_rnn` / `_cudnn_rnn_backward` call's allocations in RNN.cpp's order ([] for other ops), as steps:
+    ("track", an output), ("hold", a local's bytes), ("drop", n: the last n locals, freed newest first as C++
+    destroys them at a function's return).
+
+    `_cudnn_rnn`: `x = input.contiguous()`, output, hy, cy, the weight buffer where none was given, then
+    `workspace` and (`fn_train`) `reserve`; x and the workspace freed at return. `_cudnn_rnn_backward`:
+    `at::zeros_like` for each undefined gradient (output, hy, cy); `_cudnn_rnn_backward_input`: x, `dy =
+    grad_output.contiguous()`, dx, dhx, dcx, its workspace, its locals freed; (output_mask[3])
+    `_cudnn_rnn_backward_weight`: x, `dw = at::zeros(...)`, its workspace, its locals freed; the zeros last."""
     if func is aten._cudnn_rnn.default and len(args) >= 15:
         input, batch_first, batch_sizes = args[0], args[10], args[14]
         shape = _shape(input, (*args[6:10], *args[11:14]), batch_sizes, batch_first)
-        return _present(_seq_major_copy_bytes(input, batch_first, bool(len(batch_sizes))), workspace_bytes(shape))
+        x = _seq_major_copy_bytes(input, batch_first, bool(len(batch_sizes)))
+        return [*_hold(x), *(("track", t) for t in (*out[:3], out[4])), *_hold(workspace_bytes(shape)),
+                ("track", out[3]), ("drop", 1 + (x > 0))]
     if func is aten._cudnn_rnn_backward.default and len(args) >= 22:
-        input, weight, hx, cx, output, grad_output, grad_hy, grad_cy = (args[i] for i in (0, 1, 4, 5, 6, 7, 8, 9))
+        input, hx, cx, output, grad_output, grad_hy, grad_cy = (args[i] for i in (0, 4, 5, 6, 7, 8, 9))
         batch_first, batch_sizes, mask = args[14], args[18], args[21]
         packed = bool(len(batch_sizes))
-        shape = _shape(input, (*args[10:14], *args[15:18]), batch_sizes, batch_first)
-        zeros = [_nbytes(output) if grad_output is None else 0, _nbytes(hx) if grad_hy is None else 0,
-                 _nbytes(cx) if cx is not None and grad_cy is None else 0]
+        workspace = workspace_bytes(_shape(input, (*args[10:14], *args[15:18]), batch_sizes, batch_first))
+        zeros = [n for n in (_nbytes(output) if grad_output is None else 0, _nbytes(hx) if grad_hy is None else 0,
+                             _nbytes(cx) if cx is not None and grad_cy is None else 0) if n > 0]
+        x = _seq_major_copy_bytes(input, batch_first, packed)
+        # an undefined grad_output's zeros are contiguous batch-first, so copied seq-major too
         dy = _nbytes(output) if grad_output is None and batch_first and not packed else \
             _seq_major_copy_bytes(grad_output, batch_first, packed)
-        dw = sum(_nbytes(w) for w in weight) if mask[3] else 0
-        blocks = (*zeros, _seq_major_copy_bytes(input, batch_first, packed), workspace_bytes(shape), max(dy - dw, 0))
-        return _present(*blocks)
-    return ()
-
-
-def _present(*blocks: int) -> tuple[int, ...]:
-    return tuple(b for b in blocks if b > 0)
+        steps = [*(s for n in zeros for s in _hold(n)), *_hold(x), *_hold(dy),
+                 *(("track", t) for t in out[:3] if isinstance(t, torch.Tensor)), *_hold(workspace),
+                 ("drop", 1 + (x > 0) + (dy > 0))]
+        if mask[3] and out[3]:
+            steps += [*_hold(x), ("track", out[3][0]), *_hold(workspace), ("drop", 1 + (x > 0))]
+        return steps + [("drop", len(zeros))]
+    return []
 
 
 class CudnnRnnBuffers:
@@ -165,10 +178,12 @@ class CudnnRnnBuffers:
             return [dropout_state_bytes(self.sm_count)]
         return []
 
-    def held(self, func, args) -> tuple[int, ...]:
+    def call_steps(self, func, args, out) -> list[tuple[str, object]]:
+        """`allocation_steps`, after ("keep", the dropout state's bytes) at the first training call with dropout:
+        `_cudnn_impl` calls `get_dropout_state` (`_cudnn_init_dropout_state`) before `_cudnn_rnn`."""
         if func is aten._cudnn_rnn.default and len(args) >= 15:
             self._calls.add((args[6], bool(args[13]), args[0].dtype))
-        return held_blocks(func, args)
+        return [*(("keep", n) for n in self.due(func, args)), *allocation_steps(func, args, out)]
 
     def notes(self) -> list[str]:
         """What the estimate's cuDNN RNN sizes rest on, once an RNN took cuDNN's path."""

@@ -63,12 +63,12 @@ class LibraryWorkspaces:
         self.conv = conv
         """A cuda.conv_workspace.ConvWorkspaces: each convolution's cuDNN workspace, held while it runs (None: none)."""
         self.rnn = rnn
-        """A cuda.rnn.CudnnRnnBuffers: a cuDNN RNN's dropout state (at first use) and what each call holds (None: none)."""
+        """A cuda.rnn.CudnnRnnBuffers: a cuDNN RNN's dropout state (first use) and each call's blocks (None: none)."""
 
-    def transient(self, func, args, out) -> tuple[int, ...]:
-        """Bytes of each block `func` takes through the caching allocator for its own run only and holds together:
-        a cuDNN RNN's workspace and contiguous copies."""
-        return self.rnn.held(func, args) if self.rnn is not None else ()
+    def rnn_steps(self, func, args, out) -> list[tuple[str, object]]:
+        """A cuDNN RNN call's dropout state (at first use), outputs and own buffers in RNN.cpp's order, as the
+        tracker's `_in_order` steps ([] for any other op, or without cuDNN RNNs)."""
+        return self.rnn.call_steps(func, args, out) if self.rnn is not None else []
 
     def conv_calls(self, func, args, out) -> list[tuple[torch.Tensor, int]]:
         """A convolution's cuDNN calls in order, each (the output it allocates, then its workspace's bytes, held
@@ -79,7 +79,7 @@ class LibraryWorkspaces:
         """Bytes of each workspace `func` allocates on first use, in order ([] for most ops)."""
         if func not in CUBLAS_OPS:
             self.cudnn_used = self.cudnn_used or func in CUDNN_OPS
-            return self.rnn.due(func, args) if self.rnn is not None else []
+            return []
         out = []
         for library, nbytes, used in (("cublas", self.cublas_bytes, True),
                                       ("cublaslt", self.cublaslt_bytes, takes_cublaslt(func, args, kwargs))):
