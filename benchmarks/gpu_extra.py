@@ -107,10 +107,13 @@ def vit_batch(batch: int, cpu: bool):
     return torch.randn(batch, 3, side, side, generator=g), torch.randint(0, 10, (batch,), generator=g)
 
 
+DRY_VOCAB = 1001  # the dry run's: odd like GPT-2's 50257, whose LM head was most of a tiny model's step
+
+
 def gpt2_small(cpu: bool):
     import transformers
 
-    size = dict(n_layer=2, n_embd=64, n_head=2, n_positions=64) if cpu else {}
+    size = dict(n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=DRY_VOCAB) if cpu else {}
     config = transformers.GPT2Config(attn_implementation="sdpa", use_cache=False, **size)
     return transformers.GPT2LMHeadModel(config).train()
 
@@ -118,7 +121,8 @@ def gpt2_small(cpu: bool):
 def gpt2_small_batch(batch: int, cpu: bool) -> dict:
     import torch
 
-    ids = torch.randint(0, 50257, (batch, 32 if cpu else 1024), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, DRY_VOCAB if cpu else 50257, (batch, 32 if cpu else 1024),
+                        generator=torch.Generator().manual_seed(0))
     return {"input_ids": ids, "labels": ids}
 
 

@@ -1,6 +1,7 @@
 """The benchmark zoo trains, and the truth harness reads the allocator's peak to the byte."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -148,6 +149,7 @@ def test_every_case_trains_one_real_step_at_batch_size_2(name):
     batch_again = case.make_batch(2)
     for a, b in zip(_tensors(case.make_batch(2)), _tensors(batch_again)):
         assert torch.equal(a, b)
+    case = _short_if_a_precision_twin(case)
     losses, got_grad, models = [], set(), []
 
     def loss(model, batch):
@@ -169,6 +171,31 @@ def test_every_case_trains_one_real_step_at_batch_size_2(name):
     assert len(losses) == 1 and losses[0].dim() == 0 and math.isfinite(losses[0].item())
     untrained = [n for n, p in model.named_parameters() if p.requires_grad and n not in got_grad]
     assert untrained == []
+
+
+#: tokens per sequence for a precision twin's real step (below)
+TWIN_SEQ_LEN = 32
+
+
+def _short_if_a_precision_twin(case):
+    """The case, or, where it was kept only for its precision's path (its float32 twin, the same model, batch and
+    loss, trains here too) and its batch is token sequences, the case on TWIN_SEQ_LEN tokens a sequence: what this
+    test checks (a finite loss, every parameter's gradient, SDPA, train mode) does not depend on the length, and
+    llama-gqa-b2-bf16true's 256 tokens cost 35 CPU-s on an AVX2-only AMD EPYC (bfloat16 matmuls without oneDNN
+    bfloat16 kernels; its float32 twin 1.7), the suite's costliest real step."""
+    twin = replace(case, name="", batch_size=2, precision="32-true")
+    make = case.make_batch
+    if (case.precision == "32-true" or not isinstance(make, functools.partial) or "seq_len" not in make.keywords
+            or not any(replace(CASES[n], name="", batch_size=2) == twin for n in _distinct_at_batch_size_2())):
+        return case
+    return replace(case, make_batch=functools.partial(make, seq_len=TWIN_SEQ_LEN))
+
+
+def test_a_precision_twin_trains_on_short_sequences_and_a_float32_case_at_full_length():
+    short = _short_if_a_precision_twin(CASES["llama-gqa-b2-bf16true"])
+    assert short.make_batch(2)["input_ids"].shape == (2, TWIN_SEQ_LEN) and short.precision == "bf16-true"
+    for name in ("llama-gqa-b2", "mixtral-moe-b4", "vit-b32-bf16mixed-ckpt"):  # float32; no twin; no sequences
+        assert _short_if_a_precision_twin(CASES[name]) is CASES[name]
 
 
 def _tensors(batch):
