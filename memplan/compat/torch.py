@@ -157,20 +157,29 @@ _IMPL_ALLOWS_OVERRIDE = "allow_override" in inspect.signature(torch.library.Libr
 
 def override_kernel(lib: torch.library.Library, op_name: str, fn: Callable[..., Any], dispatch_key: str) -> None:
     """`lib.impl(op_name, fn, dispatch_key)` that replaces a kernel torch itself registered from Python for that key
-    (torch._meta_registrations' Meta kernels: `_cudnn_rnn`'s). torch 2.13 allows it by default; torch 2.11-2.12
-    refuse it unless `allow_override=True` ("already a kernel registered from python overriding ..."); a torch
-    without that flag (2.4-2.10) checks `torch.library._impls`, the "ns/op/key" strings registered from Python,
-    from which the key is dropped first. The earlier kernel comes back when `lib` is destroyed."""
+    (torch._meta_registrations' Meta kernels: `_cudnn_rnn`'s). torch 2.13 allows it by default; torch 2.11 refuses
+    it unless `allow_override=True` ("already a kernel registered from python overriding ...", read on the H200's
+    torch 2.11.0); a torch without that flag checks `torch.library._impls`, the "ns/op/key" strings registered from
+    Python, from which the key is dropped first. The earlier kernel comes back when `lib` is destroyed through
+    `destroy_library`, which also puts back the key torch had recorded, so torch goes on refusing later overrides
+    as it would have."""
+    key = f"{lib.ns}/{op_name.split('::')[-1]}/{dispatch_key}"
+    if key in torch.library._impls:
+        lib.__dict__.setdefault("_memplan_restore", set()).add(key)
     if _IMPL_ALLOWS_OVERRIDE:
         lib.impl(op_name, fn, dispatch_key, allow_override=True)
         return
-    torch.library._impls.discard(f"{lib.ns}/{op_name.split('::')[-1]}/{dispatch_key}")
+    torch.library._impls.discard(key)
     lib.impl(op_name, fn, dispatch_key)
 
 
 def destroy_library(lib: torch.library.Library) -> None:
-    """`Library._destroy()` (torch 2.4-2.13): drop every kernel `lib` registered."""
+    """`Library._destroy()` (torch 2.4-2.13): drop every kernel `lib` registered; the Python-registration records of
+    the kernels it overrode (`override_kernel`) are put back."""
     lib._destroy()
+    restore = lib.__dict__.get("_memplan_restore", set())
+    lib._op_impls.difference_update(restore)  # (the library's finalizer would drop them again when collected)
+    torch.library._impls.update(restore)
 
 
 def sdp_priority_order() -> tuple[int, ...] | None:
