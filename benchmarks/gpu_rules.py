@@ -44,7 +44,7 @@ FLASH = (  # (batch, heads, seq, head dim)
     (2, 12, 512, 72),
     (16, 16, 256, 64),
 )
-EMBEDDINGS = (  # (tokens, rows, dim, dtype): the backward's sort and two-pass buffers past 3072 indices (no reading yet)
+EMBEDDINGS = (  # (tokens, rows, dim, dtype): the backward's sort and two-pass buffers past 3072 indices (unread)
     (8192, 50257, 768, "float32"),
     (16384, 32000, 1024, "bfloat16"),
     (4096, 400, 256, "float32"),  # few rows: newer torch may take its fused atomic path here (not modelled)
@@ -331,7 +331,8 @@ def render(result: dict) -> str:
     ]
     for r in result["rows"]:
         mark = "" if r["gpu_requested_peak"] == r["rule_requested_peak"] else " (differs)"
-        lines.append(f"| {r['case']} | {r['path']} | {r['gpu_requested_peak']:,} | {r['rule_requested_peak']:,}{mark} | "
+        lines.append(f"| {r['case']} | {r['path']} | {r['gpu_requested_peak']:,} | "
+                     f"{r['rule_requested_peak']:,}{mark} | "
                      f"{r['gpu_transient']:,} | {r['rule_rounded']:,} |")
     for err in result["errors"]:
         lines.append(f"\nNot measured: {err['case']}: {err['error'].strip()}")
@@ -360,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_rules.json").write_text(json.dumps(data, indent=1))
     for row in data["rows"]:
-        print(f"{row['case']:<60} requested: gpu {row['gpu_requested_peak']:>13,} rule {row['rule_requested_peak']:>13,}"
+        print(f"{row['case']:<60} requested: gpu {row['gpu_requested_peak']:>13,} "
+              f"rule {row['rule_requested_peak']:>13,}"
               f"  allocated: gpu {row['gpu_transient']:>13,} rule {row['rule']:>13,}")
     for err in data["errors"]:
         print("ERROR", err["case"], err["error"])

@@ -14,10 +14,12 @@ TRACE_ON_CPU_ENV = "MEMPLAN_TRACE_ON_CPU"
 """Where a CUDA target is traced. Unset or 1 (the default): on fake CPU tensors with CUDA's semantics emulated
 (memplan.estimator.cuda), on every machine. 0: on fake CUDA tensors where this torch has CUDA and a GPU (the native
 trace), a diagnostic. The emulated trace is the default on GPU machines too because it is the one that matches the
-GPUs: on an H200 (torch 2.11, 45 zoo cases, session 9, benchmarks/results/gpu_campaign_raw/part1b.json, part1c.json)
-the emulated estimate's max_memory_allocated error was 0.00 % wherever the native one missed (mixtral-moe-b4
--3.23 %, llama-gqa-b2 -2.58 %, llama-gqa-b4-bf16mixed +0.67 %, gpt2 +0.2 %), and never the larger of the two; the
-H100's readings (session 5) show the same."""
+GPUs' max_memory_allocated: on an H200 (torch 2.11, session 9) its error was never larger than the native trace's,
+at default settings (33 zoo cases, benchmarks/results/gpu_campaign_raw/part1b.json, part1c.json: native
+llama-gqa-b4-bf16mixed +0.67 %, llama-gqa-b2-bf16true +0.64 %, gpt2-b4 +0.17 % where emulated read 0.00 %;
+gpt2-b8-bf16mixed +0.17 % against +0.07 %) and under expandable segments (12 cases, gpu_campaign_raw_expandable:
+mixtral-moe-b4 -3.23 %, llama-gqa-b2 -2.58 % against 0.00 %). On reserved bytes the two differ both ways by up to
+0.3 % (llama-gqa-b2 under expandable segments: native -2.88 %, emulated -3.19 %)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +35,8 @@ class Target:
     total_bytes: int | None = None
     """The GPU's memory, when known."""
     trace_device: str = "cpu"
-    """Device of the fake tensors: 'cuda' where this torch has CUDA and a GPU, else 'cpu'."""
+    """Device of the fake tensors: 'cpu' (CUDA targets emulated), or 'cuda' where MEMPLAN_TRACE_ON_CPU=0 asks for it
+    and this torch has CUDA and a GPU."""
 
     @property
     def emulates_cuda(self) -> bool:
@@ -81,7 +84,7 @@ def _gpu_target(model) -> Target:
 
 
 def _trace_device() -> str:
-    value = os.environ.get(TRACE_ON_CPU_ENV, "1").strip()
+    value = os.environ.get(TRACE_ON_CPU_ENV, "").strip() or "1"  # (set but empty: as unset)
     if value not in ("0", "1"):
         raise ValueError(f"{TRACE_ON_CPU_ENV}={value!r}: set it to 1 (trace CUDA targets on CPU with CUDA emulated, "
                          "the default) or 0 (on fake CUDA tensors where this machine has a GPU), or unset it")

@@ -39,7 +39,7 @@ from memplan.estimator.determinism import Deterministic
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
-    ctc_backward_scratch_bytes, cuda_contiguous_copies, promotion_scratch_bytes, rnn_workspace_bytes,
+    ctc_backward_scratch_bytes, cuda_contiguous_copies, promotion_scratch_bytes, with_rnn_workspace,
 )
 from memplan.estimator.values import is_random
 
@@ -297,7 +297,7 @@ class StorageTracker(TorchDispatchMode):
             out = self.values.call(func, args, kwargs) if self.values is not None else func(*args, **kwargs)
             if not tensors:
                 out = self._maybe_realize_factory(func, args, kwargs, out)
-            out = self._fill_library_workspace(func, args, out)
+            out = with_rnn_workspace(func, args, out)
             if self.cpu_kernels and func in CPU_LAYOUT_OPS:
                 out = cpu_output_layout(func, args, out)
         accumulation = accumulation_inputs(self._records, self.phase is Phase.BACKWARD, func, args, kwargs, out)
@@ -340,14 +340,6 @@ class StorageTracker(TorchDispatchMode):
                 self.reserve(nbytes, Category.WORKSPACES)
         self._transient(ctc_backward_scratch_bytes(func, args))
         return out
-
-    def _fill_library_workspace(self, func, args, out):
-        """Give a library-sized workspace output the size the real kernel would give it."""
-        nbytes = rnn_workspace_bytes(func, args)
-        if nbytes is None or out[3].numel() != 0:
-            return out
-        workspace = torch.empty(nbytes, dtype=torch.uint8, device=out[3].device)  # fake: we are above the fake mode
-        return (*out[:3], workspace)
 
     def _in_order(self, steps) -> None:
         """An op's allocations in its kernel's order (a cuDNN RNN call's: cuda/rnn.py `allocation_steps`): ("keep",

@@ -197,6 +197,15 @@ def _accuracy_gpu_expandable() -> tuple[str, ...]:
             signed_pct(default[rnn[1]["case"]][key]), signed_pct(default[rnn[0]["case"]][key]))
 
 
+def _gpu_fidelity_expandable() -> tuple[str, ...]:
+    report = results("gpu_fidelity_expandable")
+    now = report["summary"]["now"]["reserved"]
+    rows = {r["case"]: r for r in report["rows"]}
+    return (str(now["n"]), pct(now["median_abs"], 2), signed_pct(now["worst"]),
+            *(f for case in ("lstm-b32-adagrad", "gru-b32")
+              for f in (case, signed_pct(rows[case]["now_err_reserved"]))))
+
+
 def _conv_workspace() -> tuple[str, ...]:
     fit, fidelity = results("conv_workspace_fit"), results("conv_workspace_fidelity")
 
@@ -391,6 +400,10 @@ CLAIMS = [
            r"emulated `peak_reserved` is exact for (\d+) of the (\d+), NUM % for `([\w.-]+)`, and under for the two "
            r"cuDNN RNN cases, `([\w.-]+)` NUM % and `([\w.-]+)` NUM % \(NUM % and NUM % at the default settings\)")
           .replace(" ", r"\s+"), _accuracy_gpu_expandable),
+    Claim("gpu_fidelity_expandable",
+          (r"(?s)re-estimates them \(`benchmarks/results/gpu_fidelity_expandable\.md`, n=(\d+)\): `peak_reserved` "
+           r"median \|error\| NUM %, worst NUM %; `([\w.-]+)` NUM %, `([\w.-]+)` NUM %").replace(" ", r"\s+"),
+          _gpu_fidelity_expandable),
     Claim("conv_workspace",
           (r"(?s)leave-one-shape-out median error NUM % of the workspace, .*?the conv cases' `peak_reserved` median "
            r"\|error\| NUM % -> NUM % on the H200 \(cnn-b64-bf16mixed NUM % -> NUM %\), NUM % -> NUM % on the H100 "

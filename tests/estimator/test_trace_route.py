@@ -136,6 +136,7 @@ def test_an_fsdp_estimate_on_a_machine_with_a_gpu_is_the_emulated_one_with_a_not
 @pytest.mark.parametrize(("setting", "has_gpu", "traced_on"), [
     (None, True, "cpu"),  # a GPU machine traces emulated by default: the trace the H200's readings matched
     ("1", True, "cpu"),
+    ("", True, "cpu"),  # set but empty: as unset
     ("0", True, "cuda"),  # the native trace, asked for
     ("0", False, "cpu"),  # no GPU here: emulated whatever the setting
     (None, False, "cpu"),

@@ -1,15 +1,18 @@
-"""Temporaries of CUDA's embedding backward over more than 3072 indices (a rule for cuda/op_scratch.py: per phase,
-the bytes of each buffer held at once).
+"""Temporaries of CUDA's embedding backward over more than 3072 indices (a rule for cuda/op_scratch.py: per phase, the
+bytes of each buffer held at once).
 
-From the source, not read on a GPU (the zoo's token models train at most 3072 tokens a step, which take the
-direct kernel: only the copies of a non-contiguous gradient or index, read on an H100). aten/src/ATen/native/cuda/Embedding.cu `embedding_dense_backward_cuda`: up to 3072
-indices (and no scale_grad_by_freq) a kernel adds into the zeroed gradient directly. Beyond, the indices are sorted
-with their positions: `sorted_indices` and `orig_indices` (empty_like the indices), an `arange` of the positions and
-cub's radix-sort storage over all the index's bits (`radix_sort_pairs(..., num_indices, false)`, the bit range left
-out; cuda/cub_sort.py) — the arange and cub's storage are freed when the sort returns. With scale_grad_by_freq a
-`count` buffer like the indices follows. Then EmbeddingBackwardKernel.cu `embedding_backward_cuda_kernel`, its
-two-pass path: beside the gradient (the op's output) `segment_offsets` (one per index), a 0-dim int64 segment count,
-cub's unique-by-key storage, `partials_per_segment` and `partials_per_segment_offset` (max_segments = min(indices,
+From the source, not read on a GPU (the zoo's token models train at most 3072 tokens a step, which take the direct
+kernel: only the copies of a non-contiguous gradient or index, read on an H100). The H200's two GPT-2 small FSDP2 runs
+at 8 x 1024 tokens (benchmarks/results/memory_gaps_gpu.md) take this path but peak elsewhere: their estimates are the
+same with and without this rule (allocated +0.01 % fp32, +0.01 % bf16-mixed against the H200, emulated).
+aten/src/ATen/native/cuda/Embedding.cu `embedding_dense_backward_cuda`: up to 3072 indices (and no
+scale_grad_by_freq) a kernel adds into the zeroed gradient directly. Beyond, the indices are sorted with their
+positions: `sorted_indices` and `orig_indices` (empty_like the indices), an `arange` of the positions and cub's
+radix-sort storage over all the index's bits (`radix_sort_pairs(..., num_indices, false)`, the bit range left out;
+cuda/cub_sort.py) — the arange and cub's storage are freed when the sort returns. With scale_grad_by_freq a `count`
+buffer like the indices follows. Then EmbeddingBackwardKernel.cu `embedding_backward_cuda_kernel`, its two-pass
+path: beside the gradient (the op's output) `segment_offsets` (one per index), a 0-dim int64 segment count, cub's
+unique-by-key storage, `partials_per_segment` and `partials_per_segment_offset` (max_segments = min(indices,
 num_weights) each), a 0-dim partial-segment count, cub's exclusive-sum storage, `partial_segment_offset`
 (max_partial_segment = indices / 10 + max_segments) and `grad_weight_per_segment`, [max_partial_segment, dim] in the
 gradient's op-math type (float32 for float16 and bfloat16), all held until the kernel returns. cub's unique-by-key

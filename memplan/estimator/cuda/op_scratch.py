@@ -40,7 +40,8 @@ kernel probe measures what CPU kernels do.
   at pytorch 03b7c19, the statements `const int nsplits = (dprops->multiProcessorCount + batch_size * num_heads -
   1) / (batch_size * num_heads);` and `dq_accum = at::zeros({nsplits, ...})` after `bool loop = true;`; line
   numbers not given: the pytorch snapshot was too large to bring here); read on an H200 (torch 2.11): the requested
-  bytes of 12 backwards, 6 of them deterministic (head dims 64-128, 72), as the rule gives (benchmarks/results/
+  bytes of 12 backwards, 6 of them deterministic (5 with more than one split; head dims 64-128, 72), as the rule
+  gives (benchmarks/results/
   gpu_rules.md). The
   setting is the trace's (`deterministic`, estimator/determinism.py: estimate(deterministic=...), a config's
   trainer.deterministic, the Trainer MemoryPlanner runs in), not the tracing process's flag. With

@@ -56,6 +56,15 @@ def rnn_workspace_bytes(func, args) -> int | None:
     return lstm_workspace_bytes(seq, batch, x.shape[-1], hidden, x.element_size())
 
 
+def with_rnn_workspace(func, args, out):
+    """`out` with a library-sized workspace output given the size the real kernel gives it (mkldnn_rnn_layer's,
+    `rnn_workspace_bytes`); `out` itself for any other op. Called under the fake mode: the workspace is fake."""
+    nbytes = rnn_workspace_bytes(func, args)
+    if nbytes is None or out[3].numel() != 0:
+        return out
+    return (*out[:3], torch.empty(nbytes, dtype=torch.uint8, device=out[3].device))
+
+
 def promotion_scratch_bytes(func, tensors: list[torch.Tensor]) -> int:
     """CPU TensorIterator copies each input whose dtype differs from the common dtype into a
     temporary of the common dtype before running a pointwise kernel (TensorIteratorBase::compute_types:
