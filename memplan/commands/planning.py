@@ -172,6 +172,13 @@ def check_request(loaded: LoadedConfig, hardware: Hardware, *, nodes: int = 1, g
     return wanted
 
 
+def with_deterministic(loaded: LoadedConfig, deterministic: bool | str | None) -> LoadedConfig:
+    """`loaded` with trainer.deterministic set to `deterministic` (--deterministic), unchanged for None."""
+    if deterministic is None:
+        return loaded
+    return dataclasses.replace(loaded, trainer={**loaded.trainer, "deterministic": deterministic})
+
+
 def plan_config(
     loaded: LoadedConfig,
     hardware: Hardware,
@@ -182,11 +189,10 @@ def plan_config(
     allow_checkpointing: bool | None = None,
     margin: float | None = None,
     progress: Progress | None = None,
-    deterministic: bool | str | None = None,
 ) -> Plan:
     """Plan the config on the hardware; flags override the config's memplan settings. Everything that
-    needs no trace is checked first (check_request). `deterministic` (--deterministic): over the config's
-    trainer.deterministic."""
+    needs no trace is checked first (check_request). Deterministic algorithms: the config's trainer.deterministic
+    (`with_deterministic` puts --deterministic there)."""
     progress = progress or Progress(enabled=False)
     for outside in check_installed_once("memplan"):  # said once, here, not by each estimate
         progress.clear()
@@ -203,7 +209,7 @@ def plan_config(
     base = loaded.example_batch(loaded.data_batch_size or 1)
     request = request_of(loaded, hardware, wanted, skeleton, nodes=nodes)
     estimator = estimator_for(loaded.build_model, base, optimizer=loaded.optimizer, device=hardware.estimate_device,
-                              deterministic=loaded.trainer_deterministic if deterministic is None else deterministic)
+                              deterministic=loaded.trainer_deterministic)
     if isinstance(hardware.estimate_device, GpuModel) and can_fork():  # fake tensors only: safe to fork
         estimator = BackgroundEstimator(estimator)
     try:  # (the plan's account and NoFit speak of the flags and keys: the request's words)

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_config_for_command(args.config, before_print=progress.clear)
     finally:
         progress.clear()  # a refusal prints on a clean line; planning says what it does next
-    from memplan.commands.planning import plan_config, resolve_hardware  # torch: seconds, with the line shown
+    from memplan.commands.planning import plan_config, resolve_hardware, with_deterministic  # torch: seconds, with the line shown
     from memplan.planner import NoFit
 
     try:
@@ -72,10 +72,9 @@ def run(args: argparse.Namespace) -> int:
             progress.clear()
             print(f"memplan: note: {note}", file=sys.stderr)
         plan = plan_config(
-            loaded, hardware, nodes=args.nodes, global_batch_size=args.global_batch_size,
+            with_deterministic(loaded, args.deterministic), hardware, nodes=args.nodes, global_batch_size=args.global_batch_size,
             precisions=tuple(dict.fromkeys(args.precision)) if args.precision else None,
             allow_checkpointing=False if args.no_checkpointing else None, margin=args.margin, progress=progress,
-            deterministic=args.deterministic,
         )
     except NoFit as err:
         print(f"memplan: {err}", file=sys.stderr)

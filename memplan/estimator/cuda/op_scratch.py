@@ -160,10 +160,11 @@ def _efficient_attention_backward(grad_out, query, *rest, **kwargs) -> Phases:
     return (copy, product, delta, delta), (copy, delta, workspace)
 
 
-def _flash_attention_backward(grad_out, query, key, value, out, *rest, gpu: CudaGpu, deterministic: Deterministic,
+def _flash_attention_backward(grad_out, query, key, *rest, gpu: CudaGpu, deterministic: Deterministic,
                               **kwargs) -> Phases:
     """Arguments: (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
     is_causal, philox_seed, philox_offset); q, k, v, out as [B, H, S, D]."""
+    out = rest[1]
     batch, heads, queries, head_dim = query.shape
     copies = [0 if t.transpose(1, 2).is_contiguous() else _nbytes(t) for t in (grad_out, out)]
     rows = -(-queries // 128) * 128  # round_multiple(seqlen_q, 128)
