@@ -16,15 +16,6 @@ aten = torch.ops.aten
 FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_backward.default
 
 
-@pytest.fixture
-def process_flags():
-    """Restores torch's deterministic-algorithms flags after a test that sets them."""
-    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), \
-        torch.is_deterministic_algorithms_warn_only_enabled()
-    yield
-    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-
-
 def backward_args(batch, heads, seq, dim):
     """q, k, v, out, grad_out bf16 as [B, H, S, D] views of [B, S, H, D], as SDPA's flash path hands them over."""
     view = torch.empty(batch, seq, heads, dim, dtype=torch.bfloat16, device="meta").transpose(1, 2)

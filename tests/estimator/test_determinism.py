@@ -30,15 +30,6 @@ def extra_accumulators(batch: int, heads: int, seq: int, head_dim: int, sm_count
     return (splits - 1) * batch * (-(-seq // 128) * 128) * heads * (-(-head_dim // 32) * 32) * 4
 
 
-@pytest.fixture
-def process_flags():
-    """torch's deterministic flags restored after the test."""
-    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), \
-        torch.is_deterministic_algorithms_warn_only_enabled()
-    yield
-    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-
-
 def flash_held(monkeypatch, **kwargs) -> tuple[set[int], memplan.MemoryEstimate]:
     """What the flash backward holds inside the op in the estimate's steps, and the estimate (H100, bf16-mixed)."""
     seen = op_transients(monkeypatch, FLASH_BACKWARD)
