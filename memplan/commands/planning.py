@@ -176,7 +176,9 @@ def with_deterministic(loaded: LoadedConfig, deterministic: bool | str | None) -
     """`loaded` with trainer.deterministic set to `deterministic` (--deterministic), unchanged for None."""
     if deterministic is None:
         return loaded
-    return dataclasses.replace(loaded, trainer={**loaded.trainer, "deterministic": deterministic})
+    trainer = {**loaded.trainer, "deterministic": deterministic}  # the planned config (--output) writes it too
+    raw = {**loaded.raw, "trainer": {**(loaded.raw.get("trainer") or {}), "deterministic": deterministic}}
+    return dataclasses.replace(loaded, trainer=trainer, raw=raw)
 
 
 def plan_config(

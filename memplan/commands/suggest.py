@@ -71,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
         for note in hardware.notes:
             progress.clear()
             print(f"memplan: note: {note}", file=sys.stderr)
+        loaded = with_deterministic(loaded, args.deterministic)  # the plan and the planned config (--output) alike
         plan = plan_config(
-            with_deterministic(loaded, args.deterministic), hardware, nodes=args.nodes, global_batch_size=args.global_batch_size,
+            loaded, hardware, nodes=args.nodes, global_batch_size=args.global_batch_size,
             precisions=tuple(dict.fromkeys(args.precision)) if args.precision else None,
             allow_checkpointing=False if args.no_checkpointing else None, margin=args.margin, progress=progress,
         )

@@ -89,3 +89,14 @@ def test_bad_values_are_one_line_naming_the_flag_or_the_key(capsys, tmp_path, co
     assert main([command, config(tmp_path, "sometimes"), *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "trainer.deterministic must be true, false or warn" in err[0] and "'sometimes'" in err[0]
+
+
+def test_suggest_output_writes_the_deterministic_flag_it_planned_for(capsys, tmp_path):
+    """The planned config runs what was planned: --deterministic lands in its trainer.deterministic."""
+    import yaml
+
+    out = tmp_path / "planned.yaml"
+    assert main(["suggest", "--gpu", "H100-80GB", "--gpus", "1", "--precision", "bf16-mixed", "--deterministic",
+                 "true", "--output", str(out), config(tmp_path)]) == 0
+    capsys.readouterr()
+    assert yaml.safe_load(out.read_text())["trainer"]["deterministic"] is True
