@@ -25,6 +25,8 @@ writes benchmarks/results/callback_overhead.json and .md.
 prints where own code's time goes, by part and by kind of step (guarded, a reading, the rest), in the GPU
 campaign's setting (benchmarks.gpu_probes overhead: GPT-2 small's structure, bf16-mixed, own code from step 20),
 run on CPU at a tiny width.
+
+The clocks (StepClock, OwnTime) are in benchmarks.callback_overhead_clocks; this module runs the fits and reports.
 """
 from __future__ import annotations
 
@@ -37,7 +39,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,22 +47,26 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.loggers import CSVLogger
-from pytorch_lightning.trainer import call
 from torch.utils.data import DataLoader, TensorDataset
 
-from memplan.callback import MemoryPlanner, chunking
+from benchmarks.callback_overhead_clocks import (  # noqa: F401 (USER_PART: tests/benchmarks reads it from here)
+    USER_PART,
+    WARMUP,
+    OwnTime,
+    StepClock,
+)
+from benchmarks.results_io import RESULTS, write_results
+from memplan.callback import MemoryPlanner
 from memplan.demos import MLP, ImageCNN
 from memplan.plan import Plan
-from benchmarks.results_io import RESULTS, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL = 0.005
-WARMUP = 20
 INSTRUMENTED_REPEATS = 2
 OWN_FROM = 100
+"""Own code is counted from this step: after the default guard has lifted (at the reading of step 50)."""
 MLP_OWN_GOAL_US = 40.0
 """Issue 11: own code per unguarded step on this machine's MLP step, at the default interval."""
-"""Own code is counted from this step: after the default guard has lifted (at the reading of step 50)."""
 GUARDS = ("auto", "always")
 """auto (the default): guarded until the first reading (step 50) shows this CPU's plenty of room, then
 Lightning backwards each whole batch; always: every backward in training_step and the gradient
@@ -73,164 +78,6 @@ SCENARIOS = {
     "mlp": (lambda: MLP(), 64, 3000),
     "cnn": (lambda: ImageCNN(channels=16), 16, 300),
 }
-
-
-class StepClock(Callback):
-    """Mean wall time per step from step `start` (WARMUP) to the end of fit."""
-
-    def __init__(self, start: int = WARMUP) -> None:
-        self.start = self.end = 0.0
-        self.first = self.steps = 0
-        self.from_step = start
-        self.timing = False
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.from_step and not self.timing:
-            self.start, self.first, self.timing = time.perf_counter(), trainer.global_step, True
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.end, self.steps = time.perf_counter(), trainer.global_step - self.first
-        self.timing = False  # the end-of-fit summary is not a per-step cost
-
-    @property
-    def step_s(self) -> float:
-        return (self.end - self.start) / self.steps
-
-
-USER_PART = "the user's work inside the wrapper (subtracted)"
-
-
-class OwnTime:
-    """Time `target` adds inside the clock's window: Lightning's per-callback loop body for every hook
-    (getattr, profiler context, the hook), MemoryPlanner's training_step wrapper less the user's work
-    in it (training_step and the backward of each chunk), and Lightning's backward of the carrier.
-    The other callbacks run first, `target` last."""
-
-    def __init__(self, target: Callback, clock: StepClock) -> None:
-        self.seconds = 0.0
-        self.parts: dict[str, dict[int, float]] = {}
-        """Seconds inside the clock's window by where they went and the global step they were booked at
-        (`breakdown`); the user's work subtracted is booked negative, so the parts add up to `close()`."""
-        self.per_step: dict[int, float] = {}
-        """Own seconds by the global step they were booked at (a step's on_train_batch_end sees the next one's)."""
-        self.carried_steps: set[int] = set()
-        """The global steps whose training_step returned a carrier (guarded: every backward in training_step)."""
-        self._trainer = None
-        self._user = 0.0
-        self._inside = False
-        self._carried = False
-        self._target, self._clock = target, clock
-        self._original = call._call_callback_hooks
-        call._call_callback_hooks = self._dispatch
-        self._replay = chunking.replay_logged
-
-    def _dispatch(self, trainer, hook_name, *args, monitoring_callbacks=None, **kwargs):
-        everyone = trainer.callbacks
-        trainer.callbacks = [c for c in everyone if c is not self._target]
-        try:
-            self._original(trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs)
-        finally:
-            trainer.callbacks = everyone
-        if monitoring_callbacks:
-            return
-        self._trainer = trainer
-        started = time.perf_counter()
-        fn = getattr(self._target, hook_name)
-        with trainer.profiler.profile(f"[Callback]{self._target.state_key}.{hook_name}"):
-            fn(trainer, trainer.lightning_module, *args, **kwargs)
-        if self._clock.timing:
-            elapsed = time.perf_counter() - started
-            self.seconds += elapsed
-            self._book(f"hook {hook_name}", elapsed)
-        if hook_name == "on_fit_start" and isinstance(self._target, MemoryPlanner):
-            self._wrap_training_step(trainer.lightning_module)
-
-    def _wrap_training_step(self, module) -> None:
-        runner = self._target._fit.runner
-        wrapper = module.training_step
-
-        def inside_wrapper(*args, **kwargs):
-            self._inside = True
-            try:
-                output = wrapper(*args, **kwargs)
-            finally:
-                self._inside = False
-            loss = output if isinstance(output, torch.Tensor) else output.get("loss")
-            self._carried = loss.grad_fn is not None and type(loss.grad_fn).__name__.startswith("_CarryGradients")
-            if self._carried and self._clock.timing:
-                self.carried_steps.add(self._trainer.global_step)
-            return output
-
-        def backward_seconds(seconds: float) -> None:
-            # inside the wrapper: a chunk's backward, the user's work (timed in the wrapper: taken
-            # out); outside it, Lightning's backward: of the carrier, which only hands the gradients
-            # over (MemoryPlanner's: counted), or on an unguarded batch of the user's loss (neither)
-            if self._inside:
-                self._user += seconds
-                self._book(USER_PART, -seconds)
-            elif self._carried:
-                self.seconds += seconds
-                self._book("Lightning's backward of the carrier", seconds)
-
-        runner._original = self._timed(runner._original, self._add_user)  # the user's training_step
-        module.training_step = self._timed(inside_wrapper, self._add_wrapper)
-        module.backward = self._timed(module.backward, backward_seconds)
-        # the user's `self.log` calls, held during a chunk and made after it: the user's work
-        chunking.replay_logged = self._timed(self._replay, self._add_user)
-
-    def _timed(self, fn, book):
-        """`fn`, with its wall time inside the clock's window passed to `book(seconds)`."""
-
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if self._clock.timing:
-                    book(time.perf_counter() - started)
-
-        return timed
-
-    def _add_user(self, seconds: float) -> None:
-        self._user += seconds
-        self._book(USER_PART, -seconds)
-
-    def _add_wrapper(self, seconds: float) -> None:
-        self.seconds += seconds
-        self._book("training_step wrapper", seconds)
-
-    def _book(self, part: str, seconds: float) -> None:
-        step = self._trainer.global_step if self._trainer is not None else -1
-        by_step = self.parts.setdefault(part, {})
-        by_step[step] = by_step.get(step, 0.0) + seconds
-        self.per_step[step] = self.per_step.get(step, 0.0) + seconds
-
-    def breakdown(self, steps: int, every: int) -> dict:
-        """Own microseconds per step by part (the user's work subtracted booked negative; the wrapper net of it),
-        mean and median over the steps (a loaded machine's preemptions land in the mean), and the same by kind of
-        step: guarded (a carrier returned), reading (a multiple of `every`: the reading, the gather, the log line)
-        and the rest."""
-        parts = dict(self.parts)
-        gross, user = parts.pop("training_step wrapper", {}), parts.pop(USER_PART, {})
-        parts["training_step wrapper, net of the user's work"] = {k: v + user.get(k, 0.0) for k, v in gross.items()}
-
-        def stats(values: list[float]) -> dict:
-            return {"steps": len(values), "mean_us": statistics.mean(values) * 1e6 if values else None,
-                    "median_us": statistics.median(values) * 1e6 if values else None,
-                    "us_per_step_of_all": sum(values) / steps * 1e6}
-
-        kinds: dict[str, list[float]] = {"guarded": [], "reading": [], "other": []}
-        for step, seconds in self.per_step.items():
-            kind = ("guarded" if step in self.carried_steps else
-                    "reading" if step > 0 and step % every == 0 else "other")
-            kinds[kind].append(seconds)
-        return {"by_part": {k: stats(list(v.values())) for k, v in sorted(parts.items(), key=lambda kv: -sum(kv[1].values()))},
-                "by_kind_of_step": {k: stats(v) for k, v in kinds.items()}}
-
-    def close(self) -> float:
-        call._call_callback_hooks = self._original
-        chunking.replay_logged = self._replay
-        return self.seconds - self._user
 
 
 def run_once(name: str, arm: str, steps: int, out: Path, guard: str = "auto") -> dict:

@@ -83,8 +83,9 @@ def estimate_now(name: str, part: int, device: str = "H200") -> dict:
         est = estimate(case.build, case.make_batch(case.batch_size), loss=case.loss, optimizer=case.optimizer,
                        precision=case.precision, checkpointing=case.checkpointing, loop=case.loop, device=device)
     else:
-        from benchmarks.gpu_extra import _zoo_case, gap_cases
-        from benchmarks.published_gpu import _vit
+        from benchmarks.gpu_extra_gaps import gap_cases
+        from benchmarks.gpu_extra_models import _zoo_case
+        from benchmarks.published_gpu_figures import _vit
 
         gap = gap_cases()[name]
         if gap.kind == "vit":

@@ -247,7 +247,7 @@ def _one_conv(shape: dict, batch: int, dtype, device: str) -> list[dict]:
 # --- the campaign's part 5 --------------------------------------------------------------------------
 def conv_grid_section(rec, entry: dict, dry: bool) -> None:
     """The convolution grid in one child process (in this one for a dry run); its rows in DIR/conv_grid.json."""
-    from benchmarks.gpu_campaign import marked_json, run_child
+    from benchmarks.gpu_campaign_record import marked_json, run_child
 
     if dry:
         result = conv_grid(cpu=True)
@@ -268,7 +268,7 @@ def op_profiles(rec, entry: dict, names: list[str], dry: bool) -> None:
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
-    from benchmarks.gpu_campaign import marked_json, run_child
+    from benchmarks.gpu_campaign_record import marked_json, run_child
 
     entry.update(cases=list(names), summaries={})
 

@@ -23,25 +23,20 @@ import torch
 
 from benchmarks import heldout_models as hm
 from benchmarks.accuracy_cpu import _run_json
-from benchmarks.realmodels import (
-    _DEC,
-    _ENC,
-    _VIT,
+from benchmarks.realmodels import compare
+from benchmarks.realmodels import estimate_one as _estimate_one
+from benchmarks.realmodels_cases import _DEC, _ENC, _VIT, _hf_case
+from benchmarks.realmodels_models import (
     SEQ,
     VOCAB,
     _gen,
-    _hf_case,
     cls_batch,
-    compare,
     image_batch,
     plain_batch,
     plain_loss,
     seq2seq_batch,
     speech_ctc_batch,
     token_batch,
-)
-from benchmarks.realmodels import (
-    estimate_one as _estimate_one,
 )
 from benchmarks.results_io import RESULTS, machine, write_results
 from benchmarks.zoo import Case

@@ -11,12 +11,12 @@ precision, optimizer, GPU, torch version, checkpointing, training loop) and the 
   loading of the run: the 2022 runs used CUDA 11.2, which has no lazy loading, so they are estimated
   with CUDA_MODULE_LOADING=EAGER.
 
-Each step is rebuilt from what the source shows: the model from its code (torchvision's ViT-L/16 below,
-written out module for module since torchvision is not a dependency; BERT from transformers' BertConfig;
-torchtitan's Llama 3.1 8B from benchmarks/torchtitan_memory.py), no weights, and the training loop's
-order (Fabric's and Lightning's: zero_grad between forward and backward; the 2022 Trainer's: gradients
-zeroed in place and kept, `set_to_none=False` being torch 1.x's default; a plain `torch.autocast` keeps
-its weight-cast cache).
+Each step is rebuilt from what the source shows: the model from its code (torchvision's ViT-L/16 in
+benchmarks/published_gpu_models.py, written out module for module since torchvision is not a dependency; BERT
+from transformers' BertConfig; torchtitan's Llama 3.1 8B from benchmarks/torchtitan_memory.py), no weights, and
+the training loop's order (Fabric's and Lightning's: zero_grad between forward and backward; the 2022
+Trainer's: gradients zeroed in place and kept, `set_to_none=False` being torch 1.x's default; a plain
+`torch.autocast` keeps its weight-cast cache).
 
 memplan traces the torch it runs with. Where the published run's torch kept memory differently, the
 benchmark reproduces that torch too (`memplan_published_torch`), from the torch source of the time:
@@ -27,439 +27,47 @@ benchmark reproduces that torch too (`memplan_published_torch`), from the torch 
   (FlashAttention-2, `empty_like(q)`) the output follows the query's layout and that copy is a view;
 - foreach Adam before July 2023 (`denom = torch._foreach_add(exp_avg_sq_sqrt, eps)`: two parameter-sized
   intermediate lists; one since then: pytorch/pytorch#97712, 2023-07-12, "minimizing memory as much as I could
-  in the Adam family. There is a minimum budget of 1 intermediate"): Adam2_0 below;
+  in the Adam family. There is a minimum budget of 1 intermediate"): Adam2_0;
 - torch 1.10's softmax backward took its input (`_softmax_backward_data(grad, result, dim, self)`), so
-  softmax kept its input alive beside its output (torch 1.11 passes the dtype): torch_1_10_softmax below.
+  softmax kept its input alive beside its output (torch 1.11 passes the dtype): torch_1_10_softmax.
 Both columns are reported. The goal (issue 22: median <= 1 %, worst <= 3 %) counts figures measured with
 torch >= 2.1 of a quantity memplan reports; older ones are reported beside it.
 
     .venv/bin/python -m benchmarks.published_gpu [--only NAME ...]
 
 writes benchmarks/results/published_gpu.{json,md} (with --only: prints, writes nothing). Traces run on
-CPU fake tensors; no figure here was measured by this project.
+CPU fake tensors; no figure here was measured by this project. The figures are in benchmarks.published_gpu_figures,
+the ViT and the older-torch stand-ins in benchmarks.published_gpu_models; this module runs and reports them.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import statistics
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from benchmarks.processes import environment_variable
+from benchmarks.published_gpu_figures import (
+    FIGURES,
+    GB,
+    HF_CONTEXT_MIB,
+    HF_PAGE,
+    QUANTITIES,
+    RASBT,
+    Figure,
+    GiB,
+    MiB,
+)
+from benchmarks.published_gpu_models import (  # noqa: F401 (tests/benchmarks imports them from here)
+    Adam2_0,
+    AdamW2022,
+    VisionTransformer,
+    torch_1_10_softmax,
+    torch_2_1_flash_layout,
+)
 from benchmarks.results_io import machine, write_results
 
 GOAL_MEDIAN, GOAL_WORST = 0.01, 0.03
-MiB, GiB, GB = 1 << 20, 1 << 30, 10**9
-QUANTITIES = {"max_memory_reserved": "peak_reserved", "max_memory_allocated": "peak_allocated",
-              "nvml_used": "device_total"}
-"""The quantity a source measured -> the MemoryEstimate field that estimates it."""
-
-RASBT = "https://github.com/rasbt/pytorch-memory-optim/blob/2d1ae1e747fe72c7bb74a2a464fe79baa23f174b/"
-RASBT_LOGS = RASBT + "logs.md"
-RASBT_TORCH = "2.1.0.dev20230623+cu118 (logs.md: 'torch : 2.1.0.dev20230623+cu118', 'lightning: 2.1.0.dev0')"
-RASBT_LOOP = ("plain loop: logits = model(x); loss = F.cross_entropy(logits, y); optimizer.zero_grad(); "
-              "backward; optimizer.step(); max_memory_reserved over training and validation")
-RASBT_GPU = ("not named in the scripts or logs; an A100 (sm80) is assumed, as issue 22 describes these runs (an H100 "
-             "would add 48 MiB of cuBLAS workspaces; A100 boards differ in nothing the estimate uses)")
-HF_PAGE = ("https://github.com/huggingface/transformers/blob/0016acf7ef421c7fe8eff7945de52c71896c3b01/"
-           "docs/source/en/perf_train_gpu_one.mdx")
-HF_SETUP = ("transformers Trainer, google-bert/bert-large-uncased (BertForSequenceClassification, 2 labels), "
-            "512 random sequences of 512 tokens, default_args (1 epoch, no eval set); 'GPU memory occupied' = NVML "
-            "used // 1024**2 after trainer.train()")
-HF_GPU = "Tesla V100-SXM2 16GB, driver 460.91.03, CUDA 11.2 (the page's nvidia-smi)"
-HF_TORCH = "not stated (the page is dated 2022-01: torch 1.10 era)"
-HF_CONTEXT_MIB = 1343
-"""The page's own reading after `torch.ones((1, 1)).to("cuda")`: the CUDA context (+ one 2 MiB segment)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Figure:
-    """One published GPU memory measurement, its conditions, and how memplan's step is set up for it."""
-
-    name: str
-    source: str
-    quote: str
-    quantity: str
-    """'max_memory_reserved', 'max_memory_allocated' or 'nvml_used'."""
-    published_bytes: int
-    conditions: dict[str, str]
-    """model, batch, input, precision, optimizer, gpu, torch, checkpointing, loop: as the source states them."""
-    torch_at_least_2_1: bool
-    """Measured with torch >= 2.1 (counted in the goal)."""
-    estimate: Callable[[bool], Any] = field(repr=False, compare=False)
-    """estimate(published_torch) -> MemoryEstimate."""
-    note: str = ""
-
-
-# --- torchvision's ViT-L/16 (torchvision/models/vision_transformer.py), module for module ------------------
-class _MLPBlock(nn.Sequential):
-    def __init__(self, dim: int, mlp: int):
-        super().__init__(nn.Linear(dim, mlp), nn.GELU(), nn.Dropout(0.0), nn.Linear(mlp, dim), nn.Dropout(0.0))
-
-
-class _EncoderBlock(nn.Module):
-    def __init__(self, heads: int, dim: int, mlp: int):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(dim, eps=1e-6)
-        self.self_attention = nn.MultiheadAttention(dim, heads, dropout=0.0, batch_first=True)
-        self.dropout = nn.Dropout(0.0)
-        self.ln_2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = _MLPBlock(dim, mlp)
-
-    def forward(self, input):
-        x = self.ln_1(input)
-        x, _ = self.self_attention(x, x, x, need_weights=False)
-        x = self.dropout(x) + input
-        return x + self.mlp(self.ln_2(x))
-
-
-class _Encoder(nn.Module):
-    def __init__(self, seq: int, layers: int, heads: int, dim: int, mlp: int):
-        super().__init__()
-        self.pos_embedding = nn.Parameter(torch.empty(1, seq, dim).normal_(std=0.02))
-        self.dropout = nn.Dropout(0.0)
-        self.layers = nn.Sequential(OrderedDict((f"encoder_layer_{i}", _EncoderBlock(heads, dim, mlp))
-                                                for i in range(layers)))
-        self.ln = nn.LayerNorm(dim, eps=1e-6)
-
-    def forward(self, input):
-        return self.ln(self.layers(self.dropout(input + self.pos_embedding)))
-
-
-class VisionTransformer(nn.Module):
-    """torchvision.models.vit_l_16 (patch 16, 24 layers, 16 heads, width 1024, MLP 4096, dropout 0), with the
-    head replaced by Linear(1024, classes) as the scripts do."""
-
-    def __init__(self, image: int = 224, patch: int = 16, layers: int = 24, heads: int = 16, dim: int = 1024,
-                 mlp: int = 4096, classes: int = 10):
-        super().__init__()
-        self.patch, self.dim = patch, dim
-        self.conv_proj = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
-        self.class_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.encoder = _Encoder((image // patch) ** 2 + 1, layers, heads, dim, mlp)
-        self.heads = nn.Sequential(OrderedDict(head=nn.Linear(dim, classes)))
-
-    def forward(self, x):
-        n, _, h, w = x.shape
-        x = self.conv_proj(x).reshape(n, self.dim, (h // self.patch) * (w // self.patch)).permute(0, 2, 1)
-        x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1)
-        return self.heads(self.encoder(x)[:, 0])
-
-
-@contextlib.contextmanager
-def torch_2_1_flash_layout():
-    """torch <= 2.1's flash attention output layout (see the module docstring): the 16-bit SDPA output is
-    laid out (batch, seq, heads, dim) in memory, so the caller's permute + contiguous copies it."""
-    original = F.scaled_dot_product_attention
-
-    def sdpa(query, key, value, *args, **kwargs):
-        out = original(query, key, value, *args, **kwargs)
-        if query.dtype in (torch.float16, torch.bfloat16):
-            out = out.transpose(1, 2).contiguous().transpose(1, 2)
-        return out
-
-    F.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
-
-
-class _SoftmaxSavingInput(torch.autograd.Function):
-    """softmax as torch <= 1.10's autograd ran it: `_softmax_backward_data(grad, result, dim, self)` kept the
-    input (under autocast: its float32 cast) alive beside the output; torch 1.11 passes the input's dtype."""
-
-    @staticmethod
-    def forward(ctx, x, dim):
-        out = torch.softmax(x, dim)
-        ctx.dim = dim
-        ctx.save_for_backward(x.to(out.dtype), out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, out = ctx.saved_tensors
-        return torch._softmax_backward_data(grad, out, ctx.dim, x.dtype), None
-
-
-@contextlib.contextmanager
-def torch_1_10_softmax():
-    """F.softmax saving its input as torch 1.10 did (see _SoftmaxSavingInput)."""
-    original = F.softmax
-
-    def softmax(x, dim=None, _stacklevel=3, dtype=None):
-        return _SoftmaxSavingInput.apply(x if dtype is None else x.to(dtype), dim)
-
-    F.softmax = softmax
-    try:
-        yield
-    finally:
-        F.softmax = original
-
-
-class Adam2_0(torch.optim.Optimizer):
-    """torch.optim.Adam(foreach=True) as torch 2.0 and the nightlies before July 2023 ran it (`_multi_tensor_adam`):
-    `exp_avg_sq_sqrt = torch._foreach_sqrt(...)` then `denom = torch._foreach_add(exp_avg_sq_sqrt, eps)`, two
-    parameter-sized lists of intermediates alive at the update. The '[foreach] Minimize intermediates' changes of
-    July 2023 (pytorch/pytorch#97712, #104898) made the add in place: one list, as torch 2.1.0 (and memplan's
-    trace of this torch's Adam) has. Values are not what memplan estimates; only the tensors and when they live."""
-
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            for p in params:
-                if not self.state[p]:  # torch's _init_group: the moments are made at the first step
-                    self.state[p].update(step=0, exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
-                                         exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
-                self.state[p]["step"] += 1
-            grads = [p.grad for p in params]
-            exp_avgs = [self.state[p]["exp_avg"] for p in params]
-            exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in params]
-            beta1, beta2 = group["betas"]
-            steps = [self.state[p]["step"] for p in params]
-            torch._foreach_mul_(exp_avgs, beta1)
-            torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
-            torch._foreach_mul_(exp_avg_sqs, beta2)
-            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
-            step_size = [-group["lr"] / (1 - beta1 ** n) for n in steps]
-            exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)
-            torch._foreach_div_(exp_avg_sq_sqrt, [(1 - beta2 ** n) ** 0.5 for n in steps])
-            denom = torch._foreach_add(exp_avg_sq_sqrt, group["eps"])
-            torch._foreach_addcdiv_(params, exp_avgs, denom, step_size)
-
-
-class AdamW2022(torch.optim.Optimizer):
-    """transformers.AdamW (optimization.py, v4.16, the Trainer's default 'adamw_hf' in 2022), parameter by
-    parameter: `denom = exp_avg_sq.sqrt().add_(eps)`, one parameter's intermediate at a time."""
-
-    def __init__(self, params, lr: float = 5e-5, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-                state["step"] += 1
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
-                denom = exp_avg_sq.sqrt().add_(group["eps"])
-                step_size = group["lr"] * (1.0 - beta2 ** state["step"]) ** 0.5 / (1.0 - beta1 ** state["step"])
-                p.addcdiv_(exp_avg, denom, value=-step_size)
-                if group["weight_decay"] > 0.0:
-                    p.add_(p, alpha=-group["lr"] * group["weight_decay"])
-
-
-def _meta(build: Callable[[], nn.Module]) -> nn.Module:
-    with torch.device("meta"):
-        return build()
-
-
-# --- the ViT-L/16 figures (rasbt/pytorch-memory-optim) -----------------------------------------------------
-def _vit_batch(batch: int):
-    return torch.randn(batch, 3, 224, 224), torch.randint(0, 10, (batch,))
-
-
-ACCUMULATION = 4
-"""05_gradient-accum.py: micro-batch 4; optimizer.step() and zero_grad() (set_to_none=True, torch 2.x) after every
-4th backward. One traced step runs the cycle: three forward + backward passes inside the loss function (the first
-creates the gradients, the others accumulate into them), then the loop's forward, backward, step and zero_grad."""
-
-
-def _vit(precision: str, batch: int, *, accumulate: bool = False, device: str | None = "A100-80GB"):
-    """The scripts' step on an A100. 32-true: model, loss, zero_grad, backward, step. 16-mixed: Fabric's
-    autocast (weight cache on) and GradScaler. bf16-true: Fabric converts the module to bf16 and each float32
-    batch (moved to the GPU by setup_dataloaders, and alive through the step) to a bf16 copy in the forward,
-    and the logits back to float32. accumulate: the cycle of 4 micro-batches (ACCUMULATION)."""
-    from memplan.estimator import estimate
-
-    def run(published_torch: bool):
-        adam = {"lr": 5e-5}
-        Adam = Adam2_0 if published_torch else torch.optim.Adam  # noqa: N806
-        common = {"device": device, "batch": _vit_batch(batch)}
-        layout = torch_2_1_flash_layout() if published_torch else contextlib.nullcontext()
-        with layout:
-            if precision == "16-mixed":
-                return estimate(VisionTransformer, loss=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                                optimizer=lambda p: Adam(p, **adam), precision="16-mixed",
-                                loop="torch-zero-after-forward", **common)
-            if precision == "bf16-true":
-                model = _meta(lambda: VisionTransformer().to(torch.bfloat16))
-
-                def micro(m, b):
-                    return F.cross_entropy(m(b[0].to(torch.bfloat16)).float(), b[1])
-
-                if accumulate:  # one traced step = the scripts' cycle of 4 micro-batches (see ACCUMULATION)
-                    def cycle(m, b):
-                        for _ in range(ACCUMULATION - 1):
-                            (micro(m, b) / ACCUMULATION).backward()
-                        return micro(m, b) / ACCUMULATION
-
-                    return estimate(model, loss=cycle, optimizer=lambda p: Adam(p, **adam),
-                                    precision="32-true", loop="torch", **common)
-                return estimate(model, loss=micro, optimizer=lambda p: Adam(p, **adam),
-                                precision="32-true", loop="torch-zero-after-forward", **common)
-            return estimate(VisionTransformer, loss=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                            optimizer=lambda p: Adam(p, **adam), precision="32-true",
-                            loop="torch-zero-after-forward", **common)
-
-    return run
-
-
-def _vit_conditions(precision: str, batch: int, script: str, **extra: str) -> dict[str, str]:
-    return {"model": "torchvision vit_l_16, head Linear(1024, 10) (303.3M parameters)", "batch": str(batch),
-            "input": "3 x 224 x 224 (CIFAR-10 resized)", "precision": precision, "optimizer": "torch.optim.Adam(lr=5e-5)",
-            "gpu": RASBT_GPU, "torch": RASBT_TORCH, "checkpointing": "none", "loop": RASBT_LOOP,
-            "script": RASBT + script, **extra}
-
-
-_LOG = "logs.md, section "
-VIT_FIGURES = [
-    Figure(name="vit-l16-fp32-b64-plain", source=RASBT_LOGS, quote=_LOG + "'01_pytorch-vit.py': 'Memory used: 26.79 GB'",
-           quantity="max_memory_reserved", published_bytes=int(26.79 * GB), torch_at_least_2_1=True,
-           conditions=_vit_conditions("32-true", 64, "01_pytorch-vit.py"), estimate=_vit("32-true", 64),
-           note="the logs' bullet says 'batch size 32'; the script loads batch_size=64 (703 batches of 45,000 images)"),
-    Figure(name="vit-l16-fp32-b64-fabric", source=RASBT_LOGS,
-           quote=_LOG + "'01-2_pytorch-fabric.py': 'Memory used: 26.84 GB'", quantity="max_memory_reserved",
-           published_bytes=int(26.84 * GB), torch_at_least_2_1=True,
-           conditions=_vit_conditions("32-true", 64, "01-2_pytorch-fabric.py", loop=RASBT_LOOP + ", through Fabric"),
-           estimate=_vit("32-true", 64)),
-    Figure(name="vit-l16-16mixed-b64", source=RASBT_LOGS, quote=_LOG + "'02_mixed-precision.py': 'Memory used: 18.21 GB'",
-           quantity="max_memory_reserved", published_bytes=int(18.21 * GB), torch_at_least_2_1=True,
-           conditions=_vit_conditions("16-mixed (Fabric)", 64, "02_mixed-precision.py"), estimate=_vit("16-mixed", 64)),
-    Figure(name="vit-l16-bf16true-b64", source=RASBT_LOGS, quote=_LOG + "'03_bfloat16.py': 'Memory used: 13.82 GB'",
-           quantity="max_memory_reserved", published_bytes=int(13.82 * GB), torch_at_least_2_1=True,
-           conditions=_vit_conditions("bf16-true (Fabric)", 64, "03-bfloat16.py"), estimate=_vit("bf16-true", 64)),
-    Figure(name="vit-l16-bf16true-b16", source=RASBT_LOGS,
-           quote=_LOG + "'04_lower-batchsize.py': '- batch size 16' ... 'Memory used: 5.69 GB'",
-           quantity="max_memory_reserved", published_bytes=int(5.69 * GB), torch_at_least_2_1=True,
-           conditions=_vit_conditions("bf16-true (Fabric)", 16, "04_lower-batchsize.py"),
-           estimate=_vit("bf16-true", 16)),
-    Figure(name="vit-l16-bf16true-b4-accum4", source=RASBT_LOGS, quote=_LOG + "'05_gradient-accum.py': 'Memory used: 3.91 GB'",
-           quantity="max_memory_reserved", published_bytes=int(3.91 * GB), torch_at_least_2_1=True,
-           conditions=_vit_conditions("bf16-true (Fabric)", 4, "05_gradient-accum.py",
-                                      loop="loss / 4; backward; every 4th micro-batch: step, zero_grad"),
-           estimate=_vit("bf16-true", 4, accumulate=True),
-           note="micro-batch 4, 4 accumulation steps: one traced step is the whole cycle of 4 micro-batches "
-                "(ACCUMULATION)"),
-]
-
-
-# --- the 2022 Trainer figures (transformers' single-GPU performance page) -----------------------------------
-def _bert(precision: str, batch: int, *, optimizer: str = "adamw", checkpointing: bool = False):
-    """The 2022 Trainer's step: BertForSequenceClassification from bert-large-uncased's config, eager attention
-    (2022's BERT had no SDPA), dropout 0.1; autocast with its weight cache (fp16) and a GradScaler; the gradients
-    zeroed in place and kept (model.zero_grad(), set_to_none=False in torch 1.x); transformers' 2022 AdamW
-    (AdamW2022, no weight decay: Trainer's default), or transformers' Adafactor with
-    the Trainer's arguments; gradient checkpointing as model.gradient_checkpointing_enable() ran it
-    (torch.utils.checkpoint, reentrant)."""
-    from memplan.estimator import estimate
-
-    def build():
-        from transformers import BertConfig, BertForSequenceClassification
-
-        config = BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                            intermediate_size=4096, max_position_embeddings=512, num_labels=2)
-        config._attn_implementation = "eager"
-        model = BertForSequenceClassification(config)
-        if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
-        return model
-
-    def run(published_torch: bool):
-        if optimizer == "adafactor":
-            from transformers.optimization import Adafactor
-
-            make = lambda p: Adafactor(p, lr=5e-5, scale_parameter=False, relative_step=False)  # noqa: E731
-        else:
-            make = lambda p: AdamW2022(p, lr=5e-5, weight_decay=0.0)  # noqa: E731
-        batch_ = {"input_ids": torch.randint(100, 30000, (batch, 512)), "labels": torch.randint(0, 2, (batch,))}
-        with environment_variable("CUDA_MODULE_LOADING", "EAGER"):  # CUDA 11.2: no lazy loading
-            with torch_1_10_softmax() if published_torch else contextlib.nullcontext():
-                return estimate(build, batch_, loss=lambda m, b: m(**b).loss, optimizer=make, precision=precision,
-                                device="V100-16GB", loop="torch-keep-grads")
-
-    return run
-
-
-def _hf(name: str, args: str, mib: int, precision: str, batch: int, accumulation: int, *, optimizer: str = "adamw",
-        checkpointing: bool = False) -> Figure:
-    return Figure(
-        name=name, source=HF_PAGE, quote=f"TrainingArguments({args}, **default_args) ... 'GPU memory occupied: {mib} MB.'",
-        quantity="nvml_used", published_bytes=mib * MiB, torch_at_least_2_1=False,
-        conditions={"model": "bert-large-uncased (BertForSequenceClassification, 335.1M parameters)",
-                    "batch": f"{batch} x {accumulation} accumulation" if accumulation > 1 else str(batch),
-                    "input": "512 tokens", "precision": "16-mixed (fp16=True, torch.cuda.amp)" if precision == "16-mixed"
-                    else "32-true", "optimizer": "Adafactor (optim='adafactor')" if optimizer == "adafactor"
-                    else "AdamW (Trainer default, weight_decay 0)", "gpu": HF_GPU, "torch": HF_TORCH,
-                    "checkpointing": "gradient_checkpointing=True" if checkpointing else "none",
-                    "loop": HF_SETUP},
-        estimate=_bert(precision, batch, optimizer=optimizer, checkpointing=checkpointing),
-        note=f"NVML 'used' = the CUDA context (the page measured {HF_CONTEXT_MIB} MiB with a 1x1 tensor: memplan "
-             "assumes 1536 MiB under EAGER loading) + the cache; Trainer clips gradients (max_grad_norm 1.0, not "
-             "traced: scalars per parameter)")
-
-
-HF_FIGURES = [
-    _hf("bert-large-fp32-b4-trainer", "per_device_train_batch_size=4", 14949, "32-true", 4, 1),
-    _hf("bert-large-fp32-b1-accum4", "per_device_train_batch_size=1, gradient_accumulation_steps=4", 8681,
-        "32-true", 1, 4),
-    _hf("bert-large-fp32-b1-accum4-gc", "per_device_train_batch_size=1, gradient_accumulation_steps=4, "
-        "gradient_checkpointing=True", 6775, "32-true", 1, 4, checkpointing=True),
-    _hf("bert-large-fp16-b4", "per_device_train_batch_size=4, fp16=True", 13939, "16-mixed", 4, 1),
-    _hf("bert-large-fp16-b1-accum4-gc", "per_device_train_batch_size=1, gradient_accumulation_steps=4, "
-        "gradient_checkpointing=True, fp16=True", 7275, "16-mixed", 1, 4, checkpointing=True),
-    _hf("bert-large-adafactor-b4", "per_device_train_batch_size=4, optim=\"adafactor\"", 12295, "32-true", 4, 1,
-        optimizer="adafactor"),
-    _hf("bert-large-adafactor-fp16-b1-accum4-gc", "per_device_train_batch_size=1, gradient_accumulation_steps=4, "
-        "gradient_checkpointing=True, fp16=True, optim=\"adafactor\"", 4847, "16-mixed", 1, 4, optimizer="adafactor",
-        checkpointing=True),
-]
-
-
-# --- torchtitan's Llama 3.1 8B on 8 x H100 (FSDP2) -------------------------------------------------------------
-def _torchtitan(published_torch: bool):
-    from benchmarks import torchtitan_memory
-
-    return torchtitan_memory.estimate("op")
-
-
-TORCHTITAN_FIGURE = Figure(
-    name="torchtitan-llama3.1-8b-fsdp2-8xh100", source="https://github.com/pytorch/torchtitan/blob/"
-    "31a17bfdb70bab6f62a13d21816a5339b911d6e3/benchmarks/llama3_h100_202412_torchtitan.md",
-    quote="**Table 1** 1D Parallelism (FSDP). Llama 3.1 8B model. 8 GPUs. Local batch size 2, global batch size 16. "
-          "Selective activation checkpointing. | FSDP | 5,762 | 82.4 |", quantity="max_memory_reserved",
-    published_bytes=int(82.4 * GiB), torch_at_least_2_1=True,
-    conditions={"model": "torchtitan Llama 3.1 8B (benchmarks/torchtitan_memory.py)", "batch": "2 per rank, 8 ranks",
-                "input": "8192 tokens", "precision": "FSDP2 bf16 parameters, fp32 reduce", "optimizer": "AdamW foreach",
-                "gpu": "8 x H100 96GB (traced as H100-80GB)", "torch": "nightly, 2024-12 (torchtitan at that commit)",
-                "checkpointing": "selective, per op",
-                "loop": "torchtitan train.py (loss, del pred, clip_grad_norm_ foreach, AdamW step); caching allocator with its default settings (the page does not state the launch environment; see torchtitan_memory.py)"},
-    estimate=_torchtitan,
-    note="traced with the caching allocator's default settings; run_llama_train.sh's expandable_segments:True, "
-         "and Table 3's figure for the same step on 128 GPUs, are compared in "
-         "benchmarks/results/torchtitan_memory.md")
-
-FIGURES: list[Figure] = [*VIT_FIGURES, *HF_FIGURES, TORCHTITAN_FIGURE]
 
 
 def _differs_under_published_torch(fig: Figure) -> bool:

@@ -24,7 +24,8 @@ import time
 
 from benchmarks.accuracy_cpu import _run_json
 from benchmarks.results_io import machine, write_results
-from benchmarks.zoo import Case, _hf, causal_lm_batch, hf_loss
+from benchmarks.zoo import Case
+from benchmarks.zoo_models import _hf, causal_lm_batch, hf_loss
 
 GiB = 1 << 30
 MiB = 1 << 20
