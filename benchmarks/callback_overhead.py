@@ -8,10 +8,10 @@ one fit per process.
   end to end  the same fit for STEPS steps without and with MemoryPlanner, interleaved; each run's
               mean step time from step WARMUP on. Overhead = median(with) / median(without) - 1. On a
               shared 2-core machine the run-to-run noise is of the same size; the table shows both.
-  own code    instrumented runs, from step OWN_FROM (after the default guard lifted): the time Lightning spends dispatching every hook to MemoryPlanner
-              and in the hooks' bodies, plus its training_step wrapper less the user's work in it (the
-              training_step, the module's backward it runs, the user's `self.log` calls it holds
-              and makes after the chunk), plus all of Lightning's backward of
+  own code    instrumented runs, from step OWN_FROM (after the default guard lifted): the time Lightning spends
+              dispatching every hook to MemoryPlanner and in the hooks' bodies, plus its training_step wrapper
+              less the user's work in it (the training_step, the module's backward it runs, the user's
+              `self.log` calls it holds and makes after the chunk), plus all of Lightning's backward of
               the carrier loss (the gradient handoff; an upper bound: a plain backward pays autograd's
               start-up too), per step (the end-of-fit summary excluded). Precise where end to end is noisy.
   floor       the same instrumentation on an empty Callback: what Lightning's dispatch of ~8 hooks a
@@ -179,15 +179,18 @@ def render(report: dict) -> str:
     lines = [f"# MemoryPlanner overhead on CPU ({report['date']}, {report['machine']}, {report['cpu_count']} CPUs, "
              f"torch {report['torch']}, Lightning {report['lightning']})", "",
              f"Command: `{report['command']}`. Default interval (one reading every 50 steps); {repeat} runs without "
-             f"and with, interleaved, each in a fresh process (forked after the imports, warmed by 30 steps), plus {INSTRUMENTED_REPEATS} instrumented runs each of MemoryPlanner and of an "
+             f"and with, interleaved, each in a fresh process (forked after the imports, warmed by 30 steps), "
+             f"plus {INSTRUMENTED_REPEATS} instrumented runs each of MemoryPlanner and of an "
              "empty Callback. Goal: < 0.5 % of step time.", "",
-             "| model | guard | steps | ms/step without | ms/step with | end to end: median (paired min..max) | noise | "
+             "| model | guard | steps | ms/step without | ms/step with | "
+             "end to end: median (paired min..max) | noise | "
              "own code us/step (%) | of which any callback's dispatch us/step | < 0.5 % for steps over | goal |",
              "|---|---|---:|---:|---:|---|---:|---|---:|---:|---|"]
     for r in rows:
         verdict = "met" if r["own_overhead"] < GOAL else "NOT met"
         lines.append(
-            f"| {r['scenario']} | {r['guard']} | {r['steps']} | {r['median_step_ms_without']:.3f} | {r['median_step_ms_with']:.3f} | "
+            f"| {r['scenario']} | {r['guard']} | {r['steps']} | "
+            f"{r['median_step_ms_without']:.3f} | {r['median_step_ms_with']:.3f} | "
             f"{r['end_to_end_overhead']:+.2%} ({r['paired_overhead_min']:+.2%}..{r['paired_overhead_max']:+.2%}) | "
             f"{r['noise_without']:.1%} | {r['own_us_per_step']:.1f} ({r['own_overhead']:.2%}) | "
             f"{r['floor_us_per_step']:.1f} | {r['breakeven_step_ms']:.1f} ms | {verdict} |")
@@ -206,7 +209,8 @@ def render(report: dict) -> str:
               "Guard: `auto` (the default) is guarded until the first reading, at step 50, finds this CPU's plenty of "
               "room, then leaves each whole batch's backward to Lightning. Own code is counted from step "
               f"{OWN_FROM} (each step after the guard lifted: the figure issue 11 names, own code per unguarded "
-              "step); end to end includes the 50 guarded steps (1/6 of the cnn's 300). `always` is guarded every step: every backward in training_step and the "
+              "step); end to end includes the 50 guarded steps (1/6 of the cnn's 300). "
+              "`always` is guarded every step: every backward in training_step and the "
               "gradient handoff, which is what a rank pays while its memory is tight or after an OOM."]
     return "\n".join(lines) + "\n"
 

@@ -165,7 +165,8 @@ class OwnTime:
             kind = ("guarded" if step in self.carried_steps else
                     "reading" if step > 0 and step % every == 0 else "other")
             kinds[kind].append(seconds)
-        return {"by_part": {k: stats(list(v.values())) for k, v in sorted(parts.items(), key=lambda kv: -sum(kv[1].values()))},
+        return {"by_part": {k: stats(list(v.values()))
+                            for k, v in sorted(parts.items(), key=lambda kv: -sum(kv[1].values()))},
                 "by_kind_of_step": {k: stats(v) for k, v in kinds.items()}}
 
     def close(self) -> float:

@@ -123,7 +123,8 @@ def classify(case: Case, result: dict, folder: Path) -> tuple[str, str]:
     if case.expect == "answer":
         if code != 0:
             return ("unclear" if case.fragment not in text else "clear"), f"exit {code}: {first[:200]}"
-        return ("clear" if case.fragment in text else "silent wrong"), f"exit 0: {case.fragment if case.fragment in text else first[:200]}"
+        return (("clear" if case.fragment in text else "silent wrong"),
+                f"exit 0: {case.fragment if case.fragment in text else first[:200]}")
     if code == 0:
         return "silent wrong", f"exit 0 where a refusal was due: {first[:200]}"
     if case.fragment in text and code == case.code and len(err.strip().splitlines()) <= 2:

@@ -110,7 +110,8 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def run_child(rec: Recorder, argv: list[str], *, env: dict | None = None, cap_s: float = 600) -> subprocess.CompletedProcess:
+def run_child(rec: Recorder, argv: list[str], *, env: dict | None = None,
+              cap_s: float = 600) -> subprocess.CompletedProcess:
     """Run a child in the repository root, killed at the part's deadline (or after cap_s; a dry run has no
     cap_s: on a loaded CPU it is slow, and its caller tells a hang by lack of CPU progress)."""
     cap_s = rec.left() if rec.settings.dry_run else cap_s

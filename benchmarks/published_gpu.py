@@ -158,7 +158,8 @@ def _markdown(rows: list[dict], summary: dict) -> str:
     ]
     for r in rows:
         torch_v = ">= 2.1" if r["torch_at_least_2_1"] else "< 2.1"
-        lines.append(f"| {r['name']} | {r['quantity']} | {torch_v} | {_fmt(r['published_bytes'], r['quantity'], r['source'])}"
+        lines.append(f"| {r['name']} | {r['quantity']} | {torch_v} | "
+                     f"{_fmt(r['published_bytes'], r['quantity'], r['source'])}"
                      f" | {_fmt(r['memplan_bytes'], r['quantity'], r['source'])} | {r['error']:+.2%} | "
                      f"{_fmt(r['memplan_published_torch_bytes'], r['quantity'], r['source'])} | "
                      f"{r['error_published_torch']:+.2%} |")
@@ -167,7 +168,8 @@ def _markdown(rows: list[dict], summary: dict) -> str:
         lines += ["", f"The 2022 Trainer figures without the CUDA context (published NVML used - the page's own "
                       f"{HF_CONTEXT_MIB} MiB context reading, against memplan's peak_reserved as published torch):", ""]
         lines += [f"- {r['name']}: {r['reserved_check']['published_minus_page_context_bytes'] / MiB:,.0f} MiB vs "
-                  f"{r['reserved_check']['memplan_reserved_bytes'] / MiB:,.0f} MiB ({r['reserved_check']['error']:+.2%})"
+                  f"{r['reserved_check']['memplan_reserved_bytes'] / MiB:,.0f} MiB "
+                  f"({r['reserved_check']['error']:+.2%})"
                   for r in checks]
     lines += ["", "## Sources, quotes and conditions", ""]
     for r in rows:

@@ -115,14 +115,16 @@ def _vit(precision: str, batch: int, *, accumulate: bool = False, device: str | 
 
 def _vit_conditions(precision: str, batch: int, script: str, **extra: str) -> dict[str, str]:
     return {"model": "torchvision vit_l_16, head Linear(1024, 10) (303.3M parameters)", "batch": str(batch),
-            "input": "3 x 224 x 224 (CIFAR-10 resized)", "precision": precision, "optimizer": "torch.optim.Adam(lr=5e-5)",
+            "input": "3 x 224 x 224 (CIFAR-10 resized)", "precision": precision,
+            "optimizer": "torch.optim.Adam(lr=5e-5)",
             "gpu": RASBT_GPU, "torch": RASBT_TORCH, "checkpointing": "none", "loop": RASBT_LOOP,
             "script": RASBT + script, **extra}
 
 
 _LOG = "logs.md, section "
 VIT_FIGURES = [
-    Figure(name="vit-l16-fp32-b64-plain", source=RASBT_LOGS, quote=_LOG + "'01_pytorch-vit.py': 'Memory used: 26.79 GB'",
+    Figure(name="vit-l16-fp32-b64-plain", source=RASBT_LOGS,
+           quote=_LOG + "'01_pytorch-vit.py': 'Memory used: 26.79 GB'",
            quantity="max_memory_reserved", published_bytes=int(26.79 * GB), torch_at_least_2_1=True,
            conditions=_vit_conditions("32-true", 64, "01_pytorch-vit.py"), estimate=_vit("32-true", 64),
            note="the logs' bullet says 'batch size 32'; the script loads batch_size=64 (703 batches of 45,000 images)"),
@@ -131,7 +133,8 @@ VIT_FIGURES = [
            published_bytes=int(26.84 * GB), torch_at_least_2_1=True,
            conditions=_vit_conditions("32-true", 64, "01-2_pytorch-fabric.py", loop=RASBT_LOOP + ", through Fabric"),
            estimate=_vit("32-true", 64)),
-    Figure(name="vit-l16-16mixed-b64", source=RASBT_LOGS, quote=_LOG + "'02_mixed-precision.py': 'Memory used: 18.21 GB'",
+    Figure(name="vit-l16-16mixed-b64", source=RASBT_LOGS,
+           quote=_LOG + "'02_mixed-precision.py': 'Memory used: 18.21 GB'",
            quantity="max_memory_reserved", published_bytes=int(18.21 * GB), torch_at_least_2_1=True,
            conditions=_vit_conditions("16-mixed (Fabric)", 64, "02_mixed-precision.py"), estimate=_vit("16-mixed", 64)),
     Figure(name="vit-l16-bf16true-b64", source=RASBT_LOGS, quote=_LOG + "'03_bfloat16.py': 'Memory used: 13.82 GB'",
@@ -142,7 +145,8 @@ VIT_FIGURES = [
            quantity="max_memory_reserved", published_bytes=int(5.69 * GB), torch_at_least_2_1=True,
            conditions=_vit_conditions("bf16-true (Fabric)", 16, "04_lower-batchsize.py"),
            estimate=_vit("bf16-true", 16)),
-    Figure(name="vit-l16-bf16true-b4-accum4", source=RASBT_LOGS, quote=_LOG + "'05_gradient-accum.py': 'Memory used: 3.91 GB'",
+    Figure(name="vit-l16-bf16true-b4-accum4", source=RASBT_LOGS,
+           quote=_LOG + "'05_gradient-accum.py': 'Memory used: 3.91 GB'",
            quantity="max_memory_reserved", published_bytes=int(3.91 * GB), torch_at_least_2_1=True,
            conditions=_vit_conditions("bf16-true (Fabric)", 4, "05_gradient-accum.py",
                                       loop="loss / 4; backward; every 4th micro-batch: step, zero_grad"),
@@ -192,11 +196,13 @@ def _bert(precision: str, batch: int, *, optimizer: str = "adamw", checkpointing
 def _hf(name: str, args: str, mib: int, precision: str, batch: int, accumulation: int, *, optimizer: str = "adamw",
         checkpointing: bool = False) -> Figure:
     return Figure(
-        name=name, source=HF_PAGE, quote=f"TrainingArguments({args}, **default_args) ... 'GPU memory occupied: {mib} MB.'",
+        name=name, source=HF_PAGE,
+        quote=f"TrainingArguments({args}, **default_args) ... 'GPU memory occupied: {mib} MB.'",
         quantity="nvml_used", published_bytes=mib * MiB, torch_at_least_2_1=False,
         conditions={"model": "bert-large-uncased (BertForSequenceClassification, 335.1M parameters)",
                     "batch": f"{batch} x {accumulation} accumulation" if accumulation > 1 else str(batch),
-                    "input": "512 tokens", "precision": "16-mixed (fp16=True, torch.cuda.amp)" if precision == "16-mixed"
+                    "input": "512 tokens",
+                    "precision": "16-mixed (fp16=True, torch.cuda.amp)" if precision == "16-mixed"
                     else "32-true", "optimizer": "Adafactor (optim='adafactor')" if optimizer == "adafactor"
                     else "AdamW (Trainer default, weight_decay 0)", "gpu": HF_GPU, "torch": HF_TORCH,
                     "checkpointing": "gradient_checkpointing=True" if checkpointing else "none",
@@ -241,7 +247,9 @@ TORCHTITAN_FIGURE = Figure(
                 "input": "8192 tokens", "precision": "FSDP2 bf16 parameters, fp32 reduce", "optimizer": "AdamW foreach",
                 "gpu": "8 x H100 96GB (traced as H100-80GB)", "torch": "nightly, 2024-12 (torchtitan at that commit)",
                 "checkpointing": "selective, per op",
-                "loop": "torchtitan train.py (loss, del pred, clip_grad_norm_ foreach, AdamW step); caching allocator with its default settings (the page does not state the launch environment; see torchtitan_memory.py)"},
+                "loop": "torchtitan train.py (loss, del pred, clip_grad_norm_ foreach, AdamW step); "
+                        "caching allocator with its default settings (the page does not state the launch environment; "
+                        "see torchtitan_memory.py)"},
     estimate=_torchtitan,
     note="traced with the caching allocator's default settings; run_llama_train.sh's expandable_segments:True, "
          "and Table 3's figure for the same step on 128 GPUs, are compared in "

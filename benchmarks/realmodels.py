@@ -98,7 +98,8 @@ def run_case(name: str) -> dict:
         return row
     if case.family == "moe":  # the other routing assumption, for comparison
         peak = truth["peak_allocated"]
-        sample, _, sample_error = _run_json(["benchmarks.realmodels", "--estimate-one", name, "--data-dependent", "sample"])
+        sample, _, sample_error = _run_json(["benchmarks.realmodels", "--estimate-one", name, "--data-dependent",
+                                             "sample"])
         row["error_sample"] = (sample["estimate"]["peak_allocated"] - peak) / peak if sample else None
         row["error_sample_message"] = sample_error or None
     return row
@@ -135,7 +136,8 @@ def summarize(rows: list[dict]) -> dict:
     moe = [r for r in ok if r["family"] == "moe"]
     torch_order = [r for r in ok if r.get("loop") == "torch"]
     summary = {"cases": len(rows), "estimated": sum(1 for r in rows if r.get("estimate")), "all": stats(ok),
-               "moe": stats(moe), "torch_order": stats(torch_order), "failed": [r["case"] for r in rows if "failed" in r]}
+               "moe": stats(moe), "torch_order": stats(torch_order),
+               "failed": [r["case"] for r in rows if "failed" in r]}
     a = summary["all"]
     summary["goal_met"] = bool(
         ok and len(ok) == len(rows) and a["median_abs_error"] <= GOAL_MEDIAN and a["worst_abs_error"] <= GOAL_WORST
@@ -154,11 +156,13 @@ def render_markdown(report: dict) -> str:
     lines = [
         "# memplan on real architectures (CPU)",
         "",
-        f"{report['date']} · torch {m['torch']} · transformers {m['transformers']} · {m['cpu']} ({m['cpu_count']} cores)",
+        f"{report['date']} · torch {m['torch']} · transformers {m['transformers']} · "
+        f"{m['cpu']} ({m['cpu_count']} cores)",
         "",
         "Each model built from a transformers config class (small sizes, no weights) or plain torch, by a "
         "zero-argument callable. Truth: profiler \"Total Allocated\" peak over build + 2 steps in a fresh "
-        "process, trained by a real Lightning `Trainer.fit` (benchmarks/cpu_truth.py, seed 0). Estimate: `memplan.estimate(build, batch, "
+        "process, trained by a real Lightning `Trainer.fit` (benchmarks/cpu_truth.py, seed 0). "
+        "Estimate: `memplan.estimate(build, batch, "
         "device='cpu', data_dependent='balanced')` in another fresh process. Error = (estimate - truth) / truth. "
         "Cases marked 'torch order' are trained by a plain PyTorch loop (zero_grad(set_to_none=True) after the "
         "optimizer step) and estimated with `loop='torch'`. "
@@ -172,7 +176,8 @@ def render_markdown(report: dict) -> str:
     ]
     for r in rows:
         t, e = r.get("truth"), r.get("estimate")
-        setting = r["precision"] + (" ckpt" if r["checkpointing"] else "") + (" torch order" if r.get("loop") == "torch" else "")
+        setting = (r["precision"] + (" ckpt" if r["checkpointing"] else "")
+                   + (" torch order" if r.get("loop") == "torch" else ""))
         if "error" not in r:
             message = (r.get("error_message") or "").strip().splitlines()[-1:] or [""]
             lines.append(f"| {r['case']} | {r['family']} | {setting} | | | | failed ({r.get('failed')}) | "
@@ -181,7 +186,8 @@ def render_markdown(report: dict) -> str:
         assumed = "; ".join(n.split(" (in ")[0] for n in e["notes"] if "data_dependent=" in n) or "-"
         lines.append(
             f"| {r['case']} | {r['family']} | {setting} | {t['num_parameters']:,} | {t['peak_allocated'] / MiB:.2f} "
-            f"| {e['peak_allocated'] / MiB:.2f} | {_pct(r['error'])} | {r['error_bytes']:+,} | {_pct(r.get('error_sample'))} "
+            f"| {e['peak_allocated'] / MiB:.2f} | {_pct(r['error'])} | {r['error_bytes']:+,} | "
+            f"{_pct(r.get('error_sample'))} "
             f"| {t['scratch_at_peak'] / MiB:.2f} | {t['peak_phase']}: {(t['peak_op_stack'] or ['-'])[-1]} | {assumed} |"
         )
     a, moe = s["all"], s["moe"]
@@ -194,11 +200,13 @@ def render_markdown(report: dict) -> str:
         "| subset | compared | median abs error | worst abs error |",
         "|---|---:|---:|---:|",
         f"| all | {a['measured']} | {_pct(a['median_abs_error'])} | {_pct(a['worst_abs_error'])} |",
-        f"| MoE (both experts paths) | {moe['measured']} | {_pct(moe['median_abs_error'])} | {_pct(moe['worst_abs_error'])} |",
+        f"| MoE (both experts paths) | {moe['measured']} | "
+        f"{_pct(moe['median_abs_error'])} | {_pct(moe['worst_abs_error'])} |",
     ]
     if s.get("torch_order", {}).get("measured"):
         o = s["torch_order"]
-        lines.append(f"| torch order | {o['measured']} | {_pct(o['median_abs_error'])} | {_pct(o['worst_abs_error'])} |")
+        lines.append(f"| torch order | {o['measured']} | "
+                     f"{_pct(o['median_abs_error'])} | {_pct(o['worst_abs_error'])} |")
     if s["failed"]:
         lines += ["", "Failed: " + ", ".join(s["failed"])]
     return "\n".join(lines) + "\n"

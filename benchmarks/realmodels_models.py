@@ -43,7 +43,8 @@ def cls_batch(batch_size: int, *, seq_len: int = SEQ, vocab: int = VOCAB, labels
     ids = torch.randint(1, vocab, (batch_size, seq_len), generator=g)
     lengths = seq_len - 4 * (torch.arange(batch_size) % 4)
     mask = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
-    return {"input_ids": ids * mask, "attention_mask": mask, "labels": torch.randint(0, labels, (batch_size,), generator=g)}
+    return {"input_ids": ids * mask, "attention_mask": mask,
+            "labels": torch.randint(0, labels, (batch_size,), generator=g)}
 
 
 def electra_batch(batch_size: int) -> dict:
@@ -183,7 +184,8 @@ class TopKMoE(nn.Module):
 
 
 def plain_mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Dropout(0.1), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Dropout(0.1), nn.Linear(512, 512), nn.ReLU(),
+                         nn.Linear(512, 10))
 
 
 def plain_cnn() -> nn.Module:

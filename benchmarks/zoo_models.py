@@ -47,7 +47,8 @@ class MixerBlock(nn.Module):
         self.norm1 = nn.LayerNorm(channels)
         self.token_mix = nn.Sequential(nn.Linear(tokens, 2 * tokens), nn.GELU(), nn.Linear(2 * tokens, tokens))
         self.norm2 = nn.LayerNorm(channels)
-        self.channel_mix = nn.Sequential(nn.Linear(channels, 4 * channels), nn.GELU(), nn.Linear(4 * channels, channels))
+        self.channel_mix = nn.Sequential(nn.Linear(channels, 4 * channels), nn.GELU(),
+                                         nn.Linear(4 * channels, channels))
 
     def forward(self, x):  # (batch, tokens, channels)
         x = x + self.token_mix(self.norm1(x).transpose(1, 2)).transpose(1, 2)
