@@ -1,7 +1,8 @@
-"""The code layout holds (issue 24's done-when): no module in memplan/ over MAX_LINES lines, no function over
-MAX_PARAMETERS parameters (dataclass constructors are generated, not written, and so not counted), no import
-back up the layers (shared/ENGINEERING.md's layout) and no import circle. Read from the source with `ast`:
-nothing is imported, and lazy imports inside functions count as imports."""
+"""The code layout holds (issue 24's done-when): no module in memplan/ over MAX_LINES lines, nor any tracked .py
+file in benchmarks/, scripts/ or tests/ (LINE_CHECKED), no function over MAX_PARAMETERS parameters (dataclass
+constructors are generated, not written, and so not counted), no import back up the layers
+(shared/ENGINEERING.md's layout) and no import circle. Read from the source with `ast`: nothing is imported,
+and lazy imports inside functions count as imports."""
 from __future__ import annotations
 
 import ast
@@ -15,6 +16,8 @@ import memplan
 
 PACKAGE = Path(memplan.__file__).resolve().parent
 MAX_LINES = 400
+LINE_CHECKED = ("benchmarks", "scripts", "tests")
+"""The folders beside memplan/ whose tracked .py files are held to MAX_LINES too."""
 MAX_PARAMETERS = 8
 """Parameters a function takes, `self` / `cls` not counted, `*args` and `**kwargs` one each."""
 
@@ -124,6 +127,21 @@ def test_no_module_is_over_the_line_limit():
     assert len(MODULES) > 100
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"split these by concern (one idea per module, named by what it does): {long}"
+
+
+def _tracked_python_files() -> list[Path]:
+    """The .py files git tracks under LINE_CHECKED (as the working tree has them; one deleted there is left out)."""
+    root = PACKAGE.parent
+    listed = run_watched(["git", "ls-files", "-z", "--", *LINE_CHECKED], cwd=root, check=True).stdout
+    return [root / name for name in listed.split("\0") if name.endswith(".py") and (root / name).is_file()]
+
+
+def test_no_tracked_python_file_beside_memplan_is_over_the_line_limit():
+    files = _tracked_python_files()
+    assert {path.relative_to(PACKAGE.parent).parts[0] for path in files} == set(LINE_CHECKED)
+    long = {str(path.relative_to(PACKAGE.parent)): n for path in files
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these by topic (a reader finds the tests of X by the file name): {long}"
 
 
 def test_no_function_takes_more_than_the_parameter_limit():

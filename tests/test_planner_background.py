@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
+from memplan.estimator.errors import EstimateError
 from memplan.planner import PlanRequest, make_plan
 from memplan.planner import background as background_module
 from memplan.planner.background import BackgroundEstimator, can_fork
-from memplan.estimator.errors import EstimateError
-from tests.test_planner import SimulatedStep, gpus
+from tests.planner_sim import SimulatedStep, gpus
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="background traces need Linux and two CPUs")
 

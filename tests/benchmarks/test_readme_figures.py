@@ -1,347 +1,23 @@
 """Every benchmark figure README.md quotes is the committed results JSON's, so none can go stale.
 
 Each claim is a pattern in README.md whose groups are figures, and the figures the committed
-benchmarks/results/*.json give for them. A claim that no longer matches fails (the sentence changed:
-update the claim), and so does a figure that differs from the JSON (a benchmark was re-run: update the
-README). So that a new figure cannot slip in unchecked, every percentage in the README's accuracy
-paragraphs (from "## Accuracy" to "### What the trace cannot see", and the FSDP accuracy paragraph)
-must lie inside a claim, unless it is a goal ("<= 1 %").
+benchmarks/results/*.json give for them (readme_figures.py computes them). A claim that no longer matches fails
+(the sentence changed: update the claim), and so does a figure that differs from the JSON (a benchmark was
+re-run: update the README). So that a new figure cannot slip in unchecked, every percentage in the README's
+accuracy paragraphs (from "## Accuracy" to "### What the trace cannot see", and the FSDP accuracy paragraph)
+must lie inside a claim, unless it is a goal ("<= 1 %"). published_gpu.json's own consistency is
+test_published_gpu_results.py's.
 """
 from __future__ import annotations
 
-import json
-import math
 import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-RESULTS = ROOT / "benchmarks" / "results"
-NUM = r"([-+]?[\d,]*\.?\d+)"
-
-
-@cache
-def results(name: str) -> dict:
-    return json.loads((RESULTS / f"{name}.json").read_text())
-
-
-def pct(x: float, places: int = 3) -> str:
-    return f"{100 * x:.{places}f}"
-
-
-def signed_pct(x: float, places: int = 2) -> str:
-    return f"{100 * x:+.{places}f}"
-
-
-def _worst(rows: list[dict], key: str) -> dict:
-    return max(rows, key=lambda r: abs(r[key]))
-
-
-def _cpu_table() -> tuple[str, ...]:
-    s, rows = results("accuracy_cpu")["summary"], results("accuracy_cpu")["rows"]
-    whole, step2 = _worst(rows, "error"), _worst(rows, "error_vs_step2")
-    step2_bytes = step2["estimate"]["peak_allocated"] - step2["truth"]["phase_peaks"]["step2"]
-    return (
-        pct(s["memplan"]["median_abs_error"]), pct(s["memplan"]["worst_abs_error"]), whole["case"],
-        f"{abs(whole['error_bytes']):,}", "under" if whole["error_bytes"] < 0 else "over",
-        pct(s["memplan_vs_step2"]["median_abs_error"]), pct(s["memplan_vs_step2"]["worst_abs_error"]), step2["case"],
-        f"{abs(step2_bytes):,}", "under" if step2_bytes < 0 else "over",
-        pct(s["rule_3p_2act"]["median_abs_error"], 1), pct(s["rule_3p_2act"]["worst_abs_error"], 1),
-        pct(s["rule_4x_weights"]["median_abs_error"], 1), pct(s["rule_4x_weights"]["worst_abs_error"], 1),
-    )
-
-
-def _cpu_counts() -> tuple[str, ...]:
-    report = results("accuracy_cpu")
-    rows = report["rows"]
-    return (
-        report["machine"]["cpu"], report["date"][:10], str(sum(1 for r in rows if r["error_bytes"] == 0)),
-        str(len(rows)), str(sum(1 for r in rows if abs(r["error"]) <= 1e-4)),
-    )
-
-
-def _realmodels() -> tuple[str, ...]:
-    report = results("realmodels")
-    s, rows = report["summary"], [r for r in report["rows"] if "error" in r]
-    worst = _worst(rows, "error")
-    torch_order = sum(1 for r in report["rows"] if r.get("loop") == "torch")
-    return (
-        str(s["cases"]), str(torch_order), report["date"][:10], report["machine"]["cpu"], str(s["all"]["measured"]),
-        pct(s["all"]["median_abs_error"]), signed_pct(worst["error"], 3), worst["case"],
-    )
-
-
-def _fsdp() -> tuple[str, ...]:
-    s = results("accuracy_fsdp_cpu")["summary"]
-    rows = results("accuracy_fsdp_cpu")["rows"]
-    errors = [e for r in rows for e in r["errors"]]
-    rest = sorted(abs(e) for e in errors if abs(e) > 1e-5)
-    return (
-        str(s["cases"]), str(s["rank_figures"]), pct(s["median_abs_error"]), signed_pct(max(errors, key=abs)),
-        str(len(errors) - len(rest)), str(s["rank_figures"]), str(len(rest)), pct(rest[0], 2), pct(rest[-1], 2),
-    )
-
-
-def _published_gpu() -> tuple[str, ...]:
-    report = results("published_gpu")
-    s, figures = report["summary"], report["figures"]
-    as_published, this_torch = s["memplan_published_torch"], s["memplan"]
-    old = [f for f in figures if not f["torch_at_least_2_1"]]
-    old_errors = [abs(f["error_published_torch"]) for f in old]
-    old_worst = max(old, key=lambda f: abs(f["error_published_torch"]))
-    return (
-        str(len(figures)), str(as_published["goal_set"]["figures"]),
-        pct(as_published["goal_set"]["median_abs_error"], 2), signed_pct(as_published["goal_set"]["worst_error"]),
-        as_published["goal_set"]["worst"],
-        pct(this_torch["goal_set"]["median_abs_error"], 2), signed_pct(this_torch["goal_set"]["worst_error"]),
-        this_torch["goal_set"]["worst"], "met" if as_published["goal_set"]["met"] else "not met",
-        str(len(old)), pct(statistics.median(old_errors), 2), signed_pct(old_worst["error_published_torch"]),
-    )
-
-
-def _torchtitan() -> tuple[str, ...]:
-    report = results("torchtitan_memory")
-    rows = {r["setting"]: r for r in report["rows"]}
-    op, one_pool, s = rows["op"], rows["op-one-pool"], report["summary"]
-    return (f"{op['peak_reserved_gib']:.2f}", f"{s['published_gib']}", signed_pct(s["relative_error"], 1),
-            f"{100 * s['goal']:.0f}", f"{op['side_stream_reserved_gib']:.2f}", f"{one_pool['peak_reserved_gib']:.2f}")
-
-
-def _suite_time() -> tuple[str, ...]:
-    report = results("test_suite_time")
-    (run,) = report["runs"]
-    return (str(run["passed"]), f"{run['wall_minutes']:.1f}", report["cpu_model"], run["load_range"],
-            f"{run['cpu_minutes']:.1f}", f"{run['cpu_minutes'] / report['usable_cores']:.1f}")
-
-
-def _logs_at_scale() -> tuple[str, ...]:
-    r = results("logs_at_scale")
-    return (str(round(math.log10(r['lines']))), str(r["ranks"]), f"{r['log_bytes'] / 1e6:.0f}", f"{r['report']['wall_s']:.1f}",
-            f"{r['report']['peak_rss_mib']:.0f}", r["cpu"])
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.0f}"
-
-
-def _accuracy_gpu() -> tuple[str, ...]:
-    """The H200's rows come from several calls: session 9's (the newest call's commit) and the first campaign's."""
-    report = results("accuracy_gpu")
-    env, s, rows = report["environment"], report["summary"], report["rows"]
-    measured = [r for r in rows if "error" not in r["truth"]]
-    newest = max(env["runs"], key=lambda run: run["date"])["memplan_commit"]
-    session9 = [r for r in measured if r["run"]["memplan_commit"] == newest]
-    first = [r for r in measured if r["run"]["memplan_commit"] != newest]
-    (first_commit,) = {r["run"]["memplan_commit"] for r in first}
-    figures, figures9 = [], []
-    for key in ("native_err_allocated", "native_err_reserved", "native_err_nvml"):
-        worst, worst9 = (_worst([r for r in rs if r[key] is not None], key) for rs in (measured, session9))
-        figures += [pct(s[key]["median_abs"], 2), signed_pct(worst[key]), worst["case"]]
-        figures9 += [signed_pct(worst9[key]), worst9["case"]]
-    goal = all(s[k]["median_abs"] <= 0.03 and s[k]["worst_abs"] <= 0.06 and s[k]["most_under"] >= -0.02
-               for k in ("native_err_allocated", "native_err_reserved", "native_err_nvml"))
-    outside = [r["truth"]["nvml_process_peak"] - r["truth"]["max_reserved"] for r in measured
-               if r["truth"].get("nvml_process_peak") is not None]
-    context = results("cuda_overheads_gpu")["replaces"]["_CONTEXT_LAZY_BYTES[9]"]["now"]
-    return (env["gpu"]["name"], env["driver"], env["torch"], str(len(measured)), str(len(_zoo_cases())),
-            str(len(session9)), str(len({r["run"]["file"] for r in session9})), newest[:7], str(len(first)),
-            first_commit[:7], str(s["native_err_allocated"]["n"]), *figures, "met" if goal else "not met",
-            str(len(session9)), *figures9, _mib(min(outside)), _mib(max(outside)), _mib(context))
-
-
-def _zoo_cases() -> dict:
-    from benchmarks.zoo import CASES
-
-    return CASES
-
-
-def _gpu_fidelity() -> tuple[str, ...]:
-    summary = results("gpu_fidelity")["summary"]
-    return (str(summary["now_on_recorded"]["allocated"]["n"]),
-            *(f for key in ("allocated", "reserved", "nvml")
-              for f in (pct(summary["now_on_recorded"][key]["median_abs"], 2), signed_pct(summary["now_on_recorded"][key]["worst"]))))
-
-
-def _h200_truths_reread() -> tuple[str, ...]:
-    """The cases the first H200 campaign (part1.json) and session 9's calls (part1b, part1c) both measured, all
-    with the same truths: allocated, reserved and NVML peaks equal to the byte."""
-    raw = RESULTS / "gpu_campaign_raw"
-    first, *later = [json.loads((raw / f).read_text())["sections"]["accuracy_zoo"]["rows"]
-                     for f in ("part1.json", "part1b.json", "part1c.json")]
-    keys = ("max_allocated", "max_reserved", "nvml_process_peak")
-    before = {r["case"]: [r["truth"].get(k) for k in keys] for r in first if "error" not in r["truth"]}
-    again = [(before[r["case"]], [r["truth"].get(k) for k in keys]) for rows in later for r in rows
-             if r["case"] in before]
-    assert all(a == b for a, b in again)
-    return (str(len(again)),)
-
-
-def _accuracy_gpu_expandable() -> tuple[str, ...]:
-    """The H200's run under expandable segments, beside the same cases' default-settings rows."""
-    report = results("accuracy_gpu_expandable")
-    env, rows = report["environment"], report["rows"]
-    assert env["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and env["torch"].startswith("2.11")
-    default = {r["case"]: r for r in results("accuracy_gpu")["rows"]}
-    key = "emulated_err_reserved"
-    off = sorted((r for r in rows if r[key] != 0), key=lambda r: -r[key])  # the least under first
-    rnn = [r for r in off if r["case"].startswith(("lstm", "gru"))]
-    (other,) = [r for r in off if r not in rnn]
-    return (str(len(rows)), str(sum(r[key] == 0 for r in rows)), str(len(rows)), signed_pct(other[key]), other["case"],
-            rnn[1]["case"], signed_pct(rnn[1][key]), rnn[0]["case"], signed_pct(rnn[0][key]),
-            signed_pct(default[rnn[1]["case"]][key]), signed_pct(default[rnn[0]["case"]][key]))
-
-
-def _gpu_fidelity_expandable() -> tuple[str, ...]:
-    report = results("gpu_fidelity_expandable")
-    now = report["summary"]["now"]["reserved"]
-    rows = {r["case"]: r for r in report["rows"]}
-    return (str(now["n"]), pct(now["median_abs"], 2), signed_pct(now["worst"]),
-            *(f for case in ("lstm-b32-adagrad", "gru-b32")
-              for f in (case, signed_pct(rows[case]["now_err_reserved"]))))
-
-
-def _conv_workspace() -> tuple[str, ...]:
-    fit, fidelity = results("conv_workspace_fit"), results("conv_workspace_fidelity")
-
-    def row(card: str, case: str) -> dict:
-        return next(r for r in fidelity[card]["rows"] if r["case"] == case)
-
-    h200, h100 = fidelity["H200"]["summary"], fidelity["H100"]["summary"]
-    cnn, resnet = row("H200", "cnn-b64-bf16mixed"), row("H100", "resnet18-b8-ckpt-gpu")
-    return (f"{100 * fit['loso_median_abs_error_of_workspace']:.0f}",
-            pct(h200["conv_before_reserved_median_abs"], 2), pct(h200["conv_after_reserved_median_abs"], 2),
-            signed_pct(cnn["before_reserved"]), signed_pct(cnn["after_reserved"]),
-            pct(h100["conv_before_reserved_median_abs"], 2), pct(h100["conv_after_reserved_median_abs"], 2),
-            signed_pct(resnet["before_reserved"]), signed_pct(resnet["after_reserved"]))
-
-
-def _memory_gaps_vit() -> tuple[str, ...]:
-    rows = [r for r in results("memory_gaps_gpu")["rows"] if r["case"].startswith("vit-l16-")]
-    return (str(len(rows)), signed_pct(_worst(rows, "native_err_allocated")["native_err_allocated"]),
-            signed_pct(_worst(rows, "native_err_reserved")["native_err_reserved"]))
-
-
-MODEL_NAMES = {"gpt2-small": "GPT-2 small", "vit-l16": "ViT-L/16"}
-"""How README names the timed models (benchmarks/gpu_extra.py TIME_MODELS)."""
-
-
-def _step_time_gpu() -> tuple[str, ...]:
-    report = results("step_time_gpu")
-    rows = [r for r in report["rows"] if "error" in r]
-    s, worst = report["summary"], _worst(rows, "error")
-    by = {p: [r["error"] for r in rows if r["precision"] == p] for p in ("32-true", "bf16-mixed")}
-    return (report["environment"]["gpu"]["name"], str(s["n"]), pct(s["median_abs"], 1), signed_pct(s["worst"], 1),
-            MODEL_NAMES[worst["model"]], worst["precision"], str(worst["micro_batch"]),
-            "checkpointing" if worst["checkpointing"] else "no checkpointing",
-            signed_pct(min(by["32-true"]), 1),
-            signed_pct(max(by["32-true"]), 1), signed_pct(min(by["bf16-mixed"]), 1), signed_pct(max(by["bf16-mixed"]), 1))
-
-
-def _step_time_cards() -> tuple[str, ...]:
-    now, before = results("step_time_cards"), results("step_time_cards_before")
-    figures = []
-    for card in ("H200", "H100"):
-        (old,), (new,) = ([c["summary"] for c in r["cards"] if c["card"] == card] for r in (before, now))
-        figures += [pct(old["median_abs"], 1), pct(new["median_abs"], 1), card, signed_pct(old["worst"], 1),
-                    signed_pct(new["worst"], 1)]
-    return tuple(figures)
-
-
-def _nccl_one_rank() -> tuple[str, ...]:
-    return (_mib(results("cuda_overheads_gpu")["measured"]["nccl_one_rank_outside_allocator"]),)
-
-
-def _plan_vs_bisect_gpu() -> tuple[str, ...]:
-    (row,) = [r for r in results("plan_vs_bisect_gpu")["rows"] if r.get("config") == "gpt2-small"]
-    ran = {p["micro_batch"]: p["fits"] for p in row["probes"]}
-    largest = max(m for m, fits in ran.items() if fits)
-    assert ran[row["memplan_max_micro_batch"]] and row.get("truth_max_micro_batch") is None  # the search was cut
-    return str(row["memplan_max_micro_batch"]), str(largest)
-
-
-# --- the second GPU campaign: one H100 (benchmarks/results/*_gpu_h100.json) -------------------------------
-def _accuracy_gpu_h100() -> tuple[str, ...]:
-    from benchmarks.accuracy_gpu import extra_cases
-
-    report = results("accuracy_gpu_h100")
-    env, s, rows = report["environment"], report["summary"], report["rows"]
-    measured = [r for r in rows if "error" not in r["truth"]]
-    native = [r for r in measured if "error" not in r["native"]]
-    figures = []
-    for key in ("native_err_allocated", "native_err_reserved", "native_err_nvml"):
-        worst = _worst(native, key)
-        figures += [pct(s[key]["median_abs"], 2), signed_pct(worst[key]), worst["case"]]
-    goal = all(s[k]["median_abs"] <= 0.03 and s[k]["worst_abs"] <= 0.06 and s[k]["most_under"] >= -0.02
-               for k in ("native_err_allocated", "native_err_reserved", "native_err_nvml"))
-    outside = [r["truth"]["nvml_process_peak"] - r["truth"]["max_reserved"] for r in measured]
-    context = results("cuda_overheads_gpu_h100")["replaces"]["_CONTEXT_LAZY_BYTES[9]"]["now"]
-    zoo, extra = _zoo_cases(), extra_cases()
-    return (env["gpu"]["name"], env["driver"], env["torch"], str(sum(r["case"] in zoo for r in rows)),
-            str(sum(r["case"] in extra for r in rows)), str(len(measured)), str(len(native)), *figures,
-            "met" if goal else "not met", _mib(min(outside)), _mib(max(outside)), _mib(context))
-
-
-def _gpu_fidelity_h100() -> tuple[str, ...]:
-    report = results("gpu_fidelity_h100")
-    assert report["campaign"]["gpu"] == "H100-80GB"
-    summary = report["summary"]["now_on_recorded"]
-    return (str(summary["allocated"]["n"]),
-            *(f for key in ("allocated", "reserved", "nvml")
-              for f in (pct(summary[key]["median_abs"], 2), signed_pct(summary[key]["worst"]))))
-
-
-def _step_time_gpu_h100() -> tuple[str, ...]:
-    report = results("step_time_gpu_h100")
-    rows = [r for r in report["rows"] if "error" in r]
-    s, worst = report["summary"], _worst(rows, "error")
-    by = {p: [r["error"] for r in rows if r["precision"] == p] for p in ("32-true", "bf16-mixed")}
-    (profiled,) = [r for r in results("kernel_profile_gpu_h100")["rows"]
-                   if r["precision"] == "bf16-mixed" and r["micro_batch"] == 8]
-    (timed,) = [r for r in rows if r["model"] == "gpt2-small" and r["precision"] == "bf16-mixed"
-                and r["micro_batch"] == 8 and not r["checkpointing"]]
-    longer = profiled["gpu_busy_seconds_per_step"] > timed["predicted"]["step_seconds"]
-    return (report["environment"]["gpu"]["name"], str(s["n"]), pct(s["median_abs"], 1), signed_pct(s["worst"], 1),
-            MODEL_NAMES[worst["model"]], worst["precision"], str(worst["micro_batch"]),
-            "checkpointing" if worst["checkpointing"] else "no checkpointing",
-            signed_pct(min(by["32-true"]), 1), signed_pct(max(by["32-true"]), 1), signed_pct(min(by["bf16-mixed"]), 1),
-            signed_pct(max(by["bf16-mixed"]), 1), str(profiled["micro_batch"]),
-            f"{100 * profiled['busy_over_unprofiled']:.0f}", "longer" if longer else "no longer")
-
-
-GPU_PROBE_EVERY = 50
-"""The interval of benchmarks.gpu_probes' overhead runs (Trainer(log_every_n_steps=50), the callback's default)."""
-
-
-def _callback_overhead_gpu_h100() -> tuple[str, ...]:
-    report = results("callback_gpu_h100")
-    o = report["overhead"]
-    timed = {r["steps"] for r in o["runs"] if r.get("arm") == "own"}.pop()
-    first = o["steps"] - timed
-    readings = sum(1 for step in range(first + 1, o["steps"] + 1) if step % GPU_PROBE_EVERY == 0)
-    return (report["environment"]["gpu"]["name"], o["precision"], str(o["micro_batch"]),
-            signed_pct(o["end_to_end_overhead"]), f"{o['median_step_ms_without']:.2f}",
-            f"{o['median_step_ms_with']:.2f}", f"{o['own_us_per_step'] / 1000:.2f}",
-            "over" if o["own_overhead"] > 0.005 else "under", "0.5", str(readings), str(timed))
-
-
-def _oom_and_cnn_gpu_h100() -> tuple[str, ...]:
-    oom = results("callback_gpu_h100")["oom_retry"]
-    (retry,) = [e for e in oom["rank_log"]["notable"] if e["event"] == "oom_retry"]
-    assert retry["failed_micro_batch_size"] == oom["loaded_batch"]
-    (cnn,) = [r for r in results("plan_vs_bisect_gpu_h100")["rows"] if r.get("config") == "cnn"]
-    from benchmarks.plan_vs_bisect_gpu import CAP
-
-    assert cnn["memplan_max_micro_batch"] == cnn["truth_max_micro_batch"] == CAP and cnn["truth_first_oom"] is None
-    return (str(oom["loaded_batch"]), retry["phase"], str(retry["micro_batch_size"]), str(oom["global_step"]),
-            "finished" if oom["finished"] else "did not finish", cnn["precision"], str(CAP),
-            f"{cnn['suggest_seconds']:.1f}", f"{cnn['batch_size_finder_seconds']:.1f}", str(cnn["batch_size_finder_batch"]),
-            "met" if cnn["suggest_over_batch_size_finder"] <= 0.1 else "not met")
+import readme_figures as figures
+from readme_figures import NUM, README, results
 
 
 @dataclass(frozen=True)
@@ -356,25 +32,26 @@ CLAIMS = [
           r"\| memplan \(vs the whole run\) \| NUM % \| NUM % \(`([\w.-]+)`, NUM B (under|over)[^|]*\|\n"
           r"\| memplan \(vs the steady-state step\) \| NUM % \| NUM % \(`([\w.-]+)`, NUM B (under|over)\) \|\n"
           r"\| 4 B x \(3 x params \+ 2 x activations x batch\) \| NUM % \| NUM % \|\n"
-          r"\| 4 x model size \| NUM % \| NUM % \|", _cpu_table),
+          r"\| 4 x model size \| NUM % \| NUM % \|", figures.cpu_table),
     Claim("accuracy_cpu counts",
           r"Measured on a 2-core ([\w ]+) \((\d{4}-\d\d-\d\d)[^)]*\)\. (\d+) of (\d+)\s+cases match the truth to the "
-          r"byte and (\d+) within 0\.01 %", _cpu_counts),
+          r"byte and (\d+) within 0\.01 %", figures.cpu_counts),
     Claim("realmodels",
           r"`benchmarks/results/realmodels\.md`\): (\d+) cases from transformers\s+config classes and plain torch "
           r"\([^)]*; (\d+) trained by a plain PyTorch loop\)\. Last run \((\d{4}-\d\d-\d\d), 2-core ([\w ]+),\s+"
-          r"(\d+) compared with a truth\): median \|error\| NUM %, worst NUM %\s+\(`([\w.-]+)`", _realmodels),
+          r"(\d+) compared with a truth\): median \|error\| NUM %, worst NUM %\s+\(`([\w.-]+)`", figures.realmodels),
     Claim("accuracy_fsdp_cpu",
           r"`benchmarks/results/accuracy_fsdp_cpu\.md`, (\d+) cases:[^;]*;\s+(\d+) rank\s+figures, each rank's profiled "
           r"peak over build \+ 2 steps\) the median error is NUM % and the worst\s+NUM %: the goal \(median <= 1 %, "
           r"worst <= 3 %\) is met\. (\d+) of the (\d+) rank figures match to 0\.001 %;\s+the other (\d+) \([^)]*\) peak "
-          r"[\d.]+ KB below the estimate \(NUM-NUM %", _fsdp),
+          r"[\d.]+ KB below the estimate \(NUM-NUM %", figures.fsdp),
     Claim("published_gpu",  # any space may be a line break
           (r"(?s)Against GPU memory others published \(`\.venv/bin/python -m benchmarks\.published_gpu`.*?: (\d+) "
           r"figures\. The (\d+) measured with torch >= 2\.1 .*? estimate at median \|error\| NUM % and worst NUM % "
           r"\(`([\w.-]+)`\) with the published torch's kernels reproduced.*?with this torch's kernels: median NUM %, "
           r"worst NUM % \(`([\w.-]+)`\)\. The goal \(median <= 1 %, worst <= 3 %\) is (met|not met)\..*?The (\d+) "
-          r"bert-large figures .*? reproduce at median NUM %, worst NUM %\.").replace(" ", r"\s+"), _published_gpu),
+          r"bert-large figures .*? reproduce at median NUM %, worst NUM %\.").replace(" ", r"\s+"),
+          figures.published_gpu),
     Claim("accuracy_gpu",  # any space may be a line break
           (r"(?s)On one ([\w.-]+(?: [\w.-]+)*) \(driver ([\d.]+), torch ([\w.+]+), "
            r"`benchmarks/results/accuracy_gpu\.md`\): (\d+) of the zoo's (\d+) cases, each at its newest reading: "
@@ -387,41 +64,41 @@ CLAIMS = [
            r"`device_total` worst NUM % \(`([\w.-]+)`\); .*?The memory outside the allocator "
            r"\(NVML's process peak - `max_memory_reserved`\) measured (\d+)-(\d+) MiB against memplan's (\d+) MiB "
            r"constant").replace(" ", r"\s+").replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"),
-          _accuracy_gpu),
+          figures.accuracy_gpu),
     Claim("gpu_fidelity",
           (r"(?s)re-estimated on CPU with CUDA emulated \(`benchmarks/results/gpu_fidelity\.md`, n=(\d+)\): "
            r"`peak_allocated` median \|error\| NUM %, worst NUM %; `peak_reserved` median NUM %, worst NUM %; "
-           r"`device_total` median NUM %, worst NUM %").replace(" ", r"\s+"), _gpu_fidelity),
+           r"`device_total` median NUM %, worst NUM %").replace(" ", r"\s+"), figures.gpu_fidelity),
     Claim("h200_truths_reread", r"the\s+(\d+)\s+cases\s+both\s+H200\s+runs\s+measured\s+read\s+the\s+same\s+truths\s+to\s+"
-          r"the\s+byte", _h200_truths_reread),
+          r"the\s+byte", figures.h200_truths_reread),
     Claim("accuracy_gpu_expandable",
           (r"(?s)One GPU run has measured expandable segments since \(one H200, torch 2\.11, session 9: (\d+) zoo "
            r"cases on one GPU, none of them FSDP; `benchmarks/results/accuracy_gpu_expandable\.md`\): memplan's "
            r"emulated `peak_reserved` is exact for (\d+) of the (\d+), NUM % for `([\w.-]+)`, and under for the two "
            r"cuDNN RNN cases, `([\w.-]+)` NUM % and `([\w.-]+)` NUM % \(NUM % and NUM % at the default settings\)")
-          .replace(" ", r"\s+"), _accuracy_gpu_expandable),
+          .replace(" ", r"\s+"), figures.accuracy_gpu_expandable),
     Claim("gpu_fidelity_expandable",
           (r"(?s)re-estimates them \(`benchmarks/results/gpu_fidelity_expandable\.md`, n=(\d+)\): `peak_reserved` "
            r"median \|error\| NUM %, worst NUM %; `([\w.-]+)` NUM %, `([\w.-]+)` NUM %").replace(" ", r"\s+"),
-          _gpu_fidelity_expandable),
+          figures.gpu_fidelity_expandable),
     Claim("conv_workspace",
           (r"(?s)leave-one-shape-out median error NUM % of the workspace, .*?the conv cases' `peak_reserved` median "
            r"\|error\| NUM % -> NUM % on the H200 \(cnn-b64-bf16mixed NUM % -> NUM %\), NUM % -> NUM % on the H100 "
-           r"\(resnet18-b8-ckpt-gpu NUM % -> NUM %\)").replace(" ", r"\s+"), _conv_workspace),
+           r"\(resnet18-b8-ckpt-gpu NUM % -> NUM %\)").replace(" ", r"\s+"), figures.conv_workspace),
     Claim("memory_gaps_gpu",
           r"\(`benchmarks/results/memory_gaps_gpu\.md`, (\d+) cases\): native `peak_allocated` within NUM %,\s+"
-          r"`peak_reserved` within NUM %", _memory_gaps_vit),
+          r"`peak_reserved` within NUM %", figures.memory_gaps_vit),
     Claim("step_time_gpu",
           (r"(?s)Against step times measured on one ([\w-]+ [\w-]+) \(.*?: (\d+) settings, .*?\) the predicted step is "
            r"off by NUM % median and NUM % at worst \((GPT-2 small|ViT-L/16), ([\w-]+), micro-batch (\d+), ((?:no )?checkpointing)\): "
            r"32-true within NUM % to NUM %, bf16-mixed from NUM % to NUM %").replace(" ", r"\s+")
-          .replace(r"[\w-]+\s+[\w-]+", r"[\w-]+ [\w-]+"), _step_time_gpu),
+          .replace(r"[\w-]+\s+[\w-]+", r"[\w-]+ [\w-]+"), figures.step_time_gpu),
     Claim("step_time_cards",
           (r"(?s)median \|error\| went from NUM % to NUM % \((H200); worst NUM % to NUM %\) and from NUM % to NUM % "
-           r"\((H100); worst NUM % to NUM %\)").replace(" ", r"\s+"), _step_time_cards),
+           r"\((H100); worst NUM % to NUM %\)").replace(" ", r"\s+"), figures.step_time_cards),
     Claim("nccl_one_rank_gpu", r"a 1-rank NCCL group and its all-reduce took (\d+) MiB outside the allocator",
-          _nccl_one_rank),
-    Claim("plan_vs_bisect_gpu", r"\(cut short: memplan's (\d+) ran, and (\d+), on an H200", _plan_vs_bisect_gpu),
+          figures.nccl_one_rank),
+    Claim("plan_vs_bisect_gpu", r"\(cut short: memplan's (\d+) ran, and (\d+), on an H200", figures.plan_vs_bisect_gpu),
     Claim("accuracy_gpu_h100",  # any space may be a line break, but in the GPU's name
           (r"(?s)Second run, on one ([\w.-]+(?: [\w.-]+)*) \(driver ([\d.]+), torch ([\w.+]+), "
            r"`benchmarks/results/accuracy_gpu_h100\.md`\): the (\d+) zoo cases the first run cut off and the (\d+) extra "
@@ -429,11 +106,11 @@ CLAIMS = [
            r"NUM %, worst NUM % \(`([\w.-]+)`\); `peak_reserved` median NUM %, worst NUM % \(`([\w.-]+)`\); "
            r"`device_total` median NUM %, worst NUM % \(`([\w.-]+)`\)\. The goal is (met|not met)\. Outside the "
            r"allocator: (\d+)-(\d+) MiB against memplan's (\d+) MiB constant").replace(" ", r"\s+")
-          .replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"), _accuracy_gpu_h100),
+          .replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"), figures.accuracy_gpu_h100),
     Claim("gpu_fidelity_h100",
           (r"(?s)estimates of the same cases for the catalog's H100 \(`benchmarks/results/gpu_fidelity_h100\.md`, "
            r"n=(\d+)\): `peak_allocated` median \|error\| NUM %, worst NUM %; `peak_reserved` median NUM %, worst "
-           r"NUM %; `device_total` median NUM %, worst NUM %").replace(" ", r"\s+"), _gpu_fidelity_h100),
+           r"NUM %; `device_total` median NUM %, worst NUM %").replace(" ", r"\s+"), figures.gpu_fidelity_h100),
     Claim("step_time_gpu_h100",
           (r"(?s)On one ([\w.-]+(?: [\w.-]+)*), the same (\d+) settings "
            r"\(\[benchmarks/results/step_time_gpu_h100\.md\]\(benchmarks/results/step_time_gpu_h100\.md\)\): off by "
@@ -441,13 +118,13 @@ CLAIMS = [
            r"32-true within NUM % to NUM %, bf16-mixed from NUM % to NUM %\. There GPT-2 small's bf16-mixed step at "
            r"micro-batch (\d+) keeps the GPU busy for (\d+) % of its unprofiled time .*? its kernels alone take "
            r"(longer|no longer) than memplan's whole predicted step").replace(" ", r"\s+")
-          .replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"), _step_time_gpu_h100),
+          .replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"), figures.step_time_gpu_h100),
     Claim("callback_overhead_gpu_h100",
           (r"(?s)On one ([\w.-]+(?: [\w.-]+)*) \(GPT-2 small, ([\w-]+), micro-batch (\d+): "
            r"`benchmarks/results/callback_gpu_h100\.md`\) NUM % end to end \(NUM -> NUM ms a step\) and NUM ms a "
            r"step of its own code, (over|under) the NUM % goal: its readings \((\d+) in the (\d+) steps timed\)")
           .replace(" ", r"\s+").replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"),
-          _callback_overhead_gpu_h100),
+          figures.callback_overhead_gpu_h100),
     Claim("oom_retry_and_cnn_bisect_gpu_h100",
           (r"(?s)recovered from a real CUDA OOM on an H100 \(`benchmarks/results/callback_gpu_h100\.md`\): a loaded "
            r"batch of (\d+) GPT-2-small samples planned as one micro-batch ran out of memory in its (\w+), was "
@@ -455,18 +132,18 @@ CLAIMS = [
            r"`cnn` \(([\w-]+), H100: `benchmarks/results/plan_vs_bisect_gpu_h100\.md`\) memplan's largest and the "
            r"largest that ran both reached the search's cap of (\d+), and `memplan suggest` took NUM s against "
            r"BatchSizeFinder's NUM s \(which settled on (\d+)\), so the goal of a tenth of its time is (met|not met)")
-          .replace(" ", r"\s+"), _oom_and_cnn_gpu_h100),
+          .replace(" ", r"\s+"), figures.oom_and_cnn_gpu_h100),
     Claim("torchtitan_memory",
           r"estimates NUM GiB `max_memory_reserved` against the published NUM GiB \(NUM %, within\s+the goal of "
           r"NUM %\), of which NUM GiB is cached by FSDP2's[^:]*:[^;]*one pool for all streams\s+gives NUM GiB",
-          _torchtitan),
+          figures.torchtitan),
     Claim("logs_at_scale",
           r"\(10\^(\d+) lines over (\d+) ranks, (\d+) MB: NUM s and\s+NUM MiB on a quiet 2-core ([\w ]+),",
-          _logs_at_scale),
+          figures.logs_at_scale),
     Claim("test_suite_time",
           r"The suite \((\d+) tests\)\s+passed in NUM min on a 2-core ([\w ]+) at load average ([\d-]+) \([^)]*\); "
           r"it used NUM\s+CPU-minutes in all \(`benchmarks/results/test_suite_time\.json`\), so a quiet 2-core "
-          r"machine needs about NUM min", _suite_time),
+          r"machine needs about NUM min", figures.suite_time),
 ]
 
 
@@ -522,37 +199,3 @@ def test_the_summaries_are_the_rows():
     assert s["all"]["measured"] == len(errors)
     assert s["all"]["median_abs_error"] == statistics.median(errors)
     assert s["all"]["worst_abs_error"] == max(errors)
-
-
-# --- benchmarks/results/published_gpu.json (issue 22 §3) ------------------------------------------------------
-PUBLISHED_GPU_QUANTITIES = {"max_memory_reserved": "peak_reserved", "max_memory_allocated": "peak_allocated",
-                            "nvml_used": "device_total"}
-PUBLISHED_GPU_CONDITIONS = {"model", "batch", "input", "precision", "optimizer", "gpu", "torch", "checkpointing", "loop"}
-
-
-def test_published_gpu_results_hold_each_figure_with_its_source_conditions_and_quantity():
-    figures = results("published_gpu")["figures"]
-    assert len(figures) >= 10
-    assert len({f["name"] for f in figures}) == len(figures)
-    for f in figures:
-        assert f["source"].startswith("https://") and f["quote"], f["name"]
-        assert PUBLISHED_GPU_CONDITIONS <= set(f["conditions"]) and all(f["conditions"].values()), f["name"]
-        assert f["memplan_field"] == PUBLISHED_GPU_QUANTITIES[f["quantity"]], f["name"]
-        assert f["memplan_bytes"] == f[f["memplan_field"]] and f["published_bytes"] > 0, f["name"]
-        assert f["error"] == pytest.approx(f["memplan_bytes"] / f["published_bytes"] - 1, abs=1e-12), f["name"]
-        assert f["error_published_torch"] == pytest.approx(
-            f["memplan_published_torch_bytes"] / f["published_bytes"] - 1, abs=1e-12), f["name"]
-        if f["quantity"] == "nvml_used":  # NVML's used includes the CUDA context memplan models
-            assert f["device_total"] >= f["peak_reserved"] + f["cuda_context"], f["name"]
-
-
-@pytest.mark.parametrize("key, column", [("error", "memplan"), ("error_published_torch", "memplan_published_torch")])
-def test_published_gpu_summary_is_its_rows(key, column):
-    report = results("published_gpu")
-    for subset, rows in (("goal_set", [r for r in report["figures"] if r["torch_at_least_2_1"]]),
-                         ("all", report["figures"])):
-        s = report["summary"][column][subset]
-        errors = [abs(r[key]) for r in rows]
-        assert s["figures"] == len(rows)
-        assert s["median_abs_error"] == pytest.approx(statistics.median(errors), abs=1e-12)
-        assert s["worst_abs_error"] == pytest.approx(max(errors), abs=1e-12)

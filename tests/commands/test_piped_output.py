@@ -4,7 +4,7 @@ pytest's capture, not a terminal, as in a pipe. (`memplan suggest`: tests/comman
 devices`: tests/hardware/test_devices.py; `validate` prints plain lines, `watch` without --once too.)"""
 from __future__ import annotations
 
-from test_report_cli import REASON, run, write_run
+from rank_logs import REASON, run, write_run
 
 
 def test_estimate_keeps_its_notes_whole(capsys):

@@ -1,11 +1,12 @@
-"""Bad inputs found by trying memplan as a new user, beyond test_bad_inputs.py's table: each refused
-before anything is traced, exit 2, one line naming the flag, the YAML key path or the file."""
+"""Bad inputs found by trying memplan as a new user, beyond the tables of test_bad_flags.py, test_bad_yaml.py and
+test_bad_plan_files.py: each refused before anything is traced, exit 2, one line naming the flag, the YAML key
+path or the file."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from test_bad_inputs import assert_refused, config_with, no_gpu_and_no_trace, run, write_config  # noqa: F401
+from refusals import assert_refused, config_with, no_gpu_and_no_trace, run, write_config  # noqa: F401
 
 # (id, argv with CONFIG standing for the config path, YAML changes, fragment naming the input)
 CASES = [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_planner import SimulatedStep, gpus  # noqa: E402
+from planner_sim import SimulatedStep, gpus  # noqa: E402
 
 from memplan.checkpoint_setting import Checkpointing  # noqa: E402
 from memplan.estimator.flops import OpCost, StepCosts  # noqa: E402

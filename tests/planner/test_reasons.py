@@ -9,7 +9,7 @@ import pytest
 from memplan.planner import DeviceBudget, NoFit, PlanRequest, make_plan
 from memplan.planner.reasons import GPUS_USED, Words
 from memplan.units import GiB
-from tests.test_planner import SimulatedStep, gpus
+from tests.planner_sim import SimulatedStep, gpus
 
 FLAGS = Words(allow_amp="allowing mixed precision (--amp)", allow_checkpointing="allowing checkpointing (--ckpt)",
               checkpointing_refused="--no-ckpt was given")
