@@ -315,10 +315,11 @@ json.dump(sys.argv[1:], open("{srun_calls}", "w"))
                          str(submit / "memplan-7" / "planned.yaml")]
 
 
-#: a simulated `memplan suggest` (CONFIG --nodes N --gpus G --output PATH [...]): writes a 1-node, 2-GPU plan pair
-#: as the real one does, for runs that check only what the script hands it
+#: a simulated `memplan suggest ... --output PATH ...`: writes a 1-node, 2-GPU plan pair where the real one would,
+#: for runs that check only what the script hands it
 SUGGEST_STUB = """if [[ "${1:-} ${2:-} ${3:-}" == "-m memplan suggest" ]]; then
-    out="${10}"
+    while [[ "$1" != "--output" ]]; do shift; done
+    out="$2"
     echo 'trainer: {devices: 2}' > "$out"
     echo '{"nodes": 1, "world_size": 2}' > "${out%.yaml}.plan.json"
     exit 0
