@@ -329,9 +329,8 @@ fi
 
 def _slurm_run(tmp_path: Path, config: Path, *args: str, simulated_suggest: bool = False,
                **env_extra: str) -> tuple[subprocess.CompletedProcess, list]:
-    """launch/slurm.sbatch with a counting Python and a recording srun (job 4242, 1 node x 2 tasks):
-    the run, and the memplan suggest calls it made (run for real, or by SUGGEST_STUB where
-    simulated_suggest)."""
+    """launch/slurm.sbatch with a counting Python and a recording srun (job 4242, 1 node x 2 tasks): the run, and
+    the memplan suggest calls it made (run for real, or by SUGGEST_STUB where simulated_suggest)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     calls = tmp_path / "python-calls.txt"
