@@ -32,8 +32,10 @@ if "torch" in sys.modules:  # a plugin imported torch before this file set the v
 #: a session fixture: see SCOPES), every candidate of a search traced (test_planner_floors.every_trace, ~10-20 CPU-s a
 #: case, read by two tests), one process running `memplan suggest` on four configs (test_configs_shipped.suggested),
 #: FSDP estimates read by several tests (test_estimate_fsdp.default_fsdp_estimate), one `memplan suggest` run
-#: read by two tests (test_cli.table_on_24gib)
+#: read by two tests (test_cli.table_on_24gib), one fresh interpreter running every refused config
+#: (test_fast_refusal.refusals)
 ONE_WORKER = frozenset({"tests/callback/test_callback_ddp.py", "tests/callback/test_callback_fsdp.py",
+                        "tests/commands/test_fast_refusal.py",
                         "tests/estimator/test_fake_copy_ddp.py", "tests/test_planner_floors.py",
                         "tests/test_configs_shipped.py", "tests/estimator/test_estimate_fsdp.py",
                         "tests/commands/test_cli.py"})

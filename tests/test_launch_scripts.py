@@ -315,16 +315,29 @@ json.dump(sys.argv[1:], open("{srun_calls}", "w"))
                          str(submit / "memplan-7" / "planned.yaml")]
 
 
-def _slurm_run(tmp_path: Path, config: Path, *args: str, **env_extra: str) -> tuple[subprocess.CompletedProcess, list]:
-    """launch/slurm.sbatch with a counting Python and a recording srun (job 4242, 1 node x 2 tasks):
-    the run, and the memplan suggest calls it made."""
+#: a simulated `memplan suggest ... --output PATH ...`: writes a 1-node, 2-GPU plan pair where the real one would,
+#: for runs that check only what the script hands it
+SUGGEST_STUB = """if [[ "${1:-} ${2:-} ${3:-}" == "-m memplan suggest" ]]; then
+    while [[ "$1" != "--output" ]]; do shift; done
+    out="$2"
+    echo 'trainer: {devices: 2}' > "$out"
+    echo '{"nodes": 1, "world_size": 2}' > "${out%.yaml}.plan.json"
+    exit 0
+fi
+"""
+
+
+def _slurm_run(tmp_path: Path, config: Path, *args: str, simulated_suggest: bool = False,
+               **env_extra: str) -> tuple[subprocess.CompletedProcess, list]:
+    """launch/slurm.sbatch with a counting Python and a recording srun (job 4242, 1 node x 2 tasks): the run, and
+    the memplan suggest calls it made (run for real, or by SUGGEST_STUB where simulated_suggest)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     calls = tmp_path / "python-calls.txt"
     calls.write_text("")
     python = _write_executable(bin_dir / "python-counting", f"""#!/usr/bin/env bash
 echo "$*" >> {calls}
-exec {sys.executable} "$@"
+{SUGGEST_STUB if simulated_suggest else ""}exec {sys.executable} "$@"
 """)
     _write_executable(bin_dir / "srun", "#!/usr/bin/env bash\nexit 0\n")
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", MEMPLAN_PYTHON=str(python),
@@ -352,7 +365,8 @@ def _small_mlp(tmp_path: Path) -> Path:
 
 def test_a_requeued_slurm_job_reuses_its_plan_and_replans_when_the_config_changed(tmp_path):
     config = _small_mlp(tmp_path)
-    first, suggests = _slurm_run(tmp_path, config)
+    # the first run's plan simulated (what is reused is the script's concern); the replan below is suggest's own
+    first, suggests = _slurm_run(tmp_path, config, simulated_suggest=True)
     assert first.returncode == 0 and len(suggests) == 1, first.stderr[-2000:]
     planned = tmp_path / "memplan-4242" / "planned.yaml"
     before = planned.read_text()
@@ -380,5 +394,7 @@ def test_slurm_never_replaces_a_users_files_without_force_and_passes_force_throu
     forced, suggests = _slurm_run(tmp_path, config, "--force", OUTPUT_DIR=str(out))
     assert forced.returncode == 0, forced.stderr[-2000:]
     assert suggests[0].endswith("--force") and "trainer" in (out / "planned.yaml").read_text()
-    by_env, suggests = _slurm_run(tmp_path, config, OUTPUT_DIR=str(out), MEMPLAN_FORCE="1")
-    assert by_env.returncode == 0 and suggests[0].endswith("--force")
+    # MEMPLAN_FORCE=1 is --force: what the script hands suggest (whose own --force the run above checked)
+    by_env, suggests = _slurm_run(tmp_path, config, OUTPUT_DIR=str(out), MEMPLAN_FORCE="1", simulated_suggest=True)
+    assert by_env.returncode == 0 and suggests[0].endswith("--force"), by_env.stderr[-2000:]
+    assert "planning again" in by_env.stderr

@@ -33,8 +33,11 @@ def test_planned_config_trains_under_torchrun_with_two_cpu_processes(tmp_path, m
     # as printed: this Python (no activated venv needed) and the entry point shipped in the package
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"] and "memplan.train" in command
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    # the planned loader batch is 16,384 samples a rank (~0.8 CPU-s each to make here): 2 steps, and no DataLoader
+    # workers prefetching batches the run never reads (torchrun's ranks with workers: test_launch_scripts, sigterm)
     run = run_watched(
-        [*command, "--trainer.max_steps=3", "--trainer.accelerator=cpu", "--trainer.log_every_n_steps=1"],
+        [*command, "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.log_every_n_steps=1",
+         "--data.init_args.num_workers=0"],
         cwd=elsewhere, env=env,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -46,6 +49,8 @@ def test_planned_config_trains_under_torchrun_with_two_cpu_processes(tmp_path, m
         layout = applied[0]["layout"]
         assert layout["micro_batch_size"] == plan["micro_batch_size"] and layout["world_size"] == 2
         assert layout["global_batch_size"] == plan["global_batch_size"]
+        assert events[-1]["event"] == "end" and events[-1]["status"] == "finished"
+        assert [e["step"] for e in events if e["event"] == "sample"][-1] == 2
     assert "MemoryPlanner summary" in run.stdout + run.stderr
 
 

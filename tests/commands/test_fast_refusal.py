@@ -1,13 +1,19 @@
 """A config refused by memplan's own checks (its YAML, memplan's settings, device and node counts) is refused by
 `memplan suggest` and `memplan estimate` before torch or Lightning is imported (checked in a fresh interpreter's
-sys.modules, not timed); one that passes them is read by Lightning's own parser, which imports both."""
+sys.modules, not timed: one interpreter runs every refused case in turn, each read after its own command, so a case
+that imported torch fails there and in every case after it); one that passes them is read by Lightning's own parser,
+which imports both (in an interpreter of its own). tests/conftest.py keeps this module on one xdist worker."""
 from __future__ import annotations
 
+import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from import_probe import ROOT, modules_imported
+from subprocess_run import run_watched
 
 HEAVY = ("torch", "pytorch_lightning", "lightning")
 
@@ -48,13 +54,49 @@ CASES = {
 }
 
 
+#: one interpreter running `memplan ARGV` for each job of a JSON list in turn (as `python -m memplan` does), printing
+#: one JSON line per job: its exit code, what it printed to stderr, the modules of HEAVY imported so far
+PROBE_ALL = """
+import contextlib, io, json, runpy, sys
+for argv in json.loads(sys.argv[1]):
+    sys.argv, err = ["memplan", *argv], io.StringIO()
+    code = 0
+    with contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module("memplan", run_name="__main__")
+        except SystemExit as done:
+            code = done.code
+    print(json.dumps({"code": code, "stderr": err.getvalue(), "modules": [m for m in HEAVY if m in sys.modules]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[tuple[str, str], dict]:
+    """Every (command, case) of the parametrized test below, run in one fresh interpreter: what each one gave."""
+    folder = tmp_path_factory.mktemp("refused")
+    jobs = {}
+    for case, (text, _) in CASES.items():
+        path = folder / f"{case}.yaml"
+        path.write_text(text)
+        for command, argv in COMMANDS.items():
+            jobs[command, case] = [str(path) if a == "CONFIG" else a for a in argv]
+    # as import_probe.modules_imported runs a command: the repository first, then what the suite gives every child
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = run_watched([sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{PROBE_ALL}", json.dumps(list(jobs.values()))],
+                       env=env, cwd=ROOT)
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and len(results) == len(jobs), done.stderr[-3000:]
+    return dict(zip(jobs, results))
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_config_memplans_own_checks_refuse_imports_neither_torch_nor_lightning(tmp_path, command, case):
-    text, fragment = CASES[case]
-    modules, code, output = refused(tmp_path, COMMANDS[command], text)
-    assert code == 2 and fragment in output, output
-    assert modules == [], output
+def test_a_config_memplans_own_checks_refuse_imports_neither_torch_nor_lightning(refusals, command, case):
+    _, fragment = CASES[case]
+    result = refusals[command, case]
+    output = result["stderr"]
+    assert result["code"] == 2 and fragment in output, output
+    assert result["modules"] == [], output
 
 
 def test_a_config_past_memplans_own_checks_is_read_by_lightnings_parser(tmp_path):
