@@ -33,12 +33,14 @@ if "torch" in sys.modules:  # a plugin imported torch before this file set the v
 #: case, read by two tests), one process running `memplan suggest` on four configs (test_configs_shipped.suggested),
 #: FSDP estimates read by several tests (test_estimate_fsdp.default_fsdp_estimate), one `memplan suggest` run
 #: read by two tests (test_cli.table_on_24gib), one fresh interpreter running every refused config
-#: (test_fast_refusal.refusals)
+#: (test_fast_refusal.refusals), one dry run of the GPU campaign's four parts read by two tests
+#: (test_gpu_campaign.dry_run), estimates read by two tests (test_checkpoint_settings.traced)
 ONE_WORKER = frozenset({"tests/callback/test_callback_ddp.py", "tests/callback/test_callback_fsdp.py",
                         "tests/commands/test_fast_refusal.py",
                         "tests/estimator/test_fake_copy_ddp.py", "tests/test_planner_floors.py",
                         "tests/test_configs_shipped.py", "tests/estimator/test_estimate_fsdp.py",
-                        "tests/commands/test_cli.py"})
+                        "tests/commands/test_cli.py", "tests/benchmarks/test_gpu_campaign.py",
+                        "tests/estimator/test_checkpoint_settings.py"})
 #: modules that read a session fixture of another module's unit, and run in that unit: tests/callback/conftest.py's
 #: ddp_runs, one 2-rank launch of most of the DDP driver's scenarios
 SCOPES = {"tests/callback/test_callback_final_backward.py": "tests/callback/test_callback_ddp.py",

@@ -5,6 +5,8 @@ estimator's code is tuned on; use_cache=False as transformers sets it under its 
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -49,12 +51,20 @@ def _images():
 MODELS = {"gpt2": (_gpt2, _tokens(96)), "llama": (_llama, _tokens(80)), "vit": (_vit, _images)}
 
 
+@functools.cache
+def traced(name: str, setting: str, precision: str):
+    """The estimate of MODELS[name] with AdamW under a checkpointing setting and precision, traced once per
+    process: both tests below read blocks:1 in 32-true (tests/conftest.py keeps this module on one xdist worker)."""
+    build, make_batch = MODELS[name]
+    return estimate(build, make_batch(), checkpointing=setting, device="cpu", precision=precision, optimizer="adamw")
+
+
 @pytest.mark.parametrize("setting", ["blocks:1", "every:2", "op"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_partial_and_selective_estimates_match_real_cpu_steps(name, setting):
     build, make_batch = MODELS[name]
     precision = "bf16-mixed" if setting == "op" else "32-true"
-    est = estimate(build, make_batch(), checkpointing=setting, device="cpu", precision=precision, optimizer="adamw")
+    est = traced(name, setting, precision)
     truth = measure_cpu_peak(build, make_batch, checkpointing=setting, precision=precision, optimizer="adamw")
     assert abs(est.peak_allocated / truth - 1) < 0.001, (est.peak_allocated, truth)
     assert est.checkpoint_mode == setting
@@ -63,9 +73,7 @@ def test_partial_and_selective_estimates_match_real_cpu_steps(name, setting):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_the_settings_order_memory_as_they_recompute(name):
     """none > blocks:1 > blocks:3 > full, and op between none and full: each setting changes what is kept."""
-    build, make_batch = MODELS[name]
-    peak = {s: estimate(build, make_batch(), checkpointing=s, device="cpu", optimizer="adamw").peak_allocated
-            for s in ("none", "blocks:1", "blocks:3", "full", "op")}
+    peak = {s: traced(name, s, "32-true").peak_allocated for s in ("none", "blocks:1", "blocks:3", "full", "op")}
     assert peak["none"] > peak["blocks:1"] > peak["blocks:3"] > peak["full"]
     assert peak["none"] > peak["op"] > peak["full"]
 
