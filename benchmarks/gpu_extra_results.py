@@ -207,7 +207,7 @@ def step_times(parts: dict[int, dict], env: dict, out: Path) -> None:
     errors = [r["error"] for r in rows if "error" in r]
     summary = None if not errors else {"n": len(errors), "median_abs": statistics.median(map(abs, errors)),
                                        "worst": max(errors, key=abs), "median": statistics.median(errors)}
-    lines += [f"Measured (part 4, `benchmarks/gpu_extra.py --time`): forward + loss, zero_grad(set_to_none=True), "
+    lines += ["Measured (part 4, `benchmarks/gpu_extra.py --time`): forward + loss, zero_grad(set_to_none=True), "
               "backward and AdamW's step in one process on one GPU, CUDA synchronised around each step, median of 10 "
               "timed steps after 3 warm-up ones; bf16-mixed is autocast without its weight cache (as Lightning runs "
               "it); checkpointing is full, on every repeated block; TF32 off for matmuls (torch's default; cuDNN's "
