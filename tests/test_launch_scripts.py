@@ -285,16 +285,9 @@ def test_slurm_template_runs_the_projects_venv_and_hands_it_to_srun(tmp_path):
     clone = _clone(tmp_path, venv=False)
     shutil.copy2(ROOT / "launch" / "slurm.sbatch", clone / "launch" / "slurm.sbatch")
     (clone / ".venv" / "bin").mkdir(parents=True)
-    venv_python = _write_executable(clone / ".venv" / "bin" / "python", f"""#!/usr/bin/env bash
-echo "$*" >> {tmp_path / "venv-calls.txt"}
-if [[ "$1 ${{2:-}} ${{3:-}}" == "-m memplan suggest" ]]; then
-    out="${{@: -1}}"   # suggest CONFIG --nodes N --gpus G --output PATH
-    echo 'trainer: {{devices: 2}}' > "$out"
-    echo '{{"nodes": 1, "world_size": 2}}' > "${{out%.yaml}}.plan.json"
-    exit 0
-fi
-exec {sys.executable} "$@"
-""")
+    venv_python = _write_executable(clone / ".venv" / "bin" / "python", (
+        f'#!/usr/bin/env bash\necho "$*" >> {tmp_path / "venv-calls.txt"}\n' + SUGGEST_STUB
+        + f'exec {sys.executable} "$@"\n'))
     (tmp_path / "bin").mkdir()
     srun_calls = tmp_path / "srun.json"
     _write_executable(tmp_path / "bin" / "srun", f"""#!{sys.executable}
@@ -318,7 +311,8 @@ json.dump(sys.argv[1:], open("{srun_calls}", "w"))
 #: a simulated `memplan suggest ... --output PATH ...`: writes a 1-node, 2-GPU plan pair where the real one would,
 #: for runs that check only what the script hands it
 SUGGEST_STUB = """if [[ "${1:-} ${2:-} ${3:-}" == "-m memplan suggest" ]]; then
-    while [[ "$1" != "--output" ]]; do shift; done
+    while [[ $# -gt 0 && "$1" != "--output" ]]; do shift; done
+    [[ $# -ge 2 ]] || { echo "simulated memplan suggest: no --output PATH" >&2; exit 97; }
     out="$2"
     echo 'trainer: {devices: 2}' > "$out"
     echo '{"nodes": 1, "world_size": 2}' > "${out%.yaml}.plan.json"

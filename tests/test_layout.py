@@ -130,8 +130,11 @@ def test_no_module_is_over_the_line_limit():
 
 
 def _tracked_python_files() -> list[Path]:
-    """The .py files git tracks under LINE_CHECKED (as the working tree has them; one deleted there is left out)."""
+    """The .py files git tracks under LINE_CHECKED (as the working tree has them; one deleted there is left out);
+    outside a git checkout (an unpacked archive, an sdist) every .py file under them."""
     root = PACKAGE.parent
+    if not (root / ".git").exists():
+        return sorted(path for folder in LINE_CHECKED for path in (root / folder).rglob("*.py"))
     listed = run_watched(["git", "ls-files", "-z", "--", *LINE_CHECKED], cwd=root, check=True).stdout
     return [root / name for name in listed.split("\0") if name.endswith(".py") and (root / name).is_file()]
 
