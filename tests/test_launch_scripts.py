@@ -279,6 +279,19 @@ exec {sys.executable} "$@"
     assert "NVML says no" in run.stderr and "Traceback" not in run.stderr
 
 
+#: a simulated `memplan suggest ... --output PATH ...`: writes a 1-node, 2-GPU plan pair where the real one would,
+#: for runs that check only what the script hands it
+SUGGEST_STUB = """if [[ "${1:-} ${2:-} ${3:-}" == "-m memplan suggest" ]]; then
+    while [[ $# -gt 0 && "$1" != "--output" ]]; do shift; done
+    [[ $# -ge 2 ]] || { echo "simulated memplan suggest: no --output PATH" >&2; exit 97; }
+    out="$2"
+    echo 'trainer: {devices: 2}' > "$out"
+    echo '{"nodes": 1, "world_size": 2}' > "${out%.yaml}.plan.json"
+    exit 0
+fi
+"""
+
+
 def test_slurm_template_runs_the_projects_venv_and_hands_it_to_srun(tmp_path):
     """The .venv's python (simulated: it answers `memplan suggest` with a 1-node, 2-task plan) plans and
     is the one srun starts on every node, from a submit directory outside the checkout."""
@@ -306,19 +319,6 @@ json.dump(sys.argv[1:], open("{srun_calls}", "w"))
     argv = json.loads(srun_calls.read_text())
     assert argv[-6:] == [str(venv_python), "-m", "memplan.train", "fit", "--config",
                          str(submit / "memplan-7" / "planned.yaml")]
-
-
-#: a simulated `memplan suggest ... --output PATH ...`: writes a 1-node, 2-GPU plan pair where the real one would,
-#: for runs that check only what the script hands it
-SUGGEST_STUB = """if [[ "${1:-} ${2:-} ${3:-}" == "-m memplan suggest" ]]; then
-    while [[ $# -gt 0 && "$1" != "--output" ]]; do shift; done
-    [[ $# -ge 2 ]] || { echo "simulated memplan suggest: no --output PATH" >&2; exit 97; }
-    out="$2"
-    echo 'trainer: {devices: 2}' > "$out"
-    echo '{"nodes": 1, "world_size": 2}' > "${out%.yaml}.plan.json"
-    exit 0
-fi
-"""
 
 
 def _slurm_run(tmp_path: Path, config: Path, *args: str, simulated_suggest: bool = False,
