@@ -152,6 +152,13 @@ def dispatch_registrations(key: str) -> list[str]:
     return torch._C._dispatch_get_registrations_for_dispatch_key(key)
 
 
+def op_overload(namespace: str, name: str, overload: str = "default") -> Any:
+    """`torch.ops.<namespace>.<name>.<overload>`, or None where this torch has no such op: `aten._grouped_mm` came
+    in torch 2.8, and the `c10d` ops need torch's distributed package."""
+    packet = getattr(getattr(torch.ops, namespace), name, None)
+    return None if packet is None else getattr(packet, overload, None)
+
+
 _IMPL_ALLOWS_OVERRIDE = "allow_override" in inspect.signature(torch.library.Library.impl).parameters
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memplan.compat.torch import OpOverload, suggest_memory_format
+from memplan.compat.torch import OpOverload, op_overload, suggest_memory_format
 
 Rule = Callable[..., object]
 """rule(func, args, kwargs) -> outputs; called under the fake mode, in place of func."""
@@ -97,7 +97,7 @@ RULES: dict[OpOverload, KernelRule] = {
     rule.op: rule
     for rule in (
         KernelRule(
-            op=torch.ops.aten._grouped_mm.default,
+            op=op_overload("aten", "_grouped_mm"),
             disagreement="the fake kernel accepts only bfloat16; the real CPU kernel also runs float32 and float16 "
             "(transformers' default MoE experts path calls it in float32 on CPU)",
             run=_grouped_mm,
@@ -109,6 +109,7 @@ RULES: dict[OpOverload, KernelRule] = {
             run=_same_dtype_matmul,
         ) for op in _MATMULS),
     )
+    if rule.op is not None  # (a torch without the op: torch < 2.8 has no _grouped_mm)
 }
 
 
