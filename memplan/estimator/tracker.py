@@ -39,7 +39,8 @@ from memplan.estimator.determinism import Deterministic
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
-    ctc_backward_scratch_bytes, cuda_contiguous_copies, promotion_scratch_bytes, with_rnn_workspace,
+    ctc_backward_scratch_bytes, cuda_contiguous_copies, gloo_flat_buffer_bytes, promotion_scratch_bytes,
+    with_rnn_workspace,
 )
 from memplan.estimator.values import is_random
 
@@ -321,7 +322,7 @@ class StorageTracker(TorchDispatchMode):
             self._accumulation = (self.memory.allocated_bytes, dict(self._by_category), self.phase,
                                   self._records[local_tensor(out).untyped_storage()].nbytes, accumulation)
         if self.cpu_kernels:
-            self._transient(promotion_scratch_bytes(func, tensors))
+            self._transient(promotion_scratch_bytes(func, tensors), gloo_flat_buffer_bytes(func, args))  # (one is 0)
             with disable_current_modes():  # the probe runs the real op on real tensors
                 self._transient(self.kernel_probe.scratch_bytes(func, args, kwargs, out))
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from memplan.compat.torch import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+from memplan.compat.torch import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes, op_overload
 
 _PAGE = 4096
 """oneDNN rounds each workspace part up to a 4 KiB page (rnn_utils set_offsets)."""
@@ -124,3 +124,24 @@ def cuda_contiguous_copies(func, args) -> tuple[int, ...]:
         for t in (args[i] for i in positions if i < len(args))
         if isinstance(t, torch.Tensor) and not t.is_contiguous()
     )
+
+
+_GLOO_FLAT_BUFFER = {
+    # op: the position of the tensor whose size gloo's flat buffer takes (the schemas: output, input, group, ...)
+    op_overload("c10d", "_allgather_base_"): 0,  # ProcessGroupGloo's allgather: newLikeFlat(outputs), copied out
+    op_overload("c10d", "_reduce_scatter_base_"): 1,  # the input reduced in a flat copy, this rank's part copied out
+}
+_GLOO_FLAT_BUFFER.pop(None, None)  # (no distributed package)
+
+
+def gloo_flat_buffer_bytes(func, args) -> int:
+    """The buffer gloo, the CPU backend, makes for a collective on whole tensors and holds while the op runs: the
+    size of an all-gather's output, or of a reduce-scatter's input (FSDP2's two collectives). A CPU target
+    only: NCCL writes the output in place. memplan's fake process group returns at once, so the trace has no
+    such allocation. Seen in real 4-rank FSDP2 runs with gloo (torch 2.13): inside each `c10d::_allgather_base_`
+    the profiler shows an allocation of the output's bytes and its free; inside `c10d::_reduce_scatter_base_`
+    one of the input's bytes, freed as the work ends (tests/estimator/test_fsdp_gloo.py)."""
+    position = _GLOO_FLAT_BUFFER.get(func)
+    if position is None or position >= len(args) or not isinstance(args[position], torch.Tensor):
+        return 0
+    return args[position].numel() * args[position].element_size()
