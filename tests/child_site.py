@@ -40,6 +40,9 @@ try:
     importlib.import_module("sitecustomize")
 except ImportError:  # none: this module stays what `import sitecustomize` found (site.py looks it up)
     sys.modules["sitecustomize"] = this
+# back on the path, last: a process this one starts with its sys.path as PYTHONPATH (memplan's FSDP planning
+# process, memplan.callback.fsdp_plan) runs this file too
+sys.path.append({hook!r})
 '''
 
 

@@ -26,6 +26,22 @@ def test_a_child_imports_lightning_without_the_dev_extras_and_can_still_import_t
     assert json.loads(done.stdout) == {"with_lightning": [], "transformers": "LlamaConfig"}
 
 
+GRANDCHILD = """import os, subprocess, sys
+env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # as memplan.callback.fsdp_plan does
+check = "import importlib.util; print(importlib.util.find_spec('scipy'))"
+sys.exit(subprocess.run([sys.executable, "-c", check], env=env).returncode)
+"""
+
+
+def test_a_process_started_with_its_parents_sys_path_as_pythonpath_does_not_find_the_extras_either():
+    """memplan's FSDP planning process gets the training process's sys.path as PYTHONPATH: it imports Lightning
+    without the extras too."""
+    if "child-site" not in os.environ.get("PYTHONPATH", ""):
+        pytest.skip("this venv keeps scipy or transformers outside its site-packages: conftest left children as they are")
+    done = run_watched([sys.executable, "-c", GRANDCHILD])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "None"
+
 
 def test_the_interpreter_s_own_sitecustomize_still_runs_in_a_child(tmp_path):
     # the hook's sitecustomize shadows any other on the path (a distribution's, coverage's process_startup):
