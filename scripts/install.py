@@ -41,7 +41,7 @@ def _installed_torch(python: Path) -> str | None:
 
 
 def _torch_bounds() -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """pyproject.toml's torch range ("torch>=2.4,<2.14" -> ((2, 4), (2, 14))), or None where it has none."""
+    """pyproject.toml's torch range ("torch>=2.7,<2.14" -> ((2, 7), (2, 14))), or None where it has none."""
     found = re.search(r'"torch>=(\d+)\.(\d+),<(\d+)\.(\d+)"', (ROOT / "pyproject.toml").read_text())
     if found is None:
         return None

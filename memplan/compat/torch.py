@@ -12,6 +12,7 @@ Names bound here are the very objects torch has (no wrapper), so a per-op call c
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-# --- fake tensors and dispatch modes (torch 2.4-2.13) -------------------------------------------
+# --- fake tensors and dispatch modes (torch 2.7-2.13) -------------------------------------------
 from torch._subclasses.fake_tensor import (  # noqa: F401  (re-exported)
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -33,8 +34,8 @@ from torch.utils._python_dispatch import (  # noqa: F401  (re-exported)
     _disable_current_modes as disable_current_modes,
     is_traceable_wrapper_subclass,
 )
-from torch.utils._pytree import tree_flatten, tree_unflatten  # noqa: F401  (torch 2.4-2.13; re-exported)
-# elementwise type promotion and the memory format `empty_like` keeps (torch 2.4-2.13)
+from torch.utils._pytree import tree_flatten, tree_unflatten  # noqa: F401  (torch 2.7-2.13; re-exported)
+# elementwise type promotion and the memory format `empty_like` keeps (torch 2.7-2.13)
 from torch._prims_common import (  # noqa: F401  (re-exported)
     ELEMENTWISE_TYPE_PROMOTION_KIND,
     elementwise_dtypes,
@@ -44,41 +45,41 @@ from torch._prims_common import (  # noqa: F401  (re-exported)
 from memplan.compat.versions import require
 
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
-"""The logger FakeTensorMode reports a rejected meta kernel to (torch 2.4-2.13)."""
+"""The logger FakeTensorMode reports a rejected meta kernel to (torch 2.7-2.13)."""
 
 OpOverload = torch._ops.OpOverload
-"""`torch._ops.OpOverload` (torch 2.4-2.13): one overload of an operator (`torch.ops.aten.mm.default`)."""
+"""`torch._ops.OpOverload` (torch 2.7-2.13): one overload of an operator (`torch.ops.aten.mm.default`)."""
 
 
 def op_schema(op: Any) -> Any:
-    """`OpOverload._schema` (torch 2.4-2.13): the op's FunctionSchema (`.arguments`, `.returns`)."""
+    """`OpOverload._schema` (torch 2.7-2.13): the op's FunctionSchema (`.arguments`, `.returns`)."""
     return op._schema
 
 
 def op_packet(op: Any) -> Any:
-    """`OpOverload._overloadpacket` (torch 2.4-2.13): the packet of all the op's overloads
+    """`OpOverload._overloadpacket` (torch 2.7-2.13): the packet of all the op's overloads
     (`torch.ops.aten.mm`), whose `__name__` is 'aten.mm'."""
     return op._overloadpacket
 
 
 # --- autograd, tensors and modules ---------------------------------------------------------------
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
-"""`torch._C._current_autograd_node()` (torch 2.4-2.13): the autograd Node running now, None outside the
+"""`torch._C._current_autograd_node()` (torch 2.7-2.13): the autograd Node running now, None outside the
 backward."""
 
 
 def is_view(tensor: torch.Tensor) -> bool:
-    """`Tensor._is_view()` (torch 2.4-2.13): whether the tensor is a view of another's storage."""
+    """`Tensor._is_view()` (torch 2.7-2.13): whether the tensor is a view of another's storage."""
     return tensor._is_view()
 
 
 def storage_key(tensor: torch.Tensor) -> int:
-    """`UntypedStorage._cdata` (torch 2.4-2.13) of the tensor's storage: equal for tensors sharing one."""
+    """`UntypedStorage._cdata` (torch 2.7-2.13) of the tensor's storage: equal for tensors sharing one."""
     return tensor.untyped_storage()._cdata
 
 
 DTENSOR_LOCAL_TENSOR = "_local_tensor"
-"""`DTensor._local_tensor` (torch 2.4-2.13): the tensor holding a DTensor's shard, read without
+"""`DTensor._local_tensor` (torch 2.7-2.13): the tensor holding a DTensor's shard, read without
 dispatching an op (`to_local()` would)."""
 
 
@@ -88,35 +89,35 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return getattr(tensor, DTENSOR_LOCAL_TENSOR, tensor)
 
 BatchNormBase: type[nn.Module] = nn.modules.batchnorm._BatchNorm
-"""`torch.nn.modules.batchnorm._BatchNorm` (torch 2.4-2.13): the base of BatchNorm1d/2d/3d and SyncBatchNorm."""
+"""`torch.nn.modules.batchnorm._BatchNorm` (torch 2.7-2.13): the base of BatchNorm1d/2d/3d and SyncBatchNorm."""
 
 COMPILED_CALL_ATTRIBUTE = "_compiled_call_impl"
 """`Module._compiled_call_impl` (torch 2.2-2.13): `module.compile()`'s compiled call, bound to the module."""
 
 
 def parameter_slots(module: nn.Module) -> dict[str, Any]:
-    """`Module._parameters` (torch 2.4-2.13): the module's own parameters by name, None slots included."""
+    """`Module._parameters` (torch 2.7-2.13): the module's own parameters by name, None slots included."""
     return module._parameters
 
 
 def buffer_slots(module: nn.Module) -> dict[str, Any]:
-    """`Module._buffers` (torch 2.4-2.13): the module's own buffers by name, None slots included."""
+    """`Module._buffers` (torch 2.7-2.13): the module's own buffers by name, None slots included."""
     return module._buffers
 
 
 def child_slots(module: nn.Module) -> dict[str, Any]:
-    """`Module._modules` (torch 2.4-2.13): the module's direct children by name, None slots included."""
+    """`Module._modules` (torch 2.7-2.13): the module's direct children by name, None slots included."""
     return module._modules
 
 
 def module_call_code() -> Any:
-    """The code object of `Module._call_impl` (torch 2.4-2.13), the frame each module's call runs in."""
+    """The code object of `Module._call_impl` (torch 2.7-2.13), the frame each module's call runs in."""
     return nn.Module._call_impl.__code__
 
 
 @contextlib.contextmanager
 def replaced_module_apply(apply: Callable[..., Any]) -> Iterator[None]:
-    """`Module._apply` (torch 2.4-2.13), which `.to()`, `.float()`, `.half()`... call, replaced by `apply`
+    """`Module._apply` (torch 2.7-2.13), which `.to()`, `.float()`, `.half()`... call, replaced by `apply`
     within the block."""
     original = nn.Module._apply
     nn.Module._apply = apply
@@ -127,12 +128,12 @@ def replaced_module_apply(apply: Callable[..., Any]) -> Iterator[None]:
 
 
 amp_unscale_ = torch._amp_foreach_non_finite_check_and_unscale_
-"""`torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)` (torch 2.4-2.13): the
+"""`torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)` (torch 2.7-2.13): the
 in-place unscale GradScaler.unscale_ runs."""
 
 
 def profiler_enabled() -> bool:
-    """`torch.autograd.profiler._is_profiler_enabled` (torch 2.4-2.13), read now: a profiler is running."""
+    """`torch.autograd.profiler._is_profiler_enabled` (torch 2.7-2.13), read now: a profiler is running."""
     return torch.autograd.profiler._is_profiler_enabled
 
 
@@ -141,13 +142,13 @@ _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
 
 def excluding_autocast_cpu() -> Any:
-    """`torch._C._ExcludeDispatchKeyGuard` of the AutocastCPU key (torch 2.4-2.13): a context in which
+    """`torch._C._ExcludeDispatchKeyGuard` of the AutocastCPU key (torch 2.7-2.13): a context in which
     ops skip CPU autocast's kernels (to redispatch below them)."""
     return torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU)
 
 
 def dispatch_registrations(key: str) -> list[str]:
-    """`torch._C._dispatch_get_registrations_for_dispatch_key(key)` (torch 2.4-2.13): the ops with a
+    """`torch._C._dispatch_get_registrations_for_dispatch_key(key)` (torch 2.7-2.13): the ops with a
     kernel on dispatch key `key` ('AutocastCPU'), as 'aten::name.overload'."""
     return torch._C._dispatch_get_registrations_for_dispatch_key(key)
 
@@ -181,7 +182,7 @@ def override_kernel(lib: torch.library.Library, op_name: str, fn: Callable[..., 
 
 
 def destroy_library(lib: torch.library.Library) -> None:
-    """`Library._destroy()` (torch 2.4-2.13): drop every kernel `lib` registered; the Python-registration records of
+    """`Library._destroy()` (torch 2.7-2.13): drop every kernel `lib` registered; the Python-registration records of
     the kernels it overrode (`override_kernel`) are put back."""
     lib._destroy()
     restore = lib.__dict__.get("_memplan_restore", set())
@@ -198,7 +199,7 @@ def sdp_priority_order() -> tuple[int, ...] | None:
 
 # --- distributed: fake process group and FSDP2 internals (read when first used) -----------------
 def fake_store() -> Any:
-    """`torch.testing._internal.distributed.fake_pg.FakeStore()` (torch 2.4-2.13): the store of the
+    """`torch.testing._internal.distributed.fake_pg.FakeStore()` (torch 2.7-2.13): the store of the
     "fake" process-group backend, whose collectives do nothing."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -207,27 +208,45 @@ def fake_store() -> Any:
 
 def fsdp2_internals() -> tuple[Any, Any]:
     """The modules `torch.distributed.fsdp._fully_shard._fsdp_param` and `._fsdp_param_group` (torch
-    2.6-2.13): FSDP2's `alloc_storage` / `free_storage`, which the estimate follows. ImportError where
+    2.7-2.13): FSDP2's `alloc_storage` / `free_storage`, which the estimate follows. ImportError where
     this torch lacks them."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
 
     return _fsdp_param, _fsdp_param_group
 
 
+def fsdp2_default_reshard() -> Any:
+    """fully_shard's default `reshard_after_forward`: None where torch has it (torch 2.13: each module resharded
+    after forward except the root, kept unsharded for the backward), True on torch 2.7, which refuses None and keeps
+    the root unsharded in its lazy init whatever it was given. Passed for the root, it leaves the root as torch
+    would."""
+    from torch.distributed.fsdp import fully_shard
+
+    return inspect.signature(fully_shard).parameters["reshard_after_forward"].default
+
+
+def ensure_c10d_fake_kernels() -> None:
+    """Meta kernels for torch's c10d collectives, which the FSDP2 trace runs on fake tensors (each returns its output
+    and a `FakeWork`): torch 2.13 registers them when torch.distributed is imported
+    (`torch.distributed._meta_registrations`); torch 2.7 only when `torch.distributed._tools.fake_collectives` is."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("c10d::_allgather_base_", "Meta"):
+        importlib.import_module("torch.distributed._tools.fake_collectives")  # (registers them on import)
+
+
 def fsdp2_chunk_with_empty() -> Callable[..., Any]:
-    """`torch.distributed.fsdp._fully_shard._fsdp_param._chunk_with_empty` (torch 2.6-2.13): how
+    """`torch.distributed.fsdp._fully_shard._fsdp_param._chunk_with_empty` (torch 2.7-2.13): how
     fully_shard splits a parameter into its ranks' shards."""
     return fsdp2_internals()[0]._chunk_with_empty
 
 
 def set_fsdp2_chunk_with_empty(function: Callable[..., Any]) -> None:
-    """Replace `_fsdp_param._chunk_with_empty` (torch 2.6-2.13) with `function`."""
+    """Replace `_fsdp_param._chunk_with_empty` (torch 2.7-2.13) with `function`."""
     fsdp2_internals()[0]._chunk_with_empty = function
 
 
 # --- DDP and gradients (read by MemoryPlanner) ------------------------------------------------------
 def rebuilt_buckets_getter(ddp: torch.nn.parallel.DistributedDataParallel) -> Callable[[], bool]:
-    """`DistributedDataParallel._has_rebuilt_buckets` (torch 2.4-2.13): whether DDP rebuilt its
+    """`DistributedDataParallel._has_rebuilt_buckets` (torch 2.7-2.13): whether DDP rebuilt its
     gradient buckets from the first synchronised backward yet. Returns a getter."""
     require(ddp, "_has_rebuilt_buckets", "torch")
     return lambda: ddp._has_rebuilt_buckets
@@ -235,24 +254,24 @@ def rebuilt_buckets_getter(ddp: torch.nn.parallel.DistributedDataParallel) -> Ca
 
 def has_gradient_hooks(param: torch.nn.Parameter) -> bool:
     """Whether a parameter has gradient hooks: `Tensor._backward_hooks` (register_hook) and
-    `Tensor._post_accumulate_grad_hooks` (register_post_accumulate_grad_hook, torch 2.1+) (torch 2.4-2.13)."""
+    `Tensor._post_accumulate_grad_hooks` (register_post_accumulate_grad_hook, torch 2.1+) (torch 2.7-2.13)."""
     return bool(getattr(param, "_backward_hooks", None) or getattr(param, "_post_accumulate_grad_hooks", None))
 
 
 def tensor_version(tensor: torch.Tensor) -> int:
-    """`Tensor._version` (torch 2.4-2.13): the in-place write counter, to tell whether a failed
+    """`Tensor._version` (torch 2.7-2.13): the in-place write counter, to tell whether a failed
     backward wrote to a gradient."""
     return tensor._version
 
 
 linear_binding: Callable[..., torch.Tensor] = torch._C._nn.linear
-"""`torch._C._nn.linear` (torch 2.4-2.13): the C binding `F.linear` is, as a TorchFunctionMode sees it."""
+"""`torch._C._nn.linear` (torch 2.7-2.13): the C binding `F.linear` is, as a TorchFunctionMode sees it."""
 @contextlib.contextmanager
 def counting_checkpoint_calls(count: Callable[[], None]) -> Iterator[None]:
     """While open, every `torch.utils.checkpoint.checkpoint` call runs `count()` first, however the caller
     imported `checkpoint`: the non-reentrant path enters the module-level generator
     `torch.utils.checkpoint._checkpoint_without_reentrant_generator`, the reentrant path
-    `CheckpointFunction.forward` (both looked up at call time; torch 2.4-2.13)."""
+    `CheckpointFunction.forward` (both looked up at call time; torch 2.7-2.13)."""
     import torch.utils.checkpoint as module
 
     require(module, "_checkpoint_without_reentrant_generator", "torch")

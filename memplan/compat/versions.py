@@ -15,8 +15,11 @@ Bounds = tuple[tuple[int, int], tuple[int, int]]
 LIGHTNING_RANGE: Bounds = ((2, 4), (2, 7))
 """pytorch-lightning / lightning versions memplan is known to work with: >= 2.4, < 2.7. (2.2 and 2.3 import
 `pkg_resources` without declaring setuptools, which dropped it in 82: a fresh install of them fails to import.)"""
-TORCH_RANGE: Bounds = ((2, 4), (2, 14))
-"""torch versions whose private attributes memplan.compat.torch reads are known: >= 2.4, < 2.14."""
+TORCH_RANGE: Bounds = ((2, 7), (2, 14))
+"""torch versions whose private attributes memplan.compat.torch reads are known: >= 2.7, < 2.14. Below, as
+.ci/versions found them: 2.6 has no Meta kernels for c10d's collectives (the FSDP2 trace fails), 2.5 no
+`torch.distributed.fsdp.CPUOffloadPolicy` (FSDP2's public home), 2.4 no `torch.utils.checkpoint.CheckpointPolicy`
+(nothing that imports memplan.estimator.checkpointing starts)."""
 
 PACKAGES: tuple[tuple[str, Bounds], ...] = (
     ("pytorch-lightning", LIGHTNING_RANGE), ("lightning", LIGHTNING_RANGE), ("torch", TORCH_RANGE))

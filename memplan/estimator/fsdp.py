@@ -11,7 +11,7 @@ the next block, and the reduce-scatter buffers, freed when FSDP frees them.
 What is wrapped follows Lightning's ModelParallelStrategy examples: `fully_shard` on each repeated
 block (the blocks memplan checkpoints, memplan.estimator.checkpointing), then on the root.
 
-torch privates used here, known for torch 2.6-2.13 (an upgrade fails in `follow_storage`):
+torch privates used here, known for torch 2.7-2.13 (an upgrade fails in `follow_storage`):
 `torch.distributed.fsdp._fully_shard._fsdp_param.alloc_storage / free_storage` (FSDP2 frees the
 unsharded parameters with `storage.resize_(0)`, which no dispatch mode sees),
 `torch.distributed.fsdp._fully_shard._fsdp_param._chunk_with_empty` (see `lazy_chunks`), and
@@ -28,7 +28,10 @@ import torch
 from torch import nn
 
 from memplan.compat.lightning import DEVICE_MESH_ATTRIBUTE
-from memplan.compat.torch import fake_store, fsdp2_chunk_with_empty, fsdp2_internals, set_fsdp2_chunk_with_empty
+from memplan.compat.torch import (
+    ensure_c10d_fake_kernels, fake_store, fsdp2_chunk_with_empty, fsdp2_default_reshard, fsdp2_internals,
+    set_fsdp2_chunk_with_empty,
+)
 from memplan.estimator.checkpointing import find_repeated_blocks
 from memplan.estimator.errors import EstimateError
 
@@ -185,13 +188,14 @@ def shard_model(model: nn.Module, settings: FsdpSettings, world_size: int, fake_
         ),
         offload_policy=CPUOffloadPolicy(pin_memory=False) if settings.cpu_offload else OffloadPolicy(),
     )
+    ensure_c10d_fake_kernels()
     with fake_mode, lazy_chunks():
         for block in blocks:
             fully_shard(block, reshard_after_forward=settings.resharded, **kwargs)
         # The root as fully_shard leaves it by default: kept unsharded from forward to backward
         # (its parameters are the first backward needs), unless the user said otherwise.
         root_reshard = settings.reshard_after_forward if settings.reshard_after_forward is not None else (
-            None if settings.resharded else False)
+            fsdp2_default_reshard() if settings.resharded else False)
         fully_shard(model, reshard_after_forward=root_reshard, **kwargs)
     return blocks
 
@@ -279,7 +283,7 @@ def follow_storage(tracker) -> Iterator[None]:
     try:
         _fsdp_param, _fsdp_param_group = fsdp2_internals()
     except ImportError as err:  # pragma: no cover - a torch upgrade moved FSDP2's internals
-        raise EstimateError(f"strategy='fsdp' needs FSDP2's internals of torch 2.6-2.13 ({err})") from err
+        raise EstimateError(f"strategy='fsdp' needs FSDP2's internals of torch 2.7-2.13 ({err})") from err
     original_alloc, original_free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
 
     def alloc_storage(tensor: torch.Tensor) -> None:

@@ -212,7 +212,7 @@ def check_loss(loss: Any) -> None:
 
 def grad_scaler_tensors(device: torch.device, *, cuda: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """torch.amp.GradScaler's `_scale` (fp32, 65536) and, on a CUDA target, its `_growth_tracker` (int32): both made
-    at the first `scale()` and kept (torch/amp/grad_scaler.py `_lazy_init_scale_growth_tracker`, torch 2.4-2.13).
+    at the first `scale()` and kept (torch/amp/grad_scaler.py `_lazy_init_scale_growth_tracker`, torch 2.7-2.13).
     The H100 read 512 B more than memplan's peak without the tracker in every 16-mixed case (bf16-mixed twins: 0).
     A CPU target keeps memplan's earlier model (the scale only; torch's CPU tracker is 4 bytes), so CPU estimates
     stay as they were."""

@@ -86,7 +86,7 @@ def test_estimate_warns_once_naming_the_installed_torch_and_the_known_range(torc
         first = memplan.estimate(model, batch, loss=lambda m, b: m(b).sum(), device="cpu")
     messages = [str(w.message) for w in caught if issubclass(w.category, compat.VersionWarning)]
     assert messages == ["memplan.estimate: torch 2.99.0 is outside the versions memplan is known to work with "
-                        "(torch>=2.4,<2.14)"]
+                        "(torch>=2.7,<2.14)"]
     assert first.peak_allocated > 0  # a warning, not a refusal
     with warnings.catch_warnings():
         warnings.simplefilter("error", compat.VersionWarning)  # said once a process
@@ -101,7 +101,7 @@ def test_suggest_says_it_on_stderr_once_and_still_plans(torch_from_the_future, c
     assert code == 0
     assert err.count("torch 2.99.0 is outside") == 1
     assert "memplan: warning: torch 2.99.0 is outside the versions memplan is known to work with " \
-           "(torch>=2.4,<2.14)" in err
+           "(torch>=2.7,<2.14)" in err
 
 
 def test_the_callback_check_names_memory_planner_and_says_it_at_every_setup(monkeypatch):
