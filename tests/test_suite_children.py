@@ -37,7 +37,7 @@ def test_a_process_started_with_its_parents_sys_path_as_pythonpath_does_not_find
     """memplan's FSDP planning process gets the training process's sys.path as PYTHONPATH: it imports Lightning
     without the extras too."""
     if "child-site" not in os.environ.get("PYTHONPATH", ""):
-        pytest.skip("this venv keeps scipy or transformers outside its site-packages: conftest left children as they are")
+        pytest.skip("this venv keeps scipy or transformers outside its site-packages: conftest left children alone")
     done = run_watched([sys.executable, "-c", GRANDCHILD])
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "None"

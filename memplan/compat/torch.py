@@ -228,7 +228,8 @@ def fsdp2_default_reshard() -> Any:
 def ensure_c10d_fake_kernels() -> None:
     """Meta kernels for torch's c10d collectives, which the FSDP2 trace runs on fake tensors (each returns its output
     and a `FakeWork`): torch 2.13 registers them when torch.distributed is imported
-    (`torch.distributed._meta_registrations`); torch 2.7 only when `torch.distributed._tools.fake_collectives` is."""
+    (`torch.distributed._meta_registrations`); torch 2.7 only when `torch.distributed._tools.fake_collectives` is.
+    Process-wide and permanent, as torch 2.13's own: Meta kernels, which no real tensor reaches."""
     if not torch._C._dispatch_has_kernel_for_dispatch_key("c10d::_allgather_base_", "Meta"):
         importlib.import_module("torch.distributed._tools.fake_collectives")  # (registers them on import)
 

@@ -159,6 +159,7 @@ def fake_process_group(world_size: int) -> Iterator[None]:
             "(python -m memplan estimate ...)"
         )
     dist.init_process_group("fake", store=fake_store(), rank=0, world_size=world_size)
+    ensure_c10d_fake_kernels()  # every collective the trace runs, memplan's wrapping or the model's configure_model
     try:
         yield
     finally:
@@ -188,7 +189,6 @@ def shard_model(model: nn.Module, settings: FsdpSettings, world_size: int, fake_
         ),
         offload_policy=CPUOffloadPolicy(pin_memory=False) if settings.cpu_offload else OffloadPolicy(),
     )
-    ensure_c10d_fake_kernels()
     with fake_mode, lazy_chunks():
         for block in blocks:
             fully_shard(block, reshard_after_forward=settings.resharded, **kwargs)

@@ -201,3 +201,27 @@ def test_an_optimizer_dtensor_cannot_run_is_named_as_the_optimizers():
     with pytest.raises(EstimateError, match="failed in the optimizer"):
         estimate(tiny_gpt, gpt_batch(), optimizer=lambda params: torch.optim.Adafactor(params, lr=1e-2),
                  device="cpu", strategy="fsdp", world_size=2)
+
+
+class ShardsOnlyItsRoot(GPTLM):
+    """A LightningModule-style model whose configure_model applies fully_shard to the root alone."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(self, mesh=self.device_mesh["data_parallel"])
+
+
+def test_a_model_that_shards_itself_in_configure_model_is_estimated_as_it_shards():
+    """configure_model=True traces the model's own fully_shard calls (on torch 2.7 this path needed c10d's Meta
+    kernels registered before the model's first collective: .ci/versions runs this test first). One root unit
+    gathers every parameter at once: more than memplan's wrapping of each block."""
+    def build():
+        torch.manual_seed(0)
+        return ShardsOnlyItsRoot(vocab_size=64, context=8, d_model=32, n_layers=2, n_heads=2, dropout=0.0)
+
+    def peak(settings):
+        return estimate(build, GPTLM.example_batch(build(), 1), loss=lambda m, b: m.training_step(b, 0),
+                        optimizer="adamw", device="cpu", strategy="fsdp", world_size=2, fsdp=settings).peak_allocated
+
+    assert peak(FsdpSettings(configure_model=True)) > peak(FsdpSettings())

@@ -9,7 +9,6 @@ ranks with gloo, not memplan's step.
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.distributed as dist

@@ -140,7 +140,9 @@ def gloo_flat_buffer_bytes(func, args) -> int:
     only: NCCL writes the output in place. memplan's fake process group returns at once, so the trace has no
     such allocation. Seen in real 4-rank FSDP2 runs with gloo (torch 2.13): inside each `c10d::_allgather_base_`
     the profiler shows an allocation of the output's bytes and its free; inside `c10d::_reduce_scatter_base_`
-    one of the input's bytes, freed as the work ends (tests/estimator/test_fsdp_gloo.py)."""
+    one of the input's bytes (a clone the returned work holds), freed after the op. The estimate is the usual
+    rank's: gloo's worker thread also holds that clone and lets it go a little later, so a rank can peak one
+    gradient block higher (one rank in 3 of 6 four-rank runs; tests/estimator/test_fsdp_gloo.py allows it)."""
     position = _GLOO_FLAT_BUFFER.get(func)
     if position is None or position >= len(args) or not isinstance(args[position], torch.Tensor):
         return 0
