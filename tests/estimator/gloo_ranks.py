@@ -1,7 +1,11 @@
 """Real ranks on CPU with gloo, forked from the test process, each profiled: the truth FSDP estimates are held to.
 
 A forked rank shares the test process's imports (a spawned one would import torch, Lightning and memplan again,
-~8 CPU-s each). Each rank trains under the profiler with c10's allocator counting every thread's frees (gloo's
+~8 CPU-s each). A CUDA build of torch refuses a backward in a child forked after the parent ran one ("Unable to
+handle autograd's threading in combination with fork-based multiprocessing", seen with torch 2.11.0+cu130 on a
+CPU-only machine): there the ranks are spawned, and `train` must be a module-level function.
+
+Each rank trains under the profiler with c10's allocator counting every thread's frees (gloo's
 worker threads free collective buffers: memplan.truth.allocator_counts_every_thread) and reports its peak.
 """
 from __future__ import annotations
@@ -16,6 +20,9 @@ import torch.multiprocessing as mp
 from subprocess_run import children_watched
 
 from memplan.truth import allocator_counts_every_thread, peak_total_allocated
+
+
+START_METHOD = "spawn" if torch.backends.cuda.is_built() else "fork"
 
 
 def _free_port() -> int:
@@ -44,7 +51,7 @@ def peaks_of_forked_ranks(train: Callable[[], None], world: int) -> list[int]:
     with children_watched(), mp.Manager() as manager:
         out = manager.dict()
         mp.start_processes(_profiled_rank, args=(world, _free_port(), out, train), nprocs=world, join=True,
-                           start_method="fork")
+                           start_method=START_METHOD)
         return [out[rank] for rank in range(world)]
 
 
