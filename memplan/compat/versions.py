@@ -48,6 +48,22 @@ def installed_version(package: str) -> str | None:
         return None
 
 
+LIGHTNING_AUTOCAST_CACHE_OFF = (2, 5, 5)
+"""The first release whose MixedPrecision plugin autocasts with `cache_enabled=False` (plugins/precision/amp.py in
+both packages, read from the released wheels: 2.5.4 and earlier write `torch.autocast(device, dtype=dtype)`)."""
+
+
+def lightning_autocast_caches() -> bool:
+    """Whether the installed Lightning's autocast keeps torch's weight-cast cache on (releases before
+    LIGHTNING_AUTOCAST_CACHE_OFF), read from pytorch-lightning's metadata, else lightning's, without importing
+    either. With neither installed: False, as the current releases run."""
+    text = installed_version("pytorch-lightning") or installed_version("lightning")
+    if text is None:
+        return False
+    parts = [int(m.group()) if (m := re.match(r"\d+", part)) else 0 for part in text.split(".")[:3]]
+    return tuple(parts + [0] * (3 - len(parts))) < LIGHTNING_AUTOCAST_CACHE_OFF
+
+
 def within(text: str, bounds: Bounds) -> bool:
     """Whether version `text` lies in [low, high) by major.minor."""
     low, high = bounds

@@ -33,6 +33,7 @@ from torch import nn
 
 from memplan.batching import iter_tensors, map_tensors  # noqa: F401  (re-exported: the estimator's callers import them here)
 from memplan.compat.torch import amp_unscale_
+from memplan.compat.versions import lightning_autocast_caches
 from memplan.estimator.errors import EstimateError
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -84,12 +85,14 @@ class PrecisionPolicy:
 
     def forward_context(self, device_type: str, *, loop: Loop = "lightning") -> contextlib.AbstractContextManager:
         """Lightning's `precision_plugin.forward_context()`: autocast with the weight cache off
-        (plugins/precision/amp.py: `torch.autocast(device, dtype=dtype, cache_enabled=False)`), or the
-        default dtype set to the half type for the '-true' precisions (plugins/precision/half.py).
+        (plugins/precision/amp.py: `torch.autocast(device, dtype=dtype, cache_enabled=False)`, Lightning 2.5.5 and
+        later; before, the cache on, as the installed Lightning says: compat.versions.lightning_autocast_caches), or
+        the default dtype set to the half type for the '-true' precisions (plugins/precision/half.py).
         A plain loop (every `loop` but "lightning") writes `torch.autocast(device, dtype=dtype)`, whose weight cache is
         on: each parameter's cast is made once and held until the autocast block exits."""
         if self.autocast_dtype is not None:
-            return torch.autocast(device_type, dtype=self.autocast_dtype, cache_enabled=loop in PLAIN_LOOPS)
+            caches = loop in PLAIN_LOOPS or lightning_autocast_caches()
+            return torch.autocast(device_type, dtype=self.autocast_dtype, cache_enabled=caches)
         if self.param_dtype != torch.float32:
             return _default_dtype(self.param_dtype)
         return contextlib.nullcontext()

@@ -110,3 +110,15 @@ def test_the_callback_check_names_memory_planner_and_says_it_at_every_setup(monk
     assert compat.check_installed() == ["pytorch-lightning 2.1.0 is outside the versions MemoryPlanner is known to "
                                         "work with (pytorch-lightning>=2.4,<2.7)"]
     assert compat.check_installed() == compat.check_installed()  # not once: each fit's setup says it
+
+
+@pytest.mark.parametrize("installed, caches", [
+    ({"pytorch-lightning": "2.4.0"}, True), ({"pytorch-lightning": "2.5.4"}, True),
+    ({"pytorch-lightning": "2.5.5"}, False), ({"pytorch-lightning": "2.6.6"}, False),
+    ({"lightning": "2.5.0.post0"}, True), ({}, False),
+])
+def test_lightnings_autocast_caches_weight_casts_before_2_5_5(monkeypatch, installed, caches):
+    """Lightning 2.5.5 made its MixedPrecision autocast `cache_enabled=False`; before, torch's cache was on, and the
+    estimate of a -mixed precision under loop="lightning" keeps casts as those releases do."""
+    monkeypatch.setattr(versions, "installed_version", installed.get)
+    assert versions.lightning_autocast_caches() is caches

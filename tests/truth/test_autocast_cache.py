@@ -1,4 +1,4 @@
-"""A plain loop's autocast caches weight casts; Lightning's does not (cache_enabled=False).
+"""A plain loop's autocast caches weight casts; Lightning's does not (cache_enabled=False, since Lightning 2.5.5).
 
 A layer applied twice under autocast: with the cache its weight is cast once, both matmuls use that one
 copy, and the backward sums their gradients in bf16 before one cast back to float32; without it each call
@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from memplan.compat.versions import lightning_autocast_caches
 from memplan.estimator.api import estimate
 from memplan.truth import measure_cpu_peak
 
@@ -41,6 +42,8 @@ def test_estimate_matches_the_loops_autocast_cache(loop):
     assert abs(est.peak_allocated - truth) / truth < 0.001, (est.peak_allocated, truth)
 
 
+@pytest.mark.skipif(lightning_autocast_caches(), reason="this Lightning (before 2.5.5) caches weight casts as a plain "
+                    "loop does: the two loops' autocast do not differ")
 def test_the_cache_saves_a_second_float32_gradient_of_a_shared_layer():
     kwargs = dict(loss=loss, optimizer="sgd", precision="bf16-mixed", device="cpu")
     lightning = estimate(TwiceApplied, make_batch(), **kwargs)
