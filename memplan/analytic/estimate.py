@@ -4,7 +4,9 @@ Order (memplan/estimator/step.py): forward + loss, zero_grad(set_to_none=True), 
 step. In a steady-state step the previous step's gradients and the optimizer state exist from the
 start, so they are live through the forward; zero_grad frees the gradients just before backward.
 The peak is the highest moment of that walk. CPU semantics throughout: the optimizers are torch's
-for-loop (single-tensor) implementations, which CPU tensors default to.
+for-loop (single-tensor) implementations, which CPU tensors default to. bf16-mixed is autocast as Lightning 2.5.5
+and later run it, with the weight cache off (each use casts its own copy); an earlier Lightning caches casts, which
+memplan.estimate follows and this closed form does not.
 """
 from __future__ import annotations
 
