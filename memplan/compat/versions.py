@@ -49,8 +49,11 @@ def installed_version(package: str) -> str | None:
 
 
 LIGHTNING_AUTOCAST_CACHE_OFF = (2, 5, 5)
-"""The first release whose MixedPrecision plugin autocasts with `cache_enabled=False` (plugins/precision/amp.py in
-both packages, read from the released wheels: 2.5.4 and earlier write `torch.autocast(device, dtype=dtype)`)."""
+"""The first release whose Trainer's MixedPrecision plugin autocasts with `cache_enabled=False` (pytorch_lightning
+and lightning.pytorch plugins/precision/amp.py, read from the released wheels: 2.5.4 and earlier write
+`torch.autocast(device, dtype=dtype)`; Lightning PR #20921). Fabric's plugin keeps the cache on, as memplan's plain
+loops do. Lightning's master (PR #21616, not in 2.6.6) brings a cached forward_context back: re-check this when
+LIGHTNING_RANGE takes in 2.7."""
 
 
 def lightning_autocast_caches() -> bool:

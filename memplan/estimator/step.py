@@ -13,8 +13,9 @@ sequence of ops, or the estimate would be exact for a step nobody runs. The orde
                            (gradients stay allocated across steps: torch 1.x's default, `model.zero_grad()`
                            before torch 2.0, a hand-written `p.grad.zero_()`)
 
-Lightning's autocast runs with the weight cache off; a plain loop's `torch.autocast` keeps it on (every loop
-but "lightning").
+Lightning's autocast runs with the weight cache off (since Lightning 2.5.5; earlier releases keep it on, as the
+installed one says: compat.versions.lightning_autocast_caches); a plain loop's `torch.autocast` keeps it on (every
+loop but "lightning").
 
 "lightning" is Lightning's automatic optimization (pytorch_lightning/loops/optimization/automatic.py,
 `Closure.closure`): it zeroes gradients *after* the forward, so the previous step's gradients are

@@ -1,4 +1,4 @@
-"""Real ranks on CPU with gloo, forked from the test process, each profiled: the truth FSDP estimates are held to.
+"""Real ranks on CPU with gloo, started from the test process, each profiled: the truth FSDP estimates are held to.
 
 A forked rank shares the test process's imports (a spawned one would import torch, Lightning and memplan again,
 ~8 CPU-s each). A CUDA build of torch refuses a backward in a child forked after the parent ran one ("Unable to
@@ -46,7 +46,7 @@ def _profiled_rank(rank: int, world: int, port: int, out, train: Callable[[], No
 
 
 def peaks_of_forked_ranks(train: Callable[[], None], world: int) -> list[int]:
-    """Each rank's peak allocated bytes over `train()` (build and steps), run on `world` forked gloo ranks; a hung
+    """Each rank's peak allocated bytes over `train()` (build and steps), on `world` gloo ranks (START_METHOD); a hung
     rank is killed and the join then fails."""
     with children_watched(), mp.Manager() as manager:
         out = manager.dict()

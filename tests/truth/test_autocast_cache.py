@@ -51,3 +51,18 @@ def test_the_cache_saves_a_second_float32_gradient_of_a_shared_layer():
     assert lightning.peak_phase == plain.peak_phase == "backward"
     # + 4 bytes: the scalar Lightning's closure divides the loss into (loss / 1), alive through the backward
     assert lightning.peak_allocated - plain.peak_allocated == 4 * (WIDTH * WIDTH + WIDTH) + 4
+
+
+@pytest.mark.parametrize("lightning, caches", [("2.5.4", True), ("2.5.5", False)])
+def test_lightnings_loop_autocasts_as_the_installed_lightning_does(monkeypatch, lightning, caches):
+    """Lightning's MixedPrecision kept torch's weight-cast cache on until 2.5.5; the step follows the installed
+    release (a plain loop always caches)."""
+    from memplan.compat import versions
+    from memplan.estimator.step import PrecisionPolicy
+
+    monkeypatch.setattr(versions, "installed_version", {"pytorch-lightning": lightning}.get)
+    policy = PrecisionPolicy.from_string("bf16-mixed")
+    with policy.forward_context("cpu", loop="lightning"):
+        assert torch.is_autocast_cache_enabled() is caches
+    with policy.forward_context("cpu", loop="torch"):
+        assert torch.is_autocast_cache_enabled()
