@@ -56,11 +56,13 @@ loops do. Lightning's master (PR #21616, not in 2.6.6) brings a cached forward_c
 LIGHTNING_RANGE takes in 2.7."""
 
 
-def lightning_autocast_caches() -> bool:
+def lightning_autocast_caches(distribution: str = "pytorch-lightning") -> bool:
     """Whether the installed Lightning's autocast keeps torch's weight-cast cache on (releases before
-    LIGHTNING_AUTOCAST_CACHE_OFF), read from pytorch-lightning's metadata, else lightning's, without importing
-    either. With neither installed: False, as the current releases run."""
-    text = installed_version("pytorch-lightning") or installed_version("lightning")
+    LIGHTNING_AUTOCAST_CACHE_OFF), read from `distribution`'s metadata ("pytorch-lightning" or "lightning", the
+    package the Trainer comes from; the other where that one is not installed), without importing either. With
+    neither installed: False, as the current releases run."""
+    other = "lightning" if distribution == "pytorch-lightning" else "pytorch-lightning"
+    text = installed_version(distribution) or installed_version(other)
     if text is None:
         return False
     parts = [int(m.group()) if (m := re.match(r"\d+", part)) else 0 for part in text.split(".")[:3]]

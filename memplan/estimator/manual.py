@@ -21,6 +21,7 @@ from torch import nn
 
 from memplan.compat import attach_stand_in_trainer
 from memplan.estimator.errors import EstimateError
+from memplan.estimator.step import lightning_distribution
 
 _PASSIVE = {"global_step": 0, "current_epoch": 0, "training": True, "sanity_checking": False, "world_size": 1,
             "num_devices": 1, "global_rank": 0, "local_rank": 0, "is_global_zero": True, "accumulate_grad_batches": 1,
@@ -153,7 +154,7 @@ def run_manual_step(model: nn.Module, batch: Any, trainer: StandInTrainer, *, po
     attach_stand_in_trainer(model, trainer)
     try:
         moved("forward")
-        with policy.forward_context(trainer.device_type):
+        with policy.forward_context(trainer.device_type, lightning=lightning_distribution(model)):
             model.training_step(batch, 0)
         if current["name"] == "forward":
             phase("forward_end")

@@ -84,15 +84,17 @@ class PrecisionPolicy:
             grad_scaling=precision == "16-mixed",
         )
 
-    def forward_context(self, device_type: str, *, loop: Loop = "lightning") -> contextlib.AbstractContextManager:
+    def forward_context(self, device_type: str, *, loop: Loop = "lightning",
+                        lightning: str = "pytorch-lightning") -> contextlib.AbstractContextManager:
         """Lightning's `precision_plugin.forward_context()`: autocast with the weight cache off
         (plugins/precision/amp.py: `torch.autocast(device, dtype=dtype, cache_enabled=False)`, Lightning 2.5.5 and
         later; before, the cache on, as the installed Lightning says: compat.versions.lightning_autocast_caches), or
         the default dtype set to the half type for the '-true' precisions (plugins/precision/half.py).
         A plain loop (every `loop` but "lightning") writes `torch.autocast(device, dtype=dtype)`, whose weight cache is
-        on: each parameter's cast is made once and held until the autocast block exits."""
+        on: each parameter's cast is made once and held until the autocast block exits. `lightning`: the distribution
+        whose Trainer runs the step (`lightning_distribution`)."""
         if self.autocast_dtype is not None:
-            caches = loop in PLAIN_LOOPS or lightning_autocast_caches()
+            caches = loop in PLAIN_LOOPS or lightning_autocast_caches(lightning)
             return torch.autocast(device_type, dtype=self.autocast_dtype, cache_enabled=caches)
         if self.param_dtype != torch.float32:
             return _default_dtype(self.param_dtype)
@@ -142,6 +144,13 @@ class StepOptions:
     copy kept through optimizer.step() (see `unscale_grads`)."""
 
 
+def lightning_distribution(model: nn.Module) -> str:
+    """The distribution whose Trainer runs `model`: "lightning" for a lightning.pytorch LightningModule, else
+    "pytorch-lightning" (a plain module under loop="lightning" is taken as pytorch_lightning's)."""
+    bases = (c for c in type(model).__mro__ if c.__name__ == "LightningModule")
+    return "lightning" if any(c.__module__.split(".")[0] == "lightning" for c in bases) else "pytorch-lightning"
+
+
 def run_training_step(
     model: nn.Module,
     batch: Any,
@@ -161,7 +170,7 @@ def run_training_step(
     policy, device_type, grad_scale, loop = options.policy, options.device_type, options.grad_scale, options.loop
     phase = on_phase or (lambda _: None)
     phase("forward")
-    with policy.forward_context(device_type, loop=loop):
+    with policy.forward_context(device_type, loop=loop, lightning=lightning_distribution(model)):
         loss = loss_fn(model, batch)
     check_loss(loss)
     phase("forward_end")

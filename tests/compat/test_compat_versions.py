@@ -112,13 +112,19 @@ def test_the_callback_check_names_memory_planner_and_says_it_at_every_setup(monk
     assert compat.check_installed() == compat.check_installed()  # not once: each fit's setup says it
 
 
-@pytest.mark.parametrize("installed, caches", [
-    ({"pytorch-lightning": "2.4.0"}, True), ({"pytorch-lightning": "2.5.4"}, True),
-    ({"pytorch-lightning": "2.5.5"}, False), ({"pytorch-lightning": "2.6.6"}, False),
-    ({"lightning": "2.5.0.post0"}, True), ({}, False),
+@pytest.mark.parametrize("installed, distribution, caches", [
+    ({"pytorch-lightning": "2.4.0"}, "pytorch-lightning", True),
+    ({"pytorch-lightning": "2.5.4"}, "pytorch-lightning", True),
+    ({"pytorch-lightning": "2.5.5"}, "pytorch-lightning", False),
+    ({"pytorch-lightning": "2.6.6"}, "pytorch-lightning", False),
+    # both installed at different releases (memplan requires pytorch-lightning; `lightning` is the user's own)
+    ({"pytorch-lightning": "2.6.6", "lightning": "2.4.0"}, "lightning", True),
+    ({"pytorch-lightning": "2.6.6", "lightning": "2.4.0"}, "pytorch-lightning", False),
+    ({"lightning": "2.5.0.post0"}, "pytorch-lightning", True),  # the other one where the asked one is missing
+    ({}, "pytorch-lightning", False),
 ])
-def test_lightnings_autocast_caches_weight_casts_before_2_5_5(monkeypatch, installed, caches):
+def test_lightnings_autocast_caches_weight_casts_before_2_5_5(monkeypatch, installed, distribution, caches):
     """Lightning 2.5.5 made its MixedPrecision autocast `cache_enabled=False`; before, torch's cache was on, and the
-    estimate of a -mixed precision under loop="lightning" keeps casts as those releases do."""
+    estimate of a -mixed precision under loop="lightning" keeps casts as the release the Trainer comes from does."""
     monkeypatch.setattr(versions, "installed_version", installed.get)
-    assert versions.lightning_autocast_caches() is caches
+    assert versions.lightning_autocast_caches(distribution) is caches

@@ -66,3 +66,20 @@ def test_lightnings_loop_autocasts_as_the_installed_lightning_does(monkeypatch, 
         assert torch.is_autocast_cache_enabled() is caches
     with policy.forward_context("cpu", loop="torch"):
         assert torch.is_autocast_cache_enabled()
+
+
+def test_the_trainer_comes_from_the_package_the_module_subclasses():
+    import lightning.pytorch
+    import pytorch_lightning
+
+    from memplan.estimator.step import lightning_distribution
+
+    class FromLightning(lightning.pytorch.LightningModule):
+        pass
+
+    class FromPytorchLightning(pytorch_lightning.LightningModule):
+        pass
+
+    assert lightning_distribution(FromLightning()) == "lightning"
+    assert lightning_distribution(FromPytorchLightning()) == "pytorch-lightning"
+    assert lightning_distribution(TwiceApplied()) == "pytorch-lightning"  # a plain module under loop="lightning"
