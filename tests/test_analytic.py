@@ -76,7 +76,7 @@ def uncached_autocast(monkeypatch):
     """The closed form autocasts as Lightning 2.5.5+ does (weight cache off); the step and the trace follow the
     installed Lightning, which before 2.5.5 caches casts (compat.versions.lightning_autocast_caches): pinned here to
     what the closed form models, on every Lightning."""
-    monkeypatch.setattr("memplan.estimator.step.lightning_autocast_caches", lambda: False)
+    monkeypatch.setattr("memplan.estimator.step.lightning_autocast_caches", lambda *distribution: False)
 
 
 def real_peak(layers, input_shape, batch_size: int, optimizer: str, precision: str) -> int:
