@@ -34,10 +34,17 @@ class VersionWarning(UserWarning):
     """torch or Lightning is installed at a version outside the range memplan knows."""
 
 
+def release_numbers(text: str, count: int) -> tuple[int, ...]:
+    """The first `count` numbers of a version string, 0 where missing: ('2.5.0.post0', 3) -> (2, 5, 0),
+    ('2.7.0rc1', 2) -> (2, 7), ('2.13.0+cpu', 3) -> (2, 13, 0)."""
+    numbers = [int(m.group()) if (m := re.match(r"\d+", part)) else 0 for part in text.split(".")[:count]]
+    return tuple(numbers + [0] * (count - len(numbers)))
+
+
 def version_tuple(text: str) -> tuple[int, int]:
     """(major, minor) of a version string: '2.13.0+cpu' -> (2, 13), '2.7.0rc1' -> (2, 7)."""
-    numbers = [int(m.group()) if (m := re.match(r"\d+", part)) else 0 for part in text.split(".")[:2]]
-    return (numbers + [0, 0])[0], (numbers + [0, 0])[1]
+    major, minor = release_numbers(text, 2)
+    return major, minor
 
 
 def installed_version(package: str) -> str | None:
@@ -65,8 +72,7 @@ def lightning_autocast_caches(distribution: str = "pytorch-lightning") -> bool:
     text = installed_version(distribution) or installed_version(other)
     if text is None:
         return False
-    parts = [int(m.group()) if (m := re.match(r"\d+", part)) else 0 for part in text.split(".")[:3]]
-    return tuple(parts + [0] * (3 - len(parts))) < LIGHTNING_AUTOCAST_CACHE_OFF
+    return release_numbers(text, 3) < LIGHTNING_AUTOCAST_CACHE_OFF
 
 
 def within(text: str, bounds: Bounds) -> bool:
