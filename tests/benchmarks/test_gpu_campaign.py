@@ -219,14 +219,17 @@ def test_dry_run_of_parts_3_and_4_then_the_converter(dry_run):
 
 @pytest.mark.slow
 def test_the_one_call_script_runs_the_parts_in_order_and_ends_on_its_own(tmp_path):
-    """benchmarks/gpu_campaign.sh with budgets too short for any section: it still writes all four parts, part 3
-    ends before part 2 starts (it ran beside part 1 and was waited for), part 4 runs last, and it exits by itself."""
+    """benchmarks/gpu_campaign.sh with budgets too short for any section: it still writes all four parts, parts 1
+    and 3 both end before part 2 starts (part 3 runs in the background and is waited for), part 4 runs last, and it
+    exits by itself. Whether parts 1 and 3 overlap in time is not asserted: on a loaded machine the quick dry-run
+    part 3 can finish before part 1 has written its start (seen in CI: 07:45:31 against 07:45:32)."""
     env = dict(_child_env(), PYTHON=sys.executable, PART1_S="3", PART2_S="3", PART3_S="3", PART4_S="3")
     raw = tmp_path / "raw"
     done = run_watched(["bash", str(ROOT / "benchmarks" / "gpu_campaign.sh"), str(raw), "--dry-run"], cwd=ROOT, env=env)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]  # every section skipped: not all done
     parts = {n: json.loads((raw / f"part{n}.json").read_text()) for n in (1, 2, 3, 4)}
     assert all(p["dry_run"] and p["budget_s"] == 3 for p in parts.values())
-    assert parts[1]["started"] <= parts[3]["finished"] <= parts[2]["started"]
+    assert parts[1]["finished"] <= parts[2]["started"]
+    assert parts[3]["finished"] <= parts[2]["started"]
     assert parts[2]["finished"] <= parts[4]["started"]
     assert all(s["status"] == "skipped: out of time" for s in parts[2]["sections"].values())
