@@ -31,10 +31,9 @@ from memplan.estimator.module_conversion import conversions_in_step
 from memplan.estimator.notes import generic_gpu_note
 from memplan.estimator.result import MemoryEstimate
 from memplan.estimator import manual
-from memplan.estimator.step import (
-    LOOP_NOTES, LossFn, Loop, PrecisionPolicy, SavedTensorsHooks, StepOptions, check_loop, grad_scaler_tensors,
-    iter_tensors, run_training_step,
-)
+from memplan.estimator.kernels import sparse
+from memplan.estimator.step import (LOOP_NOTES, LossFn, Loop, PrecisionPolicy, SavedTensorsHooks, StepOptions,
+                                    check_loop, grad_scaler_tensors, iter_tensors, run_training_step)
 from memplan.estimator.streams import StreamNumbers, side_stream_bytes
 from memplan.estimator.target import (GENERIC_CUDA, check_precision_on_target, memory_model,
                                       precision_lightning_runs, resolve_target, set_up_cuda_tracker,
@@ -332,7 +331,7 @@ class _Trace:
             from memplan.estimator.cuda.overheads import nccl_buffer_bytes
 
             communication = nccl_buffer_bytes(world_size, compute_capability=self.target.compute_capability)
-        notes = list(self.notes) + self.values.notes
+        notes = list(self.notes) + self.values.notes + sparse.notes(self.model)
         if self.loop != "lightning":
             notes.append(LOOP_NOTES[self.loop])
         if self.target.emulates_cuda:

@@ -21,7 +21,8 @@ from memplan.compat.torch import (
 from memplan.batching import map_tensors
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.fake_copy import copy_module_tree
-from memplan.estimator.tracker import REAL_FACTORY_MAX_NUMEL, _tensors_in
+from memplan.estimator.op_tensors import tensors_in
+from memplan.estimator.tracker import REAL_FACTORY_MAX_NUMEL
 
 
 @contextlib.contextmanager
@@ -156,7 +157,7 @@ class _BuildMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        tensors = _tensors_in((args, kwargs))
+        tensors = tensors_in((args, kwargs))
         if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
             with disable_current_modes():
                 return func(*args, **kwargs)

@@ -48,6 +48,7 @@ from memplan.compat.torch import (
 )
 from memplan.compat.lightning import DEVICE_ATTRIBUTE
 from memplan.compat.torchmetrics import metric_defaults
+from memplan.estimator import known_values
 from memplan.estimator.inputs import is_lightning_module
 
 _DROPPED = frozenset({COMPILED_CALL_ATTRIBUTE})
@@ -111,7 +112,7 @@ class _TreeCopy:
                     self._remember(param, fake)
             for buffer in buffer_slots(module).values():
                 if buffer is not None and id(buffer) not in self.memo:
-                    self._remember(buffer, self.make_fake(buffer))
+                    self._remember(buffer, known_values.keep(buffer, self.make_fake(buffer)))
             stack.extend(m for m in reversed(child_slots(module).values()) if m is not None)
         return order
 

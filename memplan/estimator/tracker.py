@@ -38,6 +38,7 @@ from memplan.estimator.cuda.op_scratch import BY_DETERMINISM, GENERIC_GPU, cuda_
 from memplan.estimator.determinism import Deterministic
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
+from memplan.estimator.op_tensors import tensors_in
 from memplan.estimator.kernels.scratch import (
     ctc_backward_scratch_bytes, cuda_contiguous_copies, gloo_flat_buffer_bytes, promotion_scratch_bytes,
     with_rnn_workspace,
@@ -153,7 +154,11 @@ class StorageTracker(TorchDispatchMode):
         self._update_peak()
 
     def classify(self, tensor: torch.Tensor, category: Category, *, only_from: Category | None = None) -> None:
-        """Move a tensor's storage into `category` (tracking it first if needed)."""
+        """Move a tensor's storage (a sparse tensor's two) into `category` (tracking it first if needed)."""
+        if tensor.is_sparse:
+            for part in tensors_in(tensor):
+                self.classify(part, category, only_from=only_from)
+            return
         storage = local_tensor(tensor).untyped_storage()
         record = self._records.get(storage)
         if record is None:
@@ -290,7 +295,7 @@ class StorageTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         self.ops_seen += 1
         self._settle_accumulation()
-        tensors = _tensors_in((args, kwargs))
+        tensors = tensors_in((args, kwargs))
         if tensors and not any(isinstance(local_tensor(t), FakeTensor) for t in tensors):
             with disable_current_modes():
                 out = self._real(func, args, kwargs)
@@ -308,7 +313,7 @@ class StorageTracker(TorchDispatchMode):
                 if not self.cpu_kernels and r.storage_bytes == local_tensor(out).untyped_storage().nbytes():
                     self.memory.free(r.handle)
                     r.handle = ZERO_HANDLE
-        outputs = _tensors_in(out)
+        outputs = tensors_in(out)
         for t, nbytes in self.workspaces.conv_calls(func, args, out) if self.workspaces is not None else ():
             self.track(t)  # a cuDNN call's output, then its workspace, freed before the next call
             self._transient(nbytes, category=Category.WORKSPACES)
@@ -384,17 +389,3 @@ class StorageTracker(TorchDispatchMode):
             return self.values.draw(func, args, kwargs)
         return func(*args, **kwargs)
 
-
-def _tensors_in(value, found: list | None = None) -> list[torch.Tensor]:
-    """The tensors in an op's arguments or outputs (nested tuples, lists and dict values), in order:
-    what tree_flatten finds there, at a fraction of its cost on every op of a trace."""
-    found = [] if found is None else found
-    if isinstance(value, torch.Tensor):
-        found.append(value)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            _tensors_in(item, found)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _tensors_in(item, found)
-    return found

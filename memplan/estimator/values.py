@@ -70,6 +70,7 @@ from memplan.compat.torch import (
     tree_unflatten,
 )
 
+from memplan.estimator import known_values
 from memplan.estimator.errors import EstimateError
 from memplan.estimator.kernels.rules import rule_for
 
@@ -101,12 +102,14 @@ class ValueResolver:
         """assumption text -> module paths it was used in (ordered sets)."""
         self._names: dict[int, str] = {}
         self._stack: list[str] = []
+        self._carry = False
 
     # --- the trace's context -------------------------------------------------------------------
     @contextlib.contextmanager
     def watching(self, model: nn.Module) -> Iterator[None]:
         """Know the module path of each op, and answer numpy reads of fake tensors, while the trace runs."""
         self._names = {id(m): name or type(m).__name__ for name, m in model.named_modules()}
+        self._carry = known_values.models_carry_values(model)  # buffers' values (known_values) to carry op by op
         hooks = nn.modules.module
         pre = hooks.register_module_forward_pre_hook(lambda m, _: self._stack.append(self._name(m)))
         post = hooks.register_module_forward_hook(lambda m, _i, _o: self._pop(), always_call=True)
@@ -184,13 +187,15 @@ class ValueResolver:
     def call(self, func, args, kwargs):
         """Run `func` on fake inputs as the tracker would, resolving what the fake kernel cannot answer."""
         rule = rule_for(func)
-        if rule is not None:
-            return rule.run(func, args, kwargs)
         try:
-            out = func(*args, **kwargs)
+            out = rule.run(func, args, kwargs) if rule is not None else func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
-            return self._resolve(func, args, kwargs)
-        if self.mode != "error" and func in _SELECTIONS:
+            if rule is not None:
+                raise
+            return self._resolve(func, *known_values.substitute(args, kwargs))
+        if self._carry:
+            known_values.propagate(func, args, kwargs, out, random=is_random(func))
+        if rule is None and self.mode != "error" and func in _SELECTIONS:
             out = self._realize_selection(func, args, kwargs, out)
         return out
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from memplan.compat.torch import OpOverload, op_overload, suggest_memory_format
+from memplan.estimator.kernels import sparse
 
 Rule = Callable[..., object]
 """rule(func, args, kwargs) -> outputs; called under the fake mode, in place of func."""
@@ -108,6 +109,12 @@ RULES: dict[OpOverload, KernelRule] = {
             "the first one's dtype; the real kernel raises",
             run=_same_dtype_matmul,
         ) for op in _MATMULS),
+        *(KernelRule(op=op, disagreement="the fake kernel gives a sparse tensor's result no entries (nnz 0)", run=run)
+          for op, run in ((torch.ops.aten.clone.default, sparse.clone),
+                          (torch.ops.aten._coalesce.default, sparse.coalesce),
+                          (torch.ops.aten.sparse_mask.default, sparse.sparse_mask))),
+        KernelRule(op=torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors.default, run=sparse.construct,
+                   disagreement="the fake sparse tensor keeps no values of the real indices it is made from"),
     )
     if rule.op is not None  # (a torch without the op: torch < 2.8 has no _grouped_mm)
 }

@@ -1,0 +1,41 @@
+"""Sparse gradients (`nn.Embedding(sparse=True)`, trained with SGD or Adagrad): the estimate runs, counts the
+sparse gradient and the optimizer's sparse tensors with their real entry counts, and names what it approximates."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memplan.estimator.api import estimate
+from memplan.truth import measure_cpu_peak
+
+ROWS = 50_000  # 2,048 ids drawn from 50,000 rows: few repeat, the case the estimate is close on
+
+
+def sparse_embedding_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(ROWS, 32, sparse=True), nn.Flatten(), nn.Linear(32 * 8, 4))
+
+
+def batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, ROWS, (256, 8), generator=g), torch.randint(0, 4, (256,), generator=g)
+
+
+def ce_loss(model, b):
+    return F.cross_entropy(model(b[0]), b[1])
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_a_sparse_embedding_is_estimated_close_to_a_real_cpu_step_and_named(optimizer):
+    est = estimate(sparse_embedding_model, batch(), loss=ce_loss, optimizer=optimizer, device="cpu")
+    truth = measure_cpu_peak(sparse_embedding_model, batch, loss=ce_loss, optimizer=optimizer)
+    assert abs(est.peak_allocated / truth - 1) < 0.005, (est.peak_allocated, truth)
+    assert any(n.startswith("Embedding(sparse=True): a sparse gradient's step is approximate") for n in est.notes)
+
+
+def test_a_dense_embedding_has_no_sparse_note():
+    dense = lambda: nn.Sequential(nn.Embedding(ROWS, 32), nn.Flatten(), nn.Linear(32 * 8, 4))  # noqa: E731
+    est = estimate(dense, batch(), loss=ce_loss, optimizer="adagrad", device="cpu")
+    assert not any("sparse" in n for n in est.notes)
