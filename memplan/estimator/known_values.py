@@ -6,10 +6,11 @@ re-made a fresh fake for the trace (memplan.estimator.fake), which has no values
 with 1 (values.ValueResolver): a padding of 1 instead of 3 fails the next convolution, a slice of 1 instead of
 4000 elements is a silent -99.9 %. Yet the value is known: the buffer was real when the model was built.
 
-So a buffer that is real when the fake copy is made and has at most MAX_NUMEL elements keeps its real value as
-an attribute of its fake (`keep`); an op whose fake inputs all have values computes its outputs' values too, on
-the CPU (`propagate`: `.to(device)`, views, `add_` of BatchNorm's step counter, arithmetic); an op that writes
-into a valued fake from an input without values drops that fake's value. What asks for values
+So a buffer that is real when the fake copy is made, has at most MAX_NUMEL elements and is no view of another
+keeps its real value, carried by its fake's storage (`keep`), so every view, `.detach()` and `.data` of it reads
+and writes the same value; an op whose fake inputs all have values computes its outputs' values too, on the CPU
+(`propagate`: `.to(device)`, views, `add_` of BatchNorm's step counter, arithmetic); an op that writes into a
+valued storage from an input without values drops the storage's value, for every alias at once. What asks for values
 (`.item()`, `.tolist()`, `nonzero`, a boolean mask) gets the real ones (`substitute`), exactly, with no note.
 The fakes themselves, and so every byte the trace counts, are unchanged.
 """
@@ -19,30 +20,55 @@ from typing import Any
 
 import torch
 
+from torch.utils.weak import WeakIdKeyDictionary
+
 from memplan.compat.torch import FakeTensor, disable_current_modes, tree_flatten, tree_unflatten
 
 MAX_NUMEL = 1 << 16
 """Largest buffer (and op output) whose values are carried: structure is decided by small tensors."""
-_ATTR = "_memplan_value"
+_VALUES = WeakIdKeyDictionary()
+"""A fake storage -> a real tensor laid out over a real storage as its fakes are over it (a value is the
+storage's, so a write through any view, `.detach()` or `.data` of it reaches or drops every alias at once)."""
 
 
 def keep(original: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
-    """`fake` (the trace's copy of the buffer `original`), carrying `original`'s value where it has one."""
+    """`fake` (the trace's copy of the buffer `original`), carrying `original`'s value where it has one. A buffer
+    that is a view of another is not carried: its fake copy has a storage of its own, which writes into the other
+    would not reach."""
     if (not isinstance(original, FakeTensor) and original.device.type == "cpu" and original.numel() <= MAX_NUMEL
-            and not original.is_sparse and tuple(original.shape) == tuple(fake.shape)):
+            and not original.is_sparse and original._base is None and tuple(original.shape) == tuple(fake.shape)
+            and fake.storage_offset() == 0):
         with disable_current_modes(), torch.no_grad():
-            setattr(fake, _ATTR, original.detach().to(fake.dtype, copy=True))
+            real = torch.empty_strided(tuple(fake.shape), fake.stride(), dtype=fake.dtype).copy_(original)
+        _remember(fake, real)
     return fake
 
 
+def _remember(fake: torch.Tensor, real: torch.Tensor) -> None:
+    """Let `fake`'s storage carry `real`, laid out as `fake` is (same shape, strides and offset)."""
+    if real.shape == fake.shape and real.stride() == fake.stride() and real.storage_offset() == fake.storage_offset():
+        _VALUES[fake.untyped_storage()] = real
+
+
+def _carries(t: FakeTensor) -> bool:
+    real = None if t.is_sparse else _VALUES.get(t.untyped_storage())
+    return real is not None and real.dtype == t.dtype
+
+
 def value_of(t: object) -> torch.Tensor | None:
-    """The real value a fake carries, or None."""
-    return getattr(t, _ATTR, None) if isinstance(t, FakeTensor) else None
+    """The real value of the fake `t` (any view of a storage that carries one), or None."""
+    if not isinstance(t, FakeTensor) or t.is_sparse:
+        return None
+    real = _VALUES.get(t.untyped_storage())
+    if real is None or real.dtype != t.dtype:
+        return None
+    with disable_current_modes():
+        return real.as_strided(tuple(t.shape), t.stride(), t.storage_offset())
 
 
 def models_carry_values(model: torch.nn.Module) -> bool:
     """Whether any buffer of `model` carries a value (the trace then propagates values op by op)."""
-    return any(value_of(b) is not None for b in model.buffers())
+    return any(isinstance(b, FakeTensor) and b.untyped_storage() in _VALUES for b in model.buffers())
 
 
 def substitute(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -60,13 +86,13 @@ def propagate(func, args: tuple, kwargs: dict, out: Any, *, random: bool) -> Non
     fakes = [t for t in flat if isinstance(t, FakeTensor)]
     if not fakes:
         return
-    if not random and all(value_of(t) is not None for t in fakes):
+    if not random and all(_carries(t) for t in fakes):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if all(t.numel() <= MAX_NUMEL for t in outs) and _compute(func, args, kwargs, out):
             return
     for t in _written(func, args, kwargs):
-        if value_of(t) is not None:
-            delattr(t, _ATTR)
+        if isinstance(t, FakeTensor) and not t.is_sparse:
+            _VALUES.pop(t.untyped_storage(), None)
 
 
 def _compute(func, args: tuple, kwargs: dict, out: Any) -> bool:
@@ -81,8 +107,9 @@ def _compute(func, args: tuple, kwargs: dict, out: Any) -> bool:
     if len(fake_flat) != len(real_flat):
         return False
     for fake, real in zip(fake_flat, real_flat):
-        if isinstance(fake, FakeTensor) and isinstance(real, torch.Tensor) and real.shape == fake.shape:
-            setattr(fake, _ATTR, real)
+        if isinstance(fake, FakeTensor) and isinstance(real, torch.Tensor) and not fake.is_sparse \
+                and fake.untyped_storage() not in _VALUES:  # a view or in-place result: its storage carries it
+            _remember(fake, real)
     return True
 
 

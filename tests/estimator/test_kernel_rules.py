@@ -83,7 +83,8 @@ def test_every_rule_is_still_needed():
     )
     matmuls = {getattr(torch.ops.aten, case.split(",")[0]).default for case in MATMUL_CASES}
     sparse = {torch.ops.aten.clone.default, torch.ops.aten._coalesce.default, torch.ops.aten.sparse_mask.default,
-              torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors.default}  # tests/estimator/test_sparse_rules.py
+              torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors.default,
+              torch.ops.aten._embedding_bag_backward.default}  # tests/estimator/test_sparse_rules.py, _gradients.py
     assert set(RULES) <= {GROUPED_MM} | matmuls | sparse, "a new rule needs its cases in this file"
 
 

@@ -39,3 +39,17 @@ def test_a_dense_embedding_has_no_sparse_note():
     dense = lambda: nn.Sequential(nn.Embedding(ROWS, 32), nn.Flatten(), nn.Linear(32 * 8, 4))  # noqa: E731
     est = estimate(dense, batch(), loss=ce_loss, optimizer="adagrad", device="cpu")
     assert not any("sparse" in n for n in est.notes)
+
+
+def test_an_embedding_bag_with_sparse_gradients_is_refused_by_name_and_a_dense_one_estimates():
+    from memplan.estimator.errors import EstimateError
+
+    def bag(sparse: bool):
+        return lambda: nn.Sequential(nn.EmbeddingBag(ROWS, 32, mode="sum", sparse=sparse), nn.Linear(32, 4))
+
+    with pytest.raises(EstimateError, match=r"EmbeddingBag\(sparse=True\).*Estimate the model with sparse=False"):
+        estimate(bag(True), batch(), loss=ce_loss, optimizer="sgd", device="cpu")
+    dense = estimate(bag(False), batch(), loss=ce_loss, optimizer="sgd", device="cpu")
+    truth = measure_cpu_peak(bag(False), batch, loss=ce_loss, optimizer="sgd")
+    # the dense backward's own buffers (_embedding_bag_dense_backward) are not modelled yet: -0.44 % here
+    assert abs(dense.peak_allocated / truth - 1) < 0.01, (dense.peak_allocated, truth)

@@ -37,6 +37,7 @@ budget bounds that host's probing time too).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -80,10 +81,15 @@ shape's alone: zeros and random inputs take the same), and matrix_exp's Pade ter
 input's 1-norm (4 x n^2 floats at norm 0 to 12 x at and above theta_18, where it scales and squares). The
 trace does not know the values, so matrix_exp is probed at the worst case (_worst_case_input); the estimate's
 notes say so. orthogonal parametrizations call it in every forward, and twice the size in the backward."""
+_TRILINEAR = torch.ops.aten._trilinear.default
+"""nn.Bilinear's op: its CPU kernel expands and multiplies its operands in steps, holding products up to 4 x the
+weight (a backward call of nn.Bilinear(128, 128, 64) on 256 rows: 16.9 MB of scratch beside a 131 kB output)."""
+_SELECTIONS = frozenset({torch.ops.aten.kthvalue.default})
+"""CPU kthvalue selects in a copy of its input (and an int64 index of its shape); median, topk and sort need none."""
 _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
-    *_ATTENTION, *_BATCH_NORMS, *_LINALG,
+    *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTIONS,
 })
 _MATMULS = frozenset({
     torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
@@ -127,7 +133,7 @@ class KernelScratchProbe:
 
     def scratch_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
         """The real kernel's scratch for `func(*args, **kwargs)`; 0 for an op that is not probed (all but
-        convolutions, LSTM layers, CPU flash attention, _LINALG, float16/bfloat16 matmuls and means, and
+        convolutions, LSTM layers, CPU flash attention, _LINALG, _TRILINEAR, kthvalue, half matmuls and means, and
         _LAYOUT_OPS on a non-contiguous input)."""
         if not (func in _PROBED_OPS or _is_half_matmul(func, out) or _copies_for_layout(func, args)):
             return 0
@@ -199,7 +205,7 @@ def _forward_flops(func, flops: int) -> int:
     0 for the other ops (their bytes limit them)."""
     if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
         return flops // 2
-    return flops if func in _MATMULS or func in _ATTENTION or func in _LINALG else 0
+    return flops if func in _MATMULS or func in _ATTENTION or func in _LINALG or func is _TRILINEAR else 0
 
 
 def _flops(func, args: tuple, out) -> int:
@@ -228,10 +234,21 @@ def _flops(func, args: tuple, out) -> int:
         weights = sum(w.numel() for w in args[1:3])
         forward = func is torch.ops.aten.mkldnn_rnn_layer.default
         return (1 if forward else 2) * 2 * (input.numel() // max(1, input.shape[-1])) * weights
+    if func is _TRILINEAR:  # every index of the three operands, each expanded to the common rank, met once
+        sizes = [_expanded(t, dims) for t, dims in zip(args[:3], args[3:6])]
+        return 2 * math.prod(max(d) for d in zip(*sizes))
     if func in _LINALG:  # n^3 per matrix: about 20 matmuls' worth at matrix_exp's worst case (13th-order Pade,
         a = args[0]  # scaling and squaring), a bound for the factorizations (qr, svd, eigh, solve: 1-10 n^3)
         return 20 * 2 * a.numel() * a.shape[-1]
     return 0
+
+
+def _expanded(t: torch.Tensor, dims: list[int]) -> list[int]:
+    """`t`'s shape with a 1 inserted at each of `dims` (how _trilinear expands an operand)."""
+    shape = list(t.shape)
+    for d in sorted(dims):
+        shape.insert(d, 1)
+    return shape
 
 
 def _signature(value) -> object:

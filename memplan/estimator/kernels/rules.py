@@ -115,6 +115,8 @@ RULES: dict[OpOverload, KernelRule] = {
                           (torch.ops.aten.sparse_mask.default, sparse.sparse_mask))),
         KernelRule(op=torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors.default, run=sparse.construct,
                    disagreement="the fake sparse tensor keeps no values of the real indices it is made from"),
+        KernelRule(op=torch.ops.aten._embedding_bag_backward.default, run=sparse.embedding_bag_backward,
+                   disagreement="with sparse=True, the fake kernel's gradient has no entries (refused by name)"),
     )
     if rule.op is not None  # (a torch without the op: torch < 2.8 has no _grouped_mm)
 }

@@ -69,7 +69,10 @@ def promotion_scratch_bytes(func, tensors: list[torch.Tensor]) -> int:
     """CPU TensorIterator copies each input whose dtype differs from the common dtype into a
     temporary of the common dtype before running a pointwise kernel (TensorIteratorBase::compute_types:
     `if (common_device == kCPU) ... op.tensor().to(common_dtype_)`); CUDA casts on the fly instead.
-    Returns the bytes of those temporaries, 0 when the inputs already agree."""
+    Returns the bytes of those temporaries, 0 when the inputs already agree. `where`'s boolean condition is no
+    operand (TensorCompare.cpp where_self_out promotes self and other only): it is never copied."""
+    if func.overloadpacket is torch.ops.aten.where:
+        tensors = tensors[1:]
     if torch.Tag.pointwise not in func.tags or len(tensors) < 2:
         return 0
     first = tensors[0].dtype

@@ -1,0 +1,47 @@
+"""CPU kernels with scratch of their own that the kernel probe measures (kernels/probe.py): nn.Bilinear's
+_trilinear (products up to 4 x its weight, forward and backward) and kthvalue (a copy of its input): an estimate
+of a model whose peak is inside one of them equals a real CPU step."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from memplan.estimator.api import estimate
+from memplan.truth import measure_cpu_peak
+
+
+class BilinearHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bilinear, self.head = nn.Bilinear(32, 32, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.bilinear(x, x * 2))
+
+
+class KthValuePool(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(64, 512)
+
+    def forward(self, x):
+        return torch.kthvalue(self.up(x), 100, dim=-1).values
+
+
+def _rows(n: int, width: int):
+    def make():
+        return torch.randn(n, width, generator=torch.Generator().manual_seed(0))
+    return make
+
+
+def _loss(model, x):
+    return model(x).square().mean()
+
+
+@pytest.mark.parametrize("build, make_batch", [(BilinearHead, _rows(8192, 32)), (KthValuePool, _rows(2048, 64))],
+                         ids=["bilinear", "kthvalue"])
+def test_a_peak_inside_a_probed_kernel_is_the_real_steps(build, make_batch):
+    est = estimate(build, make_batch(), loss=_loss, optimizer="adamw", device="cpu")
+    truth = measure_cpu_peak(build, make_batch, loss=_loss, optimizer="adamw")
+    assert abs(est.peak_allocated / truth - 1) < 0.001, (est.peak_allocated, truth)
