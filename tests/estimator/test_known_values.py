@@ -99,3 +99,27 @@ def test_a_cuda_target_reads_buffer_values_moved_to_the_device():
     """On a CUDA target the buffer is moved to the (fake) device; its value travels with it."""
     est = estimate(SliceByBuffer, _batch_of(3000)(), loss=_loss, optimizer="sgd", device="A100-80GB")
     assert est.forward_activations >= 8 * 3000 * 64 * 4  # the 3000-wide slice's linear output, float32
+
+
+class WrittenThroughAnAlias(nn.Module):
+    """The buffer overwritten from an activation through a view, `.detach()` or `.data` (not through itself)."""
+
+    def __init__(self, alias: str) -> None:
+        super().__init__()
+        self.alias = alias
+        self.register_buffer("keep", torch.tensor([3000]), persistent=False)
+        self.lin, self.first = nn.Linear(1, 64), nn.Linear(8, 1)
+
+    def forward(self, x):
+        decided = (self.first(x[:, :8])[0, 0] > 100).long() + 10
+        target = {"view": self.keep[0:1], "detach": self.keep.detach(), "data": self.keep.data}[self.alias]
+        target.copy_(decided)
+        return self.lin(x[:, :int(self.keep[0]), None])
+
+
+@pytest.mark.parametrize("alias", ["view", "detach", "data"])
+def test_a_write_through_an_alias_drops_the_value_for_every_alias(alias):
+    est = estimate(lambda: WrittenThroughAnAlias(alias), _batch_of(3000)(), loss=_loss, optimizer="sgd", device="cpu")
+    wide = estimate(SliceByBuffer, _batch_of(3000)(), loss=_loss, optimizer="sgd", device="cpu")
+    assert any(".item()" in n for n in est.notes), est.notes  # an assumption, named, not the stale 3000
+    assert est.forward_activations < wide.forward_activations / 100
