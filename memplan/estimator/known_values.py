@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memplan.compat.torch import FakeTensor, disable_current_modes, tree_flatten, tree_unflatten
@@ -62,8 +61,11 @@ def value_of(t: object) -> torch.Tensor | None:
     real = _VALUES.get(t.untyped_storage())
     if real is None or real.dtype != t.dtype:
         return None
-    with disable_current_modes():
-        return real.as_strided(tuple(t.shape), t.stride(), t.storage_offset())
+    try:
+        with disable_current_modes():
+            return real.as_strided(tuple(t.shape), t.stride(), t.storage_offset())
+    except RuntimeError:  # a view reaching past what the value covers: no value
+        return None
 
 
 def models_carry_values(model: torch.nn.Module) -> bool:
@@ -98,6 +100,8 @@ def propagate(func, args: tuple, kwargs: dict, out: Any, *, random: bool) -> Non
 def _compute(func, args: tuple, kwargs: dict, out: Any) -> bool:
     """Run `func` on the values of its inputs and attach the results to `out`'s fakes; False where it cannot."""
     real_args, real_kwargs = substitute(args, {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory")})
+    if any(isinstance(t, FakeTensor) for t in tree_flatten((real_args, real_kwargs))[0]):
+        return False
     try:
         with disable_current_modes(), torch.no_grad():
             real_out = func(*real_args, **real_kwargs)
