@@ -73,6 +73,17 @@ def is_view(tensor: torch.Tensor) -> bool:
     return tensor._is_view()
 
 
+def sparse_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Tensor._indices()`, `Tensor._values()` (torch 2.7-2.13) of a sparse COO tensor: the two dense tensors it
+    holds (sparse_dim x nnz int64 indices; nnz x dense dims values), aliasing its own."""
+    return tensor._indices(), tensor._values()
+
+
+def owns_its_storage(tensor: torch.Tensor) -> bool:
+    """`Tensor._base is None` (torch 2.7-2.13): the tensor is no view made from another tensor."""
+    return tensor._base is None
+
+
 def storage_key(tensor: torch.Tensor) -> int:
     """`UntypedStorage._cdata` (torch 2.7-2.13) of the tensor's storage: equal for tensors sharing one."""
     return tensor.untyped_storage()._cdata

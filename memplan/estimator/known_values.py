@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memplan.compat.torch import FakeTensor, disable_current_modes, tree_flatten, tree_unflatten
+from memplan.compat.torch import (FakeTensor, OpOverload, disable_current_modes, op_schema, owns_its_storage,
+                                  tree_flatten, tree_unflatten)
 
 MAX_NUMEL = 1 << 16
 """Largest buffer (and op output) whose values are carried: structure is decided by small tensors."""
@@ -35,7 +36,7 @@ def keep(original: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     that is a view of another is not carried: its fake copy has a storage of its own, which writes into the other
     would not reach."""
     if (not isinstance(original, FakeTensor) and original.device.type == "cpu" and original.numel() <= MAX_NUMEL
-            and not original.is_sparse and original._base is None and tuple(original.shape) == tuple(fake.shape)
+            and not original.is_sparse and owns_its_storage(original) and tuple(original.shape) == tuple(fake.shape)
             and fake.storage_offset() == 0):
         with disable_current_modes(), torch.no_grad():
             real = torch.empty_strided(tuple(fake.shape), fake.stride(), dtype=fake.dtype).copy_(original)
@@ -119,11 +120,10 @@ def _compute(func, args: tuple, kwargs: dict, out: Any) -> bool:
 
 def _written(func, args: tuple, kwargs: dict) -> list:
     """The tensors `func` writes into (its schema's mutable arguments)."""
-    schema = getattr(func, "_schema", None)
-    if schema is None:
+    if not isinstance(func, OpOverload):
         return []
     written = []
-    for i, arg in enumerate(schema.arguments):
+    for i, arg in enumerate(op_schema(func).arguments):
         if arg.alias_info is not None and arg.alias_info.is_write:
             value = args[i] if i < len(args) else kwargs.get(arg.name)
             written += [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]

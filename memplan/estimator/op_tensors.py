@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from memplan.compat.torch import disable_current_modes
+from memplan.compat.torch import disable_current_modes, sparse_parts
 
 
 def tensors_in(value, found: list | None = None) -> list[torch.Tensor]:
@@ -14,7 +14,7 @@ def tensors_in(value, found: list | None = None) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         if value.is_sparse:
             with disable_current_modes():
-                found += [value._indices(), value._values()]
+                found += list(sparse_parts(value))
         else:
             found.append(value)
     elif isinstance(value, (tuple, list)):

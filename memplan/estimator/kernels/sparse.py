@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from memplan.compat.torch import FakeTensor, disable_current_modes
+from memplan.compat.torch import FakeTensor, disable_current_modes, sparse_parts
 from memplan.estimator.errors import EstimateError
 
 _INDICES = "_memplan_indices"
@@ -72,7 +72,7 @@ def clone(func, args, kwargs):
     source = args[0]
     if not source.is_sparse:
         return func(*args, **kwargs)
-    indices, values = source._indices(), source._values()
+    indices, values = sparse_parts(source)
     out = _sparse_like(source, indices.clone(), values.clone(), coalesced=source.is_coalesced())
     if hasattr(source, _INDICES):
         setattr(out, _INDICES, getattr(source, _INDICES))
@@ -81,13 +81,13 @@ def clone(func, args, kwargs):
 
 def coalesce(func, args, kwargs):
     source = args[0]
-    indices, values = source._indices(), source._values()
+    indices, values = sparse_parts(source)
     known = getattr(source, _INDICES, None)
     if known is not None:
         with disable_current_modes():
             ones = torch.ones(known.shape[1], dtype=torch.int8)
             size = tuple(source.shape[:source.sparse_dim()])
-            unique = torch.sparse_coo_tensor(known, ones, size).coalesce()._indices()
+            unique = sparse_parts(torch.sparse_coo_tensor(known, ones, size).coalesce())[0]
         count = unique.shape[1]
     else:
         unique, count = None, indices.shape[1]
@@ -102,5 +102,6 @@ def sparse_mask(func, args, kwargs):
     dense, mask = args[0], args[1]
     if not mask.is_sparse or mask.layout != torch.sparse_coo:
         return func(*args, **kwargs)
-    values = dense.new_empty((mask._nnz(), *dense.shape[mask.sparse_dim():]))
-    return _sparse_like(mask, mask._indices(), values, coalesced=mask.is_coalesced())
+    mask_indices = sparse_parts(mask)[0]
+    values = dense.new_empty((mask_indices.shape[1], *dense.shape[mask.sparse_dim():]))
+    return _sparse_like(mask, mask_indices, values, coalesced=mask.is_coalesced())
