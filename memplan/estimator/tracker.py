@@ -38,11 +38,11 @@ from memplan.estimator.cuda.op_scratch import BY_DETERMINISM, GENERIC_GPU, cuda_
 from memplan.estimator.determinism import Deterministic
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
-from memplan.estimator.op_tensors import tensors_in
 from memplan.estimator.kernels.scratch import (
     ctc_backward_scratch_bytes, cuda_contiguous_copies, gloo_flat_buffer_bytes, promotion_scratch_bytes,
     with_rnn_workspace,
 )
+from memplan.estimator.op_tensors import tensors_in
 from memplan.estimator.values import is_random
 
 # Factory ops with no tensor inputs whose output is at most this many elements are made real, so
@@ -388,4 +388,3 @@ class StorageTracker(TorchDispatchMode):
         if self.values is not None and is_random(func):
             return self.values.draw(func, args, kwargs)
         return func(*args, **kwargs)
-
