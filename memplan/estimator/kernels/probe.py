@@ -84,12 +84,12 @@ notes say so. orthogonal parametrizations call it in every forward, and twice th
 _TRILINEAR = torch.ops.aten._trilinear.default
 """nn.Bilinear's op: its CPU kernel expands and multiplies its operands in steps, holding products up to 4 x the
 weight (a backward call of nn.Bilinear(128, 128, 64) on 256 rows: 16.9 MB of scratch beside a 131 kB output)."""
-_SELECTIONS = frozenset({torch.ops.aten.kthvalue.default})
+_SELECTION_COPIES = frozenset({torch.ops.aten.kthvalue.default})
 """CPU kthvalue selects in a copy of its input (and an int64 index of its shape); median, topk and sort need none."""
 _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
-    *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTIONS,
+    *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTION_COPIES,
 })
 _MATMULS = frozenset({
     torch.ops.aten.mm.default, torch.ops.aten.addmm.default,

@@ -9,7 +9,8 @@ an embedding trained with Adagrad). These rules make their outputs with the real
   is taken without a copy in the real run (the estimate is over by its size, +0.4 % measured), nn.EmbeddingBag's is
   cloned;
 - `_coalesce`: one entry per distinct index, counted from the indices' values where the trace has them (the
-  batch's token ids, carried by memplan.estimator.known_values), else every entry kept (an upper bound: no id
+  batch's token ids, kept on the sparse tensor itself by `construct`: a sparse tensor has no storage for
+  memplan.estimator.known_values to carry them on), else every entry kept (an upper bound: no id
   repeated in the batch);
 - `sparse_mask(dense, mask)`: the mask's entries, indices shared with the mask, values new.
 What they do not model (the transients of the real coalesce, which sorts and merges every entry) the estimate's
