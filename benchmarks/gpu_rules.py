@@ -1,6 +1,6 @@
 """CUDA op rules written from source, read on a real GPU: cub's radix-sort storage (sort over 4096 along its dim),
 flash attention's backward under deterministic algorithms, embedding's backward over 3072 indices and index_put's
-sort over more than one cub tile (the last two added after the H200 run: the next GPU run reads them).
+sort over more than one cub tile (the last two read on the H200 in session 13).
 
     python -m benchmarks.gpu_rules --out DIR [--cpu]      on the GPU: DIR/gpu_rules.json
     python -m benchmarks.gpu_rules --report RAW.json     here: benchmarks/results/gpu_rules.{json,md}
@@ -44,10 +44,14 @@ FLASH = (  # (batch, heads, seq, head dim)
     (2, 12, 512, 72),
     (16, 16, 256, 64),
 )
-EMBEDDINGS = (  # (tokens, rows, dim, dtype): the backward's sort and two-pass buffers past 3072 indices (unread)
-    (8192, 50257, 768, "float32"),
-    (16384, 32000, 1024, "bfloat16"),
-    (4096, 400, 256, "float32"),  # few rows: newer torch may take its fused atomic path here (not modelled)
+EMBEDDINGS = (  # (tokens, rows, dim, dtype, deterministic): the backward's sort and its two paths past 3072 indices
+    (8192, 50257, 768, "float32", False),
+    (16384, 32000, 1024, "bfloat16", False),
+    (4096, 400, 256, "float32", False),  # two-pass: 809 partial segments, not over 4 x 400 blocks
+    (4096, 64, 256, "float32", False),  # fused: 64 blocks, 473 partial segments
+    (16384, 400, 256, "float32", False),  # fused
+    (16384, 400, 256, "bfloat16", False),  # fused, into a float32 copy of the gradient
+    (16384, 400, 256, "float32", True),  # deterministic algorithms: two-pass
 )
 INDEX_PUTS = (  # (self shape, index count): index_put_ with accumulate over more than one cub tile (no reading yet)
     ((1000, 64), 65536),
@@ -103,11 +107,16 @@ def requested_peak(phases) -> int:
 
 def _temporaries(events: list[dict]) -> tuple[list[int], int]:
     """From the allocator's history inside one op: the sizes of the blocks allocated and freed inside it, in order,
-    and the most bytes of them live at once (as requested)."""
-    freed = {e["addr"] for e in events if e["action"] == "free_requested"}
+    and the most bytes of them live at once (as requested). A block is a temporary when a free of its address
+    follows its allocation: the caching allocator hands a freed block's address to a later request (the op's
+    output may start where a temporary was), so an address freed earlier says nothing."""
+    freed_after = set()
+    for i, e in enumerate(events):
+        if e["action"] == "free_requested":
+            freed_after.update(j for j in range(i) if events[j]["action"] == "alloc" and events[j]["addr"] == e["addr"])
     sizes, live, peak, alive = [], 0, 0, {}
-    for e in events:
-        if e["action"] == "alloc" and e["addr"] in freed:
+    for i, e in enumerate(events):
+        if e["action"] == "alloc" and i in freed_after:
             sizes.append(e["size"])
             alive[e["addr"]] = e["size"]
             live += e["size"]
@@ -210,15 +219,19 @@ def _embedding_case(spec, gpu) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    tokens, rows, dim, dtype = spec
+    tokens, rows, dim, dtype, deterministic = spec
     weight = torch.randn(rows, dim, device="cuda", dtype=getattr(torch, dtype), requires_grad=True)
     out = F.embedding(torch.randint(0, rows, (tokens,), device="cuda"), weight)
     grad = torch.randn_like(out)
     mode = _reading_mode(True, gpu)
-    with mode:
-        out.backward(grad)
-    return [dict(row, case=f"embedding backward {tokens} tokens {rows}x{dim} {dtype}", path="sort, two-pass")
-            for row in mode.rows]
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        with mode:
+            out.backward(grad)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    return [dict(row, case=f"embedding backward {tokens} tokens {rows}x{dim} {dtype} deterministic={deterministic}",
+                 path="sort, then two-pass or fused") for row in mode.rows]
 
 
 def _index_put_case(spec, gpu) -> list[dict]:
@@ -310,7 +323,8 @@ def _op(name: str):
 def render(result: dict) -> str:
     d = result["device"]
     lines = [
-        "# CUDA op rules from source against a GPU's readings: cub sort storage, deterministic flash backward",
+        "# CUDA op rules from source against a GPU's readings: cub sort storage, deterministic flash backward, "
+        "embedding backward, index_put with accumulate",
         "",
         f"`python -m benchmarks.gpu_rules --report {result['source']}` (benchmarks/gpu_rules.py). Readings: "
         f"{d['name']} ({d['sm_count']} SMs, sm{d['compute_capability'][0]}{d['compute_capability'][1]}), torch "
@@ -322,7 +336,10 @@ def render(result: dict) -> str:
         "larger block (a large request rounded to 2 MiB, or a remainder of 1 MiB or less left unsplit), which "
         "memplan's allocator model adds when it estimates a step, not the rule (from the requested sizes on a fresh "
         "cache it gives the GPU's 41,943,040 for the [2000000] sort and 29,409,280 for the D=72 deterministic "
-        "backward; the [127, 5000] sort's extra depends on the blocks earlier cases left cached).",
+        "backward; the [127, 5000] sort's extra depends on the blocks earlier cases left cached). Where the GPU's "
+        "is smaller (the fused embedding backwards) the op's largest phase came before its output was allocated: "
+        "the peak minus what was allocated after the op undercounts it, and memplan counts the rule on top of the "
+        "output (over by that much at such an op).",
         "",
         f"**requested bytes exact in {result['exact']} of {result['n']} ops.**",
         "",

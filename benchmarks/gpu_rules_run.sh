@@ -4,6 +4,8 @@
 #   - the GPU campaign's part 1 (estimate on the GPU machine natively and emulated, truth by a real Trainer.fit) for
 #     the accuracy cases the first H200 campaign was cut off before and the cuDNN RNN cases.
 #   bash benchmarks/gpu_rules_run.sh OUT        (everything under OUT, packed into OUT/all.tgz at the end)
+# Environment: ACCURACY_CASES (comma-separated), PART1_S (part 1's budget, default 220 s), SECTIONS (part 1's
+# sections), JOBS / MEASURE_JOBS (estimate and GPU measurement processes at once, default 8 and 3).
 set -u
 out=${1:?usage: bash benchmarks/gpu_rules_run.sh OUT}
 py=${PYTHON:-python3}
@@ -13,7 +15,9 @@ nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 timeout 200 "$py" -m benchmarks.gpu_rules --out "$out" > "$out/gpu_rules.log" 2>&1 &
 rules=$!
 cases=${ACCURACY_CASES:-vit-b8-16mixed,mixer-b16-bf16mixed-ckpt,vit-b16,vit-b32-bf16mixed-ckpt,t5-b4,t5-b8-ckpt,bart-b4,bart-b4-bf16mixed,lstm-b32,lstm-b32-adagrad,gru-b32,gru-b32-bf16mixed,resnet18-b8}
-timeout 260 "$py" -m benchmarks.gpu_campaign --part 1 --out "$out/camp" --budget-s "${PART1_S:-220}" \
-    --only cuda_overheads,accuracy_zoo,accuracy_extra --cases "$cases" > "$out/part1.out" 2>&1
+part1_s=${PART1_S:-220}
+timeout $((part1_s + 40)) "$py" -m benchmarks.gpu_campaign --part 1 --out "$out/camp" --budget-s "$part1_s" \
+    --only "${SECTIONS:-cuda_overheads,accuracy_zoo,accuracy_extra}" --cases "$cases" \
+    --jobs "${JOBS:-8}" --measure-jobs "${MEASURE_JOBS:-3}" > "$out/part1.out" 2>&1
 wait "$rules"
 tar czf "$out/all.tgz" -C "$out" --exclude all.tgz --exclude ./all.tgz .

@@ -10,6 +10,8 @@ estimate keeps all three values:
 - `index_put` with more than one value (TensorAdvancedIndexing.cpp `index_put_`: `accumulate ||
   (globalContext().deterministicAlgorithms() && value_.numel() > 1)`) takes the sort path under either
   (cuda/index_scratch.py);
+- embedding's backward over more than 3072 indices (EmbeddingBackwardKernel.cu, torch >= 2.11) never takes its
+  fused atomic path under either (cuda/embedding_scratch.py);
 - Lightning itself, for True and "warn", sets CUBLAS_WORKSPACE_CONFIG=:4096:8 (32 MiB per cuBLAS handle, where an
   sm80 GPU's default is 8.125 MiB; sm90 and newer default to 32 MiB already): a Lightning step's cuBLAS workspaces
   (estimator/target.py `target_overheads`).

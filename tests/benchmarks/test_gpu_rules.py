@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.gpu_rules import decode, encode, report, run
+from benchmarks.gpu_rules import _temporaries, decode, encode, report, run
 from benchmarks.results_io import RESULTS
 
 RAW = RESULTS / "gpu_rules_raw" / "gpu_rules_h200.json"
@@ -27,3 +27,12 @@ def test_the_dry_run_reads_a_sort_and_its_rule():
     assert row["op"].startswith("aten.sort") and row["rule_requested_peak"] > 0 and row["gpu_transient"] == 0
     args = decode(encode(([1, 2.5, None], {"dim": 0})))
     assert args == [[1, 2.5, None], {"dim": 0}]
+
+
+def test_a_block_at_an_address_freed_earlier_is_no_temporary():
+    """The H200's first embedding reading counted the op's output as a temporary: the allocator gave it the address
+    of a block the sort had freed. Only a free after the allocation makes a block temporary."""
+    events = [{"action": "alloc", "addr": 1, "size": 100}, {"action": "free_requested", "addr": 1, "size": 100},
+              {"action": "alloc", "addr": 1, "size": 400},  # the output, kept
+              {"action": "alloc", "addr": 2, "size": 50}, {"action": "free_requested", "addr": 2, "size": 50}]
+    assert _temporaries(events) == ([100, 50], 100)

@@ -1,12 +1,13 @@
 """CUDA's embedding backward over more than 3072 indices (memplan/estimator/cuda/embedding_scratch.py): the sort's
-buffers, then the two-pass kernel's, from Embedding.cu and EmbeddingBackwardKernel.cu. From the source: no GPU
-reading covers it (the zoo's token models train at most 3072 tokens a step), so these tests check the rule's
-buffers as the source sizes them and that an estimate counts them."""
+buffers, then the two-pass or the fused kernel's, from Embedding.cu and EmbeddingBackwardKernel.cu. The H200's
+readings of 7 such backwards (both paths, deterministic or not) are checked byte for byte against the rule in
+tests/benchmarks/test_gpu_rules.py; these tests check which path the rule takes and that an estimate counts it."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+import memplan.estimator.cuda.embedding_scratch as embedding_scratch
 import memplan.estimator.cuda.op_scratch as op_scratch
 from memplan.estimator.api import estimate
 from memplan.estimator.cuda.cub_sort import radix_sort_temp_bytes
@@ -37,6 +38,36 @@ def test_beyond_3072_the_sort_then_the_two_pass_buffers():
     assert max(sum(p) for p in phases) == sum(phases[-1])
     few_rows = cuda_op_scratch(BACKWARD, _args(n, 500, dim), {}, H100)[-1]  # segments: min(indices, num_weights)
     assert few_rows[-1] == (n // 10 + 500) * dim * 4
+
+
+def test_unique_by_key_holds_the_unique_keys_it_is_not_asked_for():
+    n = 8192
+    phases = cuda_op_scratch(BACKWARD, _args(n, 50257, 768), {}, H100)
+    assert phases[1] == (n * 8, n * 8, n * 8, 8, n * 8, 1)  # sorted, orig, segment_offsets, count; keys, cub
+
+
+def test_few_rows_over_many_indices_take_the_fused_atomic_path():
+    """H200 (132 SMs) reading: 4096 indices into 64 rows of 256 hold partial_to_segment_idx (473 x 8 B) where the
+    two-pass path holds [473, 256] float32 partial sums; 400 rows (809 partials, not over 4 x 400 blocks) do not."""
+    h200 = CudaGpu(compute_capability=(9, 0), sm_count=132)
+    partials = 4096 // 10 + 64
+    fused = cuda_op_scratch(BACKWARD, _args(4096, 64, 256), {}, h200)[-1]
+    assert fused[-2:] == (partials * 8, partials * 8)  # partial_segment_offset, partial_to_segment_idx
+    two_pass = cuda_op_scratch(BACKWARD, _args(4096, 400, 256), {}, h200)[-1]
+    assert two_pass[-1] == (4096 // 10 + 400) * 256 * 4
+    bf16 = cuda_op_scratch(BACKWARD, _args(16384, 400, 256, torch.bfloat16), {}, h200)[-1]
+    assert bf16[-1] == 400 * 256 * 4  # the float32 gradient the atomics add into
+
+
+def test_deterministic_algorithms_and_older_torch_keep_the_two_pass_path(monkeypatch):
+    h200 = CudaGpu(compute_capability=(9, 0), sm_count=132)
+    per_segment = (16384 // 10 + 400) * 256 * 4
+    assert cuda_op_scratch(BACKWARD, _args(16384, 400, 256), {}, h200)[-1][-1] == (16384 // 10 + 400) * 8
+    for deterministic in (True, "warn"):  # deterministicAlgorithms() is on for warn_only too
+        last = cuda_op_scratch(BACKWARD, _args(16384, 400, 256), {}, h200, deterministic=deterministic)[-1]
+        assert last[-1] == per_segment
+    monkeypatch.setattr(embedding_scratch, "FUSED_FROM", (99, 0))  # a torch before the fused path
+    assert cuda_op_scratch(BACKWARD, _args(16384, 400, 256), {}, h200)[-1][-1] == per_segment
 
 
 def test_copies_of_a_non_contiguous_gradient_and_index_are_held_through_the_sort():

@@ -1,43 +1,64 @@
 """Temporaries of CUDA's embedding backward over more than 3072 indices (a rule for cuda/op_scratch.py: per phase, the
 bytes of each buffer held at once).
 
-From the source, not read on a GPU (the zoo's token models train at most 3072 tokens a step, which take the direct
-kernel: only the copies of a non-contiguous gradient or index, read on an H100). The H200's two GPT-2 small FSDP2 runs
-at 8 x 1024 tokens (benchmarks/results/memory_gaps_gpu.md) take this path but peak elsewhere: their estimates are the
-same with and without this rule (allocated +0.01 % fp32, +0.01 % bf16-mixed against the H200, emulated).
 aten/src/ATen/native/cuda/Embedding.cu `embedding_dense_backward_cuda`: up to 3072 indices (and no
 scale_grad_by_freq) a kernel adds into the zeroed gradient directly. Beyond, the indices are sorted with their
 positions: `sorted_indices` and `orig_indices` (empty_like the indices), an `arange` of the positions and cub's
 radix-sort storage over all the index's bits (`radix_sort_pairs(..., num_indices, false)`, the bit range left out;
 cuda/cub_sort.py) — the arange and cub's storage are freed when the sort returns. With scale_grad_by_freq a `count`
-buffer like the indices follows. Then EmbeddingBackwardKernel.cu `embedding_backward_cuda_kernel`, its two-pass
-path: beside the gradient (the op's output) `segment_offsets` (one per index), a 0-dim int64 segment count, cub's
-unique-by-key storage, `partials_per_segment` and `partials_per_segment_offset` (max_segments = min(indices,
-num_weights) each), a 0-dim partial-segment count, cub's exclusive-sum storage, `partial_segment_offset`
-(max_partial_segment = indices / 10 + max_segments) and `grad_weight_per_segment`, [max_partial_segment, dim] in the
-gradient's op-math type (float32 for float16 and bfloat16), all held until the kernel returns. cub's unique-by-key
-and scan storage (tile descriptors: a few hundred bytes at these sizes) are counted as one block each.
+buffer like the indices follows. Then EmbeddingBackwardKernel.cu `embedding_backward_cuda_kernel`: beside the
+gradient (the op's output, zeroed) `segment_offsets` (one per index) and a 0-dim int64 segment count; cub's
+unique-by-key, whose ATen wrapper (cuda/cub.cuh) allocates the unique keys it is not asked for (one per index) and
+cub's storage; `partials_per_segment` and `partials_per_segment_offset` (max_segments = min(indices, num_weights)
+each) with cub's exclusive-sum storage; a 0-dim partial-segment count and `partial_segment_offset`
+(max_partial_segment = indices / 10 + max_segments). Then one of two paths, all held until the kernel returns:
+- two-pass: `grad_weight_per_segment`, [max_partial_segment, dim] in the gradient's op-math type (float32 for float16
+  and bfloat16);
+- fused (torch >= 2.11, pytorch#172454): `partial_to_segment_idx` (one per partial segment) and, for 16-bit
+  gradients, a float32 zeroed copy of the whole gradient the atomics add into. Taken where the two-pass's
+  sum_and_scatter grid, ceil(max_segments x dim rounded up to the warp / block), is under 4 blocks per SM
+  (MAX_ATOMIC_ACCUM_BLOCKS_PER_SM) and max_partial_segment exceeds 4 times that grid, never under deterministic
+  algorithms (`deterministicAlgorithms()`: True and "warn" alike).
 
-Not modelled: newer torch's fused atomic path (taken when the segments are too few to fill the GPU, MAX_ATOMIC_ACCUM
-_BLOCKS_PER_SM = 4 blocks per SM, and not under deterministic algorithms), which holds a partial-to-segment index
-instead of `grad_weight_per_segment` (and, for 16-bit gradients, a float32 copy of the whole gradient).
+Read on an H200 (132 SMs, torch 2.11; benchmarks/results/gpu_rules.md and gpu_embedding_paths_h200.json): every
+buffer above, in this order, with its size, for 4,096-16,384 indices over 64-50,257 rows, both paths. cub's
+unique-by-key and scan storage (1,279 B there) are counted as one block each: both are freed before the last phase.
 """
 from __future__ import annotations
 
 import torch
 
+from memplan.compat.versions import version_tuple
 from memplan.estimator.cuda.cub_sort import radix_sort_temp_bytes
 
 DIRECT_KERNEL_INDICES = 3072
 """Embedding.cu: at most this many indices (without scale_grad_by_freq) take the direct kernel."""
+FUSED_FROM = (2, 11)
+"""The first torch with the fused atomic path (pytorch#172454, merged 2026-01-16; read on torch 2.11)."""
 _ROWS_PER_THREAD = 10  # EmbeddingBackwardKernel.cu NROWS_PER_THREAD
-_SMALL = 1  # a 0-dim count, or cub's storage for a scan / unique-by-key at these sizes: one block
+_ATOMIC_BLOCKS_PER_SM = 4  # MAX_ATOMIC_ACCUM_BLOCKS_PER_SM
+_WARP = 32
+_MAX_BLOCK = 1024
+_COUNT = 8  # a 0-dim int64 count
+_CUB_STORAGE = 1  # cub's storage for a unique-by-key or a scan at these sizes: one small block
 
 
-def embedding_backward_scratch(grad, indices, num_weights, padding_idx, scale_grad_by_freq, *, gpu):
-    """`embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq)` on `gpu`: first
-    `indices_.contiguous()` and `grad_.contiguous()` (copies where they are not; H100, lstm-b32: [32, 64, 128] fp32 +
-    [32, 64] int64 = 1,064,960 B), held until the op returns."""
+def _fused(segments: int, partials: int, dim: int, *, gpu, deterministic) -> bool:
+    """Whether torch takes the fused atomic path (EmbeddingBackwardKernel.cu `use_fused_kernel`)."""
+    if deterministic or version_tuple(torch.__version__) < FUSED_FROM:
+        return False
+    stride_warped = -(-dim // _WARP) * _WARP
+    block = min(stride_warped, _MAX_BLOCK)
+    grid = -(-segments * stride_warped // block)
+    return grid < gpu.sm_count * _ATOMIC_BLOCKS_PER_SM and partials > grid * 4
+
+
+def embedding_backward_scratch(grad, indices, num_weights, padding_idx, scale_grad_by_freq, *, gpu,
+                               deterministic=False):
+    """`embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq)` on `gpu`, with
+    deterministic algorithms as `deterministic` says: first `indices_.contiguous()` and `grad_.contiguous()` (copies
+    where they are not; H100, lstm-b32: [32, 64, 128] fp32 + [32, 64] int64 = 1,064,960 B), held until the op
+    returns."""
     n = indices.numel()
     copies = tuple(t.numel() * t.element_size() for t in (indices, grad) if not t.is_contiguous())
     if n == 0 or (n <= DIRECT_KERNEL_INDICES and not scale_grad_by_freq):
@@ -50,10 +71,16 @@ def embedding_backward_scratch(grad, indices, num_weights, padding_idx, scale_gr
     dim = grad.size(-1) if grad.dim() else 1
     segments = min(n, num_weights)
     partials = n // _ROWS_PER_THREAD + segments
-    math = 4 if grad.dtype in (torch.float16, torch.bfloat16) else grad.element_size()
-    held = (*sorted_pair, *count, n * index, _SMALL)  # + segment_offsets, the segment count
+    held = (*sorted_pair, *count, n * index, _COUNT)  # + segment_offsets, the segment count
     per_segment = (segments * index, segments * index)  # partials_per_segment, partials_per_segment_offset
+    offsets = (*held, *per_segment, _COUNT, partials * index)  # + the partial count, partial_segment_offset
+    if _fused(segments, partials, dim, gpu=gpu, deterministic=deterministic):
+        wide = (num_weights * dim * 4,) if grad.dtype in (torch.float16, torch.bfloat16) else ()
+        last = (*offsets, partials * index, *wide)  # partial_to_segment_idx (+ a float32 gradient)
+    else:
+        math = 4 if grad.dtype in (torch.float16, torch.bfloat16) else grad.element_size()
+        last = (*offsets, partials * dim * math)  # grad_weight_per_segment
     return (sort,
-            (*held, _SMALL),  # cub's unique-by-key storage
-            (*held, *per_segment, _SMALL),  # cub's exclusive-sum storage
-            (*held, *per_segment, _SMALL, partials * index, partials * dim * math))  # the two-pass buffers
+            (*held, n * index, _CUB_STORAGE),  # unique-by-key: its unused keys, cub's storage
+            (*held, *per_segment, _CUB_STORAGE),  # cub's exclusive-sum storage
+            last)

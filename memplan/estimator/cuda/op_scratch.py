@@ -220,5 +220,6 @@ _BY_GPU = frozenset({aten._scaled_dot_product_flash_attention_backward.default, 
                      aten._index_put_impl_.default})
 """Rules that take the GPU (keyword `gpu`)."""
 BY_DETERMINISM = frozenset({aten._scaled_dot_product_flash_attention_backward.default, aten.index_put.default,
-                            aten.index_put_.default, aten._index_put_impl_.default})
+                            aten.index_put_.default, aten._index_put_impl_.default,
+                            aten.embedding_dense_backward.default})
 """Rules that take the trace's deterministic-algorithms setting (keyword `deterministic`)."""
