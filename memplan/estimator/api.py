@@ -325,7 +325,9 @@ class _Trace:
         peak = self.tracker.peak
         by = peak.by_category
         peak_reserved = self.memory.peak_reserved_bytes
-        context = self.overheads.step_context_bytes(cudnn=self.tracker.workspaces.cudnn_used) if self.overheads else 0
+        used = self.tracker.workspaces
+        context = (self.overheads.step_context_bytes(cudnn=used.cudnn_used, attention_16bit=used.attention_16bit)
+                   if self.overheads else 0)
         communication = 0
         if self.strategy in ("ddp", "fsdp") and self.target.is_cuda:
             from memplan.estimator.cuda.overheads import nccl_buffer_bytes

@@ -27,12 +27,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 from memplan.compat.torch import (
     FakeTensor,
     TorchDispatchMode,
-    current_autograd_node,
     disable_current_modes,
     local_tensor,
     tree_flatten,
 )
-from memplan.estimator.accumulation import accumulation_inputs
+from memplan.estimator.accumulation import RunningNode, accumulation_inputs
 from memplan.estimator.allocator import ZERO_HANDLE
 from memplan.estimator.cuda.op_scratch import BY_DETERMINISM, GENERIC_GPU, cuda_op_scratch
 from memplan.estimator.determinism import Deterministic
@@ -77,7 +76,8 @@ class _Record:
     phase: Phase
     live: bool = True
     node: int | None = None
-    """id() of the autograd node whose backward made the storage (None outside backward)."""
+    """The number of the autograd node whose backward made the storage (accumulation.RunningNode; None outside
+    backward)."""
     storage_bytes: int = -1
     """The storage's own size when last counted: a sighting at another size means it was resized in place."""
 
@@ -105,6 +105,7 @@ class StorageTracker(TorchDispatchMode):
         self.kernel_probe = KernelScratchProbe()
         """oneDNN convolution and LSTM scratch, measured per shape on this host (CPU targets only)."""
         self.phase = Phase.SETUP
+        self._running_node = RunningNode()
         self._records: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._by_category = {c: 0 for c in Category}
         self._active = True
@@ -145,9 +146,9 @@ class StorageTracker(TorchDispatchMode):
                 self._recount(record, storage.nbytes())
             return
         handle = self.memory.malloc(storage.nbytes(), self._stream())
-        node = current_autograd_node() if self.phase is Phase.BACKWARD else None
-        record = _Record(handle, self.memory.block_bytes(handle), category, self.phase,
-                         node=None if node is None else id(node), storage_bytes=storage.nbytes())
+        node = self._running_node.current() if self.phase is Phase.BACKWARD else None
+        record = _Record(handle, self.memory.block_bytes(handle), category, self.phase, node=node,
+                         storage_bytes=storage.nbytes())
         self._records[storage] = record
         weakref.finalize(storage, self._on_free, record)
         self._by_category[category] += record.nbytes
@@ -306,7 +307,9 @@ class StorageTracker(TorchDispatchMode):
             out = with_rnn_workspace(func, args, out)
             if self.cpu_kernels and func in CPU_LAYOUT_OPS:
                 out = cpu_output_layout(func, args, out)
-        accumulation = accumulation_inputs(self._records, self.phase is Phase.BACKWARD, func, args, kwargs, out)
+        backward = self.phase is Phase.BACKWARD  # (the last node of a backward is released at the next op)
+        node = self._running_node.current() if backward else self._running_node.release()
+        accumulation = accumulation_inputs(self._records, node, backward, func, args, kwargs, out)
         if accumulation:
             self._defer_peak = True
             for r in accumulation:  # the real add writes into that input's block: the sum takes it (settled below)

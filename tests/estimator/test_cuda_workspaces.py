@@ -89,6 +89,37 @@ def test_a_step_that_runs_cudnn_adds_its_handle_to_the_hopper_context():
     assert conv.device_total == conv.peak_reserved + conv.cuda_context
 
 
+class Attention(nn.Module):
+    """One self-attention through SDPA: flash in 16 bits, memory-efficient in fp32 (as the emulated GPU picks)."""
+
+    def __init__(self, masked: bool = False) -> None:
+        super().__init__()
+        self.qkv, self.masked = nn.Linear(64, 3 * 64), masked
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 16, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        mask = torch.zeros(16, 16, device=x.device, dtype=q.dtype) if self.masked else None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not self.masked)
+
+
+def test_a_step_that_runs_16_bit_fused_attention_loads_its_kernels_into_the_hopper_context():
+    """Measured on the H200 (benchmarks/gpu_context_ops.py): +16 MiB at a 16-bit flash SDPA, +18 MiB at a 16-bit
+    memory-efficient one, 2 MiB (within the base) in fp32; every 16-bit transformer step of the zoo read 758 MiB."""
+    tokens = torch.randn(2, 16, 64)
+
+    def context(precision: str, masked: bool = False) -> int:
+        return estimate(lambda: Attention(masked), tokens, loss=lambda m, b: m(b).float().sum(), optimizer="sgd",
+                        precision=precision, device="H200").cuda_context
+
+    base = context("32-true")
+    assert 740 * MiB <= base <= 742 * MiB
+    assert context("bf16-mixed") == context("16-mixed") == context("bf16-true") == base + 16 * MiB  # flash
+    assert context("bf16-mixed", masked=True) == base + 16 * MiB  # memory-efficient
+    assert estimate(lambda: mlp(), BATCH, loss=ce, precision="bf16-mixed", device="H200").cuda_context == base
+    both = cuda_overheads((9, 0)).step_context_bytes(cudnn=False, attention_16bit={"flash", "efficient"})
+    assert both == base + 32 * MiB  # each family once (the two together: unmeasured)
+
+
 def test_hopper_eager_context_is_at_least_the_measured_bare_one():
     eager = cuda_overheads((9, 0), env={"CUDA_MODULE_LOADING": "EAGER"})
     assert 1_310_720_000 <= eager.context_bytes < 1536 * MiB  # 1250 MiB measured bare, below the old 1.5 GiB guess

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from memplan.units import KiB, MiB
@@ -43,6 +43,13 @@ _CONTEXT_LAZY_BYTES = {7: 512 * MiB, 8: 640 * MiB, 9: 768 * MiB}  # by compute-c
 # convolution in the probe, 758 MiB in every zoo step with one (CNNs, ResNet-18, MLP-Mixer's patch conv).
 _CONTEXT_LAZY_MEASURED_BYTES = {9: 742 * MiB}  # sm90 only; sm100+ keeps the assumed figure above
 _CUDNN_CONTEXT_BYTES = {9: 18 * MiB}  # by compute-capability major; 0 (unmeasured) elsewhere
+# A step whose attention runs SDPA's flash or memory-efficient kernels in 16 bits loads their kernel images: on the
+# same H200 (benchmarks/gpu_context_ops.py; benchmarks/results/gpu_context_ops*_h200.json), NVML's process bytes less
+# torch's reserved grew by 16 MiB at a bf16 or fp16 flash forward + backward, 18 MiB at a 16-bit memory-efficient
+# one (a masked SDPA), 2 MiB at fp32's memory-efficient or a 16-bit math SDPA (within the 742 MiB above); every
+# 16-bit transformer step of the zoo (GPT-2, BERT, Llama, BART, T5; 16-mixed, bf16-mixed, bf16-true) read 758 MiB.
+# Counted once per kernel family a step runs in 16 bits (flash and memory-efficient together: unmeasured).
+_ATTENTION_16BIT_CONTEXT_BYTES = {9: 16 * MiB}
 # CUDA_MODULE_LOADING=EAGER loads every kernel of every library at init: 666,632,192 B
 # (pytorch/pytorch#86509, CUDA 11.7), ">1000MB" (pytorch/pytorch#107667). Range 0.65..1.5 GB.
 _CONTEXT_EAGER_BYTES = 1536 * MiB
@@ -79,6 +86,8 @@ class CudaOverheads:
     TORCH_CUBLASLT_UNIFIED_WORKSPACE=1 unifies it with cuBLAS's."""
     cudnn_context_bytes: int = 0
     """cuDNN's handle and kernels, loaded into the context by a step's first cuDNN op (convolution)."""
+    attention_context_bytes: int = 0
+    """A fused attention kernel family's 16-bit kernels (flash, memory-efficient), loaded by its first call."""
     cublas_workspaces: int = 2
     """(handle, stream) pairs a step uses: the Python thread (forward, optimizer) and the
     autograd engine's device thread (backward); cuBLAS handles are per thread."""
@@ -87,7 +96,7 @@ class CudaOverheads:
 
     def __post_init__(self) -> None:
         for name in ("context_bytes", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
-                     "cudnn_context_bytes", "cublas_workspaces"):
+                     "cudnn_context_bytes", "attention_context_bytes", "cublas_workspaces"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"CudaOverheads.{name} must be a non-negative int; got {value!r}")
@@ -108,9 +117,11 @@ class CudaOverheads:
 
         return LibraryWorkspaces(self.cublas_workspace_bytes, self.cublaslt_workspace_bytes, conv, rnn)
 
-    def step_context_bytes(self, *, cudnn: bool) -> int:
-        """The context outside the allocator for a step that did (or did not) run cuDNN."""
-        return self.context_bytes + (self.cudnn_context_bytes if cudnn else 0)
+    def step_context_bytes(self, *, cudnn: bool, attention_16bit: Collection[str] = ()) -> int:
+        """The context outside the allocator for a step that did (or did not) run cuDNN, and ran these fused
+        attention kernel families in 16 bits."""
+        return (self.context_bytes + (self.cudnn_context_bytes if cudnn else 0)
+                + self.attention_context_bytes * len(attention_16bit))
 
 
 def _check_cc(compute_capability: tuple[int, int]) -> tuple[int, int]:
@@ -140,6 +151,7 @@ def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] =
     notes = []
     loading = env.get("CUDA_MODULE_LOADING", "LAZY").upper()
     cudnn = _CUDNN_CONTEXT_BYTES.get(major, 0)
+    attention = _ATTENTION_16BIT_CONTEXT_BYTES.get(major, 0)
     if loading == "EAGER":
         context = _CONTEXT_EAGER_BYTES_BY_MAJOR.get(major, _CONTEXT_EAGER_BYTES)
         notes.append("CUDA_MODULE_LOADING=EAGER: every kernel image is loaded at init "
@@ -148,8 +160,9 @@ def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] =
     elif major in _CONTEXT_LAZY_MEASURED_BYTES:
         context = _CONTEXT_LAZY_MEASURED_BYTES[major]
         notes.append(f"CUDA context for sm{major}{minor} with lazy module loading: {context // MiB} MiB, "
-                     f"+{cudnn // MiB} MiB when the step runs cuDNN, as measured on an H200 (driver 580, torch 2.11 "
-                     "+ CUDA 13.0); `memplan validate` on this GPU measures it for this machine")
+                     f"+{cudnn // MiB} MiB when the step runs cuDNN, +{attention // MiB} MiB per fused attention "
+                     "kernel family (flash, memory-efficient) it runs in 16 bits, as measured on an H200 (driver 580, "
+                     "torch 2.11 + CUDA 13.0); `memplan validate` on this GPU measures it for this machine")
     else:
         context = _CONTEXT_LAZY_BYTES[min(max(major, 7), 9)]
         notes.append(f"CUDA context for sm{major}{minor} with lazy module loading: {context // MiB} MiB assumed, "
@@ -157,7 +170,7 @@ def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] =
                      "kernels loaded during a step, set high on purpose); `memplan validate` on this GPU measures it")
     calibrated = _calibrated_context((major, minor), env)
     if calibrated is not None:  # measured on this machine by a step (with or without cuDNN): used as it is
-        context, cudnn = calibrated[0], 0
+        context, cudnn, attention = calibrated[0], 0, 0
         notes[-1] = calibrated[1]
     cublas = cublas_workspace_bytes((major, minor), env)
     if "CUBLAS_WORKSPACE_CONFIG" in env:
@@ -172,7 +185,7 @@ def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] =
                  "stream), taken at the thread's first matmul (forward thread, autograd backward thread)"
                  + (f", and {lt // KiB} KiB more at its first cuBLASLt call (addmm with a bias)" if lt else ""))
     return CudaOverheads(context_bytes=context, cublas_workspace_bytes=cublas, cublaslt_workspace_bytes=lt,
-                         cudnn_context_bytes=cudnn, notes=tuple(notes))
+                         cudnn_context_bytes=cudnn, attention_context_bytes=attention, notes=tuple(notes))
 
 
 def _calibrated_context(compute_capability: tuple[int, int], env: Mapping[str, str]) -> tuple[int, str] | None:

@@ -33,6 +33,18 @@ CUDNN_OPS = frozenset({
     aten._cudnn_rnn.default,
 })
 """Ops that run cuDNN on CUDA (convolutions, cuDNN batch norm and RNNs): the first loads its handle."""
+ATTENTION_KERNELS = {
+    aten._scaled_dot_product_flash_attention.default: "flash",
+    aten._scaled_dot_product_flash_attention_backward.default: "flash",
+    aten._flash_attention_forward.default: "flash",
+    aten._flash_attention_backward.default: "flash",
+    aten._scaled_dot_product_efficient_attention.default: "efficient",
+    aten._scaled_dot_product_efficient_attention_backward.default: "efficient",
+    aten._efficient_attention_forward.default: "efficient",
+    aten._efficient_attention_backward.default: "efficient",
+}
+"""SDPA's fused kernels by family: in 16 bits each family's first call loads its kernel images into the context."""
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def takes_cublaslt(func, args, kwargs) -> bool:
@@ -60,6 +72,9 @@ class LibraryWorkspaces:
         self._taken: set[tuple[str, bool, int]] = set()
         self.cudnn_used = False
         """Whether the step ran a cuDNN op (its handle and kernels then sit in the context, outside the allocator)."""
+        self.attention_16bit: set[str] = set()
+        """The fused attention kernel families ("flash", "efficient") the step ran in 16 bits (their kernel images
+        then sit in the context)."""
         self.conv = conv
         """A cuda.conv_workspace.ConvWorkspaces: each convolution's cuDNN workspace, held while it runs (None: none)."""
         self.rnn = rnn
@@ -79,6 +94,9 @@ class LibraryWorkspaces:
         """Bytes of each workspace `func` allocates on first use, in order ([] for most ops)."""
         if func not in CUBLAS_OPS:
             self.cudnn_used = self.cudnn_used or func in CUDNN_OPS
+            family = ATTENTION_KERNELS.get(func)
+            if family and args and isinstance(args[0], torch.Tensor) and args[0].dtype in _HALF:
+                self.attention_16bit.add(family)
             return []
         out = []
         for library, nbytes, used in (("cublas", self.cublas_bytes, True),
