@@ -6,8 +6,9 @@ embedding_scratch.py) within 14 B for 50257 and 32000 rows, but showed one more 
 rows. This reads every block the op asks for, in order, with the C++ function that asked, over a grid of rows
 around the index count. It showed that block to be the op's output (the harness had taken it for a temporary: its
 address had been freed earlier) and the fused atomic path taken for few rows; the result is
-benchmarks/results/gpu_rules_raw/embedding_paths_h200.json (the op's output is dropped at once here, so every
-block reads as freed).
+benchmarks/results/gpu_rules_raw/embedding_paths_h200.json (recorded with a `kept` field, now dropped: it took
+an address freed anywhere for a freed block, the fault benchmarks.gpu_rules had; the op's output is dropped at once
+here in any case).
 
     python -m benchmarks.gpu_embedding_paths OUT.json        (on a CUDA machine; about a minute)
 """
@@ -41,9 +42,7 @@ def read(tokens: int, rows: int, dim: int, dtype: str) -> dict:
         events = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    freed = {e["addr"] for e in events if e["action"] == "free_requested"}
-    blocks = [{"size": e["size"], "kept": e["addr"] not in freed, "frames": _frames(e)}
-              for e in events if e["action"] == "alloc"]
+    blocks = [{"size": e["size"], "frames": _frames(e)} for e in events if e["action"] == "alloc"]
     return {"tokens": tokens, "rows": rows, "dim": dim, "dtype": dtype, "before": before,
             "after": torch.cuda.memory_allocated(), "blocks": blocks}
 
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(result, f, indent=1)
         row = result["rows"][-1] if result["rows"] and result["rows"][-1]["rows"] == spec[1] else None
         if row:
-            print(spec, [(b["size"], "kept" if b["kept"] else "", b["frames"][:2]) for b in row["blocks"]], flush=True)
+            print(spec, [(b["size"], b["frames"][:2]) for b in row["blocks"]], flush=True)
     return 0
 
 

@@ -224,12 +224,13 @@ def _embedding_case(spec, gpu) -> list[dict]:
     out = F.embedding(torch.randint(0, rows, (tokens,), device="cuda"), weight)
     grad = torch.randn_like(out)
     mode = _reading_mode(True, gpu)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(deterministic)
     try:
         with mode:
             out.backward(grad)
     finally:
-        torch.use_deterministic_algorithms(False)
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     return [dict(row, case=f"embedding backward {tokens} tokens {rows}x{dim} {dtype} deterministic={deterministic}",
                  path="sort, then two-pass or fused") for row in mode.rows]
 

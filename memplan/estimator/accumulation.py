@@ -28,8 +28,13 @@ class RunningNode:
     may sit at a new address (torch 2.11 on a ResNet's residual gradients: no accumulation was recognised, the
     caching allocator model reserved 38 MiB less on an H200 than torch 2.13's trace and the GPU) or a dead node's
     address may be taken by another. Holding the wrapper of the node running now makes the node return that same
-    object on every call, and no other node can; `release` drops it (the tracker, at the first op after a
-    backward), so the trace keeps no node, nor what a custom Function's ctx holds, alive past its backward."""
+    object on every call, and no other node can. The wrapper is dropped as soon as no node runs (the engine's
+    gradient sums run under their node, so nothing that needs it is lost), at the first op outside a backward
+    and when the trace stops: the trace keeps no node, nor what a custom Function's ctx holds, alive past it.
+
+    The number belongs to a run of a node: a node that runs again after another (a reentrant checkpoint's nested
+    backward returning to it) gets a new one, and its earlier gradients no longer count as made by the running
+    node (the add is then counted out of place, as it runs under a dispatch mode: an overestimate)."""
 
     def __init__(self) -> None:
         self._node: object | None = None
@@ -38,13 +43,14 @@ class RunningNode:
     def current(self) -> int | None:
         node = current_autograd_node()
         if node is None:
+            self._node = None
             return None
         if node is not self._node:
             self._node, self._number = node, self._number + 1
         return self._number
 
     def release(self) -> None:
-        """Drop the node held (returns None, the number outside a node)."""
+        """Drop the node held."""
         self._node = None
 
 

@@ -82,6 +82,6 @@ def deterministic_notes(deterministic: Deterministic, counted: Mapping[str, int]
         said = f"deterministic algorithms ({how}): the deterministic path counted for {ops}"
     else:
         said = (f"deterministic algorithms ({how}): no op of this step takes a deterministic path memplan models "
-                "with other memory (flash attention's backward, index_put)")
+                "with other memory (flash attention's backward, index_put, embedding's backward)")
     return (said + ("; cuBLAS's workspace as Lightning sets it for them (CUBLAS_WORKSPACE_CONFIG=:4096:8)"
                     if lightning else ""),)

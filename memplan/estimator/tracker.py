@@ -286,6 +286,7 @@ class StorageTracker(TorchDispatchMode):
         """Stop counting: finalizers that run later (garbage collected fakes) are ignored."""
         self._settle_accumulation()
         self._active = False
+        self._running_node.release()
 
     # --- dispatch ----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -307,8 +308,10 @@ class StorageTracker(TorchDispatchMode):
             out = with_rnn_workspace(func, args, out)
             if self.cpu_kernels and func in CPU_LAYOUT_OPS:
                 out = cpu_output_layout(func, args, out)
-        backward = self.phase is Phase.BACKWARD  # (the last node of a backward is released at the next op)
-        node = self._running_node.current() if backward else self._running_node.release()
+        backward = self.phase is Phase.BACKWARD
+        if not backward:
+            self._running_node.release()
+        node = self._running_node.current() if backward else None
         accumulation = accumulation_inputs(self._records, node, backward, func, args, kwargs, out)
         if accumulation:
             self._defer_peak = True

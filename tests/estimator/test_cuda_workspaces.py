@@ -104,7 +104,8 @@ class Attention(nn.Module):
 
 def test_a_step_that_runs_16_bit_fused_attention_loads_its_kernels_into_the_hopper_context():
     """Measured on the H200 (benchmarks/gpu_context_ops.py): +16 MiB at a 16-bit flash SDPA, +18 MiB at a 16-bit
-    memory-efficient one, 2 MiB (within the base) in fp32; every 16-bit transformer step of the zoo read 758 MiB."""
+    memory-efficient one, 2 MiB (within the base) in fp32; every 16-bit transformer step of the zoo read 758 MiB,
+    a 16-bit ViT (cuDNN too) as much as a CNN."""
     tokens = torch.randn(2, 16, 64)
 
     def context(precision: str, masked: bool = False) -> int:
@@ -116,8 +117,19 @@ def test_a_step_that_runs_16_bit_fused_attention_loads_its_kernels_into_the_hopp
     assert context("bf16-mixed") == context("16-mixed") == context("bf16-true") == base + 16 * MiB  # flash
     assert context("bf16-mixed", masked=True) == base + 16 * MiB  # memory-efficient
     assert estimate(lambda: mlp(), BATCH, loss=ce, precision="bf16-mixed", device="H200").cuda_context == base
-    both = cuda_overheads((9, 0)).step_context_bytes(cudnn=False, attention_16bit={"flash", "efficient"})
-    assert both == base + 32 * MiB  # each family once (the two together: unmeasured)
+    from memplan.estimator.cuda.workspaces import LibraryWorkspaces
+
+    seen = LibraryWorkspaces(0, 0)
+    q = torch.empty(2, 4, 16, 16, dtype=torch.bfloat16, device="meta")
+    seen.due(torch.ops.aten._scaled_dot_product_efficient_attention.default, (q, q, q, None, True), {},
+             backward=False, stream=0)
+    seen.due(torch.ops.aten._scaled_dot_product_flash_attention.default, (q.float(), q, q), {}, backward=False,
+             stream=0)  # an fp32 query: no 16-bit kernels
+    assert seen.attention_16bit == {"efficient"}
+    hopper = cuda_overheads((9, 0))
+    assert hopper.step_context_bytes(cudnn=False, attention_16bit={"flash", "efficient"}) == base + 16 * MiB
+    # a 16-bit ViT (cuDNN for its patch convolution, flash attention) read 758 MiB, as a CNN: cuDNN's 18 MiB only
+    assert hopper.step_context_bytes(cudnn=True, attention_16bit={"flash"}) == hopper.step_context_bytes(cudnn=True)
 
 
 def test_hopper_eager_context_is_at_least_the_measured_bare_one():

@@ -82,12 +82,38 @@ def test_the_engines_gradient_sums_are_recognised_however_torch_wraps_autograd_n
     assert _accumulations_recognised(monkeypatch) == stable  # id() of the wrappers found none
 
 
-def test_one_node_keeps_its_number_while_it_runs_and_the_next_gets_another(monkeypatch):
-    answers = iter([None, "a", "a", "b", None])
-    kept = {"a": object(), "b": object()}
-    monkeypatch.setattr(accumulation, "current_autograd_node", lambda: kept.get(next(answers)))
+def test_one_node_keeps_its_number_while_it_runs_and_none_is_held_outside_a_node(monkeypatch):
+    a, b = object(), object()
+    answers = iter([None, a, a, b, None, b])
+    monkeypatch.setattr(accumulation, "current_autograd_node", lambda: next(answers))
     running = RunningNode()
-    numbers = [running.current() for _ in range(5)]
+    numbers = [running.current() for _ in range(6)]
     assert numbers[0] is None and numbers[4] is None
     assert numbers[1] == numbers[2] != numbers[3]
-    assert running.release() is None
+    assert numbers[5] != numbers[3]  # released outside a node: the wrapper is not kept, a later run is new
+
+
+def test_what_a_custom_functions_ctx_holds_is_not_kept_past_its_backward():
+    """The tracker holds the running node's wrapper; a node whose ctx holds a tensor must not outlive the backward
+    in the trace because of it (the wrapper is dropped once no node runs)."""
+    freed = []
+
+    class Holds(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.big = torch.empty(1 << 16)
+            weakref.finalize(ctx.big, freed.append, "ctx.big")
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    running = RunningNode()
+    x = torch.randn(4, requires_grad=True)
+    y = Holds.apply(x)
+    y.register_hook(lambda g: running.current() and None)  # inside y's node: hold its wrapper
+    y.sum().backward()
+    del y
+    running.current()  # no node runs now
+    assert freed == ["ctx.big"]

@@ -44,11 +44,12 @@ _CONTEXT_LAZY_BYTES = {7: 512 * MiB, 8: 640 * MiB, 9: 768 * MiB}  # by compute-c
 _CONTEXT_LAZY_MEASURED_BYTES = {9: 742 * MiB}  # sm90 only; sm100+ keeps the assumed figure above
 _CUDNN_CONTEXT_BYTES = {9: 18 * MiB}  # by compute-capability major; 0 (unmeasured) elsewhere
 # A step whose attention runs SDPA's flash or memory-efficient kernels in 16 bits loads their kernel images: on the
-# same H200 (benchmarks/gpu_context_ops.py; benchmarks/results/gpu_context_ops*_h200.json), NVML's process bytes less
-# torch's reserved grew by 16 MiB at a bf16 or fp16 flash forward + backward, 18 MiB at a 16-bit memory-efficient
-# one (a masked SDPA), 2 MiB at fp32's memory-efficient or a 16-bit math SDPA (within the 742 MiB above); every
-# 16-bit transformer step of the zoo (GPT-2, BERT, Llama, BART, T5; 16-mixed, bf16-mixed, bf16-true) read 758 MiB.
-# Counted once per kernel family a step runs in 16 bits (flash and memory-efficient together: unmeasured).
+# same H200 (benchmarks/gpu_context_ops.py; benchmarks/results/gpu_context_ops*_h200.json), NVML's process bytes
+# less torch's reserved grew by 16 MiB at a bf16 or fp16 flash forward + backward, 18 MiB at a 16-bit
+# memory-efficient one (a masked SDPA), 2 MiB at fp32's memory-efficient or a 16-bit math SDPA (within the 742 MiB
+# above); every 16-bit transformer step of the zoo (GPT-2, BERT, Llama, BART, T5; 16-mixed, bf16-mixed, bf16-true)
+# read 758 MiB. The growths do not add up: a 16-bit ViT (cuDNN for its patch convolution and 16-bit flash
+# attention) read 758 MiB too, as a CNN does. So a step's context is the base plus the larger of the two.
 _ATTENTION_16BIT_CONTEXT_BYTES = {9: 16 * MiB}
 # CUDA_MODULE_LOADING=EAGER loads every kernel of every library at init: 666,632,192 B
 # (pytorch/pytorch#86509, CUDA 11.7), ">1000MB" (pytorch/pytorch#107667). Range 0.65..1.5 GB.
@@ -87,7 +88,8 @@ class CudaOverheads:
     cudnn_context_bytes: int = 0
     """cuDNN's handle and kernels, loaded into the context by a step's first cuDNN op (convolution)."""
     attention_context_bytes: int = 0
-    """A fused attention kernel family's 16-bit kernels (flash, memory-efficient), loaded by its first call."""
+    """Fused attention's 16-bit kernels (flash, memory-efficient), loaded by the first call (not on top of cuDNN's:
+    step_context_bytes)."""
     cublas_workspaces: int = 2
     """(handle, stream) pairs a step uses: the Python thread (forward, optimizer) and the
     autograd engine's device thread (backward); cuBLAS handles are per thread."""
@@ -119,9 +121,10 @@ class CudaOverheads:
 
     def step_context_bytes(self, *, cudnn: bool, attention_16bit: Collection[str] = ()) -> int:
         """The context outside the allocator for a step that did (or did not) run cuDNN, and ran these fused
-        attention kernel families in 16 bits."""
-        return (self.context_bytes + (self.cudnn_context_bytes if cudnn else 0)
-                + self.attention_context_bytes * len(attention_16bit))
+        attention kernel families in 16 bits: the base and the larger of what each loads (measured on the H200:
+        cuDNN and 16-bit flash in one step grew the context as much as cuDNN alone)."""
+        return self.context_bytes + max(self.cudnn_context_bytes if cudnn else 0,
+                                        self.attention_context_bytes if attention_16bit else 0)
 
 
 def _check_cc(compute_capability: tuple[int, int]) -> tuple[int, int]:
@@ -152,17 +155,17 @@ def cuda_overheads(compute_capability: tuple[int, int], env: Mapping[str, str] =
     loading = env.get("CUDA_MODULE_LOADING", "LAZY").upper()
     cudnn = _CUDNN_CONTEXT_BYTES.get(major, 0)
     attention = _ATTENTION_16BIT_CONTEXT_BYTES.get(major, 0)
-    if loading == "EAGER":
-        context = _CONTEXT_EAGER_BYTES_BY_MAJOR.get(major, _CONTEXT_EAGER_BYTES)
+    if loading == "EAGER":  # fused attention's kernels are libtorch_cuda's, loaded at init (cuDNN opens at first use)
+        context, attention = _CONTEXT_EAGER_BYTES_BY_MAJOR.get(major, _CONTEXT_EAGER_BYTES), 0
         notes.append("CUDA_MODULE_LOADING=EAGER: every kernel image is loaded at init "
                      + (f"({context // MiB} MiB measured on an H200, torch 2.11 + CUDA 13.0)" if major in
                         _CONTEXT_EAGER_BYTES_BY_MAJOR else "(0.65-1.5 GB reported); 1.5 GiB assumed"))
     elif major in _CONTEXT_LAZY_MEASURED_BYTES:
         context = _CONTEXT_LAZY_MEASURED_BYTES[major]
         notes.append(f"CUDA context for sm{major}{minor} with lazy module loading: {context // MiB} MiB, "
-                     f"+{cudnn // MiB} MiB when the step runs cuDNN, +{attention // MiB} MiB per fused attention "
-                     "kernel family (flash, memory-efficient) it runs in 16 bits, as measured on an H200 (driver 580, "
-                     "torch 2.11 + CUDA 13.0); `memplan validate` on this GPU measures it for this machine")
+                     f"+{cudnn // MiB} MiB when the step runs cuDNN, else +{attention // MiB} MiB when it runs fused "
+                     "attention (flash, memory-efficient) in 16 bits, as measured on an H200 (driver 580, torch 2.11 "
+                     "+ CUDA 13.0); `memplan validate` on this GPU measures it for this machine")
     else:
         context = _CONTEXT_LAZY_BYTES[min(max(major, 7), 9)]
         notes.append(f"CUDA context for sm{major}{minor} with lazy module loading: {context // MiB} MiB assumed, "
@@ -203,7 +206,8 @@ def _calibrated_context(compute_capability: tuple[int, int], env: Mapping[str, s
     calibration, path = found
     return calibration.context_bytes, (
         f"CUDA context {calibration.context_bytes / MiB:.0f} MiB measured by memplan validate on "
-        f"{calibration.key.as_str()} ({path})")
+        f"{calibration.key.as_str()} ({path}), used as it is: the kernels its own steps loaded are in it, "
+        "others this step loads (cuDNN, 16-bit fused attention: up to 18 MiB on an H200) are not")
 
 
 # NVIDIA/nccl src/init.cc: DEFAULT_BUFFSIZE (1 << 22) /* 4MiB */ for the Simple protocol;
