@@ -89,8 +89,8 @@ _SELECTION_COPIES = frozenset({torch.ops.aten.kthvalue.default})
 _MASKED_SCATTER_BACKWARD = torch.ops.aten.masked_scatter_backward.default
 """masked_scatter's backward (one op to the trace) selects the gradient under the mask, makes zeros for the rest and
 concatenates both: the selection and the zeros, one element each of its output, sit beside the output (-20.8 % on
-a model whose peak it is, tests/estimator/test_probed_kernel_scratch.py). Zero inputs select nothing and zero-fill all: the same bytes as any mask but an all-True
-one, which needs no zeros and no copy."""
+a model whose peak it is, tests/estimator/test_probed_kernel_scratch.py). Zero inputs select nothing and zero-fill
+all: the same bytes as any mask but an all-True one, which needs no zeros and no copy."""
 _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
