@@ -285,6 +285,30 @@ def gpu_fidelity_h100() -> tuple[str, ...]:
               for f in (pct(summary[key]["median_abs"], 2), signed_pct(summary[key]["worst"]))))
 
 
+def accuracy_gpu_h200_s13() -> tuple[str, ...]:
+    from benchmarks.accuracy_gpu import extra_cases
+
+    report = results("accuracy_gpu_h200-s13")
+    env, s, rows = report["environment"], report["summary"], report["rows"]
+    measured = [r for r in rows if "error" not in r["truth"] and "error" not in r["emulated"]]
+    figures = []
+    for key in ("emulated_err_allocated", "emulated_err_reserved", "emulated_err_nvml"):
+        worst = _worst(measured, key)
+        figures += [pct(s[key]["median_abs"], 2), signed_pct(worst[key]), worst["case"]]
+    zoo, extra = _zoo_cases(), extra_cases()
+    return (env["gpu"]["name"], env["driver"], env["torch"], str(sum(r["case"] in zoo for r in rows)),
+            str(sum(r["case"] in extra for r in rows)), str(len(measured)), env["memplan_commit"][:7], *figures)
+
+
+def gpu_fidelity_h200_s13() -> tuple[str, ...]:
+    report = results("gpu_fidelity_h200-s13")
+    assert report["campaign"]["gpu"] == "H200"
+    summary = report["summary"]["now_on_recorded"]
+    return (str(summary["allocated"]["n"]),
+            *(f for key in ("allocated", "reserved", "nvml")
+              for f in (pct(summary[key]["median_abs"], 2), signed_pct(summary[key]["worst"]))))
+
+
 def step_time_gpu_h100() -> tuple[str, ...]:
     report = results("step_time_gpu_h100")
     rows = [r for r in report["rows"] if "error" in r]

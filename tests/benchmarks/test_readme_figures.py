@@ -111,6 +111,17 @@ CLAIMS = [
           (r"(?s)estimates of the same cases for the catalog's H100 \(`benchmarks/results/gpu_fidelity_h100\.md`, "
            r"n=(\d+)\): `peak_allocated` median \|error\| NUM %, worst NUM %; `peak_reserved` median NUM %, worst "
            r"NUM %; `device_total` median NUM %, worst NUM %").replace(" ", r"\s+"), figures.gpu_fidelity_h100),
+    Claim("accuracy_gpu_h200_s13",  # any space may be a line break, but in the GPU's name
+          (r"(?s)Third run, on one ([\w.-]+(?: [\w.-]+)*) again \(driver ([\d.]+), torch ([\w.+]+), "
+           r"`benchmarks/results/accuracy_gpu_h200-s13\.md`\): all (\d+) zoo cases and the (\d+) extra variants, (\d+) "
+           r"cases, every estimate by memplan ([0-9a-f]{7})\. Emulated: `peak_allocated` median \|error\| NUM %, worst "
+           r"NUM % \(`([\w.-]+)`\); `peak_reserved` median NUM %, worst NUM % \(`([\w.-]+)`\); `device_total` median "
+           r"NUM %, worst NUM % \(`([\w.-]+)`\)").replace(" ", r"\s+")
+          .replace(r"[\w.-]+(?:\s+[\w.-]+)*", r"[\w.-]+(?: [\w.-]+)*"), figures.accuracy_gpu_h200_s13),
+    Claim("gpu_fidelity_h200_s13",
+          (r"(?s)this tree's emulated estimates of the same cases \(`benchmarks/results/gpu_fidelity_h200-s13\.md`, "
+           r"n=(\d+)[^)]*\): `peak_allocated` median \|error\| NUM %, worst NUM %; `peak_reserved` median NUM %, "
+           r"worst NUM %; `device_total` median NUM %, worst NUM %").replace(" ", r"\s+"), figures.gpu_fidelity_h200_s13),
     Claim("step_time_gpu_h100",
           (r"(?s)On one ([\w.-]+(?: [\w.-]+)*), the same (\d+) settings "
            r"\(\[benchmarks/results/step_time_gpu_h100\.md\]\(benchmarks/results/step_time_gpu_h100\.md\)\): off by "
