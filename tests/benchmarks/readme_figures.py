@@ -276,13 +276,18 @@ def accuracy_gpu_h100() -> tuple[str, ...]:
             "met" if goal else "not met", _mib(min(outside)), _mib(max(outside)), _mib(context))
 
 
-def gpu_fidelity_h100() -> tuple[str, ...]:
-    report = results("gpu_fidelity_h100")
-    assert report["campaign"]["gpu"] == "H100-80GB"
+def _fidelity_now(name: str, gpu: str) -> tuple[str, ...]:
+    """A gpu_fidelity report's re-estimate of its campaign's cases: n, then median |error| and worst per quantity."""
+    report = results(name)
+    assert report["campaign"]["gpu"] == gpu
     summary = report["summary"]["now_on_recorded"]
     return (str(summary["allocated"]["n"]),
             *(f for key in ("allocated", "reserved", "nvml")
               for f in (pct(summary[key]["median_abs"], 2), signed_pct(summary[key]["worst"]))))
+
+
+def gpu_fidelity_h100() -> tuple[str, ...]:
+    return _fidelity_now("gpu_fidelity_h100", "H100-80GB")
 
 
 def accuracy_gpu_h200_s13() -> tuple[str, ...]:
@@ -301,12 +306,7 @@ def accuracy_gpu_h200_s13() -> tuple[str, ...]:
 
 
 def gpu_fidelity_h200_s13() -> tuple[str, ...]:
-    report = results("gpu_fidelity_h200-s13")
-    assert report["campaign"]["gpu"] == "H200"
-    summary = report["summary"]["now_on_recorded"]
-    return (str(summary["allocated"]["n"]),
-            *(f for key in ("allocated", "reserved", "nvml")
-              for f in (pct(summary[key]["median_abs"], 2), signed_pct(summary[key]["worst"]))))
+    return _fidelity_now("gpu_fidelity_h200-s13", "H200")
 
 
 def step_time_gpu_h100() -> tuple[str, ...]:
