@@ -20,8 +20,9 @@ each) with cub's exclusive-sum storage; a 0-dim partial-segment count and `parti
   (MAX_ATOMIC_ACCUM_BLOCKS_PER_SM) and max_partial_segment exceeds 4 times that grid, never under deterministic
   algorithms (`deterministicAlgorithms()`: True and "warn" alike).
 
-Read on an H200 (132 SMs, torch 2.11; benchmarks/results/gpu_rules.md; benchmarks/results/gpu_rules_raw/embedding_paths_h200.json): every
-buffer above, in this order, with its size, for 4,096-16,384 indices over 64-50,257 rows, both paths. cub's
+Read on an H200 (132 SMs, torch 2.11; benchmarks/results/gpu_rules.md, and in order with the C++ function that asked
+for each: benchmarks/results/gpu_rules_raw/embedding_paths_h200.json): every buffer above, with its size, for
+4,096-16,384 indices over 64-50,257 rows, both paths. cub's
 unique-by-key and scan storage (1,279 B there) are counted as one block each: both are freed before the last phase.
 """
 from __future__ import annotations
