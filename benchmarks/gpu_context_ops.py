@@ -20,12 +20,13 @@ OPS = ("nothing", "linear_fp16", "linear_bf16", "bmm_bf16", "softmax_bf16", "lay
        "sdpa_bf16_math", "embedding_bf16_autocast", "cross_entropy_bf16", "mul_add_bf16", "gpt2_block_bf16_autocast")
 
 
-def _run(op: str):
+def _run(op: str, device: str = "cuda"):
+    """One op, forward and backward, on `device` (CPU: the tests' smoke run of every op)."""
     import torch
     import torch.nn.functional as F
 
     def leaf(*shape, dtype=torch.bfloat16):
-        return torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
 
     if op == "nothing":
         return
@@ -49,27 +50,28 @@ def _run(op: str):
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
                 F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
         elif op.endswith("_masked"):  # an additive mask: no flash kernel, memory-efficient attention
-            mask = torch.randn(2, 4, 128, 128, device="cuda", dtype=dtype)
+            mask = torch.randn(2, 4, 128, 128, device=device, dtype=dtype)
             F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
         else:
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
     elif op == "embedding_bf16_autocast":
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            ids = torch.randint(0, 100, (64,), device="cuda")
+        with torch.autocast(device, dtype=torch.bfloat16):
+            ids = torch.randint(0, 100, (64,), device=device)
             F.embedding(ids, leaf(100, 256, dtype=torch.float32)).sum().backward()
     elif op == "cross_entropy_bf16":
-        F.cross_entropy(leaf(64, 1000), torch.randint(0, 1000, (64,), device="cuda")).backward()
+        F.cross_entropy(leaf(64, 1000), torch.randint(0, 1000, (64,), device=device)).backward()
     elif op == "mul_add_bf16":
         (leaf(64, 256) * 2 + 1).sum().backward()
     elif op == "gpt2_block_bf16_autocast":
         from transformers import GPT2Config
         from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
-        block = GPT2Block(GPT2Config(n_embd=256, n_head=4, attn_implementation="sdpa"), layer_idx=0).cuda()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = block(torch.randn(2, 128, 256, device="cuda"))[0]
+        block = GPT2Block(GPT2Config(n_embd=256, n_head=4, attn_implementation="sdpa"), layer_idx=0).to(device)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            out = block(torch.randn(2, 128, 256, device=device))[0]
         out.float().sum().backward()
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def child(op: str) -> dict:
