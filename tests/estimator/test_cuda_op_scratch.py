@@ -193,3 +193,14 @@ def test_embedding_and_its_backward_copy_non_contiguous_indices_and_gradients():
 def test_cumsum_sums_a_bool_or_int_input_in_an_int64_copy(shape, dtype, measured):
     x = meta(*shape, dtype=dtype)
     assert cuda_op_scratch_bytes(aten.cumsum.default, (x, -1), {}) == measured
+
+
+def test_bce_with_logits_holds_its_log_sigmoid_beside_the_elementwise_loss():
+    """Loss.cpp's composite: log_sigmoid(input), with pos_weight a weight the target's size, then (1 - target) as
+    the loss until the reduction; reduction 0 returns that loss (the op's output, not scratch)."""
+    bce = aten.binary_cross_entropy_with_logits.default
+    logits, pos_weight = meta(512, 4096), meta(4096)
+    n = 512 * 4096 * 4
+    assert cuda_op_scratch(bce, (logits, logits), {}) == ((n,), (n, n))
+    assert cuda_op_scratch(bce, (logits, logits, None, pos_weight), {}) == ((n,), (n, 4096 * 4, n), (n, n))
+    assert cuda_op_scratch(bce, (logits, logits), {"reduction": 0}) == ((n,),)

@@ -53,13 +53,16 @@ kernel probe measures what CPU kernels do.
 - Advanced indexing and sort (index, index_put with accumulate, a mask's nonzero, sort's index buffers):
   cuda/index_scratch.py.
 
-- `embedding_dense_backward` over more than 3072 indices: the sort's and the two-pass kernel's buffers
-  (cuda/embedding_scratch.py; from the source, not read on a GPU).
+- `embedding_dense_backward` over more than 3072 indices: the sort's buffers, then the two-pass or the fused
+  kernel's (cuda/embedding_scratch.py; read on an H200 in 7 shapes, both paths, to the byte).
+- `binary_cross_entropy_with_logits`: the composite's log-sigmoid, pos_weight's weight and elementwise loss (from
+  Loss.cpp; not read on a GPU: the CPU probe measures the same composite's).
 
 Not modelled (measured, small or data dependent): cub's storage for a cumsum over a long single run.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -192,6 +195,22 @@ def _cumulative(self, dim, dtype=None) -> Phases:
     return ((cast, cub),)
 
 
+def _bce_with_logits(input, target, weight=None, pos_weight=None, reduction=1) -> Phases:
+    """Loss.cpp `binary_cross_entropy_with_logits`, one op to the trace and a composite to the GPU: log_sigmoid of the
+    input (CUDA's forward keeps no buffer beside it), with pos_weight `(pos_weight - 1)` and its product with the
+    target (the weight, freed at the block's end), then the elementwise loss `(1 - target)` beside the log-sigmoid
+    until the reduction (reduction 0: that loss is the op's output, counted as such)."""
+    log_sigmoid = _nbytes(input)
+    phases = [(log_sigmoid,)]
+    if pos_weight is not None:
+        with disable_current_modes():
+            weight_shape = torch.broadcast_shapes(pos_weight.shape, target.shape)
+        phases.append((log_sigmoid, _nbytes(pos_weight), math.prod(weight_shape) * pos_weight.element_size()))
+    if reduction != 0:
+        phases.append((log_sigmoid, _nbytes(target)))
+    return tuple(phases)
+
+
 def _meta_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
@@ -209,6 +228,7 @@ _RULES = {
     aten._safe_softmax.default: _safe_softmax,
     aten._scaled_dot_product_efficient_attention_backward.default: _efficient_attention_backward,
     aten.embedding.default: _embedding,
+    aten.binary_cross_entropy_with_logits.default: _bce_with_logits,
     aten.embedding_dense_backward.default: embedding_backward_scratch,
     aten.cumsum.default: _cumulative,
     aten.cumprod.default: _cumulative,

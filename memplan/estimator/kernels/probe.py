@@ -91,10 +91,14 @@ _MASKED_SCATTER_BACKWARD = torch.ops.aten.masked_scatter_backward.default
 concatenates both: the selection and the zeros, one element each of its output, sit beside the output (-20.8 % on
 a model whose peak it is, tests/estimator/test_probed_kernel_scratch.py). Zero inputs select nothing and zero-fill
 all: the same bytes as any mask but an all-True one, which needs no zeros and no copy."""
+_BCE_WITH_LOGITS = torch.ops.aten.binary_cross_entropy_with_logits.default
+"""One op to the trace, a composite to the kernel (Loss.cpp): log_sigmoid(input) (on CPU with a buffer of the same
+size while it runs), with pos_weight a weight of the input's size, then the elementwise loss beside it, before the
+reduction: two to three times the logits (-1.6 % on a multi-label head whose peak it is)."""
 _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
-    *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTION_COPIES, _MASKED_SCATTER_BACKWARD,
+    *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTION_COPIES, _MASKED_SCATTER_BACKWARD, _BCE_WITH_LOGITS,
 })
 _MATMULS = frozenset({
     torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
