@@ -15,6 +15,8 @@ allocator while it runs:
 - linear algebra (qr, svd, eigh, solve, matrix_exp): LAPACK's work arrays, matrix_exp's Pade terms;
 - softmax, log_softmax, their backwards, layer_norm, log_sigmoid and an erf gelu_backward given a non-contiguous
   input: a contiguous copy of it (MLP-Mixer's token mixing read 27 % under without it).
+- composites the trace sees as one op: masked_scatter's backward (a selection and zeros, concatenated) and
+  binary_cross_entropy_with_logits (log_sigmoid with its buffer, the elementwise loss before the reduction).
 Their size depends on the algorithm the library picks for the shape, the ISA and the thread count,
 so no rule predicts it.
 
