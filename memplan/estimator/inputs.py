@@ -1,6 +1,7 @@
 """Resolve estimate()'s loss= and optimizer= arguments into callables the step can run."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -96,7 +97,7 @@ def resolve_optimizer(
             raise EstimateError(
                 f"optimizer: the callable returned {type(built).__name__}, not a torch.optim.Optimizer"
             )
-        return built
+        return _without_closure(built)
     raise EstimateError(f"optimizer must be a name or a callable(params) -> Optimizer; got {type(optimizer).__name__}")
 
 
@@ -109,7 +110,23 @@ def _from_configure_optimizers(model: nn.Module) -> torch.optim.Optimizer:
             "optimizer: configure_optimizers() returned no torch.optim.Optimizer; pass optimizer='adamw' "
             "(or another name, or a callable(params)) to estimate()"
         )
-    return found
+    return _without_closure(found)
+
+
+def _without_closure(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """`optimizer`, or an EstimateError naming it where its step() needs a closure (LBFGS): such a step re-runs the
+    forward and backward inside itself, as many times as its values decide, which one traced step cannot model."""
+    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    if closure is None or closure.default is not inspect.Parameter.empty:
+        return optimizer
+    name = type(optimizer).__name__
+    raise EstimateError(
+        argument="optimizer",
+        detail=f"{name}.step() needs a closure: it runs the forward and backward again inside the step, as many "
+               "times as the loss's values decide, which memplan does not model",
+        fix=f"Estimate with a closure-free optimizer (optimizer='sgd' for the forward and backward), then add "
+            f"{name}'s own state by hand (LBFGS keeps up to 2 x history_size flat copies of the parameters, and a few "
+            "more)")
 
 
 def _first_optimizer(config: Any) -> torch.optim.Optimizer | None:

@@ -259,3 +259,13 @@ def test_a_gpu_family_name_is_refused_as_device_not_as_a_flag():
     with pytest.raises(ValueError) as caught:
         estimate(build, BATCH, loss=loss, device="A100")
     assert str(caught.value) == "device: 'A100' is ambiguous: say A100-40GB or A100-80GB."
+
+
+def test_an_optimizer_whose_step_needs_a_closure_is_refused_by_name_with_the_fix():
+    """LBFGS re-runs the forward and backward inside its step as its values decide: one traced step cannot model it
+    (it failed with a TypeError from deep inside the step before)."""
+    with pytest.raises(EstimateError) as err:
+        estimate(lambda: nn.Linear(8, 8), torch.randn(4, 8), loss=lambda m, b: m(b).sum(),
+                 optimizer=lambda params: torch.optim.LBFGS(params), device="cpu")
+    assert err.value.argument == "optimizer"
+    assert "LBFGS.step() needs a closure" in str(err.value) and "optimizer='sgd'" in str(err.value)
