@@ -57,11 +57,9 @@ def _carries(t: FakeTensor) -> bool:
 
 def value_of(t: object) -> torch.Tensor | None:
     """The real value of the fake `t` (any view of a storage that carries one), or None."""
-    if not isinstance(t, FakeTensor) or t.is_sparse:
+    if not isinstance(t, FakeTensor) or not _carries(t):
         return None
-    real = _VALUES.get(t.untyped_storage())
-    if real is None or real.dtype != t.dtype:
-        return None
+    real = _VALUES[t.untyped_storage()]
     try:
         with disable_current_modes():
             return real.as_strided(tuple(t.shape), t.stride(), t.storage_offset())

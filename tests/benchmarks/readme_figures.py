@@ -151,10 +151,7 @@ def _zoo_cases() -> dict:
 
 
 def gpu_fidelity() -> tuple[str, ...]:
-    summary = results("gpu_fidelity")["summary"]
-    return (str(summary["now_on_recorded"]["allocated"]["n"]),
-            *(f for key in ("allocated", "reserved", "nvml")
-              for f in (pct(summary["now_on_recorded"][key]["median_abs"], 2), signed_pct(summary["now_on_recorded"][key]["worst"]))))
+    return _fidelity_now("gpu_fidelity", "H200")
 
 
 def h200_truths_reread() -> tuple[str, ...]:

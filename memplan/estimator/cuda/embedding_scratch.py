@@ -75,12 +75,11 @@ def embedding_backward_scratch(grad, indices, num_weights, padding_idx, scale_gr
     held = (*sorted_pair, *count, n * index, _COUNT)  # + segment_offsets, the segment count
     per_segment = (segments * index, segments * index)  # partials_per_segment, partials_per_segment_offset
     offsets = (*held, *per_segment, _COUNT, partials * index)  # + the partial count, partial_segment_offset
+    half = grad.dtype in (torch.float16, torch.bfloat16)  # summed in float32
     if _fused(segments, partials, dim, gpu=gpu, deterministic=deterministic):
-        wide = (num_weights * dim * 4,) if grad.dtype in (torch.float16, torch.bfloat16) else ()
-        last = (*offsets, partials * index, *wide)  # partial_to_segment_idx (+ a float32 gradient)
+        last = (*offsets, partials * index, *((num_weights * dim * 4,) if half else ()))  # + partial_to_segment_idx
     else:
-        math = 4 if grad.dtype in (torch.float16, torch.bfloat16) else grad.element_size()
-        last = (*offsets, partials * dim * math)  # grad_weight_per_segment
+        last = (*offsets, partials * dim * (4 if half else grad.element_size()))  # + grad_weight_per_segment
     return (sort,
             (*held, n * index, _CUB_STORAGE),  # unique-by-key: its unused keys, cub's storage
             (*held, *per_segment, _CUB_STORAGE),  # cub's exclusive-sum storage
