@@ -42,13 +42,15 @@ import contextlib
 import math
 import os
 import sys
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from memplan.compat.torch import profiler_enabled
+from memplan.compat.torch import FakeTensor, profiler_enabled
+from memplan.estimator import known_values
 
 PROBE_MAX_BYTES = 512 << 20
 """Largest sum of a probed op's real inputs and outputs: above it the op is not run."""
@@ -90,9 +92,14 @@ _SELECTION_COPIES = frozenset({torch.ops.aten.kthvalue.default})
 """CPU kthvalue selects in a copy of its input (and an int64 index of its shape); median, topk and sort need none."""
 _MASKED_SCATTER_BACKWARD = torch.ops.aten.masked_scatter_backward.default
 """masked_scatter's backward (one op to the trace) selects the gradient under the mask, makes zeros for the rest and
-concatenates both: the selection and the zeros, one element each of its output, sit beside the output (-20.8 % on
-a model whose peak it is, tests/estimator/test_probed_kernel_scratch.py). Zero inputs select nothing and zero-fill
-all: the same bytes as any mask but an all-True one, which needs no zeros and no copy."""
+concatenates both: the selection and the zeros sit beside the output (-20.8 % on a model whose peak it is,
+tests/estimator/test_probed_kernel_scratch.py). How much depends on the mask: with two or more threads and 32 Ki
+elements or more, a selection of at least one element first writes two int64 prefix sums of the mask's shape, and
+the selection holds one element per True. A zero mask takes a quarter of what a mask half True takes. So the mask
+is probed with its values: the real ones where the trace has them (a mask computed from the batch: the image-token
+mask of a multimodal model), else a seeded stand-in, half True, as the value resolver answers a selection under a
+mask of an activation (memplan.estimator.values); the notes say so."""
+_MASK_STAND_IN = "masked_scatter's backward under a mask the trace has no values of"
 _BCE_WITH_LOGITS = torch.ops.aten.binary_cross_entropy_with_logits.default
 """One op to the trace, a composite to the kernel (Loss.cpp): log_sigmoid(input) (on CPU with a buffer of the same
 size while it runs), with pos_weight a weight of the input's size, then the elementwise loss beside it, before the
@@ -141,6 +148,8 @@ class KernelScratchProbe:
     """Bytes of real tensors charged to this trace's budget, likewise."""
     largest: int = 0
     """The largest scratch measured in this trace, bytes."""
+    stood_in: bool = False
+    """Whether a masked_scatter backward was probed under a stand-in mask (_MASK_STAND_IN)."""
 
     def scratch_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
         """The real kernel's scratch for `func(*args, **kwargs)`; 0 for an op that is not probed (all but
@@ -150,8 +159,13 @@ class KernelScratchProbe:
             return 0
         if "out" in kwargs:
             return 0  # an out= variant writes into a tensor the trace already counts
+        mask = None
+        if func is _MASKED_SCATTER_BACKWARD:
+            mask = _mask_values(args[1])
+            self.stood_in |= mask is not _values_of(args[1])
+            args = (args[0], mask, *args[2:])
         key = (func, torch.get_num_threads(), torch.backends.mkldnn.enabled, *(_signature(a) for a in args),
-               *sorted((k, _signature(v)) for k, v in kwargs.items()))
+               *sorted((k, _signature(v)) for k, v in kwargs.items()), None if mask is None else int(mask.sum()))
         if key in self.probed:
             return _CACHE[key]
         if key in self.skipped or key in self.failed:
@@ -187,6 +201,9 @@ class KernelScratchProbe:
                        f"non-contiguous input): measured by running each of "
                        f"{len(self.probed)} op shapes once on this host, {torch.get_num_threads()} threads "
                        f"(largest {self.largest / 2**20:.2f} MiB)")
+        if self.stood_in:
+            out.append(f"{_MASK_STAND_IN} (one computed from an activation): its scratch was measured under a random "
+                       "mask, half True; an all-True mask takes up to 14 % more")
         if any(key[0] is _MATRIX_EXP for key in self.probed):
             out.append("matrix_exp's scratch is counted at its worst case (the input's 1-norm past theta_18); "
                        "a smaller norm takes as little as a third of it")
@@ -262,6 +279,20 @@ def _expanded(t: torch.Tensor, dims: list[int]) -> list[int]:
     return shape
 
 
+def _values_of(mask: torch.Tensor) -> torch.Tensor | None:
+    """The mask's values where the trace has them: a real tensor, or a fake carrying its buffer's value."""
+    return known_values.value_of(mask) if isinstance(mask, FakeTensor) else mask
+
+
+def _mask_values(mask: torch.Tensor) -> torch.Tensor:
+    """The mask's real values, else a stand-in half True, seeded by its shape (the same on every host and call)."""
+    values = _values_of(mask)
+    if values is not None:
+        return values
+    generator = torch.Generator().manual_seed(zlib.crc32(repr(tuple(mask.shape)).encode()))
+    return torch.rand(tuple(mask.shape), generator=generator) < 0.5
+
+
 def _signature(value) -> object:
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.stride(), value.dtype)
@@ -293,6 +324,8 @@ def _measure(func, args: tuple, kwargs: dict) -> int:
     kwargs = {k: _real(v) for k, v in kwargs.items()}
     if func is _MATRIX_EXP:
         real_args = (_worst_case_input(real_args[0]), *real_args[1:])
+    if func is _MASKED_SCATTER_BACKWARD:  # the mask's values (_mask_values) decide the scratch
+        real_args = (real_args[0], args[1], *real_args[2:])  # (read, never written)
     if func is torch.ops.aten.native_layer_norm_backward.default:
         # mean and rstd as the real forward makes them: CPU's mixed-dtype layer_norm keeps them in
         # float32 where the meta kernel says the input's dtype, and the real backward checks.
