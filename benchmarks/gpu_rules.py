@@ -1,6 +1,7 @@
 """CUDA op rules written from source, read on a real GPU: cub's radix-sort storage (sort over 4096 along its dim),
 flash attention's backward under deterministic algorithms, embedding's backward over 3072 indices and index_put's
-sort over more than one cub tile (the last two read on the H200 in session 13).
+sort over more than one cub tile (the last two read on the H200 in session 13), masked_scatter's prefix sums and its
+backward's nonzero (cases written in session 14, no reading yet).
 
     python -m benchmarks.gpu_rules --out DIR [--cpu]      on the GPU: DIR/gpu_rules.json
     python -m benchmarks.gpu_rules --report RAW.json     here: benchmarks/results/gpu_rules.{json,md}
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import traceback
@@ -57,8 +59,13 @@ INDEX_PUTS = (  # (self shape, index count): index_put_ with accumulate over mor
     ((1000, 64), 65536),
     ((50000,), 200000),
 )
+MASKED_SCATTERS = (  # (batch, seq, hidden, image tokens a row, dtype): image features into token embeddings, as LLaVA
+    (8, 1024, 4096, 576, "bfloat16"),  # under the ids' mask broadcast over the hidden dim, forward and backward
+    (4, 2048, 2048, 256, "float32"),
+)
 CPU_SORTS = (((8, 5000), "float32", -1, False, False, "dry run"),)
-RULED = ("aten.sort.", "_flash_attention_backward", "embedding_dense_backward", "index_put")
+RULED = ("aten.sort.", "_flash_attention_backward", "embedding_dense_backward", "index_put", "masked_scatter",
+         "masked_select")
 
 
 def _meta(value):
@@ -76,7 +83,10 @@ def encode(value):
     import torch
 
     if isinstance(value, torch.Tensor):
-        return {"tensor": [list(value.shape), list(value.stride()), str(value.dtype).removeprefix("torch.")]}
+        layout = {"tensor": [list(value.shape), list(value.stride()), str(value.dtype).removeprefix("torch.")]}
+        if value.dtype == torch.bool and value.device.type != "meta":  # a mask: its count decides some rules
+            layout["nonzero"] = int(torch.count_nonzero(value))
+        return layout
     if isinstance(value, dict):
         return {str(k): encode(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -93,6 +103,11 @@ def decode(value):
     if isinstance(value, dict) and set(value) == {"tensor"}:
         shape, stride, dtype = value["tensor"]
         return torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device="meta")
+    if isinstance(value, dict) and set(value) == {"tensor", "nonzero"}:  # a mask, real on the CPU with its count
+        shape, stride, _ = value["tensor"]
+        base = torch.zeros([size if step else 1 for size, step in zip(shape, stride)], dtype=torch.bool)
+        base.view(-1)[: value["nonzero"] * base.numel() // max(1, math.prod(shape))] = True
+        return base.expand(shape)
     if isinstance(value, dict):
         return {k: decode(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -249,6 +264,22 @@ def _index_put_case(spec, gpu) -> list[dict]:
             for row in mode.rows]
 
 
+def _masked_scatter_case(spec, gpu) -> list[dict]:
+    import torch
+
+    batch, seq, hidden, tokens, dtype = spec
+    embeds = torch.randn(batch, seq, hidden, device="cuda", dtype=getattr(torch, dtype), requires_grad=True)
+    ids_mask = torch.zeros(batch, seq, 1, dtype=torch.bool, device="cuda")
+    ids_mask[:, 1:1 + tokens] = True
+    features = torch.randn(batch * tokens, hidden, device="cuda", dtype=embeds.dtype, requires_grad=True)
+    mode = _reading_mode(True, gpu)
+    with mode:
+        out = embeds.masked_scatter(ids_mask.expand_as(embeds), features)
+        out.backward(torch.ones_like(out))
+    return [dict(row, case=f"masked_scatter {[batch, seq, hidden]} {tokens} image tokens a row {dtype}",
+                 path="prefix sums; backward: nonzero and selection") for row in mode.rows]
+
+
 def run(cpu: bool) -> dict:
     import torch
 
@@ -280,7 +311,8 @@ def run(cpu: bool) -> dict:
                 errors.append({"case": f"flash {spec} deterministic={deterministic}",
                                "error": "".join(traceback.format_exception_only(err))[-400:]})
             torch.cuda.empty_cache()
-    for case, specs in (() if cpu else ((_embedding_case, EMBEDDINGS), (_index_put_case, INDEX_PUTS))):
+    for case, specs in (() if cpu else ((_embedding_case, EMBEDDINGS), (_index_put_case, INDEX_PUTS),
+                                        (_masked_scatter_case, MASKED_SCATTERS))):
         for spec in specs:
             try:
                 rows.extend(case(spec, gpu))
@@ -321,42 +353,6 @@ def _op(name: str):
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
 
 
-def render(result: dict) -> str:
-    d = result["device"]
-    lines = [
-        "# CUDA op rules from source against a GPU's readings: cub sort storage, deterministic flash backward, "
-        "embedding backward, index_put with accumulate",
-        "",
-        f"`python -m benchmarks.gpu_rules --report {result['source']}` (benchmarks/gpu_rules.py). Readings: "
-        f"{d['name']} ({d['sm_count']} SMs, sm{d['compute_capability'][0]}{d['compute_capability'][1]}), torch "
-        f"{d['torch']} (CUDA {d['cuda']}), one op at a time under a dispatch mode with the allocator's history on. "
-        "'requested': the most bytes the op's temporaries (blocks allocated and freed inside it) asked for at once, "
-        "against the rule's phases (memplan/estimator/cuda/op_scratch.py, index_scratch.py, cub_sort.py) re-computed "
-        "on this tree for the same arguments and GPU. 'allocated': the GPU's peak inside the op minus the larger of "
-        "before and after, against the rule block-rounded (512 B); where they differ the caching allocator gave a "
-        "larger block (a large request rounded to 2 MiB, or a remainder of 1 MiB or less left unsplit), which "
-        "memplan's allocator model adds when it estimates a step, not the rule (from the requested sizes on a fresh "
-        "cache it gives the GPU's 41,943,040 for the [2000000] sort and 29,409,280 for the D=72 deterministic "
-        "backward; the [127, 5000] sort's extra depends on the blocks earlier cases left cached). Where the GPU's "
-        "is smaller (the fused embedding backwards) the op's largest phase came before its output was allocated: "
-        "the peak minus what was allocated after the op undercounts it, and memplan counts the rule on top of the "
-        "output (over by that much at such an op).",
-        "",
-        f"**requested bytes exact in {result['exact']} of {result['n']} ops.**",
-        "",
-        "| case | path | GPU requested | rule requested | GPU allocated | rule block-rounded |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    for r in result["rows"]:
-        mark = "" if r["gpu_requested_peak"] == r["rule_requested_peak"] else " (differs)"
-        lines.append(f"| {r['case']} | {r['path']} | {r['gpu_requested_peak']:,} | "
-                     f"{r['rule_requested_peak']:,}{mark} | "
-                     f"{r['gpu_transient']:,} | {r['rule_rounded']:,} |")
-    for err in result["errors"]:
-        lines.append(f"\nNot measured: {err['case']}: {err['error'].strip()}")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="on the GPU: folder for gpu_rules.json")
@@ -366,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.out) == bool(args.report):
         parser.error("give --out DIR (measure) or --report RAW.json (render)")
     if args.report:
+        from benchmarks.gpu_rules_render import render
         from benchmarks.results_io import RESULTS
 
         result = report(args.report)

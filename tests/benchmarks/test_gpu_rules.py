@@ -36,3 +36,21 @@ def test_a_block_at_an_address_freed_earlier_is_no_temporary():
               {"action": "alloc", "addr": 1, "size": 400},  # the output, kept
               {"action": "alloc", "addr": 2, "size": 50}, {"action": "free_requested", "addr": 2, "size": 50}]
     assert _temporaries(events) == ([100, 50], 100)
+
+
+def test_a_mask_is_recorded_with_its_count_so_the_report_recomputes_count_dependent_rules():
+    """masked_scatter's backward selects the mask's set elements (cases MASKED_SCATTERS, not yet read on a GPU): the
+    report re-computes the rule from the recorded arguments, so a mask keeps its count (an expanded one too)."""
+    import torch
+
+    from memplan.estimator.cuda.op_scratch import cuda_op_scratch
+
+    ids_mask = torch.zeros(4, 64, 1, dtype=torch.bool)
+    ids_mask[:, 1:17] = True
+    mask = ids_mask.expand(4, 64, 32)
+    decoded = decode(encode(mask))
+    assert decoded.shape == mask.shape and int(torch.count_nonzero(decoded)) == 4 * 16 * 32
+    args = (torch.empty(4, 64, 32, device="meta"), mask, [4 * 16, 32])
+    op = torch.ops.aten.masked_scatter_backward.default
+    assert cuda_op_scratch(op, decode(encode(args)), {}) == cuda_op_scratch(op, args, {})
+    assert cuda_op_scratch(op, args, {})[0][0] == 4 * 16 * 32 * 3 * 8  # the nonzero of the counted elements

@@ -109,3 +109,37 @@ def test_a_boolean_mask_is_indexed_through_its_nonzero():
     assert phases == ((1600 * 2 * 8, 1, 1), (1600 * 2 * 8,))
     scalar = torch.tensor(0.0)
     assert cuda_op_scratch(aten.index_put_.default, (meta(16, 128), [mask], scalar, False), {}) == ()  # masked_fill_
+
+
+def test_masked_scatter_holds_an_int64_prefix_sum_of_self_and_a_contiguous_mask():
+    """From the source (IndexKernel.cpp `masked_scatter__cuda`, IndexKernel.cu): LLaVA-style image features scattered
+    into [8, 512, 256] bf16 embeddings under the ids' mask broadcast over the hidden dim: the prefix sums (8 bytes an
+    element of self, four times the bf16 embeddings), the broadcast mask made contiguous (a byte an element) and
+    cub's scan storage (a block). Not read on a GPU."""
+    embeds, n = meta(8, 512, 256, dtype=torch.bfloat16), 8 * 512 * 256
+    mask = meta(8, 512, 1, dtype=torch.bool).expand(8, 512, 256)
+    source = meta(210, 256, dtype=torch.bfloat16)
+    for op in (aten.masked_scatter.default, aten.masked_scatter_.default):
+        assert cuda_op_scratch(op, (embeds, mask, source), {}) == ((n * 8, n, 1, 0),)
+    full = meta(8, 512, 256, dtype=torch.bool)  # a mask of self's shape, contiguous: no copy
+    strided = meta(256, 210, dtype=torch.bfloat16).t()  # a transposed source: copied
+    assert cuda_op_scratch(aten.masked_scatter.default, (embeds, full, strided), {}) == ((n * 8, 0, 1, 210 * 256 * 2),)
+
+
+def test_masked_scatter_backward_counts_the_batchs_mask_for_its_nonzero_and_selection():
+    """The source's gradient (`masked_select` of the output's gradient under the mask, padded with zeros to the
+    source's size): the mask's nonzero (int64, one row of 3 indices per selected element), then the selection
+    and the zeros beside the output. A real mask (the batch's) is counted; a fake one counts every element."""
+    grad = meta(8, 512, 256, dtype=torch.bfloat16)
+    mask = torch.zeros(8, 512, 1, dtype=torch.bool)
+    mask[:, :64] = True  # 64 image tokens a row: 8 x 64 x 256 elements selected
+    selected = 8 * 64 * 256
+    exact = cuda_op_scratch(aten.masked_scatter_backward.default, (grad, mask, [selected // 256, 256]), {})
+    assert exact == ((selected * 3 * 8, 1, 1), (selected * 3 * 8,))  # the selection is the output itself
+    larger = cuda_op_scratch(aten.masked_scatter_backward.default, (grad, mask, [4 * selected // 256, 256]), {})
+    assert larger[-1] == (selected * 2, 3 * selected * 2)  # the selection and the zeros, beside cat's output
+    unknown = cuda_op_scratch(aten.masked_scatter_backward.default,
+                              (grad, meta(8, 512, 256, dtype=torch.bool), [8 * 512, 256]), {})
+    assert unknown[0][0] == grad.numel() * 3 * 8
+    select = cuda_op_scratch(aten.masked_select.default, (grad, mask), {})
+    assert select == ((selected * 3 * 8, 1, 1), (selected * 3 * 8,))

@@ -25,6 +25,14 @@ gpu_campaign_raw_h100/ops/, peak inside the op - max(before, after); benchmarks/
   and value buffers, bins, lookback) for the sort's bits, get_num_bits(largestIndex(self) / sliceSize): from the
   source, not read on a GPU. Without accumulate, `index_put_` builds an AdvancedIndex as `index` does (a mask's
   nonzero, the copies of index tensors whose strides differ); a scalar value into one mask is `masked_fill_`.
+- `masked_scatter` / `masked_scatter_` (IndexKernel.cpp `masked_scatter__cuda`, IndexKernel.cu
+  `launch_masked_scatter_kernel`): an int64 prefix sum of the mask at self's shape, the broadcast mask made
+  contiguous, cub's scan storage and a copy of a non-contiguous source. Its backward for the source
+  (`masked_scatter_backward`, composite) is `masked_select` (the mask's nonzero, as for `index`, then the
+  selection) padded with zeros to the source's size. Multimodal decoders (LLaVA and ~100 transformers families)
+  scatter image features into the token embeddings so, under a mask from the batch's ids: for bf16 embeddings the
+  forward's prefix sums are four times the embeddings. From the source, not read on a GPU
+  (benchmarks/gpu_rules.py has the cases for the next one).
 - `sort` (aten/src/ATen/native/cuda/Sort.cpp `sort_cuda_kernel`): a dim of at most 4096 (Sort.h
   `should_use_small_sort`) sorts in place in the outputs after `fillSliceWithIndex` fills the indices from an
   `arange(size(dim))` (int64, freed at once). H100, mixtral-moe-b4 [2048] int64: 16,384 B. Longer dims take
@@ -95,6 +103,53 @@ def index_put_scratch(self, indices, values, accumulate=False, unsafe=False, *, 
                                 sm_count=gpu.sm_count)
     sort = (self_copy, n, value_copy, permuted, n, n, n, cub)  # linear, sorted, orig, range, cub's storage
     return (*nonzero, linear, sort)
+
+
+def masked_select_scratch(self, mask):
+    """`masked_select` (IndexKernel.cpp `masked_select_out_cuda_impl`): the mask and self broadcast together, then
+    `index_out(self, [mask])`: the mask's nonzero, held while the selection is written (the op's output)."""
+    masks = [_nonzero_count(_broadcast(mask, self), self, None, 0) * max(mask.dim(), self.dim()) * _I64]
+    return (*_nonzero_phases(masks), tuple(masks))
+
+
+def masked_scatter_scratch(self, mask, source):
+    """`masked_scatter` / `masked_scatter_` (IndexKernel.cpp `masked_scatter__cuda`, IndexKernel.cu
+    `launch_masked_scatter_kernel`; the out-of-place op clones self first, its output): an int64 prefix sum of the
+    mask at self's shape (`maskPrefixSum`), the mask made contiguous at self's shape (a copy where it was broadcast
+    or strided), cub's scan storage (one block: its tile states, under 0.2 % of the prefix sums, are not modelled)
+    and a copy of a non-contiguous source, all held while the kernel runs."""
+    if self.numel() == 0:
+        return ()
+    mask_copy = 0 if _broadcast(mask, self).is_contiguous() else self.numel() * mask.element_size()
+    source_copy = 0 if source.is_contiguous() else _nbytes(source)
+    return ((self.numel() * _I64, mask_copy, _CUB_BLOCK, source_copy),)
+
+
+def masked_scatter_backward_scratch(grad, mask, sizes):
+    """`masked_scatter_backward` (FunctionsManual / TensorAdvancedIndexing.cpp `masked_scatter_backward_symint`,
+    composite): `grad.masked_select(mask)` (its nonzero, then the selection), then zeros for the rest of the
+    elements, both held while `cat` writes the output. The selection's count is the mask's where it is real (the
+    batch's own mask, LLaVA's image tokens); a fake mask counts every element (as `index` does: an upper bound, with
+    no zeros and no cat: the selection is then the output). The phases before the output exists are counted beside
+    it, as the other rules here count theirs."""
+    numel = math.prod(sizes)
+    expanded = _broadcast(mask, grad)
+    selected = _nonzero_count(expanded, grad, None, 0)
+    nonzero = [selected * expanded.dim() * _I64]
+    selection = selected * grad.element_size()
+    rest = (numel - selected) * grad.element_size()
+    if rest <= 0:  # every element selected: the selection is the output (viewed), no zeros and no cat
+        return (*_nonzero_phases(nonzero), tuple(nonzero))
+    return (*_nonzero_phases(nonzero), (*nonzero, selection), (selection, rest))
+
+
+def _broadcast(mask, self):
+    """The mask as the op broadcasts it against self (expand_outplace); a real mask stays real (its count)."""
+    shape = torch.broadcast_shapes(mask.shape, self.shape)
+    if not is_fake(mask) and mask.device.type != "meta":
+        with disable_current_modes():
+            return mask.expand(shape)
+    return _meta(mask).expand(shape)
 
 
 def sort_scratch(self, *args, gpu, **kwargs):
@@ -265,6 +320,10 @@ RULES = {
     aten.index_put.default: index_put_scratch,
     aten.index_put_.default: index_put_scratch,
     aten._index_put_impl_.default: index_put_scratch,
+    aten.masked_select.default: masked_select_scratch,
+    aten.masked_scatter.default: masked_scatter_scratch,
+    aten.masked_scatter_.default: masked_scatter_scratch,
+    aten.masked_scatter_backward.default: masked_scatter_backward_scratch,
     aten.sort.default: sort_scratch,
     aten.sort.stable: sort_scratch,
 }

@@ -50,8 +50,8 @@ kernel probe measures what CPU kernels do.
   cuDNN attention there (sm90, cuDNN > 9.15 prefers it; memplan emulates flash): its backward held 512 B more
   than this rule, gpt2-b8-bf16mixed [8, 4, 128, 64] bf16 1,065,472 B (rule 1,064,960), llama-gqa-b4-bf16mixed
   [4, 8, 256, 32] with 2 key/value heads 2,130,432 B (rule 2,129,920).
-- Advanced indexing and sort (index, index_put with accumulate, a mask's nonzero, sort's index buffers):
-  cuda/index_scratch.py.
+- Advanced indexing, masks and sort (index, index_put with accumulate, a mask's nonzero, masked_select,
+  masked_scatter and its backward, sort's index buffers): cuda/index_scratch.py.
 
 - `embedding_dense_backward` over more than 3072 indices: the sort's buffers, then the two-pass or the fused
   kernel's (cuda/embedding_scratch.py; read on an H200 in 7 shapes, both paths, to the byte).
