@@ -130,3 +130,17 @@ def test_masked_scatter_backward_is_probed_under_the_batchs_own_mask(share):
 def test_a_mask_from_an_activation_is_stood_in_half_true_and_said_so():
     est = estimate(MaskedScatter, _rows(2048, 64)(), loss=_loss, optimizer="adamw", device="cpu")
     assert any("no values of" in note and "half True" in note for note in est.notes), est.notes
+
+
+def test_a_stood_in_mask_is_broadcast_as_the_traced_one_and_the_same_on_every_call():
+    """The kernel's path depends on the mask's layout (an expanded mask is not contiguous): the stand-in keeps it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memplan.estimator.kernels.probe import _mask_values
+
+    with FakeTensorMode():
+        fake = torch.empty(8, 512, 1, dtype=torch.bool).expand(8, 512, 256)
+    stand_in = _mask_values(fake)
+    assert stand_in.shape == fake.shape and stand_in.stride() == fake.stride()
+    assert 0.4 < stand_in.float().mean().item() < 0.6
+    assert torch.equal(stand_in, _mask_values(fake))
