@@ -66,6 +66,12 @@ def realmodels() -> tuple[str, ...]:
     )
 
 
+def heldout() -> tuple[str, ...]:
+    s = results("heldout_sweep")["summary"]
+    return (str(s["cases"]), str(s["within_0.1%"]), pct(s["median_abs_error"]), signed_pct(s["worst_error"], 3),
+            s["worst_case"])
+
+
 def fsdp() -> tuple[str, ...]:
     s = results("accuracy_fsdp_cpu")["summary"]
     rows = results("accuracy_fsdp_cpu")["rows"]

@@ -40,6 +40,9 @@ CLAIMS = [
           r"`benchmarks/results/realmodels\.md`\): (\d+) cases from transformers\s+config classes and plain torch "
           r"\([^)]*; (\d+) trained by a plain PyTorch loop\)\. Last run \((\d{4}-\d\d-\d\d), 2-core ([\w ]+),\s+"
           r"(\d+) compared with a truth\): median \|error\| NUM %, worst NUM %\s+\(`([\w.-]+)`", figures.realmodels),
+    Claim("heldout_sweep",
+          r"against the same\s+Trainer-based truth: (\d+) cases, (\d+) within 0\.1 %, median \|error\| NUM %, worst NUM %"
+          r" \(`([\w.-]+)`", figures.heldout),
     Claim("accuracy_fsdp_cpu",
           r"`benchmarks/results/accuracy_fsdp_cpu\.md`, (\d+) cases:[^;]*;\s+(\d+) rank\s+figures, each rank's profiled "
           r"peak over build \+ 2 steps\) the median error is NUM % and the worst\s+NUM %: the goal \(median <= 1 %, "
