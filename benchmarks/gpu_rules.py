@@ -59,9 +59,10 @@ INDEX_PUTS = (  # (self shape, index count): index_put_ with accumulate over mor
     ((1000, 64), 65536),
     ((50000,), 200000),
 )
-MASKED_SCATTERS = (  # (batch, seq, hidden, image tokens a row, dtype): image features into token embeddings, as LLaVA
-    (8, 1024, 4096, 576, "bfloat16"),  # under the ids' mask broadcast over the hidden dim, forward and backward
-    (4, 2048, 2048, 256, "float32"),
+MASKED_SCATTERS = (  # (batch, seq, hidden, image tokens a row, spare feature rows, dtype): image features into token
+    (8, 1024, 4096, 576, 0, "bfloat16"),  # embeddings, as LLaVA, under the ids' mask broadcast over the hidden dim
+    (4, 2048, 2048, 256, 0, "float32"),
+    (4, 2048, 2048, 256, 1024, "float32"),  # more features than image tokens: the backward pads with zeros and cats
 )
 CPU_SORTS = (((8, 5000), "float32", -1, False, False, "dry run"),)
 RULED = ("aten.sort.", "_flash_attention_backward", "embedding_dense_backward", "index_put", "masked_scatter",
@@ -103,11 +104,13 @@ def decode(value):
     if isinstance(value, dict) and set(value) == {"tensor"}:
         shape, stride, dtype = value["tensor"]
         return torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device="meta")
-    if isinstance(value, dict) and set(value) == {"tensor", "nonzero"}:  # a mask, real on the CPU with its count
-        shape, stride, _ = value["tensor"]
-        base = torch.zeros([size if step else 1 for size, step in zip(shape, stride)], dtype=torch.bool)
-        base.view(-1)[: value["nonzero"] * base.numel() // max(1, math.prod(shape))] = True
-        return base.expand(shape)
+    if isinstance(value, dict) and set(value) == {"tensor", "nonzero"}:  # a mask, real on the CPU with its count,
+        shape, stride, _ = value["tensor"]  # its first elements set, in its recorded layout (broadcast dims too)
+        base_shape = [size if step else 1 for size, step in zip(shape, stride)]
+        flat = torch.zeros(math.prod(base_shape), dtype=torch.bool)
+        flat[: value["nonzero"] * flat.numel() // max(1, math.prod(shape))] = True
+        base = torch.empty_strided(base_shape, [step or 1 for step in stride], dtype=torch.bool)
+        return base.copy_(flat.view(base_shape)).expand(shape)
     if isinstance(value, dict):
         return {k: decode(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -267,16 +270,16 @@ def _index_put_case(spec, gpu) -> list[dict]:
 def _masked_scatter_case(spec, gpu) -> list[dict]:
     import torch
 
-    batch, seq, hidden, tokens, dtype = spec
+    batch, seq, hidden, tokens, spare, dtype = spec
     embeds = torch.randn(batch, seq, hidden, device="cuda", dtype=getattr(torch, dtype), requires_grad=True)
     ids_mask = torch.zeros(batch, seq, 1, dtype=torch.bool, device="cuda")
     ids_mask[:, 1:1 + tokens] = True
-    features = torch.randn(batch * tokens, hidden, device="cuda", dtype=embeds.dtype, requires_grad=True)
+    features = torch.randn(batch * tokens + spare, hidden, device="cuda", dtype=embeds.dtype, requires_grad=True)
     mode = _reading_mode(True, gpu)
     with mode:
         out = embeds.masked_scatter(ids_mask.expand_as(embeds), features)
         out.backward(torch.ones_like(out))
-    return [dict(row, case=f"masked_scatter {[batch, seq, hidden]} {tokens} image tokens a row {dtype}",
+    return [dict(row, case=f"masked_scatter {[batch, seq, hidden]} {tokens} image tokens a row +{spare} {dtype}",
                  path="prefix sums; backward: nonzero and selection") for row in mode.rows]
 
 

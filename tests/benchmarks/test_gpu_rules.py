@@ -50,6 +50,9 @@ def test_a_mask_is_recorded_with_its_count_so_the_report_recomputes_count_depend
     mask = ids_mask.expand(4, 64, 32)
     decoded = decode(encode(mask))
     assert decoded.shape == mask.shape and int(torch.count_nonzero(decoded)) == 4 * 16 * 32
+    assert decoded.stride() == mask.stride()
+    transposed = decode(encode(torch.ones(32, 64, dtype=torch.bool).t()))
+    assert transposed.stride() == (1, 64) and int(torch.count_nonzero(transposed)) == 32 * 64
     args = (torch.empty(4, 64, 32, device="meta"), mask, [4 * 16, 32])
     op = torch.ops.aten.masked_scatter_backward.default
     assert cuda_op_scratch(op, decode(encode(args)), {}) == cuda_op_scratch(op, args, {})

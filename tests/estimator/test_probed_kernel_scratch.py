@@ -132,15 +132,38 @@ def test_a_mask_from_an_activation_is_stood_in_half_true_and_said_so():
     assert any("no values of" in note and "half True" in note for note in est.notes), est.notes
 
 
-def test_a_stood_in_mask_is_broadcast_as_the_traced_one_and_the_same_on_every_call():
-    """The kernel's path depends on the mask's layout (an expanded mask is not contiguous): the stand-in keeps it."""
+def test_a_stood_in_mask_is_laid_out_as_the_traced_one_and_the_same_on_every_call():
+    """The kernel's path depends on the mask's layout (an expanded or transposed mask is not contiguous): the stand-in
+    keeps it."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memplan.estimator.kernels.probe import _mask_values
+    from memplan.estimator.kernels.probe import _stand_in_mask
 
     with FakeTensorMode():
-        fake = torch.empty(8, 512, 1, dtype=torch.bool).expand(8, 512, 256)
-    stand_in = _mask_values(fake)
-    assert stand_in.shape == fake.shape and stand_in.stride() == fake.stride()
-    assert 0.4 < stand_in.float().mean().item() < 0.6
-    assert torch.equal(stand_in, _mask_values(fake))
+        expanded = torch.empty(8, 512, 1, dtype=torch.bool).expand(8, 512, 256)
+        transposed = torch.empty(256, 512, dtype=torch.bool).t()
+    for fake in (expanded, transposed):
+        stand_in = _stand_in_mask(fake)
+        assert stand_in.shape == fake.shape and stand_in.stride() == fake.stride()
+        assert 0.4 < stand_in.float().mean().item() < 0.6
+        assert torch.equal(stand_in, _stand_in_mask(fake))
+
+
+class BufferMask(nn.Module):
+    """A fixed mask registered as a buffer (its value carried beside its fake: memplan.estimator.known_values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(64, 512)
+        self.register_buffer("keep", (torch.arange(2048) % 3 == 0)[:, None].clone(), persistent=False)  # rows
+
+    def forward(self, x):
+        h = self.up(x)
+        return torch.zeros_like(h).masked_scatter(self.keep, h)
+
+
+def test_a_buffers_mask_is_probed_with_its_value_and_no_note():
+    est = estimate(BufferMask, _rows(2048, 64)(), loss=_loss, optimizer="adamw", device="cpu")
+    truth = measure_cpu_peak(BufferMask, _rows(2048, 64), loss=_loss, optimizer="adamw")
+    assert not any("no values of" in note for note in est.notes), est.notes
+    assert abs(est.peak_allocated / truth - 1) < 0.001, (est.peak_allocated, truth)

@@ -56,6 +56,7 @@ import math
 import torch
 
 from memplan.compat.torch import disable_current_modes, is_fake
+from memplan.estimator import known_values
 from memplan.estimator.cuda.cub_sort import radix_sort_temp_bytes, segmented_radix_sort_temp_bytes
 from memplan.estimator.determinism import sorts_index_put
 
@@ -116,25 +117,27 @@ def masked_scatter_scratch(self, mask, source):
     """`masked_scatter` / `masked_scatter_` (IndexKernel.cpp `masked_scatter__cuda`, IndexKernel.cu
     `launch_masked_scatter_kernel`; the out-of-place op clones self first, its output): an int64 prefix sum of the
     mask at self's shape (`maskPrefixSum`), the mask made contiguous at self's shape (a copy where it was broadcast
-    or strided), cub's scan storage (one block: its tile states, under 0.2 % of the prefix sums, are not modelled)
-    and a copy of a non-contiguous source, all held while the kernel runs."""
-    if self.numel() == 0:
+    or strided) and cub's scan storage (one block: its tile states, a few hundred KB over tens of millions of
+    elements, are not modelled), then, the scan's storage freed, a copy of a non-contiguous source."""
+    expanded = _broadcast(mask, self)  # (the out-of-place op broadcasts self too)
+    if expanded.numel() == 0:
         return ()
-    mask_copy = 0 if _broadcast(mask, self).is_contiguous() else self.numel() * mask.element_size()
-    source_copy = 0 if source.is_contiguous() else _nbytes(source)
-    return ((self.numel() * _I64, mask_copy, _CUB_BLOCK, source_copy),)
+    prefix = expanded.numel() * _I64
+    mask_copy = 0 if expanded.is_contiguous() else expanded.numel() * mask.element_size()
+    source_copy = 0 if source.is_contiguous() else _nbytes(source)  # made after the scan's storage is freed
+    return ((prefix, mask_copy, _CUB_BLOCK), (prefix, mask_copy, source_copy))
 
 
 def masked_scatter_backward_scratch(grad, mask, sizes):
     """`masked_scatter_backward` (FunctionsManual / TensorAdvancedIndexing.cpp `masked_scatter_backward_symint`,
     composite): `grad.masked_select(mask)` (its nonzero, then the selection), then zeros for the rest of the
-    elements, both held while `cat` writes the output. The selection's count is the mask's where it is real (the
-    batch's own mask, LLaVA's image tokens); a fake mask counts every element (as `index` does: an upper bound, with
-    no zeros and no cat: the selection is then the output). The phases before the output exists are counted beside
-    it, as the other rules here count theirs."""
+    elements, both held while `cat` writes the output. The selection's count is the mask's where it has values (the
+    batch's own mask, LLaVA's image tokens; a buffer's); a mask without values counts as many as the source holds
+    (the most the forward accepts: no zeros and no cat, the selection is then the output). The phases before the
+    output exists are counted beside it, as the other rules here count theirs."""
     numel = math.prod(sizes)
     expanded = _broadcast(mask, grad)
-    selected = _nonzero_count(expanded, grad, None, 0)
+    selected = min(_nonzero_count(expanded, grad, None, 0), numel)  # the forward checked: at most the source's size
     nonzero = [selected * expanded.dim() * _I64]
     selection = selected * grad.element_size()
     rest = (numel - selected) * grad.element_size()
@@ -144,12 +147,20 @@ def masked_scatter_backward_scratch(grad, mask, sizes):
 
 
 def _broadcast(mask, self):
-    """The mask as the op broadcasts it against self (expand_outplace); a real mask stays real (its count)."""
+    """The mask as the op broadcasts it against self (expand_outplace); a mask with values (the batch's, a buffer's
+    carried value: memplan.estimator.known_values) keeps them (its count)."""
     shape = torch.broadcast_shapes(mask.shape, self.shape)
-    if not is_fake(mask) and mask.device.type != "meta":
+    values = _values_of(mask)
+    if values is not None:
         with disable_current_modes():
-            return mask.expand(shape)
+            return values.expand(shape)
     return _meta(mask).expand(shape)
+
+
+def _values_of(mask):
+    if is_fake(mask):
+        return known_values.value_of(mask)
+    return None if mask.device.type == "meta" else mask
 
 
 def sort_scratch(self, *args, gpu, **kwargs):
@@ -243,11 +254,12 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
 
 
 def _nonzero_count(mask, self, values, position: int) -> int:
-    """The mask's set elements: counted where the mask is real (the batch's own masks); for a fake mask the
-    value's length there (index_put), or every element (an upper bound)."""
-    if not is_fake(mask) and mask.device.type != "meta":
-        with disable_current_modes():  # a real mask (the batch's): count it outside the fake mode
-            return int(torch.count_nonzero(mask))
+    """The mask's set elements: counted where the mask has values (the batch's own masks, a buffer's carried value);
+    else the value's length there (index_put), or every element (an upper bound)."""
+    known = _values_of(mask)
+    if known is not None:
+        with disable_current_modes():  # count it outside the fake mode
+            return int(torch.count_nonzero(known))
     if values is not None and values.dim() > 0:
         lead = values.dim() - (self.dim() - mask.dim() + 1)
         if 0 <= lead + position < values.dim() and values.size(lead + position) > 1:

@@ -95,10 +95,11 @@ _MASKED_SCATTER_BACKWARD = torch.ops.aten.masked_scatter_backward.default
 concatenates both: the selection and the zeros sit beside the output (-20.8 % on a model whose peak it is,
 tests/estimator/test_probed_kernel_scratch.py). How much depends on the mask: with two or more threads and 32 Ki
 elements or more, a selection of at least one element first writes two int64 prefix sums of the mask's shape, and
-the selection holds one element per True. A zero mask takes a quarter of what a mask half True takes. So the mask
-is probed with its values: the real ones where the trace has them (a mask computed from the batch: the image-token
-mask of a multimodal model), else a seeded stand-in, half True, as the value resolver answers a selection under a
-mask of an activation (memplan.estimator.values); the notes say so."""
+the selection holds one element per True: a zero mask takes 0.3 to 0.7 times what a mask half True takes, by dtype.
+So the mask is probed with its values: the real ones where the trace has them (a mask computed from the batch: the
+image-token mask of a multimodal model; a buffer's carried value), else a seeded stand-in, half True and laid out as
+the mask is, as the value resolver answers a selection under a mask of an activation (memplan.estimator.values); the
+notes say so."""
 _MASK_STAND_IN = "masked_scatter's backward under a mask the trace has no values of"
 _BCE_WITH_LOGITS = torch.ops.aten.binary_cross_entropy_with_logits.default
 """One op to the trace, a composite to the kernel (Loss.cpp): log_sigmoid(input) (on CPU with a buffer of the same
@@ -161,8 +162,9 @@ class KernelScratchProbe:
             return 0  # an out= variant writes into a tensor the trace already counts
         mask = None
         if func is _MASKED_SCATTER_BACKWARD:
-            mask = _mask_values(args[1])
-            self.stood_in |= mask is not _values_of(args[1])
+            mask = _values_of(args[1])
+            if mask is None:
+                mask, self.stood_in = _stand_in_mask(args[1]), True
             args = (args[0], mask, *args[2:])
         key = (func, torch.get_num_threads(), torch.backends.mkldnn.enabled, *(_signature(a) for a in args),
                *sorted((k, _signature(v)) for k, v in kwargs.items()), None if mask is None else int(mask.sum()))
@@ -202,8 +204,9 @@ class KernelScratchProbe:
                        f"{len(self.probed)} op shapes once on this host, {torch.get_num_threads()} threads "
                        f"(largest {self.largest / 2**20:.2f} MiB)")
         if self.stood_in:
-            out.append(f"{_MASK_STAND_IN} (one computed from an activation): its scratch was measured under a random "
-                       "mask, half True; under an all-True mask it is up to 14 % larger")
+            out.append(f"{_MASK_STAND_IN} (computed from an activation, or a buffer over 64 Ki elements): its scratch "
+                       "was measured under a random mask, half True; more True takes more (all True: +14 % for a "
+                       "float32 gradient, +7 % bfloat16, +33 % float64), fewer less")
         if any(key[0] is _MATRIX_EXP for key in self.probed):
             out.append("matrix_exp's scratch is counted at its worst case (the input's 1-norm past theta_18); "
                        "a smaller norm takes as little as a third of it")
@@ -284,15 +287,14 @@ def _values_of(mask: torch.Tensor) -> torch.Tensor | None:
     return known_values.value_of(mask) if isinstance(mask, FakeTensor) else mask
 
 
-def _mask_values(mask: torch.Tensor) -> torch.Tensor:
-    """The mask's real values, else a stand-in half True, seeded by its shape (the same on every host and call) and
-    broadcast as the mask is (a mask expanded over a dim is not contiguous, which decides the kernel's path)."""
-    values = _values_of(mask)
-    if values is not None:
-        return values
+def _stand_in_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Random values half True, seeded by the mask's shape (the same on every host and call), laid out as the mask is:
+    its strides and broadcast dims (the CPU kernel's path depends on the mask's layout)."""
     generator = torch.Generator().manual_seed(zlib.crc32(repr(tuple(mask.shape)).encode()))
-    base = [1 if stride == 0 else size for size, stride in zip(mask.shape, mask.stride())]
-    return (torch.rand(base, generator=generator) < 0.5).expand(tuple(mask.shape))
+    base_shape = [1 if stride == 0 else size for size, stride in zip(mask.shape, mask.stride())]
+    base = torch.empty_strided(base_shape, [stride or 1 for stride in mask.stride()], dtype=torch.bool)
+    base.copy_(torch.rand(base_shape, generator=generator) < 0.5)
+    return base.expand(tuple(mask.shape))
 
 
 def _signature(value) -> object:
@@ -326,7 +328,7 @@ def _measure(func, args: tuple, kwargs: dict) -> int:
     kwargs = {k: _real(v) for k, v in kwargs.items()}
     if func is _MATRIX_EXP:
         real_args = (_worst_case_input(real_args[0]), *real_args[1:])
-    if func is _MASKED_SCATTER_BACKWARD:  # the mask's values (_mask_values) decide the scratch
+    if func is _MASKED_SCATTER_BACKWARD:  # the mask's values (_values_of, _stand_in_mask) decide the scratch
         real_args = (real_args[0], args[1], *real_args[2:])  # (read, never written)
     if func is torch.ops.aten.native_layer_norm_backward.default:
         # mean and rstd as the real forward makes them: CPU's mixed-dtype layer_norm keeps them in
