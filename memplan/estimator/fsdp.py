@@ -20,6 +20,7 @@ unsharded parameters with `storage.resize_(0)`, which no dispatch mode sees),
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -297,7 +298,39 @@ def follow_storage(tracker) -> Iterator[None]:
     _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc_storage
     _fsdp_param.free_storage = free_storage
     try:
-        yield
+        with _collective_buffers_stay_fake(tracker, _fsdp_param_group.FSDPParamGroup):
+            yield
     finally:
         _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = original_alloc
         _fsdp_param.free_storage = original_free
+
+
+_COLLECTIVES = ("unshard", "wait_for_unshard", "post_backward")
+"""The FSDPParamGroup methods that allocate FSDP2's all-gather and reduce-scatter buffers (torch 2.7-2.13)."""
+
+
+@contextlib.contextmanager
+def _collective_buffers_stay_fake(tracker, group_class) -> Iterator[None]:
+    """While FSDP2 gathers and reduces, its buffers stay fake even where a small model makes them small enough for the
+    tracker to run their factory for real: nothing reads their values, and a real buffer among fake shards would be
+    converted back to a fake by every op that meets it (a quarter of a small model's FSDP trace). The bytes counted
+    are the same."""
+    originals = {name: group_class.__dict__[name] for name in _COLLECTIVES if name in group_class.__dict__}
+
+    def fake_factories(method):
+        @functools.wraps(method)
+        def run(*args, **kwargs):
+            before, tracker.realize_factories = tracker.realize_factories, False
+            try:
+                return method(*args, **kwargs)
+            finally:
+                tracker.realize_factories = before
+        return run
+
+    for name, method in originals.items():
+        setattr(group_class, name, fake_factories(method))
+    try:
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(group_class, name, method)

@@ -119,6 +119,8 @@ class StorageTracker(TorchDispatchMode):
         """A streams.StreamNumbers naming the stream each allocation is made on (None: all on the default
         stream); the caching allocator model keeps each stream's freed blocks for that stream."""
         self.forward_activations = 0
+        self.realize_factories = True
+        """Whether small CPU factories run for real (_maybe_realize_factory); not in FSDP2's collectives (fsdp.py)."""
         self.workspaces = None
         """A cuda.workspaces.LibraryWorkspaces: cuBLAS(Lt) workspaces taken at first use, cuDNN convolutions'
         and RNNs' for their run (None: CPU target)."""
@@ -384,7 +386,8 @@ class StorageTracker(TorchDispatchMode):
 
     def _maybe_realize_factory(self, func, args, kwargs, out):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if len(outs) != 1 or outs[0].numel() > REAL_FACTORY_MAX_NUMEL or outs[0].device.type != "cpu":
+        if not self.realize_factories or len(outs) != 1 or outs[0].numel() > REAL_FACTORY_MAX_NUMEL \
+                or outs[0].device.type != "cpu":
             return out
         with disable_current_modes():
             return self._real(func, args, kwargs)
