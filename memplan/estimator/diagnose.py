@@ -30,6 +30,9 @@ from memplan.estimator.tracker import StorageTracker
 _BATCH_SHAPED = (KeyError, IndexError, ValueError, TypeError)
 """Errors of code taking a batch apart, when raised outside every submodule."""
 
+_SAVED_TENSOR_HOOKS = "don't yet support saved tensor hooks"
+"""torch.func's refusal (torch 2.4-2.13) of grad, vjp, jacrev and hessian under saved-tensor hooks."""
+
 _BATCH_FIX = ("Pass the batch exactly as training_step receives it (same structure, keys, shapes and dtypes), "
               "and a loss= that matches it")
 
@@ -53,6 +56,13 @@ def explain_failure(err: BaseException, *, model: nn.Module, batch_tensors: Iter
         return EstimateError(argument="model", stage="step", detail=f"the op {call} failed{in_module} in the {phase} "
                              f"({what})", fix=_op_fix(err), cause=what)
     location = _user_location(err)
+    if isinstance(err, RuntimeError) and _SAVED_TENSOR_HOOKS in str(err):
+        return EstimateError(argument="model", stage="step", detail=f"the training step calls a torch.func transform "
+                             f"(grad, vjp, jacrev, hessian){in_module}, which refuses to run under saved-tensor "
+                             "hooks; memplan's trace follows every tensor saved for backward with them, so it cannot "
+                             "trace this step", fix="Estimate a variant of the step that takes the same gradients "
+                             "with torch.autograd.grad(..., create_graph=True) (it traces), or measure this one on a "
+                             "GPU", cause=what)
     if isinstance(err, _BATCH_SHAPED) and phase == "forward" and where in (None, "model"):
         return EstimateError(argument="batch", detail=f"the training step could not take this batch ({what}{location})",
                              fix=_BATCH_FIX, cause=what)

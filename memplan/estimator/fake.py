@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from memplan.compat.torch import (
     FAKE_TENSOR_LOGGER,
@@ -147,13 +148,18 @@ class _BuildMode(TorchDispatchMode):
     on the CPU is made real, so those numbers are the real ones and the model has the real structure.
     Weights stay fake (and every parameter and buffer, real or not, is re-made a fresh fake after the
     build). A value read back from a fake (a truncation bound, a norm, a parametrization's `allclose`
-    check) has none to give: a check is taken as passing (True) and a number as 0; initial values never
-    change how much memory a step takes. Only the build runs under this mode, never the traced step."""
+    check) has none to give: a check is taken as passing (True) and a number as 0, except that `any()` of
+    a fake reads False: no element is exceptional, so a NaN check passes and a rejection loop ends
+    (`nn.init.trunc_normal_` resamples `while mask.any()`: read as True, it never ended, and a model with
+    a large weight so initialised waited out a 60 s alarm). Initial values never change how much memory a
+    step takes. Only the build runs under this mode, never the traced step."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reads = 0
         """Values read back from fake tensors and answered (reported if the builder fails)."""
+        self._any_results = WeakIdKeyDictionary()
+        """Storages of `any()` results on fakes: their value reads False."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -164,6 +170,8 @@ class _BuildMode(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default:
             self.reads += 1
             dtype = args[0].dtype
+            if args[0].untyped_storage() in self._any_results:
+                return False
             return True if dtype == torch.bool else (0.0 if dtype.is_floating_point else 0)
         try:
             out = func(*args, **kwargs)
@@ -172,6 +180,8 @@ class _BuildMode(TorchDispatchMode):
                 raise
             self.reads += 1  # `allclose`, `equal` on fake weights: a check, taken as passing
             return True
+        if func.overloadpacket is torch.ops.aten.any and isinstance(out, FakeTensor):
+            self._any_results[out.untyped_storage()] = None
         if not tensors and isinstance(out, torch.Tensor) and out.numel() <= REAL_FACTORY_MAX_NUMEL \
                 and out.device.type == "cpu":
             with disable_current_modes():

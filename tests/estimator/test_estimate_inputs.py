@@ -99,6 +99,20 @@ def test_a_failure_in_the_backward_is_one_estimate_error_naming_the_op():
         estimate(_Deep(Twice.apply), (torch.randn(2, 8),), device="cpu")
 
 
+def test_a_torch_func_transform_in_the_step_is_named_with_a_variant_that_traces():
+    """torch.func's grad / vjp / jacrev refuse saved-tensor hooks, under which memplan traces: one error naming it."""
+    from torch.func import functional_call, jacrev, vmap
+
+    def loss(model, x):
+        params = dict(model.named_parameters())
+        jacobian = vmap(jacrev(lambda row: functional_call(model, params, (row[None],))[0]))(x)
+        return model(x).pow(2).mean() + jacobian.pow(2).mean()
+
+    with pytest.raises(EstimateError, match=r"torch\.func transform.*saved-tensor hooks.*torch\.autograd\.grad"):
+        estimate(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)), torch.randn(4, 8), loss=loss,
+                 device="cpu")
+
+
 def test_a_failed_trace_leaves_autograd_and_autocast_as_they_were():
     wrong = (torch.randn(2, 9), torch.randint(0, 4, (2,)))
     for device in ("cpu", "A100-80GB"):

@@ -16,7 +16,8 @@ allocator while it runs:
 - softmax, log_softmax, their backwards, layer_norm, log_sigmoid and an erf gelu_backward given a non-contiguous
   input: a contiguous copy of it (MLP-Mixer's token mixing read 27 % under without it).
 - composites the trace sees as one op: masked_scatter's backward (a selection and zeros, concatenated) and
-  binary_cross_entropy_with_logits (log_sigmoid with its buffer, the elementwise loss before the reduction).
+  binary_cross_entropy_with_logits (log_sigmoid with its buffer, the elementwise loss before the reduction);
+- learnable fake quantization's backward (per-element scale and zero-point gradients, summed).
 Their size depends on the algorithm the library picks for the shape, the ISA and the thread count,
 so no rule predicts it.
 
@@ -105,7 +106,14 @@ _BCE_WITH_LOGITS = torch.ops.aten.binary_cross_entropy_with_logits.default
 """One op to the trace, a composite to the kernel (Loss.cpp): log_sigmoid(input) (on CPU with a buffer of the same
 size while it runs), with pos_weight a weight of the input's size, then the elementwise loss beside it, before the
 reduction: two to three times the logits (-1.6 % on a multi-label head whose peak it is)."""
+_FAKE_QUANT_LEARNABLE = frozenset({
+    torch.ops.aten._fake_quantize_learnable_per_tensor_affine_backward.default,
+    torch.ops.aten._fake_quantize_learnable_per_channel_affine_backward.default,
+})
+"""Quantization-aware training's learnable fake quantization (LSQ): the CPU backward computes per-element gradients of
+the scale and zero point at the input's size, then sums them (-14.3 % on a model whose peak it is)."""
 _PROBED_OPS = frozenset({
+    *_FAKE_QUANT_LEARNABLE,
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
     *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTION_COPIES, _MASKED_SCATTER_BACKWARD, _BCE_WITH_LOGITS,
