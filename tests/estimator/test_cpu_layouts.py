@@ -47,7 +47,32 @@ OPS = {
 
 
 def test_every_layout_rule_has_its_cases():
-    assert CPU_LAYOUT_OPS == set(OPS) | {aten.log_sigmoid_forward.default, aten.log_sigmoid_backward.default}
+    assert CPU_LAYOUT_OPS == set(OPS) | {aten.log_sigmoid_forward.default, aten.log_sigmoid_backward.default,
+                                         aten.native_layer_norm.default}
+
+
+@pytest.mark.parametrize("input_dtype, param_dtype, params", [
+    (torch.bfloat16, torch.float32, "weight and bias"),  # CPU autocast: a bf16 activation, float32 weights
+    (torch.float16, torch.float32, "weight"),
+    (torch.bfloat16, torch.bfloat16, "weight and bias"),
+    (torch.bfloat16, None, "none"),
+    (torch.float32, torch.float32, "weight and bias"),
+])
+def test_layer_norm_statistics_dtype_is_the_real_cpu_kernels(input_dtype, param_dtype, params):
+    """CPU layer_norm keeps mean and rstd in float32 for a half input with float32 weights (mixed type); the meta
+    kernel gives them the input's dtype."""
+    def args(make):
+        weight = make(torch.ones(64, dtype=param_dtype)) if params != "none" else None
+        bias = make(torch.zeros(64, dtype=param_dtype)) if params == "weight and bias" else None
+        return make(torch.randn(8, 64).to(input_dtype)), [64], weight, bias, 1e-5
+
+    real = aten.native_layer_norm(*args(lambda t: t))
+    mode = FakeTensorMode()
+    with mode:
+        fake_args = args(mode.from_tensor)
+        ruled = cpu_output_layout(aten.native_layer_norm.default, fake_args, aten.native_layer_norm(*fake_args))
+    assert [t.dtype for t in ruled] == [t.dtype for t in real]
+    assert [t.shape for t in ruled] == [t.shape for t in real]
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
