@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memplan.compat.torch import (FakeTensor, OpOverload, disable_current_modes, op_schema, owns_its_storage,
+from memplan.compat.torch import (FakeTensor, OpOverload, disable_current_modes, is_fake, op_schema, owns_its_storage,
                                   tree_flatten, tree_unflatten)
 
 MAX_NUMEL = 1 << 16
@@ -65,6 +65,14 @@ def value_of(t: object) -> torch.Tensor | None:
             return real.as_strided(tuple(t.shape), t.stride(), t.storage_offset())
     except RuntimeError:  # a view reaching past what the value covers: no value
         return None
+
+
+def values_of(t: torch.Tensor) -> torch.Tensor | None:
+    """`t`'s values where the trace has them: `t` itself if it is real (the batch's), a fake's carried value (a
+    buffer's), else None (a fake without one, or a meta tensor)."""
+    if is_fake(t):  # (a DTensor of fakes too: no value)
+        return value_of(t)
+    return None if t.device.type == "meta" else t
 
 
 def models_carry_values(model: torch.nn.Module) -> bool:

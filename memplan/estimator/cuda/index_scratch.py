@@ -55,7 +55,7 @@ import math
 
 import torch
 
-from memplan.compat.torch import disable_current_modes, is_fake
+from memplan.compat.torch import disable_current_modes
 from memplan.estimator import known_values
 from memplan.estimator.cuda.cub_sort import radix_sort_temp_bytes, segmented_radix_sort_temp_bytes
 from memplan.estimator.determinism import sorts_index_put
@@ -150,17 +150,11 @@ def _broadcast(mask, self):
     """The mask as the op broadcasts it against self (expand_outplace); a mask with values (the batch's, a buffer's
     carried value: memplan.estimator.known_values) keeps them (its count)."""
     shape = torch.broadcast_shapes(mask.shape, self.shape)
-    values = _values_of(mask)
+    values = known_values.values_of(mask)
     if values is not None:
         with disable_current_modes():
             return values.expand(shape)
     return _meta(mask).expand(shape)
-
-
-def _values_of(mask):
-    if is_fake(mask):
-        return known_values.value_of(mask)
-    return None if mask.device.type == "meta" else mask
 
 
 def sort_scratch(self, *args, gpu, **kwargs):
@@ -256,7 +250,7 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
 def _nonzero_count(mask, self, values, position: int) -> int:
     """The mask's set elements: counted where the mask has values (the batch's own masks, a buffer's carried value);
     else the value's length there (index_put), or every element (an upper bound)."""
-    known = _values_of(mask)
+    known = known_values.values_of(mask)
     if known is not None:
         with disable_current_modes():  # count it outside the fake mode
             return int(torch.count_nonzero(known))

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from memplan.compat.torch import FakeTensor, profiler_enabled
+from memplan.compat.torch import profiler_enabled
 from memplan.estimator import known_values
 
 PROBE_MAX_BYTES = 512 << 20
@@ -170,7 +170,7 @@ class KernelScratchProbe:
             return 0  # an out= variant writes into a tensor the trace already counts
         mask = None
         if func is _MASKED_SCATTER_BACKWARD:
-            mask = _values_of(args[1])
+            mask = known_values.values_of(args[1])
             if mask is None:
                 mask, self.stood_in = _stand_in_mask(args[1]), True
             args = (args[0], mask, *args[2:])
@@ -290,11 +290,6 @@ def _expanded(t: torch.Tensor, dims: list[int]) -> list[int]:
     return shape
 
 
-def _values_of(mask: torch.Tensor) -> torch.Tensor | None:
-    """The mask's values where the trace has them: a real tensor, or a fake carrying its buffer's value."""
-    return known_values.value_of(mask) if isinstance(mask, FakeTensor) else mask
-
-
 def _stand_in_mask(mask: torch.Tensor) -> torch.Tensor:
     """Random values half True, seeded by the mask's shape (the same on every host and call), laid out as the mask is:
     its strides and broadcast dims (the CPU kernel's path depends on the mask's layout)."""
@@ -336,7 +331,7 @@ def _measure(func, args: tuple, kwargs: dict) -> int:
     kwargs = {k: _real(v) for k, v in kwargs.items()}
     if func is _MATRIX_EXP:
         real_args = (_worst_case_input(real_args[0]), *real_args[1:])
-    if func is _MASKED_SCATTER_BACKWARD:  # the mask's values (_values_of, _stand_in_mask) decide the scratch
+    if func is _MASKED_SCATTER_BACKWARD:  # the mask's values (scratch_bytes chose them) decide the scratch
         real_args = (real_args[0], args[1], *real_args[2:])  # (read, never written)
     if func is torch.ops.aten.native_layer_norm_backward.default:
         # mean and rstd as the real forward makes them: CPU's mixed-dtype layer_norm keeps them in
