@@ -5,7 +5,8 @@
 
 One burner per usable core (a Python loop, at the suite's own priority, like `stress --cpu N`) runs from
 before the first run until the last ends; each run's wall time, exit status and the load average are
-printed (and, with --record, written to benchmarks/results/test_suite_time.json, which README quotes), and
+printed (and, with --record, written to benchmarks/results/test_suite_time.json for a quiet run, `--burners 0`, or
+to benchmarks/results/test_suite_stress.json under load, with the commit it ran on; README quotes both), and
 the script exits with the first failing run's status. `--burners 0` times the suite on a quiet machine. Tests that start subprocesses name a
 hang by lack of CPU progress (tests/subprocess_run.py), so a slow run under load is not a failure."""
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "test_suite_time.json"
+STRESS_RESULTS = ROOT / "benchmarks" / "results" / "test_suite_stress.json"
 BURN = "while True:\n    pass\n"
 
 
@@ -69,12 +71,26 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _commit() -> str:
+    """The commit the suite ran on (with "+changes" where the work tree differs from it), or "unknown"."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2, help="how many times to run the suite in a row (default 2)")
     parser.add_argument("--burners", type=int, default=len(os.sched_getaffinity(0)),
                         help="CPU-burning processes to run beside it (default: one per usable core)")
-    parser.add_argument("--record", action="store_true", help=f"write the runs to {RESULTS.relative_to(ROOT)}")
+    parser.add_argument("--record", action="store_true",
+                        help=f"write the runs to {RESULTS.relative_to(ROOT)} (quiet) or "
+                        f"{STRESS_RESULTS.relative_to(ROOT)} (with burners)")
     parser.add_argument("pytest_args", nargs="*", help="arguments for pytest after `--` (default: the README's -q -n 2 tests)")
     args = parser.parse_args(argv)
     pytest_args = args.pytest_args or ["-q", "-n", "2", "tests"]
@@ -104,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             burner.kill()
             burner.wait()
     if args.record:
-        RESULTS.write_text(json.dumps({
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_model": _cpu_model(),
+        (STRESS_RESULTS if args.burners else RESULTS).write_text(json.dumps({
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
+            "cpu_model": _cpu_model(),
             "usable_cores": len(os.sched_getaffinity(0)), "burners": args.burners,
             "command": " ".join(["python", *command[1:]]), "runs": runs,
         }, indent=2) + "\n")
