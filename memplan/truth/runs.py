@@ -53,7 +53,8 @@ class Training:
     checkpointing: bool | Collection[type[nn.Module]] | str = False
     """As memplan.estimate's `checkpointing=`."""
     steps: int = 2
-    """Training steps to run."""
+    """Training steps to run: batches, each trained by the step as the module writes it (under manual
+    optimization, every optimizer step it takes)."""
     on_step_start: Hook = field(default=lambda step: None)
     """Called before each step's forward."""
     on_step_end: Hook = field(default=lambda step: None)
@@ -228,7 +229,9 @@ def _as_lightning_module(pl, model: nn.Module, is_module: bool, run: Training):
 
 
 def lightning_fit(run: Training, *, accelerator: str = "cpu") -> nn.Module:
-    """Build the model and the batch, then `Trainer.fit` for `run.steps` steps on one device."""
+    """Build the model and the batch, then `Trainer.fit` over `run.steps` batches on one device: one epoch of a
+    loader holding that many, not `max_steps`, which under manual optimization counts every `optimizer.step()`
+    (two per batch for a GAN's two optimizers: `max_steps=2` ended such a fit after its first batch)."""
     from torch.utils.data import DataLoader
 
     model = run.build()
@@ -246,7 +249,7 @@ def lightning_fit(run: Training, *, accelerator: str = "cpu") -> nn.Module:
             run.on_step_end(batch_idx + 1)
 
     trainer = pl.Trainer(
-        accelerator=accelerator, devices=1, precision=run.precision, max_steps=run.steps, callbacks=[Marks()],
+        accelerator=accelerator, devices=1, precision=run.precision, max_epochs=1, callbacks=[Marks()],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0,
     )
