@@ -49,8 +49,8 @@ def explain_failure(err: BaseException, *, model: nn.Module, batch_tensors: Iter
     if failed is not None:
         func, args = failed
         call = _describe_call(func, args)
-        batch_storages = {storage_key(t) for t in batch_tensors}
-        if any(_is_real(t) and storage_key(t) in batch_storages for t in _tensors(args)):
+        batch_storages = {storage_key(t) for t in batch_tensors if t.layout == torch.strided}
+        if any(_is_real(t) and t.layout == torch.strided and storage_key(t) in batch_storages for t in _tensors(args)):
             return EstimateError(argument="batch", detail=f"the model could not run {call}{in_module} on this batch "
                                  f"({what})", fix=_BATCH_FIX, cause=what)
         return EstimateError(argument="model", stage="step", detail=f"the op {call} failed{in_module} in the {phase} "
@@ -113,8 +113,13 @@ def _op_fix(err: BaseException) -> str:
 
 
 def _describe_call(func, args) -> str:
-    shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in _tensors(args))
+    shapes = ", ".join(f"{_layout(t)}{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in _tensors(args))
     return f"{func}({shapes})"
+
+
+def _layout(t: torch.Tensor) -> str:
+    """'' for a dense tensor, else its layout ('sparse_coo ')."""
+    return "" if t.layout == torch.strided else f"{str(t.layout).removeprefix('torch.')} "
 
 
 def _tensors(args) -> list[torch.Tensor]:

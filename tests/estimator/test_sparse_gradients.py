@@ -53,3 +53,28 @@ def test_an_embedding_bag_with_sparse_gradients_is_refused_by_name_and_a_dense_o
     truth = measure_cpu_peak(bag(False), batch, loss=ce_loss, optimizer="sgd")
     # the dense backward's own buffers (_embedding_bag_dense_backward) are not modelled yet: -0.44 % here
     assert abs(dense.peak_allocated / truth - 1) < 0.01, (dense.peak_allocated, truth)
+
+
+class SparseAdjacencyGCN(nn.Module):
+    """A graph layer multiplying by a sparse COO adjacency it builds from the batch's edges (trains for real)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(32, 10)
+
+    def forward(self, x, edges):
+        adjacency = torch.sparse_coo_tensor(edges, torch.ones(edges.shape[1]), (x.shape[0], x.shape[0]))
+        return torch.sparse.mm(adjacency, self.lin(x))
+
+
+def test_a_sparse_matmul_the_trace_cannot_run_is_one_error_naming_the_op_and_the_sparse_operand():
+    from memplan.estimator.errors import EstimateError
+
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.randn(4, 32, generator=g), torch.randint(0, 4, (2, 16), generator=g),
+             torch.randint(0, 10, (4,), generator=g))
+    loss = lambda m, b: F.cross_entropy(m(b[0], b[1]), b[2])  # noqa: E731
+    loss(SparseAdjacencyGCN(), batch).backward()  # it trains for real
+    with pytest.raises(EstimateError) as refused:  # not the storage error of explaining it (a sparse tensor has none)
+        estimate(SparseAdjacencyGCN, batch, loss=loss, device="cpu")
+    assert refused.value.argument == "model" and "sparse_coo float32[4, 4]" in str(refused.value)
