@@ -20,7 +20,7 @@ import statistics
 import sys
 from typing import Any
 
-from benchmarks import heldout_cases4
+from benchmarks import heldout_cases4, heldout_cases5
 from benchmarks import heldout_models as hm
 from benchmarks import heldout_models4 as hm4
 from benchmarks.accuracy_cpu import _run_json
@@ -56,6 +56,8 @@ from benchmarks.results_io import RESULTS, machine, write_results
 from benchmarks.zoo import OPTIMIZERS, Case
 
 WITHIN = 0.001
+SWEEP_OPTIMIZERS = {**hm4.OPTIMIZERS, **heldout_cases5.OPTIMIZERS}
+"""Optimizers the sweeps' cases name besides benchmarks.zoo.OPTIMIZERS (registered there in the truth's process)."""
 MiB = 1 << 20
 CAUSES = [(
     "- orthogonal-rnn (parametrizations.orthogonal: matrix_exp of a skew matrix every forward): -9.894 %. "
@@ -85,6 +87,14 @@ CAUSES = [(
     "that traces (estimator/diagnose.py). boolean-mask-token-pruning (-2.899 %) is the documented assumption: a mask "
     "computed from an activation is answered by random values of its shape (named in the notes); the real gate kept "
     "154 of 256 tokens at the start."
+), (
+    "- The fifth sweep (66 cases of benchmarks/heldout_cases5.py, session 15; truths and estimates on the tree of its "
+    "start, the misses re-estimated after their fixes): 64 compared, 63 within 0.1 % before the fixes. "
+    "pixel-unshuffle-lrn-mish was -0.204 %: on a channels_last input the CPU backward of adaptive_max_pool2d copies "
+    "the NCHW gradient to channels_last; pooling, padding and group norm now probed (kernels/probe.py _LAYOUT_OPS), "
+    "and a channels_last CNN flattened after max_pool2d (-21.9 %) is exact. Two estimates stop by name where the real "
+    "run trains: nn.EmbeddingBag(sparse=True) (memplan's documented refusal) and torch.sparse.mm of a sparse COO "
+    "tensor built in forward, whose fake conversion torch lacks (it failed on explaining that error before)."
 ), (
     "- Every other row is within 0.1 % (worst |error| 0.004 %, time-series-transformer's StudentT likelihood)."
 )]
@@ -228,6 +238,7 @@ def _cases() -> list[tuple]:
                                                 **_LLAVA), {}),
     ]
     cases += heldout_cases4.cases()
+    cases += heldout_cases5.cases()
     by_name = {c[0]: c for c in cases}
     for name in ("beit-rel-pos", "xlnet", "fnet-fft", "rwkv", "weight-norm-mlp", "speech-to-text", "packed-bilstm",
                  "esm-rotary"):
@@ -239,6 +250,7 @@ def _cases() -> list[tuple]:
         ("xlnet", "torch", {"loop": "torch"}), ("segformer", "b7", {"batch_size": 7}),
         ("m2m100", "16mixed", {"precision": "16-mixed"}),
         *heldout_cases4.JOBS,
+        *heldout_cases5.JOBS,
     ]
     cases += [(f"{name}-{suffix}", *by_name[name][1:5], settings) for name, suffix, settings in jobs]
     return cases
@@ -254,8 +266,8 @@ def estimate_one(name: str) -> dict:
     import benchmarks.realmodels as real
 
     case = CASES[name]
-    if case.optimizer in hm4.OPTIMIZERS:  # memplan.estimate takes an optimizer outside its named ones as a callable
-        case = dataclasses.replace(case, optimizer=hm4.OPTIMIZERS[case.optimizer])
+    if case.optimizer in SWEEP_OPTIMIZERS:  # memplan.estimate takes an optimizer outside its named ones as a callable
+        case = dataclasses.replace(case, optimizer=SWEEP_OPTIMIZERS[case.optimizer])
     real.CASES[name] = case  # realmodels' estimate_one reads its own table
     return _estimate_one(name)
 
@@ -348,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.truth_one or args.estimate_one:
         if args.truth_one:
             from benchmarks.cpu_truth import measure
-            OPTIMIZERS.update(hm4.OPTIMIZERS)  # the truth builds these by name (zoo.make_optimizer), in its process
+            OPTIMIZERS.update(SWEEP_OPTIMIZERS)  # the truth builds these by name (zoo.make_optimizer), in its process
             out = measure(CASES[args.truth_one])
         else:
             out = estimate_one(args.estimate_one)

@@ -143,11 +143,9 @@ _LAYOUT_OPS = frozenset({
 })
 """CPU kernels that copy a non-contiguous input to a contiguous one (or compute into a contiguous
 buffer and copy out): 2 x the tensor for an erf gelu_backward whose gradient is transposed, 1 x for
-softmax, log_softmax, their backwards, layer_norm and log_sigmoid (forward and backward). The pooling,
-padding and group-norm kernels with a channels_last path copy an input to the layout of another (a
-channels_last CNN whose pooled output is flattened gets its gradient back NCHW: max_pool2d's backward copies
-it to channels_last, -22 % measured without it; adaptive and average pooling -4 to -17 %, reflection padding
--15 %). Probed only when an input is non-contiguous (a channels_last tensor is not)."""
+softmax, log_softmax, their backwards, layer_norm and log_sigmoid; pooling, padding and group norm copy an input
+to another's layout (a channels_last CNN flattened after max_pool2d: -22 % without it). Probed only when an input
+is non-contiguous (a channels_last tensor is not)."""
 _CACHE: dict[tuple, int] = {}
 """Scratch bytes by op signature, for the life of the process."""
 
