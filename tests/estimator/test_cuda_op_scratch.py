@@ -204,3 +204,19 @@ def test_bce_with_logits_holds_its_log_sigmoid_beside_the_elementwise_loss():
     assert cuda_op_scratch(bce, (logits, logits), {}) == ((n,), (n, n))
     assert cuda_op_scratch(bce, (logits, logits, None, pos_weight), {}) == ((n,), (n, 4096 * 4, n), (n, n))
     assert cuda_op_scratch(bce, (logits, logits), {"reduction": 0}) == ((n,),)
+
+
+def test_pooling_backwards_copy_an_nchw_gradient_into_a_channels_last_input_s_layout():
+    # DilatedMaxPool2d.cu / AveragePool2d.cu: gradOutput_.contiguous(input's suggested format); from source, not yet
+    # read on a GPU (the CPU kernels do the same, measured by the probe: tests/estimator/test_channels_last_pooling.py)
+    x = meta(4, 64, 32, 32).contiguous(memory_format=torch.channels_last)
+    _, indices = aten.max_pool2d_with_indices(x, [2, 2], [2, 2])
+    nchw, channels_last = meta(4, 64, 16, 16), meta(4, 64, 16, 16).contiguous(memory_format=torch.channels_last)
+    pool = ([2, 2], [2, 2], [0, 0])
+    max_back = lambda g, inp: cuda_op_scratch_bytes(  # noqa: E731
+        aten.max_pool2d_with_indices_backward.default, (g, inp, *pool, [1, 1], False, indices), {})
+    avg_back = lambda g, inp: cuda_op_scratch_bytes(  # noqa: E731
+        aten.avg_pool2d_backward.default, (g, inp, *pool, False, True, None), {})
+    assert max_back(nchw, x) == avg_back(nchw, x) == 4 * 64 * 16 * 16 * 4  # the gradient, copied
+    assert max_back(channels_last, x) == avg_back(channels_last, x) == 0  # already in the input's layout
+    assert avg_back(nchw, meta(4, 64, 32, 32)) == 0  # an NCHW model copies nothing
