@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from benchmarks import heldout_inputs4 as hi4
 from benchmarks import heldout_inputs5 as hi5
 from benchmarks import heldout_models5 as hm5
 from benchmarks.heldout_inputs import _IMG, _S2S, _SPEECH, _image_tuple
@@ -153,7 +154,7 @@ def cases() -> list[tuple]:
                                              max_source_positions=64, num_labels=4), {}),
         # sweep5: time series
         ("autoformer-autocorr", "time-series", *h(
-            "AutoformerForPrediction", "AutoformerConfig", None, batch=hi5.autoformer_batch, prediction_length=16,
+            "AutoformerForPrediction", "AutoformerConfig", None, batch=hi4.informer_batch, prediction_length=16,
             context_length=32, lags_sequence=[1, 2, 3], num_time_features=1, d_model=32, encoder_layers=2,
             decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
             decoder_ffn_dim=64, moving_average=5, autocorrelation_factor=2, encoder_layerdrop=0.0,

@@ -41,17 +41,6 @@ def seg_batch(batch_size: int, *, size: int = 64) -> dict:
             "labels": torch.randint(0, 5, (batch_size, size, size), generator=g)}
 
 
-def autoformer_batch(batch_size: int) -> dict:
-    """context 32 + the largest lag 3; one time feature; StudentT likelihood."""
-    g = _gen()
-    past = 35
-    return {"past_values": torch.randn(batch_size, past, generator=g),
-            "past_time_features": torch.randn(batch_size, past, 1, generator=g),
-            "past_observed_mask": torch.ones(batch_size, past),
-            "future_values": torch.randn(batch_size, 16, generator=g),
-            "future_time_features": torch.randn(batch_size, 16, 1, generator=g)}
-
-
 def timesfm_batch(batch_size: int) -> dict:
     g = _gen()
     return {"past_values": list(torch.randn(batch_size, 64, generator=g)),
