@@ -1,7 +1,8 @@
 """CUDA op rules written from source, read on a real GPU: cub's radix-sort storage (sort over 4096 along its dim),
 flash attention's backward under deterministic algorithms, embedding's backward over 3072 indices and index_put's
 sort over more than one cub tile (the last two read on the H200 in session 13), masked_scatter's prefix sums and its
-backward's nonzero (cases written in session 14, no reading yet).
+backward's nonzero (cases written in session 14, no reading yet), and channels_last pooling backwards given an NCHW
+gradient (benchmarks/gpu_rules_pools.py, session 15, no reading yet).
 
     python -m benchmarks.gpu_rules --out DIR [--cpu]      on the GPU: DIR/gpu_rules.json
     python -m benchmarks.gpu_rules --report RAW.json     here: benchmarks/results/gpu_rules.{json,md}
@@ -26,6 +27,8 @@ import platform
 import sys
 import traceback
 from pathlib import Path
+
+from benchmarks import gpu_rules_pools as pools
 
 SORTS = (  # (shape, dtype, dim, stable, descending, the path the rule takes)
     ((8, 50257), "float32", -1, False, False, "segments < 128: by full sort"),
@@ -66,7 +69,7 @@ MASKED_SCATTERS = (  # (batch, seq, hidden, image tokens a row, spare feature ro
 )
 CPU_SORTS = (((8, 5000), "float32", -1, False, False, "dry run"),)
 RULED = ("aten.sort.", "_flash_attention_backward", "embedding_dense_backward", "index_put", "masked_scatter",
-         "masked_select")
+         "masked_select", *pools.RULED)
 
 
 def _meta(value):
@@ -323,6 +326,12 @@ def run(cpu: bool) -> dict:
                 errors.append({"case": f"{case.__name__} {spec}",
                                "error": "".join(traceback.format_exception_only(err))[-400:]})
             torch.cuda.empty_cache()
+    for spec in () if cpu else pools.POOLS:
+        try:
+            rows.extend(pools.pool_case(spec, _reading_mode(True, gpu)))
+        except Exception as err:  # noqa: BLE001
+            errors.append({"case": f"pool {spec}", "error": "".join(traceback.format_exception_only(err))[-400:]})
+        torch.cuda.empty_cache()
     return {"device": device_info, "python": platform.python_version(), "rows": rows, "errors": errors}
 
 
