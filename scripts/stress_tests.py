@@ -6,7 +6,8 @@
 One burner per usable core (a Python loop, at the suite's own priority, like `stress --cpu N`) runs from
 before the first run until the last ends; each run's wall time, exit status and the load average are
 printed (and, with --record, written to benchmarks/results/test_suite_time.json for a quiet run, `--burners 0`, or
-to benchmarks/results/test_suite_stress.json under load, with the commit it ran on; README quotes both), and
+to benchmarks/results/test_suite_stress.json under load, with the commit it ran on, rewritten after each run so an
+interrupted session keeps the runs that finished; README quotes them), and
 the script exits with the first failing run's status. `--burners 0` times the suite on a quiet machine. Tests that start subprocesses name a
 hang by lack of CPU progress (tests/subprocess_run.py), so a slow run under load is not a failure."""
 from __future__ import annotations
@@ -83,6 +84,18 @@ def _commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
+def _record(burners: int, command: list[str], runs: list[dict], *, of: int) -> None:
+    """Write the finished `runs` (of `of` asked for) to RESULTS (quiet) or STRESS_RESULTS (with burners), atomically."""
+    path = STRESS_RESULTS if burners else RESULTS
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps({
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
+        "cpu_model": _cpu_model(), "usable_cores": len(os.sched_getaffinity(0)), "burners": burners,
+        "command": " ".join(["python", *command[1:]]), "runs_asked": of, "runs": runs,
+    }, indent=2) + "\n")
+    temporary.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2, help="how many times to run the suite in a row (default 2)")
@@ -115,17 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                          "load_range": f"{min(loads):.0f}-{max(loads):.0f}"})
             if code != 0 and status == 0:
                 status = code
+            if args.record:  # after every run: a session that ends before the last keeps the runs that finished
+                _record(args.burners, command, runs, of=args.runs)
     finally:
         for burner in burners:
             burner.kill()
             burner.wait()
-    if args.record:
-        (STRESS_RESULTS if args.burners else RESULTS).write_text(json.dumps({
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
-            "cpu_model": _cpu_model(),
-            "usable_cores": len(os.sched_getaffinity(0)), "burners": args.burners,
-            "command": " ".join(["python", *command[1:]]), "runs": runs,
-        }, indent=2) + "\n")
     return status
 
 
