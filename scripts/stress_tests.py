@@ -7,7 +7,7 @@ One burner per usable core (a Python loop, at the suite's own priority, like `st
 before the first run until the last ends; each run's wall time, exit status and the load average are
 printed (and, with --record, written to benchmarks/results/test_suite_time.json for a quiet run, `--burners 0`, or
 to benchmarks/results/test_suite_stress.json under load, with the commit it ran on, rewritten after each run so an
-interrupted session keeps the runs that finished; README quotes them), and
+interrupted session keeps the runs that finished; README quotes the quiet one), and
 the script exits with the first failing run's status. `--burners 0` times the suite on a quiet machine. Tests that start subprocesses name a
 hang by lack of CPU progress (tests/subprocess_run.py), so a slow run under load is not a failure."""
 from __future__ import annotations
