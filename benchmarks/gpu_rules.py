@@ -121,6 +121,16 @@ def decode(value):
     return value
 
 
+def rule(func, args, kwargs, gpu, deterministic) -> tuple[tuple, int]:
+    """(phases, their block-rounded peak) memplan adds inside `func` on `gpu`: its op rule's (cuda/op_scratch.py) and
+    the kernel's contiguous copies of its inputs as a phase of their own (kernels/scratch.py), as the trace does."""
+    from memplan.estimator.cuda.op_scratch import cuda_op_scratch, rounded_peak
+    from memplan.estimator.kernels.scratch import cuda_contiguous_copies
+    copies = cuda_contiguous_copies(func, args)
+    phases = cuda_op_scratch(func, args, kwargs, gpu, deterministic=deterministic) + ((copies,) if any(copies) else ())
+    return phases, rounded_peak(phases)
+
+
 def requested_peak(phases) -> int:
     """The most bytes a rule's buffers ask for at once (as requested: no block rounding)."""
     return max((sum(held) for held in phases), default=0)
@@ -151,7 +161,6 @@ def _reading_mode(cuda: bool, gpu):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memplan.estimator.cuda.op_scratch import cuda_op_scratch, cuda_op_scratch_bytes
     from memplan.estimator.determinism import process_deterministic
 
     class Readings(TorchDispatchMode):
@@ -184,16 +193,14 @@ def _reading_mode(cuda: bool, gpu):
         @staticmethod
         def _row(func, args, kwargs, before, peak, after, events) -> dict:
             deterministic = process_deterministic()  # what this process ran the op under
-            phases = cuda_op_scratch(func, decode(encode(args)), decode(encode(kwargs)), gpu,
-                                     deterministic=deterministic)
+            phases, rounded = rule(func, decode(encode(args)), decode(encode(kwargs)), gpu, deterministic)
             sizes, requested = _temporaries(events)
             return {"op": str(func), "args": encode(args), "kwargs": encode(kwargs),
                     "before": before, "peak": peak, "after": after,
                     "gpu_transient": max(0, peak - max(before, after)),
                     "gpu_temporaries": sizes, "gpu_requested_peak": requested,
                     "rule_phases": [list(held) for held in phases], "rule_requested_peak": requested_peak(phases),
-                    "rule": cuda_op_scratch_bytes(func, decode(encode(args)), decode(encode(kwargs)), gpu,
-                                                  deterministic=deterministic)}
+                    "rule": rounded}
 
     return Readings()
 
@@ -318,7 +325,7 @@ def run(cpu: bool) -> dict:
                                "error": "".join(traceback.format_exception_only(err))[-400:]})
             torch.cuda.empty_cache()
     for case, specs in (() if cpu else ((_embedding_case, EMBEDDINGS), (_index_put_case, INDEX_PUTS),
-                                        (_masked_scatter_case, MASKED_SCATTERS))):
+                                        (_masked_scatter_case, MASKED_SCATTERS), (pools.pool_case, pools.POOLS))):
         for spec in specs:
             try:
                 rows.extend(case(spec, gpu))
@@ -326,18 +333,12 @@ def run(cpu: bool) -> dict:
                 errors.append({"case": f"{case.__name__} {spec}",
                                "error": "".join(traceback.format_exception_only(err))[-400:]})
             torch.cuda.empty_cache()
-    for spec in () if cpu else pools.POOLS:
-        try:
-            rows.extend(pools.pool_case(spec, _reading_mode(True, gpu)))
-        except Exception as err:  # noqa: BLE001
-            errors.append({"case": f"pool {spec}", "error": "".join(traceback.format_exception_only(err))[-400:]})
-        torch.cuda.empty_cache()
     return {"device": device_info, "python": platform.python_version(), "rows": rows, "errors": errors}
 
 
 def report(raw: Path) -> dict:
     """The GPU's readings against this tree's rules (re-computed for the recorded arguments and GPU)."""
-    from memplan.estimator.cuda.op_scratch import CudaGpu, cuda_op_scratch, cuda_op_scratch_bytes
+    from memplan.estimator.cuda.op_scratch import CudaGpu
 
     data = json.loads(raw.read_text())
     device = data["device"]
@@ -346,8 +347,7 @@ def report(raw: Path) -> dict:
     for row in data["rows"]:
         args, kwargs = decode(row["args"]), decode(row["kwargs"])
         deterministic = "deterministic=True" in row["case"]  # the trace's setting, as an estimate passes it
-        phases = cuda_op_scratch(_op(row["op"]), args, kwargs, gpu, deterministic=deterministic)
-        rounded = cuda_op_scratch_bytes(_op(row["op"]), args, kwargs, gpu, deterministic=deterministic)
+        phases, rounded = rule(_op(row["op"]), args, kwargs, gpu, deterministic)
         rows.append({"case": row["case"], "path": row["path"], "op": row["op"],
                      "gpu_requested_peak": row["gpu_requested_peak"], "rule_requested_peak": requested_peak(phases),
                      "gpu_transient": row["gpu_transient"], "rule_rounded": rounded,

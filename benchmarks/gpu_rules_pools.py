@@ -15,10 +15,12 @@ RULED = ("pool2d", "reflection_pad2d")
 """Ops whose readings the cases keep (forwards too: a channels_last forward copies nothing)."""
 
 
-def pool_case(spec, reading_mode) -> list[dict]:
-    """One case run on the GPU under `reading_mode` (gpu_rules._reading_mode); its rows."""
+def pool_case(spec, gpu) -> list[dict]:
+    """One case run on `gpu` under gpu_rules' reading mode; its rows."""
     import torch
     import torch.nn.functional as F
+
+    from benchmarks.gpu_rules import _reading_mode
 
     shape, dtype, op = spec
     pool = {"max_pool2d": lambda t: F.max_pool2d(t, 2), "avg_pool2d": lambda t: F.avg_pool2d(t, 2),
@@ -27,6 +29,7 @@ def pool_case(spec, reading_mode) -> list[dict]:
             "reflection_pad2d": lambda t: F.pad(t, (1, 1, 1, 1), mode="reflect")}[op]
     x = torch.randn(shape, device="cuda", dtype=getattr(torch, dtype)).contiguous(memory_format=torch.channels_last)
     x.requires_grad_()
+    reading_mode = _reading_mode(True, gpu)
     with reading_mode:
         y = pool(x)
         y.backward(torch.ones(y.shape, device="cuda", dtype=y.dtype))  # NCHW-contiguous, as a flatten's gradient

@@ -10,6 +10,7 @@ from torch import nn
 from memplan.estimator.api import estimate
 from memplan.estimator.cuda.host_state import host_state_tensors
 from memplan.estimator.cuda.op_scratch import cuda_op_scratch, cuda_op_scratch_bytes
+from memplan.estimator.kernels.scratch import cuda_contiguous_copies
 
 aten = torch.ops.aten
 
@@ -207,16 +208,17 @@ def test_bce_with_logits_holds_its_log_sigmoid_beside_the_elementwise_loss():
 
 
 def test_pooling_backwards_copy_an_nchw_gradient_into_a_channels_last_input_s_layout():
-    # DilatedMaxPool2d.cu / AveragePool2d.cu: gradOutput_.contiguous(input's suggested format); from source, not yet
-    # read on a GPU (the CPU kernels do the same, measured by the probe: tests/estimator/test_channels_last_pooling.py)
+    # DilatedMaxPool2d.cu / AveragePool2d.cu: gradOutput_.contiguous(input's suggested format), a kernel's contiguous
+    # copy as softmax's (kernels/scratch.py); from source, not yet read on a GPU (the CPU kernels do the same, measured
+    # by the probe: tests/estimator/test_channels_last_pooling.py)
     x = meta(4, 64, 32, 32).contiguous(memory_format=torch.channels_last)
     _, indices = aten.max_pool2d_with_indices(x, [2, 2], [2, 2])
     nchw, channels_last = meta(4, 64, 16, 16), meta(4, 64, 16, 16).contiguous(memory_format=torch.channels_last)
     pool = ([2, 2], [2, 2], [0, 0])
-    max_back = lambda g, inp: cuda_op_scratch_bytes(  # noqa: E731
-        aten.max_pool2d_with_indices_backward.default, (g, inp, *pool, [1, 1], False, indices), {})
-    avg_back = lambda g, inp: cuda_op_scratch_bytes(  # noqa: E731
-        aten.avg_pool2d_backward.default, (g, inp, *pool, False, True, None), {})
+    max_back = lambda g, inp: sum(cuda_contiguous_copies(  # noqa: E731
+        aten.max_pool2d_with_indices_backward.default, (g, inp, *pool, [1, 1], False, indices)))
+    avg_back = lambda g, inp: sum(cuda_contiguous_copies(  # noqa: E731
+        aten.avg_pool2d_backward.default, (g, inp, *pool, False, True, None)))
     assert max_back(nchw, x) == avg_back(nchw, x) == 4 * 64 * 16 * 16 * 4  # the gradient, copied
     assert max_back(channels_last, x) == avg_back(channels_last, x) == 0  # already in the input's layout
     assert avg_back(nchw, meta(4, 64, 32, 32)) == 0  # an NCHW model copies nothing

@@ -50,10 +50,6 @@ kernel probe measures what CPU kernels do.
   cuDNN attention there (sm90, cuDNN > 9.15 prefers it; memplan emulates flash): its backward held 512 B more
   than this rule, gpt2-b8-bf16mixed [8, 4, 128, 64] bf16 1,065,472 B (rule 1,064,960), llama-gqa-b4-bf16mixed
   [4, 8, 256, 32] with 2 key/value heads 2,130,432 B (rule 2,129,920).
-- `max_pool2d_with_indices_backward` / `avg_pool2d_backward` (DilatedMaxPool2d.cu, AveragePool2d.cu): the output
-  gradient (and the indices, or the input) made contiguous in the input's suggested memory format: a copy where a
-  channels_last input's gradient comes back NCHW (a CNN flattened into a linear head; the CPU kernels copy it too,
-  -22 % measured there without it). From source; not read on a GPU.
 - Advanced indexing, masks and sort (index, index_put with accumulate, a mask's nonzero, masked_select,
   masked_scatter and its backward, sort's index buffers): cuda/index_scratch.py.
 
@@ -71,7 +67,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memplan.compat.torch import disable_current_modes, suggest_memory_format
+from memplan.compat.torch import disable_current_modes
 from memplan.estimator.cuda.embedding_scratch import embedding_backward_scratch
 from memplan.estimator.cuda.index_scratch import RULES as INDEX_RULES
 from memplan.estimator.determinism import Deterministic, splits_flash_backward
@@ -131,7 +127,11 @@ def cuda_op_scratch(func, args, kwargs, gpu: CudaGpu = GENERIC_GPU, *,
 def cuda_op_scratch_bytes(func, args, kwargs, gpu: CudaGpu = GENERIC_GPU, *,
                           deterministic: Deterministic = False) -> int:
     """The most bytes (block-rounded) `func`'s temporaries hold at once on `gpu`."""
-    phases = cuda_op_scratch(func, args, kwargs, gpu, deterministic=deterministic)
+    return rounded_peak(cuda_op_scratch(func, args, kwargs, gpu, deterministic=deterministic))
+
+
+def rounded_peak(phases: Phases) -> int:
+    """The most bytes (each request block-rounded) a rule's phases hold at once."""
     return max((sum(_rounded(n) for n in held) for held in phases), default=0)
 
 
@@ -215,24 +215,6 @@ def _bce_with_logits(input, target, weight=None, pos_weight=None, reduction=1) -
     return tuple(phases)
 
 
-def _max_pool2d_backward(grad_output, input, kernel_size, stride, padding, dilation, ceil_mode, indices) -> Phases:
-    """DilatedMaxPool2d.cu `max_pool2d_with_indices_backward_out_cuda`: `gradOutput_.contiguous(memory_format)` (and
-    the indices'), memory_format the input's suggested one: a channels_last input whose gradient comes back NCHW
-    (flattened into a linear head) gets a copy of it."""
-    return (_layout_copies(suggest_memory_format(input), grad_output, indices),)
-
-
-def _avg_pool2d_backward(grad_output, input, *rest) -> Phases:
-    """AveragePool2d.cu `avg_pool2d_backward_out_cuda`: `input_.contiguous(memory_format)` and
-    `gradOutput_.contiguous(memory_format)`, memory_format the input's suggested one."""
-    return (_layout_copies(suggest_memory_format(input), input, grad_output),)
-
-
-def _layout_copies(memory_format: torch.memory_format, *tensors: torch.Tensor) -> tuple[int, ...]:
-    """The bytes of `.contiguous(memory_format)` of each of `tensors` that it copies."""
-    return tuple(0 if t.is_contiguous(memory_format=memory_format) else _nbytes(t) for t in tensors)
-
-
 def _meta_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
@@ -255,8 +237,6 @@ _RULES = {
     aten.cumsum.default: _cumulative,
     aten.cumprod.default: _cumulative,
     aten._scaled_dot_product_flash_attention_backward.default: _flash_attention_backward,
-    aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,
-    aten.avg_pool2d_backward.default: _avg_pool2d_backward,
     **INDEX_RULES,
 }
 _BY_GPU = frozenset({aten._scaled_dot_product_flash_attention_backward.default, aten.sort.default, aten.sort.stable,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from memplan.compat.torch import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes, op_overload
+from memplan.compat.torch import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes, op_overload, suggest_memory_format
 
 _PAGE = 4096
 """oneDNN rounds each workspace part up to a 4 KiB page (rnn_utils set_offsets)."""
@@ -98,13 +98,19 @@ def ctc_backward_scratch_bytes(func, args) -> int:
 
 _aten = torch.ops.aten
 _CUDA_CONTIGUOUS_COPIES = {
-    # op: the positions of the tensor arguments the CUDA kernel makes contiguous
-    _aten._softmax.default: (0,),  # cuda/SoftMax.cu host_softmax: input_.contiguous()
-    _aten._log_softmax.default: (0,),
-    _aten._log_softmax_backward_data.default: (0, 1),  # host_softmax_backward: grad_, output_ .contiguous()
+    # op: (the positions of the tensor arguments the CUDA kernel makes contiguous, the position of the tensor whose
+    # suggested memory format it makes them contiguous in; None: the default, row-major format)
+    _aten._softmax.default: ((0,), None),  # cuda/SoftMax.cu host_softmax: input_.contiguous()
+    _aten._log_softmax.default: ((0,), None),
+    _aten._log_softmax_backward_data.default: ((0, 1), None),  # host_softmax_backward: grad_, output_ .contiguous()
     # softmax's backward makes its product contiguous instead (cuda/op_scratch.py)
-    _aten.native_layer_norm.default: (0,),  # cuda/layer_norm_kernel.cu layer_norm_cuda: input.expect_contiguous()
-    _aten.native_layer_norm_backward.default: (0, 1),  # dY.contiguous(), input.expect_contiguous()
+    # cuda/layer_norm_kernel.cu layer_norm_cuda: input.expect_contiguous()
+    _aten.native_layer_norm.default: ((0,), None),
+    _aten.native_layer_norm_backward.default: ((0, 1), None),  # dY.contiguous(), input.expect_contiguous()
+    # DilatedMaxPool2d.cu max_pool2d_with_indices_backward_out_cuda: gradOutput_, indices_ .contiguous(memory_format)
+    _aten.max_pool2d_with_indices_backward.default: ((0, 7), 1),
+    # AveragePool2d.cu avg_pool2d_backward_out_cuda: input_ and gradOutput_ .contiguous(memory_format)
+    _aten.avg_pool2d_backward.default: ((0, 1), 1),
 }  # embedding's backward: its copies are held through its sort (cuda/embedding_scratch.py)
 
 
@@ -115,17 +121,22 @@ def cuda_contiguous_copies(func, args) -> tuple[int, ...]:
     probe measures what CPU kernels do. Sourced from ATen; on an H100 (benchmarks/results/op_transients.md)
     MLP-Mixer's layer norms and their backwards on transposed inputs held exactly this copy, and an embedding's
     backward its gradient's and indices' copies (lstm-b32: [32, 64, 128] fp32 + [32, 64] int64 = 1,064,960 B).
+    max_pool2d's and avg_pool2d's backwards copy into the input's suggested memory format instead: a channels_last
+    CNN flattened into a linear head gets its gradient back NCHW and copied (the CPU kernels do the same, -22 %
+    measured there without it; from source, not read on a GPU: benchmarks/gpu_rules_pools.py has the cases).
     Returns the bytes of each copy: each `.contiguous()` is a request of its own to the caching allocator (a
     1 MiB copy and a 16 KiB one take two small-pool blocks, where their sum, over 1 MiB, would take a large
     block and can take a cached 2 MiB one whole). Embedding's backward makes the same copies inside its own rule
     (cuda/embedding_scratch.py), which holds them through the sort it runs over more than 3072 indices."""
-    positions = _CUDA_CONTIGUOUS_COPIES.get(func)
-    if positions is None:
+    rule = _CUDA_CONTIGUOUS_COPIES.get(func)
+    if rule is None:
         return ()
+    positions, layout_of = rule
+    memory_format = torch.contiguous_format if layout_of is None else suggest_memory_format(args[layout_of])
     return tuple(
         t.numel() * t.element_size()
         for t in (args[i] for i in positions if i < len(args))
-        if isinstance(t, torch.Tensor) and not t.is_contiguous()
+        if isinstance(t, torch.Tensor) and not t.is_contiguous(memory_format=memory_format)
     )
 
 
