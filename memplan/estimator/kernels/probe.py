@@ -6,7 +6,8 @@ allocator while it runs:
   its blocked layouts, im2col columns of the slow path, depthwise kernels' padded copies (64 % of a
   tiny ConvNeXt's peak, 12 % of a ResNet's);
 - an LSTM layer (`mkldnn_rnn_layer` and its backward): oneDNN's RNN scratchpad (gates of one step,
-  per-thread GEMM buffers) besides the workspace it returns (11 % of a 2-layer LSTM's);
+  per-thread GEMM buffers) besides the workspace it returns (11 % of a 2-layer LSTM's), other buffers under
+  grad mode than without: each op is probed in the grad mode the trace ran it in;
 - flash attention (forward and backward): per-thread blocks of scores and accumulators;
 - batch norm's backward: a buffer the size of its input (its forward: a few per-channel buffers);
 - a float16 or bfloat16 matmul (mm, addmm, bmm, baddbmm): its operands converted or packed for the
@@ -119,10 +120,8 @@ _PROBED_OPS = frozenset({
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
     *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTION_COPIES, _MASKED_SCATTER_BACKWARD, _BCE_WITH_LOGITS,
 })
-_MATMULS = frozenset({
-    torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
-    torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default,
-})
+_MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+                      torch.ops.aten.baddbmm.default})
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _HALF_MEANS = frozenset({torch.ops.aten.mean.dim, torch.ops.aten.mean.default})
 """CPU's mean of a float16/bfloat16 tensor sums a float32 copy of its input (4 bytes an element)."""
@@ -184,7 +183,8 @@ class KernelScratchProbe:
             if mask is None:
                 mask, self.stood_in = _stand_in_mask(args[1]), True
             args = (args[0], mask, *args[2:])
-        key = (func, torch.get_num_threads(), torch.backends.mkldnn.enabled, *(_signature(a) for a in args),
+        grad = torch.is_grad_enabled()
+        key = (func, torch.get_num_threads(), torch.backends.mkldnn.enabled, grad, *(_signature(a) for a in args),
                *sorted((k, _signature(v)) for k, v in kwargs.items()), None if mask is None else int(mask.sum()))
         if key in self.probed:
             return _CACHE[key]
@@ -203,7 +203,7 @@ class KernelScratchProbe:
                 self.skipped.add(key)
                 return 0
             try:
-                _CACHE[key] = _measure(func, args, kwargs)
+                _CACHE[key] = _measure(func, args, kwargs, grad)
             except Exception:  # noqa: BLE001 - a probe that cannot run leaves the estimate as it is
                 # The fake op's outputs may not be what the real kernel takes back (CPU's mixed-dtype
                 # layer_norm keeps float32 mean/rstd where the meta kernel says bfloat16).
@@ -335,8 +335,8 @@ def _real(value):
     return value
 
 
-def _measure(func, args: tuple, kwargs: dict) -> int:
-    """Run `func` on real zeros shaped like `args`; the most it had allocated at once, less its outputs."""
+def _measure(func, args: tuple, kwargs: dict, grad: bool = False) -> int:
+    """Run `func` on real zeros shaped like `args` in grad mode `grad`; the most it held at once, less its outputs."""
     real_args = tuple(_real(a) for a in args)
     kwargs = {k: _real(v) for k, v in kwargs.items()}
     if func is _MATRIX_EXP:
@@ -349,7 +349,7 @@ def _measure(func, args: tuple, kwargs: dict) -> int:
         _, input, shape, _, _, weight, bias, _ = real_args
         real_args = (*real_args[:3], *torch.ops.aten.native_layer_norm.default(input, shape, weight, bias, 1e-5)[1:],
                      *real_args[5:])
-    with torch.no_grad(), memory_profile() as prof:
+    with torch.set_grad_enabled(grad), memory_profile() as prof:
         out = func(*real_args, **kwargs)
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())

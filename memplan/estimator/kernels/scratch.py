@@ -47,9 +47,14 @@ def lstm_workspace_bytes(seq: int, batch: int, in_features: int, hidden: int, it
 def rnn_workspace_bytes(func, args) -> int | None:
     """The real workspace of `aten.mkldnn_rnn_layer` (whose meta kernel returns an empty one), or None
     for any other op. Arguments: (input, w0, w1, w2, w3, hx, cx, reverse, batch_sizes, mode,
-    hidden_size, num_layers, has_biases, bidirectional, batch_first, train)."""
+    hidden_size, num_layers, has_biases, bidirectional, batch_first, train). The kernel makes one whenever grad
+    mode is on, whatever `train` (the module's mode) and the inputs' requires_grad say, and none under no_grad
+    (a frozen LSTM encoder run under torch.no_grad: 0 bytes, +94 % counted otherwise; read on the real kernel,
+    tests/estimator/test_lstm_grad_mode.py)."""
     if func is not torch.ops.aten.mkldnn_rnn_layer.default:
         return None
+    if not torch.is_grad_enabled():
+        return 0
     x = args[0]  # always time-major here: aten's mkldnn_rnn transposes a batch-first input before the
     # layer call and still passes batch_first=True along (checked against the real kernel)
     seq, batch, hidden = x.shape[0], x.shape[1], args[10]
@@ -60,7 +65,7 @@ def with_rnn_workspace(func, args, out):
     """`out` with a library-sized workspace output given the size the real kernel gives it (mkldnn_rnn_layer's,
     `rnn_workspace_bytes`); `out` itself for any other op. Called under the fake mode: the workspace is fake."""
     nbytes = rnn_workspace_bytes(func, args)
-    if nbytes is None or out[3].numel() != 0:
+    if not nbytes or out[3].numel() != 0:
         return out
     return (*out[:3], torch.empty(nbytes, dtype=torch.uint8, device=out[3].device))
 
