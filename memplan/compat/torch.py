@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -308,3 +309,29 @@ def counting_checkpoint_calls(count: Callable[[], None]) -> Iterator[None]:
 
 
 
+
+
+@contextlib.contextmanager
+def function_check_beside(mode: Any, encoder_check: Callable[[Any], bool]) -> Iterator[None]:
+    """`torch.overrides.has_torch_function` (public) answering, while the block runs, as if `mode` (a TorchFunctionMode
+    of memplan's, at the top of the mode stack) were not active, through `torch.overrides._pop_mode_temporarily`
+    (torch 2.7-2.13): nn.MultiheadAttention and nn.TransformerEncoderLayer take their native fast path (eval mode, no
+    gradient) only when it answers False, and any active mode makes it answer True. nn.TransformerEncoder's own check
+    (whether to convert a padded batch to a nested tensor) gets `encoder_check(args)` instead."""
+    overrides = torch.overrides
+    original = overrides.has_torch_function
+    encoder = nn.TransformerEncoder.forward.__code__
+
+    def has_torch_function(args: Any) -> bool:
+        if overrides._get_current_function_mode() is not mode:
+            return original(args)
+        if sys._getframe(1).f_code is encoder:
+            return encoder_check(args)
+        with overrides._pop_mode_temporarily():
+            return original(args)
+
+    overrides.has_torch_function = has_torch_function
+    try:
+        yield
+    finally:
+        overrides.has_torch_function = original

@@ -143,9 +143,8 @@ class _Trace:
         policy, checkpointing, target, strategy = setting.policy, setting.checkpointing, setting.target, setting.strategy
         loop, data_dependent, fsdp, world_size = setting.loop, setting.data_dependent, setting.fsdp, setting.world_size
         self.target, self.deterministic = target, setting.deterministic
-        self.loop = loop
-        self.policy = policy
-        self.strategy = strategy
+        self.loop, self.policy, self.strategy = loop, policy, strategy
+        self.composites = RealCompositePaths(native_fast_paths=not target.is_cuda)
         self.notes: list[str] = []
         self.fake_mode = new_fake_mode()
         self.values = ValueResolver(data_dependent, self.fake_mode)
@@ -175,7 +174,7 @@ class _Trace:
         try:
             follow = follow_storage(tracker) if self.fsdp else contextlib.nullcontext()
             with self._emulation(), self.values.watching(self.model), self.fake_mode, tracker, self._rng_states(), \
-                    RealCompositePaths(), follow, self.own_checkpoints:
+                    self.composites, follow, self.own_checkpoints:
                 self._setup()
                 for step in range(TRACED_STEPS):
                     if step == TRACED_STEPS - 1:
@@ -346,7 +345,7 @@ class _Trace:
         if self.checkpointed:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks"
                          f"{' (per-op policy: matmul and attention outputs kept)' if self.checkpoint_mode == 'op' else ''}")
-        notes.extend(self.tracker.kernel_probe.notes())
+        notes.extend(self.tracker.kernel_probe.notes() + self.composites.notes())
         notes.extend(deterministic_notes(self.deterministic, self.tracker.deterministic_paths, lightning=self.loop
                                          == "lightning") if self.target.is_cuda else ())
         side = side_stream_bytes(self.memory)

@@ -157,19 +157,30 @@ class CostCounter:
         self._counting = True
 
     def watch_blocks(self, blocks: list[Any], repeated: list[Any] = ()) -> None:
-        """Mark ops run inside `blocks` (forward hooks) and inside a checkpointed block's recompute
+        """Mark ops run inside `blocks` (each block's forward wrapped) and inside a checkpointed block's recompute
         (memplan's checkpoint wrapper calls the block's own forward again in backward); `repeated`, the
-        model's repeated blocks in order, numbers them (OpCost.block)."""
+        model's repeated blocks in order, numbers them (OpCost.block). Not by forward hooks: nn.TransformerEncoderLayer
+        takes its native fast path (eval mode, no gradient) only when no module in it has one, as in a real run."""
         from memplan.estimator.checkpointing import _checkpointed_forward
 
         index = {id(b): i for i, b in enumerate(repeated)}
         for block in blocks:
-            block.register_forward_pre_hook(functools.partial(self._enter, index.get(id(block), -1)))
-            block.register_forward_hook(self._leave)
             forward = block.forward
             if isinstance(forward, functools.partial) and forward.func is _checkpointed_forward:
-                block.forward = functools.partial(forward.func, self._inside(forward.args[0]), *forward.args[1:],
-                                                  **forward.keywords)
+                forward = functools.partial(forward.func, self._inside(forward.args[0]), *forward.args[1:],
+                                            **forward.keywords)
+            block.forward = self._watched(index.get(id(block), -1), forward)
+
+    def _watched(self, index: int, forward):
+        """`forward`, counting its ops inside block `index`; its signature is the original's (inspect follows
+        __wrapped__: model code that reads a forward's parameters sees the same)."""
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            self._enter(index)
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self._leave()
+        return functools.update_wrapper(watched, forward)
 
     def _enter(self, index: int, *_: Any) -> None:
         from memplan.estimator.checkpointing import OpPolicy

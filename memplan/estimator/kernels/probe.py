@@ -119,6 +119,7 @@ _PROBED_OPS = frozenset({
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
     *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTION_COPIES, _MASKED_SCATTER_BACKWARD, _BCE_WITH_LOGITS,
+    torch.ops.aten._native_multi_head_attention.default, torch.ops.aten._transformer_encoder_layer_fwd.default,
 })
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
                       torch.ops.aten.baddbmm.default})
