@@ -305,14 +305,17 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.3f}%"
 
 
-def render_markdown(report: dict) -> str:
+def render_markdown(report: dict, *, title: str = "Held-out sweep: memplan on architectures outside realmodels.py",
+                    about: str = "AdamW, batch 4.", cases=None, causes=None) -> str:
+    """The report as markdown: `title`, the truth and estimate in a line ending in `about`, a row per case, the
+    summary, the `cases` (default CASES) not in the report, and the `causes` lines (default CAUSES)."""
     m, s = report["machine"], report["summary"]
     lines = [
-        "# Held-out sweep: memplan on architectures outside realmodels.py (CPU)", "",
+        f"# {title} (CPU)", "",
         f"{report['date']} · torch {m['torch']} · transformers {m['transformers']} · {m['cpu']}", "",
         ("Truth: a real Lightning `Trainer.fit`, profiler \"Total Allocated\" peak over build + 2 steps "
-        "(benchmarks/cpu_truth.py). Estimate: `memplan.estimate(build, batch, device='cpu')`. "
-        "Error = (estimate - truth) / truth. AdamW, batch 4."), "",
+         "(benchmarks/cpu_truth.py). Estimate: `memplan.estimate(build, batch, device='cpu')`. "
+         f"Error = (estimate - truth) / truth. {about}"), "",
         "| case | family | setting | truth MiB | memplan MiB | error | error bytes | truth peak in |",
         "|---|---|---|---:|---:|---:|---:|---|",
     ]
@@ -330,10 +333,10 @@ def render_markdown(report: dict) -> str:
               f"median |error| {_pct(s['median_abs_error'])}; worst {_pct(s['worst_error'])} ({s['worst_case']}); "
               f"estimate failed: {', '.join(s['estimate_failed']) or 'none'}; "
               f"truth failed (not counted): {', '.join(s['truth_failed']) or 'none'}.")]
-    missing = [name for name in CASES if name not in {r["case"] for r in report["rows"]}]
+    missing = [name for name in (CASES if cases is None else cases) if name not in {r["case"] for r in report["rows"]}]
     if missing:
         lines += ["", f"Defined but not run in this report: {', '.join(missing)}."]
-    lines += ["", "## Misses and their causes", "", *CAUSES]
+    lines += ["", "## Misses and their causes", "", *(CAUSES if causes is None else causes)]
     return "\n".join(lines) + "\n"
 
 

@@ -72,6 +72,12 @@ def heldout() -> tuple[str, ...]:
             s["worst_case"])
 
 
+def heldout6() -> tuple[str, ...]:
+    s = results("heldout_sweep6")["summary"]
+    return (str(s["cases"]), str(s["within_0.1%"]), pct(s["median_abs_error"]), signed_pct(s["worst_error"], 3),
+            s["worst_case"], ", ".join(s["estimate_failed"]) or "none")
+
+
 def fsdp() -> tuple[str, ...]:
     s = results("accuracy_fsdp_cpu")["summary"]
     rows = results("accuracy_fsdp_cpu")["rows"]

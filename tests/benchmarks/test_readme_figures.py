@@ -43,6 +43,10 @@ CLAIMS = [
     Claim("heldout_sweep",
           r"against the same\s+Trainer-based truth: (\d+) cases, (\d+) within 0\.1 %, median \|error\| NUM %, worst NUM %"
           r" \(`([\w.-]+)`", figures.heldout),
+    Claim("heldout_sweep6",
+          r"(?s)A sixth sweep \(`\.venv/bin/python -m benchmarks\.heldout_sweep6_run`.*?\): (\d+) cases, (\d+) within\s+"
+          r"0\.1 %, median \|error\| NUM %, worst NUM %\s+\(`([\w.-]+)`[^)]*\); estimate refused: ([\w., -]+)\.",
+          figures.heldout6),
     Claim("accuracy_fsdp_cpu",
           r"`benchmarks/results/accuracy_fsdp_cpu\.md`, (\d+) cases:[^;]*;\s+(\d+) rank\s+figures, each rank's profiled "
           r"peak over build \+ 2 steps\) the median error is NUM % and the worst\s+NUM %: the goal \(median <= 1 %, "

@@ -8,7 +8,8 @@ allocator while it runs:
 - an LSTM layer (`mkldnn_rnn_layer` and its backward): oneDNN's RNN scratchpad (gates of one step,
   per-thread GEMM buffers) besides the workspace it returns (11 % of a 2-layer LSTM's), other buffers under
   grad mode than without: each op is probed in the grad mode the trace ran it in;
-- flash attention (forward and backward): per-thread blocks of scores and accumulators;
+- flash attention (forward and backward): per-thread blocks of scores and accumulators; torch.nn's native
+  attention fast paths (a frozen MHA or encoder layer in eval mode): their q, k, v, scores and feed-forward;
 - batch norm's backward: a buffer the size of its input (its forward: a few per-channel buffers);
 - a float16 or bfloat16 matmul (mm, addmm, bmm, baddbmm): its operands converted or packed for the
   GEMM (0.87 MiB for a 256 x 512 x 512 float16 addmm on a 2-core AMX Xeon, 32 % of a small MLP's
@@ -73,9 +74,7 @@ _ATTENTION = frozenset({
 })
 """CPU flash attention keeps per-thread blocks of scores, sums and outputs (and in backward, gradient
 accumulators) while it runs: 8.7 % of a small MultiheadAttention model's fp32 peak."""
-_BATCH_NORMS = frozenset({
-    torch.ops.aten.native_batch_norm.default, torch.ops.aten.native_batch_norm_backward.default,
-})
+_BATCH_NORMS = frozenset({torch.ops.aten.native_batch_norm.default, torch.ops.aten.native_batch_norm_backward.default})
 """CPU batch norm's backward takes a buffer the size of its input while it runs (its forward a few
 per-channel buffers): a BatchNorm3d after a depthwise Conv3d peaks there (-14.9 % unprobed)."""
 _MATRIX_EXP = torch.ops.aten.linalg_matrix_exp.default
@@ -115,8 +114,7 @@ _FAKE_QUANT_LEARNABLE = frozenset({
 """Quantization-aware training's learnable fake quantization (LSQ): the CPU backward computes per-element gradients of
 the scale and zero point at the input's size, then sums them (-14.3 % on a model whose peak it is)."""
 _PROBED_OPS = frozenset({
-    *_FAKE_QUANT_LEARNABLE,
-    torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
+    *_FAKE_QUANT_LEARNABLE, torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
     *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTION_COPIES, _MASKED_SCATTER_BACKWARD, _BCE_WITH_LOGITS,
     torch.ops.aten._native_multi_head_attention.default, torch.ops.aten._transformer_encoder_layer_fwd.default,
