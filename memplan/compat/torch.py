@@ -308,9 +308,6 @@ def counting_checkpoint_calls(count: Callable[[], None]) -> Iterator[None]:
         module.CheckpointFunction.forward = forward
 
 
-
-
-
 @contextlib.contextmanager
 def function_check_beside(mode: Any, encoder_check: Callable[[Any], bool]) -> Iterator[None]:
     """`torch.overrides.has_torch_function` (public) answering, while the block runs, as if `mode` (a TorchFunctionMode

@@ -43,13 +43,13 @@ def linear_bias_add_in_place() -> bool:
 
 class RealCompositePaths(TorchFunctionMode):
     """While active, `F.linear` on a non-contiguous input adds its bias in place, as on real tensors; with
-    `native_fast_paths`, torch.nn's attention modules take their native fast path where a real run takes it (a frozen
-    encoder in eval mode, or any under no_grad: `_native_multi_head_attention`, `_transformer_encoder_layer_fwd`), which
-    this mode, being active, would otherwise keep them off. A CPU target only: the CPU kernel probe measures those
-    kernels' buffers (a frozen 2-layer nn.TransformerEncoder teacher read +12 % traced on the composite path, an
-    nn.MultiheadAttention one -7.7 %); a CUDA trace keeps the composite path, whose buffers the CUDA rules know.
-    nn.TransformerEncoder's conversion of a padded batch to a nested tensor (same conditions, with a padding mask)
-    cannot be traced: the layers run on the padded batch, and the notes say so."""
+    `native_fast_paths`, torch.nn's attention modules take their native fast path where a real run takes it (in eval
+    mode, under no_grad or with no weight needing a gradient: a frozen teacher or encoder), which this mode, being
+    active, would otherwise keep them off (`_native_multi_head_attention`, `_transformer_encoder_layer_fwd`). A CPU
+    target only: the CPU kernel probe measures those kernels' buffers (a frozen 2-layer nn.TransformerEncoder teacher
+    read +12 % traced on the composite path, an nn.MultiheadAttention one -7.7 %); a CUDA trace keeps the composite
+    path, whose buffers the CUDA rules know. nn.TransformerEncoder's conversion of a padded batch to a nested tensor
+    (same conditions, with a padding mask) cannot be traced: the layers run on the padded batch; the notes say so."""
 
     def __init__(self, *, native_fast_paths: bool = False) -> None:
         super().__init__()
