@@ -121,6 +121,14 @@ def suite_time() -> tuple[str, ...]:
             f"{run['cpu_minutes']:.1f}", f"{run['cpu_minutes'] / report['usable_cores']:.1f}")
 
 
+def suite_stress() -> tuple[str, ...]:
+    report = results("test_suite_stress")
+    runs = report["runs"]
+    passed = "every run passed" if all(r["exit"] == 0 for r in runs) else "a run failed"
+    return (str(len(runs)), passed, str(report["burners"]), " and ".join(f"{r['wall_minutes']:.1f}" for r in runs),
+            report["commit"])
+
+
 def logs_at_scale() -> tuple[str, ...]:
     r = results("logs_at_scale")
     return (str(round(math.log10(r['lines']))), str(r["ranks"]), f"{r['log_bytes'] / 1e6:.0f}", f"{r['report']['wall_s']:.1f}",

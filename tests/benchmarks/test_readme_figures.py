@@ -158,6 +158,9 @@ CLAIMS = [
     Claim("logs_at_scale",
           r"\(10\^(\d+) lines over (\d+) ranks, (\d+) MB: NUM s and\s+NUM MiB on a quiet 2-core ([\w ]+),",
           figures.logs_at_scale),
+    Claim("test_suite_stress",
+          r"Its last record under load \(`benchmarks/results/test_suite_stress\.json`\): (\d+) runs in a row, ([a-z ]+),"
+          r"\s+with (\d+) burners,\s+in ([\d. and]+) min\s+\(commit (\w+)", figures.suite_stress),
     Claim("test_suite_time",
           r"The suite \((\d+) tests\)\s+passed in NUM min on a 2-core ([\w ]+) at load average ([\d-]+) \([^)]*\); "
           r"it used NUM\s+CPU-minutes in all \(`benchmarks/results/test_suite_time\.json`\), so a quiet 2-core "
