@@ -272,11 +272,12 @@ def estimate_one(name: str) -> dict:
     return _estimate_one(name)
 
 
-def run_case(name: str) -> dict:
-    """The case's truth and estimate, each in a fresh process; a failed build is told from a failed step."""
-    truth, truth_wall, truth_error = _run_json(["benchmarks.heldout_sweep", "--truth-one", name])
-    est, est_wall, est_error = _run_json(["benchmarks.heldout_sweep", "--estimate-one", name])
-    case = CASES[name]
+def run_case(name: str, module: str = "benchmarks.heldout_sweep", cases: dict | None = None) -> dict:
+    """The case's truth and estimate, each in a fresh process of `module` (`--truth-one`, `--estimate-one`) that
+    knows `cases` (default CASES); a failed build is told from a failed step."""
+    truth, truth_wall, truth_error = _run_json([module, "--truth-one", name])
+    est, est_wall, est_error = _run_json([module, "--estimate-one", name])
+    case = (CASES if cases is None else cases)[name]
     setting = " ".join([case.precision, case.optimizer, f"b{case.batch_size}", *(["ckpt"] * case.checkpointing),
                         *(["torch order"] * (case.loop == "torch"))])
     row: dict[str, Any] = {"case": name, "family": case.family, "precision": case.precision, "setting": setting,

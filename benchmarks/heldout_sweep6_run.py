@@ -15,13 +15,9 @@ import dataclasses
 import datetime
 import json
 import sys
-from typing import Any
 
-from benchmarks import heldout_cases6
-from benchmarks.accuracy_cpu import _run_json
-from benchmarks import heldout_sweep
+from benchmarks import heldout_cases6, heldout_sweep
 from benchmarks.heldout_sweep import SWEEP_OPTIMIZERS, _pct, summarize
-from benchmarks.realmodels import compare
 from benchmarks.results_io import RESULTS, machine, write_results
 from benchmarks.zoo import OPTIMIZERS, Case
 
@@ -82,17 +78,7 @@ def estimate_one(name: str) -> dict:
 
 
 def run_case(name: str) -> dict:
-    truth, truth_wall, truth_error = _run_json(["benchmarks.heldout_sweep6_run", "--truth-one", name])
-    est, est_wall, est_error = _run_json(["benchmarks.heldout_sweep6_run", "--estimate-one", name])
-    case = CASES[name]
-    setting = " ".join([case.precision, case.optimizer, f"b{case.batch_size}", *(["ckpt"] * case.checkpointing),
-                        *(["torch order"] * (case.loop == "torch"))])
-    row: dict[str, Any] = {"case": name, "family": case.family, "precision": case.precision, "setting": setting,
-                           "truth": truth, "estimate": est["estimate"] if est else None,
-                           "truth_process_seconds": round(truth_wall, 2),
-                           "estimate_process_seconds": round(est_wall, 2)}
-    compare(row, truth_error, est_error)
-    return row
+    return heldout_sweep.run_case(name, "benchmarks.heldout_sweep6_run", CASES)
 
 
 def render_markdown(report: dict) -> str:
