@@ -346,10 +346,11 @@ def _previous(name: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _write(name: str, rows: list[dict]) -> None:
+def _write(name: str, rows: list[dict], render=None) -> None:
+    """results/NAME.{json,md}: the rows, dated, with their summary, rendered by `render` (default render_markdown)."""
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "rows": rows, "summary": summarize(rows)}
-    write_results(name, report, render_markdown(report), indent=1)
+    write_results(name, report, (render or render_markdown)(report), indent=1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import sys
 
 from benchmarks import heldout_cases6, heldout_sweep
 from benchmarks.heldout_sweep import SWEEP_OPTIMIZERS, _pct, summarize
-from benchmarks.results_io import RESULTS, machine, write_results
+from benchmarks.results_io import RESULTS
 from benchmarks.zoo import OPTIMIZERS, Case
 
 RESULTS_NAME = "heldout_sweep6"
@@ -88,9 +87,7 @@ def render_markdown(report: dict) -> str:
 
 
 def _write(rows: list[dict]) -> None:
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(), "rows": rows, "summary": summarize(rows)}
-    write_results(RESULTS_NAME, report, render_markdown(report), indent=1)
+    heldout_sweep._write(RESULTS_NAME, rows, render_markdown)
 
 
 def main(argv: list[str] | None = None) -> int:
