@@ -332,3 +332,43 @@ def function_check_beside(mode: Any, encoder_check: Callable[[Any], bool]) -> It
         yield
     finally:
         overrides.has_torch_function = original
+
+
+_CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")
+"""The torch-function checks that torch's Python functions call by their own module globals (torch 2.4-2.13: bound when
+the module was imported, so patching torch.overrides does not reach them)."""
+
+
+@contextlib.contextmanager
+def python_bodies_beside(mode: Any) -> Iterator[None]:
+    """torch's functions written in Python (torch.nn.functional's, torch.functional's, Tensor's own such as
+    `backward`, torch.autograd.grad) run their own bodies, with `mode` (a TorchFunctionMode of memplan's, at the top of
+    the mode stack) still active, instead of handing the whole call to it: each check in their modules' globals
+    answers, while `mode` is the current mode, as if it were not active (`torch.overrides._pop_mode_temporarily`,
+    torch 2.4-2.13). A call handed to a mode runs with that mode popped, so the ops inside it would never reach it:
+    F.multi_head_attention_forward's in-projection `linear`, or a whole backward with the checkpointed blocks it
+    recomputes."""
+    import torch._tensor
+    import torch.autograd
+    import torch.functional
+
+    overrides = torch.overrides
+    modules = (torch.nn.functional, torch.functional, torch._tensor, torch.autograd)
+    originals = [(module, name, getattr(module, name)) for module in modules for name in _CHECKS
+                 if hasattr(module, name)]
+
+    def beside(original: Callable[..., bool]) -> Callable[..., bool]:
+        def check(*args: Any) -> bool:
+            if overrides._get_current_function_mode() is not mode:
+                return original(*args)
+            with overrides._pop_mode_temporarily():
+                return original(*args)
+        return check
+
+    for module, name, original in originals:
+        setattr(module, name, beside(original))
+    try:
+        yield
+    finally:
+        for module, name, original in originals:
+            setattr(module, name, original)

@@ -33,6 +33,7 @@ from memplan.compat.torch import (
 )
 from memplan.estimator.accumulation import RunningNode, accumulation_inputs
 from memplan.estimator.allocator import ZERO_HANDLE
+from memplan.estimator.conversions import share_conversions
 from memplan.estimator.cuda.op_scratch import BY_DETERMINISM, GENERIC_GPU, cuda_op_scratch
 from memplan.estimator.determinism import Deterministic
 from memplan.estimator.kernels.probe import KernelScratchProbe
@@ -80,6 +81,8 @@ class _Record:
     backward)."""
     storage_bytes: int = -1
     """The storage's own size when last counted: a sighting at another size means it was resized in place."""
+    storages: int = 1
+    """Storages counted under this record (a real tensor and its fake conversion: conversions.py), freed with the last."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +155,7 @@ class StorageTracker(TorchDispatchMode):
         record = _Record(handle, self.memory.block_bytes(handle), category, self.phase, node=node,
                          storage_bytes=storage.nbytes())
         self._records[storage] = record
-        weakref.finalize(storage, self._on_free, record)
+        weakref.finalize(storage, self._storage_died, record)
         self._by_category[category] += record.nbytes
         self._update_peak()
 
@@ -233,6 +236,11 @@ class StorageTracker(TorchDispatchMode):
 
     def _stream(self) -> int:
         return 0 if self.streams is None else self.streams.current()
+
+    def _storage_died(self, record: _Record) -> None:
+        record.storages -= 1
+        if record.storages == 0:
+            self._on_free(record)
 
     def _on_free(self, record: _Record) -> None:
         if not self._active or not record.live:
@@ -322,6 +330,7 @@ class StorageTracker(TorchDispatchMode):
                     self.memory.free(r.handle)
                     r.handle = ZERO_HANDLE
         outputs = tensors_in(out)
+        share_conversions(self._records, self.fake_mode, tensors, outputs, self._storage_died)
         for t, nbytes in self.workspaces.conv_calls(func, args, out) if self.workspaces is not None else ():
             self.track(t)  # a cuDNN call's output, then its workspace, freed before the next call
             self._transient(nbytes, category=Category.WORKSPACES)

@@ -28,7 +28,8 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
-from memplan.compat.torch import function_check_beside, is_traceable_wrapper_subclass, linear_binding
+from memplan.compat.torch import (function_check_beside, is_traceable_wrapper_subclass, python_bodies_beside,
+                                  linear_binding)
 
 _LINEAR = (linear_binding, torch.nn.functional.linear)
 
@@ -55,18 +56,21 @@ class RealCompositePaths(TorchFunctionMode):
         super().__init__()
         self.nested_traced_dense = 0
         """Calls of nn.TransformerEncoder whose real run converts its batch to a nested tensor, traced padded."""
-        self._fast_paths = (function_check_beside(self, self._encoder_check) if native_fast_paths
-                            else contextlib.nullcontext())
+        self._native_fast_paths = native_fast_paths
+        self._patches = contextlib.ExitStack()
 
     def __enter__(self):
-        self._fast_paths.__enter__()
+        # torch's Python functions run their bodies under this mode (MHA's in-projection, a backward's recomputation)
+        self._patches.enter_context(python_bodies_beside(self))
+        if self._native_fast_paths:
+            self._patches.enter_context(function_check_beside(self, self._encoder_check))
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            self._fast_paths.__exit__(*exc)
+            self._patches.close()
 
     def _encoder_check(self, args) -> bool:
         """nn.TransformerEncoder asks only when every other condition of its nested path holds; the real run then
@@ -97,20 +101,26 @@ class RealCompositePaths(TorchFunctionMode):
                     return func(*args, **kwargs)
                 finally:
                     _STATE.bias_add_in_place = before
-        if func is _BCE_WITH_LOGITS:
-            call = _autocast_to_float32(_bce_arguments(*args, **kwargs))
+        if func in _BCE_WITH_LOGITS:
+            parse = _bce_arguments if func is torch.nn.functional.binary_cross_entropy_with_logits else _bce_op_arguments
+            call = _autocast_to_float32(parse(*args, **kwargs))
             if call[4] >= 0 and _bce_runs_in_place(*call[:4]):
                 return _BCEWithLogitsInPlaceBackward.apply(*call)
         return func(*args, **kwargs)
 
 
-_BCE_WITH_LOGITS = torch.nn.functional.binary_cross_entropy_with_logits
+_BCE_WITH_LOGITS = (torch.nn.functional.binary_cross_entropy_with_logits, torch.binary_cross_entropy_with_logits)
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
 
 def _bce_arguments(input, target, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None):
     legacy = size_average is not None or reduce is not None  # (deprecated arguments: left to the op itself)
     return input, target, weight, pos_weight, -1 if legacy else _REDUCTIONS.get(reduction, -1)
+
+
+def _bce_op_arguments(input, target, weight=None, pos_weight=None, reduction=1):
+    """The op F.binary_cross_entropy_with_logits calls (its body runs under the mode: python_bodies_beside)."""
+    return input, target, weight, pos_weight, reduction
 
 
 def _autocast_to_float32(call: tuple) -> tuple:
