@@ -15,11 +15,9 @@ parameter stays fake: no weight is ever allocated.
 """
 from __future__ import annotations
 
-import enum
 import weakref
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -43,55 +41,13 @@ from memplan.estimator.kernels.scratch import (
     with_rnn_workspace,
 )
 from memplan.estimator.op_tensors import tensors_in
+from memplan.estimator.records import Category, Phase, Record, Snapshot  # noqa: F401  (Category, Phase re-exported)
 from memplan.estimator.values import is_random
 
 # Factory ops with no tensor inputs whose output is at most this many elements are made real, so
 # that values like `torch.arange(seq_len)` can be inspected by model code. 64 Ki elements.
 REAL_FACTORY_MAX_NUMEL = 1 << 16
 _DEVICE_OF = torch.ops.prim.device.default
-
-
-class Category(enum.Enum):
-    PARAMETERS = "parameters"
-    GRADIENTS = "gradients"
-    OPTIMIZER_STATE = "optimizer_state"
-    ACTIVATIONS = "activations"
-    TEMPORARIES = "temporaries"
-    BATCH = "batch"
-    WORKSPACES = "workspaces"
-
-
-class Phase(enum.Enum):
-    SETUP = "setup"
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    OPTIMIZER = "optimizer"
-
-
-@dataclass
-class _Record:
-    handle: int
-    nbytes: int
-    """Bytes as the memory model counts them (the allocator block size)."""
-    category: Category
-    phase: Phase
-    live: bool = True
-    node: int | None = None
-    """The number of the autograd node whose backward made the storage (accumulation.RunningNode; None outside
-    backward)."""
-    storage_bytes: int = -1
-    """The storage's own size when last counted: a sighting at another size means it was resized in place."""
-    storages: int = 1
-    """Storages counted under this record (a real tensor and its fake conversion: conversions.py), freed with the last."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Snapshot:
-    """Live bytes per category at one moment."""
-
-    total: int
-    by_category: dict[Category, int]
-    phase: Phase
 
 
 class StorageTracker(TorchDispatchMode):
@@ -152,7 +108,7 @@ class StorageTracker(TorchDispatchMode):
             return
         handle = self.memory.malloc(storage.nbytes(), self._stream())
         node = self._running_node.current() if self.phase is Phase.BACKWARD else None
-        record = _Record(handle, self.memory.block_bytes(handle), category, self.phase, node=node,
+        record = Record(handle, self.memory.block_bytes(handle), category, self.phase, node=node,
                          storage_bytes=storage.nbytes())
         self._records[storage] = record
         weakref.finalize(storage, self._storage_died, record)
@@ -215,7 +171,7 @@ class StorageTracker(TorchDispatchMode):
             self._by_category[record.category] += record.nbytes
             self._update_peak()
 
-    def _recount(self, record: _Record, nbytes: int) -> None:
+    def _recount(self, record: Record, nbytes: int) -> None:
         """A live storage now `nbytes` long: its old block freed, a new one taken, its category kept (the
         allocator frees the old block after copying into the new one; the new one is taken first)."""
         old_handle, old_bytes = record.handle, record.nbytes
@@ -237,12 +193,12 @@ class StorageTracker(TorchDispatchMode):
     def _stream(self) -> int:
         return 0 if self.streams is None else self.streams.current()
 
-    def _storage_died(self, record: _Record) -> None:
+    def _storage_died(self, record: Record) -> None:
         record.storages -= 1
         if record.storages == 0:
             self._on_free(record)
 
-    def _on_free(self, record: _Record) -> None:
+    def _on_free(self, record: Record) -> None:
         if not self._active or not record.live:
             return
         record.live = False

@@ -102,7 +102,7 @@ class RealCompositePaths(TorchFunctionMode):
                 finally:
                     _STATE.bias_add_in_place = before
         if func in _BCE_WITH_LOGITS:
-            parse = _bce_arguments if func is torch.nn.functional.binary_cross_entropy_with_logits else _bce_op_arguments
+            parse = _bce_arguments if func is _BCE_WITH_LOGITS[0] else _bce_op_arguments
             call = _autocast_to_float32(parse(*args, **kwargs))
             if call[4] >= 0 and _bce_runs_in_place(*call[:4]):
                 return _BCEWithLogitsInPlaceBackward.apply(*call)
