@@ -26,6 +26,7 @@ from memplan.estimator.fake import batch_on_device, fake_model, new_fake_mode, q
 from memplan.estimator.fake_copy import metric_states
 from memplan.estimator.flops import CostCounter
 from memplan.estimator.fsdp import FsdpSettings, fake_process_group, follow_storage, shard_model
+from memplan.estimator.hooks import traced_hooks
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.module_conversion import conversions_in_step
 from memplan.estimator.notes import generic_gpu_note
@@ -238,12 +239,10 @@ class _Trace:
             self.optimizer = optimizers[0]
         else:
             self.optimizer = resolve_optimizer(self.model, self.optimizer_arg)
-        if self.target.is_cuda:
-            # On CUDA, torch's optimizers default to foreach; fake tensors fail that default's
-            # device check even on fake CUDA, so set what CUDA would choose.
+        self.hooks = traced_hooks(self.model, self.optimizer, self.device.type, self.loop, self.manual is not None)
+        if self.target.is_cuda:  # torch's optimizers default to foreach on CUDA, whose device check fake tensors fail
             from memplan.estimator.cuda.semantics import apply_cuda_optimizer_defaults
-
-            apply_cuda_optimizer_defaults(self.optimizer)
+            apply_cuda_optimizer_defaults(self.optimizer)  # what CUDA would choose
         self.loss_fn = resolve_loss(self.model, self.loss_arg)
         if self.strategy == "ddp":
             for nbytes in ddp_bucket_bytes(list(self.model.parameters())):
@@ -279,7 +278,7 @@ class _Trace:
                         self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer,
                         options=StepOptions(policy=self.policy, device_type=self.device.type,
                                             grad_scale=self.grad_scale, loop=self.loop,
-                                            scaler_copies=self.target.is_cuda),
+                                            scaler_copies=self.target.is_cuda, hooks=self.hooks),
                         on_phase=lambda name: self._on_phase(name, saved_hooks),
                     )
         except (EstimateError, DataDependentOutputException, DynamicOutputShapeException):
@@ -345,7 +344,7 @@ class _Trace:
         if self.checkpointed:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks"
                          f"{' (per-op policy: matmul and attention outputs kept)' if self.checkpoint_mode == 'op' else ''}")
-        notes.extend(self.tracker.kernel_probe.notes() + self.composites.notes())
+        notes.extend(self.tracker.kernel_probe.notes() + self.composites.notes() + self.hooks.notes())
         notes.extend(deterministic_notes(self.deterministic, self.tracker.deterministic_paths, lightning=self.loop
                                          == "lightning") if self.target.is_cuda else ())
         side = side_stream_bytes(self.memory)

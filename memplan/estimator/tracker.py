@@ -34,6 +34,7 @@ from memplan.estimator.allocator import ZERO_HANDLE
 from memplan.estimator.conversions import share_conversions
 from memplan.estimator.cuda.op_scratch import BY_DETERMINISM, GENERIC_GPU, cuda_op_scratch
 from memplan.estimator.determinism import Deterministic
+from memplan.estimator.kernels.losses import kept_buffer_bytes
 from memplan.estimator.kernels.probe import KernelScratchProbe
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.estimator.kernels.scratch import (
@@ -171,6 +172,19 @@ class StorageTracker(TorchDispatchMode):
             self._by_category[record.category] += record.nbytes
             self._update_peak()
 
+    def _holds(self, tensor: torch.Tensor, nbytes: int) -> None:
+        """The real kernel's output `tensor` holds `nbytes`, more than the fake's storage (kernels/losses.py): counted
+        so from now on, for as long as it lives (later sightings compare the fake storage's own size, kept)."""
+        record = self._records.get(local_tensor(tensor).untyped_storage()) if nbytes else None
+        if record is None or not record.live or nbytes <= record.nbytes:
+            return
+        old_handle, old_bytes = record.handle, record.nbytes
+        record.handle = self.memory.malloc(nbytes, self._stream())
+        record.nbytes = self.memory.block_bytes(record.handle)
+        self._by_category[record.category] += record.nbytes - old_bytes
+        self.memory.free(old_handle)
+        self._update_peak()
+
     def _recount(self, record: Record, nbytes: int) -> None:
         """A live storage now `nbytes` long: its old block freed, a new one taken, its category kept (the
         allocator frees the old block after copying into the new one; the new one is taken first)."""
@@ -293,6 +307,8 @@ class StorageTracker(TorchDispatchMode):
         self._in_order(self.workspaces.rnn_steps(func, args, out) if self.workspaces is not None else ())
         for t in outputs:
             self.track(t)
+        if self.cpu_kernels:
+            self._holds(out, kept_buffer_bytes(func, args, kwargs, out))
         if self.costs is not None:
             self.costs.record(func, args, kwargs, out, tensors, outputs, self.phase.value)
         if accumulation:

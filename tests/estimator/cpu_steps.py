@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PROBED_NOTE = (
-    "CPU kernel scratch (convolutions, LSTMs, attention, half matmuls, ops copying a non-contiguous input): measured"
+    "CPU kernel scratch (convolutions, LSTMs, attention, half matmuls, losses, ops copying a non-contiguous input): "
+    "measured"
 )
 """How an estimate's notes begin to say the kernel probe ran (memplan.estimator.kernels.probe)."""
 

@@ -55,6 +55,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from memplan.compat.torch import profiler_enabled
 from memplan.estimator import known_values
+from memplan.estimator.kernels.losses import REDUCED_LOSSES
 
 PROBE_MAX_BYTES = 512 << 20
 """Largest sum of a probed op's real inputs and outputs: above it the op is not run."""
@@ -118,7 +119,7 @@ _PROBED_OPS = frozenset({
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
     *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTION_COPIES, _MASKED_SCATTER_BACKWARD, _BCE_WITH_LOGITS,
     torch.ops.aten._native_multi_head_attention.default, torch.ops.aten._transformer_encoder_layer_fwd.default,
-})
+    *REDUCED_LOSSES})
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
                       torch.ops.aten.baddbmm.default})
 _HALF = frozenset({torch.float16, torch.bfloat16})
@@ -216,7 +217,7 @@ class KernelScratchProbe:
         """What the estimate's notes say about kernel scratch (nothing when no probed op ran)."""
         out = []
         if self.probed:
-            out.append(f"CPU kernel scratch (convolutions, LSTMs, attention, half matmuls, ops copying a "
+            out.append(f"CPU kernel scratch (convolutions, LSTMs, attention, half matmuls, losses, ops copying a "
                        f"non-contiguous input): measured by running each of "
                        f"{len(self.probed)} op shapes once on this host, {torch.get_num_threads()} threads "
                        f"(largest {self.largest / 2**20:.2f} MiB)")
