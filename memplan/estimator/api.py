@@ -26,7 +26,7 @@ from memplan.estimator.fake import batch_on_device, fake_model, new_fake_mode, q
 from memplan.estimator.fake_copy import metric_states
 from memplan.estimator.flops import CostCounter
 from memplan.estimator.fsdp import FsdpSettings, fake_process_group, follow_storage, shard_model
-from memplan.estimator.hooks import traced_hooks
+from memplan.estimator.hooks import hook_notes
 from memplan.estimator.inputs import resolve_loss, resolve_optimizer
 from memplan.estimator.module_conversion import conversions_in_step
 from memplan.estimator.notes import generic_gpu_note
@@ -239,7 +239,6 @@ class _Trace:
             self.optimizer = optimizers[0]
         else:
             self.optimizer = resolve_optimizer(self.model, self.optimizer_arg)
-        self.hooks = traced_hooks(self.model, self.optimizer, self.device.type, self.loop, self.manual is not None)
         if self.target.is_cuda:  # torch's optimizers default to foreach on CUDA, whose device check fake tensors fail
             from memplan.estimator.cuda.semantics import apply_cuda_optimizer_defaults
             apply_cuda_optimizer_defaults(self.optimizer)  # what CUDA would choose
@@ -273,14 +272,15 @@ class _Trace:
                 if self.manual is not None:  # the user's own manual_backward and optimizer steps
                     manual.run_manual_step(self.model, self.batch, self.manual, policy=self.policy,
                                            phase=lambda name: self._on_phase(name, saved_hooks))
-                else:
-                    run_training_step(
+                else:  # a plain loop's `loss` variable holds the last step's loss until the next forward returns
+                    last = run_training_step(
                         self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer,
                         options=StepOptions(policy=self.policy, device_type=self.device.type,
                                             grad_scale=self.grad_scale, loop=self.loop,
-                                            scaler_copies=self.target.is_cuda, hooks=self.hooks),
+                                            scaler_copies=self.target.is_cuda),
                         on_phase=lambda name: self._on_phase(name, saved_hooks),
                     )
+                    self._last_loss = None if self.loop == "lightning" else last
         except (EstimateError, DataDependentOutputException, DynamicOutputShapeException):
             saved_hooks.close()
             raise
@@ -303,6 +303,7 @@ class _Trace:
             saved_hooks.open()
         elif name == "forward_end":
             saved_hooks.close()
+            self._last_loss = None  # (the user's `loss = ...` replaces it: a CPU mse_loss's keeps its whole buffer)
             tracker.promote_forward_survivors()
         elif name == "backward":
             tracker.phase = Phase.BACKWARD
@@ -344,7 +345,7 @@ class _Trace:
         if self.checkpointed:
             notes.append(f"checkpointed {len(self.checkpointed)} blocks"
                          f"{' (per-op policy: matmul and attention outputs kept)' if self.checkpoint_mode == 'op' else ''}")
-        notes.extend(self.tracker.kernel_probe.notes() + self.composites.notes() + self.hooks.notes())
+        notes.extend(self.tracker.kernel_probe.notes() + self.composites.notes() + hook_notes(self.model, self.loop))
         notes.extend(deterministic_notes(self.deterministic, self.tracker.deterministic_paths, lightning=self.loop
                                          == "lightning") if self.target.is_cuda else ())
         side = side_stream_bytes(self.memory)

@@ -142,9 +142,6 @@ class StepOptions:
     scaler_copies: bool = False
     """Unscale as torch's GradScaler does on a CUDA target: per-device copies of inv_scale and found_inf, the found_inf
     copy kept through optimizer.step() (see `unscale_grads`)."""
-    hooks: Callable[..., None] | None = None
-    """The LightningModule's per-step hooks, called by name with their arguments where a Trainer calls them
-    (memplan.estimator.hooks.TracedHooks; Lightning's loop only); None: none."""
 
 
 def lightning_distribution(model: nn.Module) -> str:
@@ -172,8 +169,6 @@ def run_training_step(
     """
     policy, device_type, grad_scale, loop = options.policy, options.device_type, options.grad_scale, options.loop
     phase = on_phase or (lambda _: None)
-    hook = options.hooks if options.hooks is not None and loop == "lightning" else (lambda *_: None)
-    hook("on_train_batch_start", batch, 0)
     phase("forward")
     with policy.forward_context(device_type, loop=loop, lightning=lightning_distribution(model)):
         loss = loss_fn(model, batch)
@@ -184,20 +179,15 @@ def run_training_step(
         # and a detached clone of it for logging, both alive until the step ends.
         loss = loss / 1
         logged = loss.detach().clone()  # noqa: F841
-        hook("on_before_zero_grad", optimizer)
         optimizer.zero_grad(set_to_none=True)
-        hook("on_before_backward", loss)
     elif loop == "torch-zero-after-forward":
         optimizer.zero_grad(set_to_none=True)
     phase("backward")
     (loss * grad_scale if grad_scale is not None else loss).backward()
     phase("optimizer")
-    hook("on_after_backward")
     found_inf = unscale_grads(optimizer, grad_scale, copies=options.scaler_copies) if grad_scale is not None else None
-    hook("on_before_optimizer_step", optimizer)
     optimizer.step()
     del found_inf  # GradScaler.update() drops found_inf_per_device
-    hook("on_train_batch_end", {"loss": loss.detach()}, batch, 0)
     if loop == "torch":
         optimizer.zero_grad(set_to_none=True)
     elif loop == "torch-keep-grads":

@@ -1,6 +1,7 @@
-"""A LightningModule's per-step hooks are traced where a Trainer calls them (memplan.estimator.hooks): memory a hook
-holds at the step's peak is counted, and the notes name what was traced, what could not be, and the once-per-fit hooks
-that are not run (they may start loggers or write files). Against a real Trainer.fit (memplan.truth)."""
+"""The LightningModule hooks a Trainer calls around the step are not run by the trace (memplan.estimator.hooks): the
+traced copy shares the user's own objects, which a hook would change for real, and hooks start loggers and write
+files. The notes name every overridden one, since memory it keeps is not counted (a gradient snapshot kept in
+on_after_backward is -15.7 % here)."""
 from __future__ import annotations
 
 import pytorch_lightning as pl
@@ -9,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from memplan.estimator.api import estimate
-from memplan.truth import measure_cpu_peak
 
 
 class Plain(pl.LightningModule):
@@ -32,19 +32,18 @@ class GradientSnapshot(Plain):
         self.snapshot = [p.grad.detach().clone() for p in self.parameters()]
 
 
-class EmaFromFitStart(Plain):
+class CountsAndReadsTheTrainer(Plain):
+    """A hook changing state the module shares with the caller, and reading the Trainer from training_step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = torch.zeros((), dtype=torch.long)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.steps += 1
+
     def on_fit_start(self):
         self.ema = [p.detach().clone() for p in self.parameters()]
-
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        with torch.no_grad():
-            torch._foreach_lerp_(self.ema, [p.detach() for p in self.parameters()], 0.01)
-
-
-class LogsEachStep(Plain):
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        self.log("step", float(self.trainer.global_step))
-        self.last_loss = outputs["loss"].detach()
 
 
 def _batch():
@@ -52,43 +51,21 @@ def _batch():
     return torch.randn(64, 256, generator=g), torch.randint(0, 10, (64,), generator=g)
 
 
-def test_a_gradient_snapshot_in_on_after_backward_is_counted_as_a_real_fit_holds_it():
-    truth = measure_cpu_peak(GradientSnapshot, _batch)
+def test_an_overridden_hook_is_named_as_not_run_and_not_counted():
     est = estimate(GradientSnapshot, _batch(), device="cpu")
-    assert est.peak_allocated > estimate(Plain, _batch(), device="cpu").peak_allocated + 1_500_000  # the snapshot
-    assert abs(est.peak_allocated - truth) / truth < 0.0005, (est.peak_allocated, truth)
-    assert any("traced" in n and "on_after_backward" in n for n in est.notes)
+    (note,) = [n for n in est.notes if "on_after_backward" in n]
+    assert "does not run" in note and "not counted" in note
 
 
-def test_a_hook_reading_the_trainer_and_logging_is_traced_without_a_failure_note():
-    est = estimate(LogsEachStep, _batch(), device="cpu")
-    assert any("traced" in n and "on_train_batch_end" in n for n in est.notes)
-    assert not any("could not be traced" in n for n in est.notes)
+def test_hooks_are_never_run_on_the_users_module_and_every_overridden_one_is_named():
+    model = CountsAndReadsTheTrainer()
+    est = estimate(model, _batch(), device="cpu")
+    assert model.steps.item() == 0 and not hasattr(model, "ema")
+    (note,) = [n for n in est.notes if "LightningModule." in n]
+    assert "on_fit_start" in note and "on_train_batch_start" in note and "on_after_backward" not in note
 
 
-def test_state_made_once_at_fit_start_is_named_as_not_counted():
-    est = estimate(EmaFromFitStart, _batch(), device="cpu")
-    assert any("on_fit_start" in n and "not traced" in n and "not counted" in n for n in est.notes)
-    assert any("on_train_batch_end could not be traced" in n and "ema" in n for n in est.notes)
-
-
-def test_a_module_without_hooks_of_its_own_and_a_plain_loop_get_no_hook_notes():
-    assert not any("hook" in n for n in estimate(Plain, _batch(), device="cpu").notes)
-    plain_loop = estimate(GradientSnapshot, _batch(), device="cpu", loop="torch")
-    assert not any("traced where a Trainer calls them" in n for n in plain_loop.notes)
-
-
-def test_a_hook_that_writes_a_file_is_not_let_write_it_and_is_named(tmp_path):
-    target = tmp_path / "samples.pt"
-    target.write_bytes(b"the user's file")
-
-    class SavesSamples(Plain):
-        def on_train_batch_end(self, outputs, batch, batch_idx):
-            if self.trainer.global_step % 100 == 0:
-                torch.save(outputs["loss"], target)
-
-    est = estimate(SavesSamples, _batch(), device="cpu")
-    assert target.read_bytes() == b"the user's file"
-    assert any("on_train_batch_end could not be traced" in n and "write files" in n for n in est.notes)
-    torch.save(torch.zeros(1), tmp_path / "after.pt")  # torch.save and open are their own again
-    assert torch.load(tmp_path / "after.pt").tolist() == [0.0]
+def test_a_module_without_hooks_of_its_own_and_a_plain_loop_get_no_hook_note():
+    assert not any("LightningModule." in n for n in estimate(Plain, _batch(), device="cpu").notes)
+    assert not any("LightningModule." in n for n in estimate(GradientSnapshot, _batch(), device="cpu",
+                                                             loop="torch").notes)

@@ -51,3 +51,12 @@ def test_under_bf16_mixed_the_float32_loss_buffer_is_counted():
     truth = measure_cpu_peak(build, _batch, loss=lambda m, b: m(b), precision="bf16-mixed")
     est = estimate(build, _batch(), loss=lambda m, b: m(b), device="cpu", precision="bf16-mixed")
     assert abs(est.peak_allocated - truth) / truth < 0.0005, (est.peak_allocated, truth)
+
+
+def test_in_a_plain_loop_the_last_steps_loss_keeps_its_buffer_through_the_next_forward():
+    """`for batch in loader: loss = model(batch); ...`: the variable holds the last loss, with its buffer, until the next
+    forward returns (the trace dropped it at the step's end: -14.8 %)."""
+    build = lambda: Reconstruction("mse, broadcast target")  # noqa: E731
+    truth = measure_cpu_peak(build, _batch, loss=lambda m, b: m(b), loop="torch")
+    est = estimate(build, _batch(), loss=lambda m, b: m(b), device="cpu", loop="torch")
+    assert abs(est.peak_allocated - truth) / truth < 0.0005, (est.peak_allocated, truth)
