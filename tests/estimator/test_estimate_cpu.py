@@ -89,7 +89,8 @@ def test_lightning_zeroes_grads_after_forward_so_forward_peak_holds_last_grads()
     # Lightning's closure runs zero_grad between forward and backward: the last step's gradients are
     # alive at the forward's peak; a plain loop zeroed them after its last step.
     assert lightning.gradients == 4 * n_params and plain.gradients == 0
-    assert lightning.peak_allocated - plain.peak_allocated == 4 * n_params
+    # (less the 4-byte loss of the last step, which a plain loop's `loss` variable holds until the forward returns)
+    assert lightning.peak_allocated - plain.peak_allocated == 4 * n_params - 4
     # ... and both orders are what the real loops do: a Trainer.fit, and a plain loop.
     fit = measure_cpu_peak(_ForwardPeak, make_batch, loss=loss, optimizer="sgd", loop="lightning")
     loop = measure_cpu_peak(_ForwardPeak, make_batch, loss=loss, optimizer="sgd", loop="torch")
