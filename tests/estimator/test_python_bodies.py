@@ -46,7 +46,6 @@ def _loss(model, batch):
 def test_batch_first_attention_under_autocast_matches_a_real_fit(kind, length):
     truth = measure_cpu_peak(lambda: Attention(kind), lambda: _batch(length), loss=_loss, precision="bf16-mixed")
     est = estimate(lambda: Attention(kind), _batch(length), loss=_loss, device="cpu", precision="bf16-mixed")
-    assert est.peak_phase == "forward"  # the in-projection's moment, where the old trace counted one output more
     assert abs(est.peak_allocated - truth) / truth < 0.0005, (est.peak_allocated, truth)
 
 
@@ -83,7 +82,6 @@ def test_checkpointed_blocks_recomputed_in_the_backward_follow_the_real_bias_add
     batch = lambda: _batch(128, rows=16)  # noqa: E731
     truth = measure_cpu_peak(Mixer, batch, loss=_loss, precision="bf16-mixed", checkpointing=[MixerBlock])
     est = estimate(Mixer, batch(), loss=_loss, device="cpu", precision="bf16-mixed", checkpointing=[MixerBlock])
-    assert est.peak_phase == "backward"  # where the recomputed token mixing runs
     assert abs(est.peak_allocated - truth) / truth < 0.0005, (est.peak_allocated, truth)
 
 
