@@ -372,3 +372,28 @@ def python_bodies_beside(mode: Any) -> Iterator[None]:
     finally:
         for module, name, original in originals:
             setattr(module, name, original)
+
+
+@contextlib.contextmanager
+def parameter_deepcopy_for_fakes() -> Iterator[None]:
+    """`copy.deepcopy` of a fake tensor that stands for an `nn.Parameter` copies as `Parameter.__deepcopy__` copies
+    the real one: its data cloned and requires_grad kept, nothing else. A FakeTensor parameter is an instance of its
+    own class (`Parameter(fake)` only marks it `_is_param`), so it took `Tensor.__deepcopy__`, which copies `.grad`
+    too: a target network deep-copied inside the forward counted a gradient the real copy does not have (+20 % on
+    a model whose peak is that forward, gradients alive). Patches `torch.Tensor.__deepcopy__` while active."""
+    original = torch.Tensor.__deepcopy__
+
+    def deepcopy(self: torch.Tensor, memo: dict) -> torch.Tensor:
+        if type(self) is not FakeTensor or not getattr(self, "_is_param", False):
+            return original(self, memo)
+        if id(self) in memo:
+            return memo[id(self)]
+        result = torch.nn.Parameter(self.data.clone(memory_format=torch.preserve_format), self.requires_grad)
+        memo[id(self)] = result
+        return result
+
+    torch.Tensor.__deepcopy__ = deepcopy
+    try:
+        yield
+    finally:
+        torch.Tensor.__deepcopy__ = original

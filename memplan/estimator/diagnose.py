@@ -16,6 +16,8 @@ Anything else is the model's or an op's: the op, the module, and the fix.
 from __future__ import annotations
 
 import inspect
+import os
+import sysconfig
 import traceback
 from collections.abc import Iterable
 from types import TracebackType
@@ -136,12 +138,22 @@ def _first_line(err: BaseException) -> str:
 
 
 def _user_location(err: BaseException) -> str:
-    """' at file:line' of the innermost frame outside torch and memplan, or ''."""
+    """' at file:line' of the innermost frame outside torch, memplan's estimator and Python's own library
+    (contextlib's and functools' wrappers, which torch.func's transforms run through), or ''."""
     tb: TracebackType | None = err.__traceback__
     found = ""
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
-        if "/torch/" not in filename and "/memplan/estimator/" not in filename:
+        if "/torch/" not in filename and "/memplan/estimator/" not in filename and not _in_stdlib(filename):
             found = f" at {filename}:{tb.tb_lineno}"
         tb = tb.tb_next
     return found
+
+
+_STDLIB = tuple(os.path.join(os.path.realpath(sysconfig.get_paths()[key]), "")
+                for key in ("stdlib", "platstdlib"))
+
+
+def _in_stdlib(filename: str) -> bool:
+    path = os.path.realpath(filename)
+    return path.startswith(_STDLIB) and "site-packages" not in path

@@ -93,13 +93,40 @@ def fake_model(
 
 def batch_on_device(batch: Any, device: torch.device, fake_mode: FakeTensorMode) -> Any:
     """`batch` with every tensor on the trace's `device`, whatever device the user's batch is on (call with
-    the trace's modes disabled). A tensor already there is the user's own; one elsewhere is moved by
-    `Tensor.to(device)`, as Lightning's `transfer_batch_to_device` moves a batch (dtype and shape kept, the
-    strides of a dense tensor kept, a view copied as its own elements): a real one (on a GPU, while the
-    trace runs on the CPU) keeps its values, which the trace reads where the batch decides a shape; a
-    meta one, which has none, becomes a fake on `device`. `Tensor.to` is what a loss watcher follows
-    (memplan.callback.loss_reduction)."""
-    return map_tensors(batch, lambda t: t if t.device == device else to_trace_device(t, device, fake_mode))
+    the trace's dispatch modes disabled). A tensor elsewhere is moved by `Tensor.to(device)`, as Lightning's
+    `transfer_batch_to_device` moves a batch (dtype and shape kept, the strides of a dense tensor kept, a
+    view copied as its own elements): a real one (on a GPU, while the trace runs on the CPU) keeps its
+    values, which the trace reads where the batch decides a shape; a meta one, which has none, becomes a
+    fake on `device`. A real tensor already there is copied, storage for storage (`own_copies`), so an
+    in-place op of the step (`x.mul_(2)`) leaves the caller's batch as it was. `Tensor.to` and
+    `Tensor.clone` are what a loss watcher follows (memplan.callback.loss_reduction)."""
+    copies: dict[int, torch.UntypedStorage] = {}
+    return map_tensors(batch, lambda t: _own_copy(t, copies) if t.device == device
+                       else to_trace_device(t, device, fake_mode))
+
+
+def _own_copy(tensor: torch.Tensor, copies: dict[int, torch.UntypedStorage]) -> torch.Tensor:
+    """A real `tensor` on its own copy of its storage (`copies`: the storages copied so far, by the data
+    pointer of the original, so tensors that share one still do). One that is its storage's only view
+    (the common batch) is copied by `Tensor.clone`, which a torch-function watcher sees; a view into a
+    larger storage keeps that whole storage, copied, as the caller's tensor does."""
+    if type(tensor) is not torch.Tensor or tensor.device.type == "meta" or tensor.layout != torch.strided \
+            or tensor.is_nested or tensor.is_quantized:
+        return tensor  # (a fake, a meta, a sparse or a subclass tensor: as the caller's)
+    storage = tensor.untyped_storage()
+    key = storage.data_ptr()
+    whole = tensor.storage_offset() == 0 and tensor.is_contiguous() \
+        and tensor.numel() * tensor.element_size() == storage.nbytes()
+    if whole and key not in copies:
+        copy = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+        copies[key] = copy.untyped_storage()
+        return copy
+    if key not in copies:
+        copies[key] = storage.clone()
+    with torch.no_grad():
+        copy = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
+            copies[key], tensor.storage_offset(), tensor.shape, tensor.stride())
+    return copy.requires_grad_(tensor.requires_grad)
 
 
 def to_trace_device(tensor: torch.Tensor, device: torch.device, fake_mode: FakeTensorMode) -> torch.Tensor:

@@ -28,8 +28,8 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
-from memplan.compat.torch import (function_check_beside, is_traceable_wrapper_subclass, python_bodies_beside,
-                                  linear_binding)
+from memplan.compat.torch import (function_check_beside, is_traceable_wrapper_subclass, linear_binding,
+                                  parameter_deepcopy_for_fakes, python_bodies_beside)
 
 _LINEAR = (linear_binding, torch.nn.functional.linear)
 
@@ -62,6 +62,7 @@ class RealCompositePaths(TorchFunctionMode):
     def __enter__(self):
         # torch's Python functions run their bodies under this mode (MHA's in-projection, a backward's recomputation)
         self._patches.enter_context(python_bodies_beside(self))
+        self._patches.enter_context(parameter_deepcopy_for_fakes())  # a parameter deep-copied in the step
         if self._native_fast_paths:
             self._patches.enter_context(function_check_beside(self, self._encoder_check))
         return super().__enter__()
