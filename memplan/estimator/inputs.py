@@ -38,7 +38,9 @@ def resolve_loss(model: nn.Module, loss: LossFn | None) -> LossFn:
     return _output_loss
 
 
-def _lightning_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+def _lightning_loss(model: nn.Module, batch: Any) -> Any:
+    """training_step's output: the loss, or a dict (a ModelOutput) holding it, whose other values Lightning keeps
+    until the batch ends (memplan.estimator.step.run_training_step)."""
     output = model.training_step(batch, 0)
     loss = loss_from_output(output)
     if loss is None:
@@ -46,7 +48,7 @@ def _lightning_loss(model: nn.Module, batch: Any) -> torch.Tensor:
             f"loss: training_step returned {type(output).__name__}; Lightning needs a tensor or a dict with "
             "'loss'. Return the loss from training_step, or pass loss=callable(model, batch)"
         )
-    return loss
+    return output if isinstance(output, Mapping) else loss
 
 
 def _output_loss(model: nn.Module, batch: Any) -> torch.Tensor:

@@ -37,7 +37,8 @@ from memplan.compat.torch import amp_unscale_
 from memplan.compat.versions import lightning_autocast_caches
 from memplan.estimator.errors import EstimateError
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
+LossFn = Callable[[nn.Module, Any], Any]
+"""(model, batch) -> the scalar loss, or training_step's output holding it (a dict's "loss", a ModelOutput's)."""
 
 Loop = Literal["lightning", "torch", "torch-zero-after-forward", "torch-keep-grads"]
 LOOPS: tuple[str, ...] = ("lightning", "torch", "torch-zero-after-forward", "torch-keep-grads")
@@ -171,7 +172,12 @@ def run_training_step(
     phase = on_phase or (lambda _: None)
     phase("forward")
     with policy.forward_context(device_type, loop=loop, lightning=lightning_distribution(model)):
-        loss = loss_fn(model, batch)
+        output = loss_fn(model, batch)
+    loss = loss_from_output(output) if isinstance(output, Mapping) else output
+    # Lightning keeps the other values of a training_step's dict (ClosureResult.extra: logits returned beside the
+    # loss, a transformers ModelOutput's) until the batch ends, through the backward and the optimizer step
+    kept = {k: v for k, v in output.items() if k != "loss"} if loop == "lightning" and output is not loss else None
+    del output
     check_loss(loss)
     phase("forward_end")
     if loop == "lightning":
@@ -193,6 +199,7 @@ def run_training_step(
     elif loop == "torch-keep-grads":
         optimizer.zero_grad(set_to_none=False)
     phase("end")
+    del kept  # (the batch's end)
     return loss.detach()
 
 

@@ -1,6 +1,6 @@
 """A channels_last CNN whose pooled (or padded) activation is flattened into a linear head: the gradient comes back
 to the pooling op NCHW-contiguous, and the CPU kernel copies it into the input's channels_last layout before it
-runs. The trace probes the real kernel (memplan/estimator/kernels/probe.py, _LAYOUT_OPS) and counts the copy."""
+runs. The trace probes the real kernel (memplan/estimator/kernels/input_copies.py, LAYOUT_OPS) and counts the copy."""
 from __future__ import annotations
 
 import pytest
@@ -43,6 +43,7 @@ def _loss(model, batch):
 
 @pytest.mark.parametrize("pool", sorted(POOLS))
 def test_a_channels_last_pooling_backward_s_copy_of_its_gradient_is_counted(pool, monkeypatch):
+    from memplan.estimator.kernels import input_copies
     from memplan.estimator.kernels import probe as kernel_probe
 
     build = lambda: ChannelsLastHead(pool)  # noqa: E731
@@ -51,7 +52,7 @@ def test_a_channels_last_pooling_backward_s_copy_of_its_gradient_is_counted(pool
     assert abs(est.peak_allocated - truth) / truth < 0.001, (est.peak_allocated, truth)
     # the backward's copy is what the probe adds: without probing that op the estimate is short of the truth
     unprobed = {getattr(torch.ops.aten, name).default for name in POOLS[pool][1]}
-    monkeypatch.setattr(kernel_probe, "_LAYOUT_OPS", kernel_probe._LAYOUT_OPS - unprobed)
+    monkeypatch.setattr(input_copies, "LAYOUT_OPS", input_copies.LAYOUT_OPS - unprobed)
     kernel_probe._CACHE.clear()
     missed = estimate(build, _images(), loss=_loss, device="cpu")
     assert (missed.peak_allocated - truth) / truth < -0.03, (missed.peak_allocated, truth)

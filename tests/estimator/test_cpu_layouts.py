@@ -13,6 +13,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import memplan.estimator.tracker as tracker
+from memplan.estimator.kernels import input_copies
 from memplan.estimator.api import estimate
 from memplan.estimator.kernels.rules import CPU_LAYOUT_OPS, cpu_output_layout
 from memplan.truth import measure_cpu_peak
@@ -48,7 +49,8 @@ OPS = {
 
 def test_every_layout_rule_has_its_cases():
     assert CPU_LAYOUT_OPS == set(OPS) | {aten.log_sigmoid_forward.default, aten.log_sigmoid_backward.default,
-                                         aten.native_layer_norm.default}
+                                         aten.native_layer_norm.default, aten.native_group_norm.default,
+                                         aten.native_group_norm_backward.default}  # (group norm: test_group_norm.py)
 
 
 @pytest.mark.parametrize("input_dtype, param_dtype, params", [
@@ -174,7 +176,7 @@ def test_log_sigmoid_of_a_transposed_activation_matches_a_real_run(monkeypatch):
     assert abs(est.peak_allocated - truth) / truth < 0.001, (est.peak_allocated, truth)
     # without the rule and the probe: the kernel's contiguous copy of its input is missed
     monkeypatch.setattr(tracker, "CPU_LAYOUT_OPS", frozenset())
-    monkeypatch.setattr(kernel_probe, "_LAYOUT_OPS", kernel_probe._LAYOUT_OPS - set(_LOG_SIGMOID_OPS))
+    monkeypatch.setattr(input_copies, "LAYOUT_OPS", input_copies.LAYOUT_OPS - set(_LOG_SIGMOID_OPS))
     kernel_probe._CACHE.clear()
     missed = estimate(TransposedLogSigmoid, _features(), loss=loss, device="cpu")
     assert (missed.peak_allocated - truth) / truth < -0.05

@@ -55,6 +55,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from memplan.compat.torch import profiler_enabled
 from memplan.estimator import known_values
+from memplan.estimator.kernels.input_copies import copies_an_input
 from memplan.estimator.kernels.losses import REDUCED_LOSSES
 
 PROBE_MAX_BYTES = 512 << 20
@@ -119,32 +120,10 @@ _PROBED_OPS = frozenset({
     torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
     *_ATTENTION, *_BATCH_NORMS, *_LINALG, _TRILINEAR, *_SELECTION_COPIES, _MASKED_SCATTER_BACKWARD, _BCE_WITH_LOGITS,
     torch.ops.aten._native_multi_head_attention.default, torch.ops.aten._transformer_encoder_layer_fwd.default,
-    *REDUCED_LOSSES})
+    *REDUCED_LOSSES, torch.ops.aten.native_group_norm_backward.default})  # (group norm: its N x C sums)
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
                       torch.ops.aten.baddbmm.default})
 _HALF = frozenset({torch.float16, torch.bfloat16})
-_HALF_MEANS = frozenset({torch.ops.aten.mean.dim, torch.ops.aten.mean.default})
-"""CPU's mean of a float16/bfloat16 tensor sums a float32 copy of its input (4 bytes an element)."""
-_LAYOUT_OPS = frozenset({
-    torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default,
-    torch.ops.aten._softmax_backward_data.default, torch.ops.aten._log_softmax_backward_data.default,
-    torch.ops.aten.native_layer_norm.default, torch.ops.aten.native_layer_norm_backward.default,
-    torch.ops.aten.gelu_backward.default,
-    torch.ops.aten.log_sigmoid_forward.default, torch.ops.aten.log_sigmoid_backward.default,
-    *(getattr(torch.ops.aten, name).default for name in (
-        "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "max_pool3d_with_indices",
-        "max_pool3d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "avg_pool3d", "avg_pool3d_backward",
-        "adaptive_max_pool2d", "adaptive_max_pool2d_backward", "adaptive_max_pool3d", "adaptive_max_pool3d_backward",
-        "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d",
-        "_adaptive_avg_pool3d_backward", "reflection_pad2d", "reflection_pad2d_backward", "reflection_pad3d",
-        "reflection_pad3d_backward", "replication_pad2d", "replication_pad2d_backward", "replication_pad3d",
-        "replication_pad3d_backward", "native_group_norm", "native_group_norm_backward")),
-})
-"""CPU kernels that copy a non-contiguous input to a contiguous one (or compute into a contiguous
-buffer and copy out): 2 x the tensor for an erf gelu_backward whose gradient is transposed, 1 x for
-softmax, log_softmax, their backwards, layer_norm and log_sigmoid; pooling, padding and group norm copy an input
-to another's layout (a channels_last CNN flattened after max_pool2d: -22 % without it). Probed only when an input
-is non-contiguous (a channels_last tensor is not)."""
 _CACHE: dict[tuple, int] = {}
 """Scratch bytes by op signature, for the life of the process."""
 
@@ -171,9 +150,9 @@ class KernelScratchProbe:
 
     def scratch_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
         """The real kernel's scratch for `func(*args, **kwargs)`; 0 for an op that is not probed (all but
-        convolutions, LSTM layers, CPU flash attention, _LINALG, _TRILINEAR, kthvalue, half matmuls and means, and
-        _LAYOUT_OPS on a non-contiguous input)."""
-        if not (func in _PROBED_OPS or _is_half_matmul(func, out) or _copies_for_layout(func, args)):
+        convolutions, LSTM layers, CPU flash attention, _LINALG, _TRILINEAR, kthvalue, half matmuls, and the ops
+        input_copies.copies_an_input names: half means, casting reductions, LAYOUT_OPS on a non-contiguous input)."""
+        if not (func in _PROBED_OPS or _is_half_matmul(func, out) or copies_an_input(func, args)):
             return 0
         if "out" in kwargs:
             return 0  # an out= variant writes into a tensor the trace already counts
@@ -237,12 +216,6 @@ class KernelScratchProbe:
             out.append(f"CPU kernel scratch: the scratch of {len(self.failed)} op shapes is not counted (the "
                        f"real kernel refused the traced arguments)")
         return out
-
-
-def _copies_for_layout(func, args: tuple) -> bool:
-    if func in _HALF_MEANS:  # CPU's mean of a half-precision input sums a float32 copy of it
-        return isinstance(args[0], torch.Tensor) and args[0].dtype in _HALF
-    return func in _LAYOUT_OPS and any(isinstance(a, torch.Tensor) and not a.is_contiguous() for a in args)
 
 
 def _is_half_matmul(func, out) -> bool:

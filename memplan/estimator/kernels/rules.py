@@ -156,14 +156,27 @@ LayerNorm under CPU autocast, which does not cast it) keeps its saved mean and r
 (`param_scalar_type`); the meta kernel gives them the input's dtype, half their size (-0.33 % on a bf16-mixed
 Swin V2, -4.3 % on a stack of narrow LayerNorms)."""
 
-CPU_LAYOUT_OPS = frozenset(_BATCH_NORMS) | frozenset(_LOG_SIGMOIDS) | {_LAYER_NORM}
+_GROUP_NORM, _GROUP_NORM_BACKWARD = aten.native_group_norm.default, aten.native_group_norm_backward.default
+"""CPU group_norm (aten/src/ATen/native/group_norm.cpp) is mixed-type as layer_norm is: on a float16/bfloat16 input
+with a float32 weight (a GroupNorm under CPU autocast, which does not cast it) its mean and rstd are float32, and its
+backward's grad_input has the input's dtype, where the meta kernels give the statistics the input's dtype and the
+grad_input float32 (+48 % on a bf16-mixed model whose peak is that backward: a float32 gradient and its cast)."""
+
+CPU_LAYOUT_OPS = frozenset(_BATCH_NORMS) | frozenset(_LOG_SIGMOIDS) | {_LAYER_NORM, _GROUP_NORM, _GROUP_NORM_BACKWARD}
 
 
 def cpu_output_layout(func, args: tuple, out):
     """`out` re-made in the layout (and, for layer_norm's statistics, the dtype) the real CPU kernel gives it, where
     it differs."""
     if func is _LAYER_NORM:
-        return _layer_norm_statistics(args, out)
+        return _layer_norm_statistics(args, out, args[2:4])
+    if func is _GROUP_NORM:
+        return _layer_norm_statistics(args, out, args[1:3])
+    if func is _GROUP_NORM_BACKWARD:
+        grad_input, input = out[0], args[1]
+        if grad_input is None or grad_input.dtype == input.dtype:
+            return out
+        return (torch.empty_like(grad_input, dtype=input.dtype), *out[1:])
     if func is aten.log_sigmoid_forward.default:
         return tuple(t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
                      for t in out)
@@ -180,9 +193,10 @@ def cpu_output_layout(func, args: tuple, out):
     return (torch.empty_like(first, memory_format=fmt), *out[1:])
 
 
-def _layer_norm_statistics(args: tuple, out):
-    """native_layer_norm's (output, mean, rstd), mean and rstd in float32 where the CPU kernel is mixed-type."""
-    input, params = args[0], [a for a in args[2:4] if isinstance(a, torch.Tensor)]
+def _layer_norm_statistics(args: tuple, out, params: tuple):
+    """native_layer_norm's or native_group_norm's (output, mean, rstd), mean and rstd in float32 where the CPU kernel
+    is mixed-type (`params`: its weight and bias)."""
+    input, params = args[0], [a for a in params if isinstance(a, torch.Tensor)]
     mixed = input.dtype in (torch.float16, torch.bfloat16) and any(p.dtype == torch.float32 for p in params)
     if not mixed or out[1].dtype == torch.float32:
         return out

@@ -75,9 +75,13 @@ def promotion_scratch_bytes(func, tensors: list[torch.Tensor]) -> int:
     temporary of the common dtype before running a pointwise kernel (TensorIteratorBase::compute_types:
     `if (common_device == kCPU) ... op.tensor().to(common_dtype_)`); CUDA casts on the fly instead.
     Returns the bytes of those temporaries, 0 when the inputs already agree. `where`'s boolean condition is no
-    operand (TensorCompare.cpp where_self_out promotes self and other only): it is never copied."""
+    operand (TensorCompare.cpp where_self_out promotes self and other only): it is never copied; nor is
+    `masked_fill`'s mask (its out-of-place form clones self and fills it in place, the mask read as bool: a full-size
+    mask made from an activation read +34 % counted as a float copy)."""
     if func.overloadpacket is torch.ops.aten.where:
         tensors = tensors[1:]
+    elif func.overloadpacket is torch.ops.aten.masked_fill:
+        tensors = tensors[:1] + tensors[2:]
     if torch.Tag.pointwise not in func.tags or len(tensors) < 2:
         return 0
     first = tensors[0].dtype
