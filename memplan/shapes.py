@@ -103,7 +103,7 @@ def scan(loader: Any, size_of: Any, *, max_batches: int, seconds: float) -> Scan
     started = time.perf_counter()
     best = first = None
     count, complete, shapes = 0, False, set()
-    with rng_preserved():
+    with rng_preserved(loader):
         iterator = iter(loader)
         while count < max_batches and (count == 0 or time.perf_counter() - started < seconds):
             try:
@@ -144,7 +144,7 @@ def by_lengths(loader: Any, size_of: Any) -> Scan | None:
         values = [float(v) for v in lengths]
         if len(values) != len(dataset) or not values:
             return None
-        with rng_preserved():
+        with rng_preserved(loader):
             first = next(iter(loader))
             size = loader.batch_size or size_of(first)
             longest = sorted(range(len(values)), key=lambda i: -values[i])[:size]
@@ -207,17 +207,27 @@ def chunk_for(batch_load_per_sample: float, planned_load_per_sample: float, micr
 
 
 @contextlib.contextmanager
-def rng_preserved() -> Iterator[None]:
+def rng_preserved(loader: Any = None) -> Iterator[None]:
     """Restore torch's CPU generator, Python's and NumPy's on the way out: a DataLoader iterator draws its
     base seed from torch's, and datasets draw augmentations from any of them, so reading batches ahead of
-    training would otherwise change what the training sees."""
-    states = (torch.random.get_rng_state(), random.getstate(), _numpy_state())
+    training would otherwise change what the training sees. With `loader`, the torch.Generators it draws from
+    too (its own `generator=`, its sampler's, its batch sampler's sampler's): the user's objects, which the loader
+    training iterates shares (a shuffled loader with a seeded generator of its own shuffled otherwise)."""
+    generators: list[torch.Generator] = []
+    for owner in (loader, getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler",
+                                                                   None)):
+        generator = getattr(owner, "generator", None) if owner is not None else None
+        if isinstance(generator, torch.Generator) and all(generator is not g for g in generators):
+            generators.append(generator)
+    states = (torch.random.get_rng_state(), random.getstate(), _numpy_state(), [g.get_state() for g in generators])
     try:
         yield
     finally:
         torch.random.set_rng_state(states[0])
         random.setstate(states[1])
         _set_numpy_state(states[2])
+        for generator, state in zip(generators, states[3]):
+            generator.set_state(state)
 
 
 def _numpy_state() -> Any:

@@ -210,9 +210,14 @@ def current_loader_batch_size(trainer: Any, module: Any, batch_arg_name: str | N
     the loader's own."""
     if batch_arg_name is not None:
         return int(lightning_getattr(module, batch_arg_name))
+    from memplan.shapes import rng_preserved
+
     loader = train_loader(trainer)
     size = getattr(loader, "batch_size", None)
-    return int(size) if size else loaded_batch_size(next(iter(loader))) or 1
+    if size:
+        return int(size)
+    with rng_preserved(loader):
+        return loaded_batch_size(next(iter(loader))) or 1
 
 
 def loader_ignores(trainer: Any, module: Any, batch_arg_name: str) -> str | None:
@@ -255,7 +260,32 @@ def train_loader(trainer: Any) -> Any:
     from memplan.shapes import rng_preserved
 
     with rng_preserved():
-        return _first_loader(compat.train_data_source(trainer).dataloader())
+        return read_ahead_safe(_first_loader(compat.train_data_source(trainer).dataloader()))
+
+
+def read_ahead_safe(loader: Any) -> Any:
+    """`loader`, or where its dataset is an IterableDataset, a loader of the same batches over a deep copy of it:
+    reading an IterableDataset ahead of training consumes a stream (training then ran epochs of no batch, for ever)
+    or moves its position (a shard cursor advanced in `__iter__`: training saw other samples); its copy keeps its
+    own. A dataset that cannot be copied (a generator, an open socket) is refused, naming the way around."""
+    import copy
+
+    from torch.utils.data import DataLoader, IterableDataset
+
+    dataset = getattr(loader, "dataset", None)
+    if not isinstance(dataset, IterableDataset) or not isinstance(loader, DataLoader):
+        return loader
+    try:
+        copied = copy.deepcopy(dataset)
+    except Exception as err:  # noqa: BLE001 - any object a dataset holds may refuse
+        raise MisconfigurationException(
+            f"MemoryPlanner reads batches of the train loader before training to plan, and its IterableDataset "
+            f"({type(dataset).__name__}) cannot be copied to read them without consuming it or moving its position "
+            f"({type(err).__name__}: {err}). Make the dataset copyable (copy.deepcopy), or pass "
+            "MemoryPlanner(plan=...) made by `memplan suggest`, which reads no batch unless a batch must be split"
+        ) from None
+    return DataLoader(copied, batch_size=loader.batch_size, drop_last=loader.drop_last, collate_fn=loader.collate_fn,
+                      num_workers=0)
 
 
 def samples_per_rank(loader: Any, world_size: int) -> int | None:
@@ -274,7 +304,9 @@ def first_train_batch(trainer: Any) -> Any:
     from memplan.shapes import rng_preserved
 
     with rng_preserved():
-        return next(iter(_first_loader(compat.train_data_source(trainer).dataloader())))
+        loader = read_ahead_safe(_first_loader(compat.train_data_source(trainer).dataloader()))
+    with rng_preserved(loader):
+        return next(iter(loader))
 
 
 def _first_loader(loaders: Any) -> Any:

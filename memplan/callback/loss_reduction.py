@@ -121,6 +121,7 @@ class LossWatcher(TorchFunctionMode):
         self._losses: dict[int, tuple[weakref.ref, LossReduction]] = {}
         self._seen: list[str] = []
         self._watching = False
+        self._batch_size = 0
         self.result: LossReduction | None = None
 
     def watch(self, batch: Any, batch_size: int) -> None:
@@ -129,6 +130,7 @@ class LossWatcher(TorchFunctionMode):
         if self._watching:
             return
         self._watching = True
+        self._batch_size = batch_size
         for path, tensor in _tensor_paths(batch, ()):
             self._origins[id(tensor)] = _Origin(weakref.ref(tensor), path, (), False,
                                                 tensor.dim() > 0 and tensor.shape[0] == batch_size)
@@ -208,6 +210,14 @@ class LossWatcher(TorchFunctionMode):
         others = [v for v in tensors if self._lookup(self._losses, v) is None]
         if any(v.dim() > 0 or self._lookup(self._tainted, v) is not None for v in others):
             return False  # divided by something from the batch (a count of its own): not one we know
+        counts = [v for v in flat if isinstance(v, (int, float)) and not isinstance(v, bool) and self._batch_size
+                  and float(v).is_integer() and v and int(v) % self._batch_size == 0]
+        if counts:  # `loss / x.shape[0]`: a number that changes with the chunk's size, which a constant cannot tell
+            self.result = LossReduction(
+                kind="unknown", describe=f"the loss is scaled by {counts[0]:g}, a multiple of the {self._batch_size} "
+                "samples traced: a count of the batch (a mean written out as `/ x.shape[0]`) or a constant, which "
+                "memplan cannot tell apart")
+            return False
         self._losses[id(out)] = (weakref.ref(out), loss[1])
         return True
 

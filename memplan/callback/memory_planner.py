@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -13,7 +14,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from memplan import batching, compat
-from memplan.callback import mesh, sharded
+from memplan.callback import mesh, runlog, sharded
 from memplan.callback.apply import (
     current_loader_batch_size, load_plan, plan_device_mismatch, plan_mismatches, plan_model_mismatch,
 )
@@ -93,7 +94,8 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
             mid-run) or to run a plan that does not match the Trainer; without it each change is
             one warning, before -> after, and a line of the end-of-fit summary.
         batch_arg_name: the attribute holding the train loader's batch size.
-        log_dir: folder of the per-rank logs. Default: ``<trainer.log_dir>/memplan``.
+        log_dir: folder of the per-rank logs. Default: ``<trainer.log_dir>/memplan`` (``memplan_logs`` where
+            trainer.log_dir is a folder Python imports from: ``logger=False`` in the script's folder).
         planner: ``callable(PlanRequest, estimator) -> Plan`` for planning now. Default:
             :func:`memplan.planner.make_plan` (plans keep ``plan_margin`` free, so a plan that
             fits is not lowered at once).
@@ -284,7 +286,8 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
             if wrong_model is not None:
                 raise MisconfigurationException(f"MemoryPlanner(plan={str(self.settings.plan)!r}): {wrong_model}")
             self._check_plan(trainer, self._fit.given_plan)
-        directory = Path(self.settings.log_dir) if self.settings.log_dir is not None else Path(trainer.log_dir or ".") / "memplan"
+        directory = Path(self.settings.log_dir) if self.settings.log_dir is not None else \
+            runlog.default_log_dir(trainer.log_dir, sys.path)
         self._open_log(trainer, directory)  # trainer.log_dir above is a collective: every rank gets here
         if self._fit.given_plan is None and sharded.is_sharded(trainer.strategy):
             # FSDP: traced now, on rank 0, before configure_model shards the model (its all-gathers

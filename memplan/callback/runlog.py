@@ -37,6 +37,21 @@ DICT_FIELDS = ("layout", "plan", "before", "after")
 """Fields that hold objects (a layout or plan as a dict)."""
 
 
+def default_log_dir(trainer_log_dir: str | os.PathLike | None, search_path: list[str]) -> Path:
+    """Where MemoryPlanner logs without `log_dir=`: `<trainer.log_dir>/memplan`, or `<trainer.log_dir>/memplan_logs`
+    where trainer.log_dir is a folder Python imports from (`search_path`, sys.path: '' the working directory). With
+    `logger=False` trainer.log_dir is the working directory, the script's own folder; a `memplan/` folder there is
+    imported as an empty namespace package in place of memplan on the next run ("module 'memplan' has no attribute
+    'MemoryPlanner'")."""
+    parent = Path(trainer_log_dir or ".")
+    try:
+        here = parent.resolve()
+        imported = here in {Path(entry or ".").resolve() for entry in search_path}
+    except (OSError, RuntimeError):
+        imported = False
+    return parent / ("memplan_logs" if imported else "memplan")
+
+
 def log_path(directory: str | os.PathLike, rank: int) -> Path:
     """Rank `rank`'s log in `directory`: rank0.jsonl, rank12.jsonl (never rank01.jsonl)."""
     return Path(directory) / f"rank{rank}.jsonl"

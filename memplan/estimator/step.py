@@ -181,9 +181,10 @@ def run_training_step(
     check_loss(loss)
     phase("forward_end")
     if loop == "lightning":
-        # Lightning's ClosureResult: `closure_loss / accumulate_grad_batches` (out of place, even by 1)
+        # Lightning's ClosureResult: `closure_loss / accumulate_grad_batches` (out of place, even by 1: a tensor of
+        # its own, made here by a clone, which a loss watcher does not take for the step's own scaling by a number)
         # and a detached clone of it for logging, both alive until the step ends.
-        loss = loss / 1
+        loss = loss.clone()
         logged = loss.detach().clone()  # noqa: F841
         optimizer.zero_grad(set_to_none=True)
     elif loop == "torch-zero-after-forward":

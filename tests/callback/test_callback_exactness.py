@@ -164,3 +164,11 @@ def test_unrecognised_shapes_of_loss_say_unknown():
     # divided by a count taken from the batch: a mean memplan does not follow
     assert reduction_of(lambda b: F.cross_entropy(lin(b["x"]), b["y"], reduction="sum") / (b["y"] >= 0).sum()
                         ).kind == "unknown"
+    # divided (or multiplied) by the batch's size as a number: `x.shape[0]` is a Python int, like a constant
+    for scaled in (lambda b: F.mse_loss(lin(b["x"]), b["x"], reduction="sum") / b["x"].shape[0],
+                   lambda b: F.mse_loss(lin(b["x"]), b["x"], reduction="sum") / len(b["x"]),
+                   lambda b: F.mse_loss(lin(b["x"]), b["x"]) * b["x"].shape[0],
+                   lambda b: F.cross_entropy(lin(b["x"]), b["y"], reduction="sum") / (b["x"].shape[0] * 4)):
+        refused = reduction_of(scaled)
+        assert refused.kind == "unknown" and "a multiple of the 3 samples traced" in refused.describe
+    assert reduction_of(lambda b: F.mse_loss(lin(b["x"]), b["x"], reduction="sum") / 8.0).kind == "sum"  # a constant

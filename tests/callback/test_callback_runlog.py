@@ -299,3 +299,16 @@ def test_the_log_readers_import_the_schema_and_neither_the_writer_nor_lightning(
     done = run_watched([sys.executable, "-c", code], check=True)
     assert done.stdout.strip().splitlines()[-1] == "['memplan.callback', 'memplan.callback.runlog']"
 
+
+
+def test_a_log_folder_where_python_imports_from_is_not_named_like_the_package(make_trainer, tmp_path, monkeypatch):
+    """logger=False makes trainer.log_dir the working directory, the script's folder: a `memplan/` folder there was
+    imported as an empty namespace package on the next run ("module 'memplan' has no attribute 'MemoryPlanner'")."""
+    monkeypatch.syspath_prepend(str(tmp_path))  # the script's folder is sys.path[0]
+    planner = MemoryPlanner(make_plan(4, 1))
+    make_trainer([planner], max_steps=2).fit(Regression())
+    assert Path(planner.log_path).parent == tmp_path / "memplan_logs" and not (tmp_path / "memplan").exists()
+    elsewhere = tmp_path / "run"
+    planner = MemoryPlanner(make_plan(4, 1))
+    make_trainer([planner], max_steps=2, default_root_dir=elsewhere).fit(Regression())
+    assert Path(planner.log_path).parent == elsewhere / "memplan"  # any other folder keeps the documented name
