@@ -44,8 +44,9 @@ def test_group_norm_estimate_is_the_real_cpu_peak(precision):
     assert abs(est.peak_allocated - truth) / truth < 0.0005, (est.peak_allocated, truth)
 
 
-@pytest.mark.parametrize("input_dtype, weight_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
-                                                       (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)])
+@pytest.mark.parametrize("input_dtype, weight_dtype", [
+    (torch.bfloat16, torch.float32), (torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16),
+    (torch.float32, torch.float32)])
 def test_group_norm_rule_gives_the_real_kernels_dtypes(input_dtype, weight_dtype):
     def run(device):
         x = torch.randn(4, 32, 16, device=device).to(input_dtype)
