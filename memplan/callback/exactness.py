@@ -111,3 +111,26 @@ def drop_last_blocks(loader: Any, samples: int | None, before: int, after: int) 
         return None
     return (f"the train loader drops its last incomplete batch (drop_last=True): with a batch of {after} instead of "
             f"{before} each epoch would see {seen_after} of its {samples} samples instead of {seen_before}")
+
+
+def epoch_blocks(trainer: Any, samples: int | None, before: int, after: int, drop_last: bool) -> str | None:
+    """Why setting the loader's batch from `before` to `after` (its accumulation raised to match) changes what an epoch
+    trains, besides drop_last (drop_last_blocks), or None when it does not: a last batch of fewer samples, which
+    Lightning trains as one step's mean and would train as a few micro-batches weighed as a whole batch's part each
+    (its gradient scaled down); and the Trainer's settings that count loaded batches (`samples` per rank per epoch,
+    None when unknown)."""
+    if before == after:
+        return None
+    if not drop_last and (samples is None or samples % before):
+        tail = "an unknown number of samples" if samples is None else f"{samples % before} of its {samples} samples"
+        return (f"the epoch's last batch may hold fewer than {before} samples ({tail}), which Lightning trains as one "
+                f"step's mean; as batches of {after} accumulated it would weigh as a part of a step of {before}")
+    limit = getattr(trainer, "limit_train_batches", 1.0)
+    if isinstance(limit, int) or limit != 1.0:
+        return (f"Trainer(limit_train_batches={limit}) counts loaded batches: with batches of {after} instead of "
+                f"{before} each epoch would train other samples")
+    interval = getattr(trainer, "val_check_interval", 1.0)
+    if isinstance(interval, int):
+        return (f"Trainer(val_check_interval={interval}) counts loaded batches: with batches of {after} instead of "
+                f"{before} validation would run {before / after:g} times as often")
+    return None

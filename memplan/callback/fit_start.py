@@ -13,7 +13,7 @@ from typing import Any
 
 
 import pytorch_lightning as pl
-from pytorch_lightning.utilities.parsing import lightning_hasattr
+from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_hasattr
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from memplan import compat
@@ -28,7 +28,7 @@ from memplan.callback.checks import (
 )
 from memplan.callback.chunk_job import RunnerOptions
 from memplan.callback.chunking import MicroBatchRunner
-from memplan.callback.exactness import Exactness, decide, drop_last_blocks
+from memplan.callback.exactness import Exactness, decide, drop_last_blocks, epoch_blocks
 from memplan.callback.loss_reduction import LossReduction, LossWatcher, first_call_watched
 from memplan.shapes import SCAN_SECONDS, declared, heaviest
 from memplan.callback.adjust import Adjuster
@@ -76,6 +76,9 @@ class FitStart(CallbackState):
             loader_batch_size=current_loader_batch_size(trainer, pl_module, self.settings.batch_arg_name) if settable else 0,
             checkpointing_on=checkpointing_is_on(pl_module))
         announce(self.rewrites, strict=self.settings.strict)
+        if settable:
+            name = self.settings.batch_arg_name
+            self._fit.user_batch_size = (name, lightning_getattr(pl_module, name))
         apply_layout(trainer, pl_module, layout, self.settings.batch_arg_name if settable else None)
         self.layout = layout
         self._fit.adjuster = Adjuster(margin=self.settings.margin, grow=self.settings.grow, grow_margin=self.settings.grow_margin,
@@ -178,8 +181,9 @@ class FitStart(CallbackState):
                                       settable=settable, keep_accumulation=trainer.accumulate_grad_batches)
         if self.settings.exact and layout.loader_batch_size != loader_batch:
             loader = train_loader(trainer)
-            why = drop_last_blocks(loader, samples_per_rank(loader, data_parallel), loader_batch,
-                                   layout.loader_batch_size)
+            samples = samples_per_rank(loader, data_parallel)
+            why = drop_last_blocks(loader, samples, loader_batch, layout.loader_batch_size) or epoch_blocks(
+                trainer, samples, loader_batch, layout.loader_batch_size, bool(getattr(loader, "drop_last", False)))
             if why is not None:
                 self.exactness = exactness = dataclasses.replace(
                     exactness, can_rewrite=False, no_rewrite=f"{why}. Pass MemoryPlanner(exact=False) to allow it")

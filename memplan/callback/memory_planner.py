@@ -27,9 +27,7 @@ from memplan.callback.fit_start import FitStart
 from memplan.callback.watching import Watching
 from memplan.callback.framework import ACCUMULATION_SCHEDULERS, CALLBACKS, MisconfigurationException
 from memplan.callback.layout import Layout
-from memplan.callback.rewrites import (
-    Rewrite,
-)
+from memplan.callback.rewrites import Rewrite, users_hyper_parameters
 from memplan.callback.session import FitSession
 from memplan.callback.sigterm import end_rank_on_sigterm
 from memplan.callback.settings import PlannerSettings
@@ -248,6 +246,11 @@ class MemoryPlanner(FitStart, Watching, *CALLBACKS):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._record_exception(trainer, exception)
+
+    @override
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        users_hyper_parameters(checkpoint, self._fit.user_batch_size if self._fit is not None else None)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -83,3 +83,16 @@ def checkpointing_is_on(module: Any) -> bool:
     return any(getattr(m, "is_gradient_checkpointing", False) is True or getattr(m, "_memplan_checkpointed", False)
                or type(m).__name__ == "CheckpointWrapper"  # torch's, e.g. FSDPStrategy's activation_checkpointing_policy
                for m in module.modules())
+
+
+def users_hyper_parameters(checkpoint: dict[str, Any], saved: tuple[str, Any] | None) -> None:
+    """A checkpoint's saved hyper-parameters (the model's and the datamodule's) with the batch size the user set:
+    memplan's own state in the checkpoint restores its layout on a resume with it, and a model loaded without memplan
+    then trains at the global batch the user chose, not at memplan's loader batch without its accumulation."""
+    if saved is None:
+        return
+    name, value = saved
+    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+        params = checkpoint.get(key)
+        if isinstance(params, dict) and name in params:
+            params[name] = value

@@ -6,8 +6,10 @@ import logging
 import warnings
 
 import pytest
+import pytorch_lightning as pl
 import torch
-from callback_sim import Regression, make_plan
+from callback_sim import IndexedData, Regression, make_plan, weights_of
+from torch.utils.data import DataLoader
 
 from memplan.callback import MemoryPlanner
 from memplan.callback.framework import MisconfigurationException
@@ -128,3 +130,59 @@ def test_a_loader_scaling_the_attribute_keeps_its_batch_and_building_it_moves_no
     torch.manual_seed(5)
     make_trainer([], max_steps=1).fit(plain)
     assert module.orders[-1] == plain.orders[-1] and len(module.orders) > len(plain.orders)
+
+
+class Tail(Regression):
+    """60 samples: batches of 8 leave a last batch of 4, which Lightning trains as one step's mean."""
+
+    def train_dataloader(self):
+        return DataLoader(IndexedData(60), batch_size=self.batch_size, shuffle=False)
+
+
+@pytest.mark.parametrize("case", ["epoch tail", "limit_train_batches", "val_check_interval"])
+def test_a_rewrite_that_changes_what_an_epoch_trains_is_not_made_and_the_batch_runs_as_chunks(make_trainer, case):
+    """A batch of 8 planned as 2 with accumulation 4 trains other weights where the Trainer counts loaded batches
+    (limit_train_batches=4: 16 samples an epoch instead of 64; val_check_interval=4: validation 4 times as often) or
+    the epoch ends on a short batch (its gradient was quartered); the loaded batch is kept and runs as chunks."""
+    module = Tail(batch_size=8) if case == "epoch tail" else Regression(batch_size=8)
+    overrides = {"limit_train_batches": 4} if case == "limit_train_batches" else (
+        {"val_check_interval": 4, "limit_val_batches": 0} if case == "val_check_interval" else {})
+    planner = MemoryPlanner(make_plan(2, 4), grow=False, adjust=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_trainer([planner], max_steps=8, max_epochs=2, **overrides).fit(module)
+    assert module.batch_size == 8 and planner.layout.chunks == 4
+    assert {"epoch tail": "last batch"}.get(case, case) in planner.exactness.no_rewrite
+    whole = Tail(batch_size=8) if case == "epoch tail" else Regression(batch_size=8)
+    make_trainer([], max_steps=8, max_epochs=2, **overrides).fit(whole)
+    assert module.step_samples == whole.step_samples
+    for name, value in weights_of(whole).items():
+        torch.testing.assert_close(weights_of(module)[name], value, rtol=0, atol=1e-12, msg=name)
+
+
+class HparamsBatch(Regression):
+    def __init__(self, batch_size: int = 8) -> None:
+        super().__init__(batch_size=batch_size, with_attr=False)
+        self.save_hyperparameters()
+
+    def train_dataloader(self):
+        return DataLoader(IndexedData(), batch_size=self.hparams.batch_size, shuffle=False)
+
+
+def test_checkpoints_save_the_users_batch_size_not_the_rewritten_one(make_trainer, tmp_path):
+    """The rewrite (batch 8 -> 2, accumulation 1 -> 4) is the fit's: every checkpoint saved hparams.batch_size=2
+    without the accumulation (a Trainer argument), so a model loaded without memplan trained at a global batch of 2."""
+    module = HparamsBatch(batch_size=8)
+    seen = {}
+
+    class Peek(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.setdefault("during", pl_module.hparams.batch_size)
+
+    trainer = make_trainer([MemoryPlanner(make_plan(2, 4), grow=False, adjust=False), Peek()], max_steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module)
+    assert seen["during"] == 2 and trainer.accumulate_grad_batches == 4  # the rewrite ran
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    assert HparamsBatch.load_from_checkpoint(tmp_path / "last.ckpt").hparams.batch_size == 8
