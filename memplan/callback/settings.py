@@ -71,6 +71,13 @@ class PlannerSettings:
             value = getattr(self, name)
             if value is not None and not _positive_int(value):
                 raise ValueError(f"MemoryPlanner({name}=...) must be a positive int or None; got {value!r}")
+        for name in ("margin", "grow_margin"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float)):
+                raise ValueError(f"MemoryPlanner({name}=...) is a fraction of device memory, a number; got "
+                                 f"{getattr(self, name)!r}")
+        if self.log_dir is not None and not isinstance(self.log_dir, (str, os.PathLike)):
+            raise ValueError(f"MemoryPlanner(log_dir=...) must be a folder path (str or os.PathLike) or None for "
+                             f"<trainer.log_dir>/memplan; got {self.log_dir!r}")
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"MemoryPlanner(margin=...) is a fraction of device memory in [0, 1); got {self.margin!r}")
         if self.grow and not self.margin < self.grow_margin <= 1.0:

@@ -226,6 +226,9 @@ def test_ddp_settings_a_guarded_step_cannot_work_with_are_named():
 
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"margin": 1.5}, r"margin=\.\.\.\) is a fraction"),
+    ({"margin": "0.1"}, r"margin=\.\.\.\) is a fraction of device memory, a number; got '0.1'"),
+    ({"grow_margin": "0.3"}, r"grow_margin=\.\.\.\) is a fraction of device memory, a number; got '0.3'"),
+    ({"log_dir": 123}, r"log_dir=\.\.\.\) must be a folder path"),
     ({"every_n_steps": 0}, r"every_n_steps=\.\.\.\) must be a positive int"),
     ({"grow_margin": 0.01}, r"grow_margin=\.\.\.\) must be in \(margin, 1\]"),
     ({"plan": 3}, r"plan=\.\.\.\) must be a memplan Plan or a plan file path"),
