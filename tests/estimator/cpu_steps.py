@@ -22,6 +22,13 @@ def mlp_batch():
     return torch.randn(256, 1000), torch.randint(0, 10, (256,))
 
 
+def seeded_batch(samples: int, features: int, classes: int = 10):
+    """(features, labels) drawn from a fixed seed: the same values on every call, so a truth and an estimate that each
+    make their own take the same batch."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(samples, features, generator=g), torch.randint(0, classes, (samples,), generator=g)
+
+
 def ce_loss(model, batch):
     return F.cross_entropy(model(batch[0]), batch[1])
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from cpu_steps import ce_loss, seeded_batch
 
 from memplan.estimator.api import estimate
 from memplan.truth import measure_cpu_peak
@@ -26,22 +27,17 @@ class ScalesItsInput(nn.Module):
 
 
 def _batch():
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
-
-
-def _loss(model, batch):
-    return F.cross_entropy(model(batch[0]), batch[1])
+    return seeded_batch(32, 64)
 
 
 @pytest.mark.parametrize("loop", ["lightning", "torch"])
 def test_an_in_place_op_on_the_batch_leaves_the_callers_batch_unchanged(loop):
     batch = _batch()
     before = [t.clone() for t in batch]
-    est = estimate(ScalesItsInput, batch, loss=_loss, device="cpu", loop=loop)
+    est = estimate(ScalesItsInput, batch, loss=ce_loss, device="cpu", loop=loop)
     assert all(torch.equal(t, b) for t, b in zip(batch, before))
     assert batch[0]._version == 0  # not written and restored: never written
-    truth = measure_cpu_peak(ScalesItsInput, _batch, loss=_loss, loop=loop)
+    truth = measure_cpu_peak(ScalesItsInput, _batch, loss=ce_loss, loop=loop)
     assert abs(est.peak_allocated - truth) / truth < 0.0005, (est.peak_allocated, truth)  # (12 B short either way)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
+from cpu_steps import ce_loss, seeded_batch
 
 from memplan.estimator.api import estimate
 from memplan.estimator.kernels.input_copies import copies_an_input
@@ -34,19 +34,14 @@ class Counts(nn.Module):
 
 
 def _batch():
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(256, 64, generator=g), torch.randint(0, 10, (256,), generator=g)
-
-
-def _loss(model, batch):
-    return F.cross_entropy(model(batch[0]), batch[1])
+    return seeded_batch(256, 64)
 
 
 @pytest.mark.parametrize("count", list(COUNTS))
 @pytest.mark.parametrize("loop", ["lightning", "torch"])
 def test_a_count_over_an_activation_is_the_real_cpu_peak(count, loop):
-    est = estimate(lambda: Counts(count), _batch(), loss=_loss, device="cpu", loop=loop, optimizer="sgd")
-    truth = measure_cpu_peak(lambda: Counts(count), _batch, loss=_loss, loop=loop, optimizer="sgd")
+    est = estimate(lambda: Counts(count), _batch(), loss=ce_loss, device="cpu", loop=loop, optimizer="sgd")
+    truth = measure_cpu_peak(lambda: Counts(count), _batch, loss=ce_loss, loop=loop, optimizer="sgd")
     assert abs(est.peak_allocated - truth) / truth < 0.0005, (est.peak_allocated, truth)
 
 

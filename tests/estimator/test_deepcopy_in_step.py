@@ -9,8 +9,8 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
+from cpu_steps import ce_loss, seeded_batch
 
 from memplan.estimator.api import estimate
 from memplan.truth import measure_cpu_peak
@@ -31,18 +31,13 @@ class CopiesATarget(nn.Module):
 
 
 def _batch():
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
-
-
-def _loss(model, batch):
-    return F.cross_entropy(model(batch[0]), batch[1])
+    return seeded_batch(512, 256)
 
 
 @pytest.mark.parametrize("loop", ["lightning", "torch"])
 def test_a_parameter_deep_copied_in_the_forward_is_copied_without_its_gradient(loop):
-    est = estimate(CopiesATarget, _batch(), loss=_loss, device="cpu", loop=loop)
-    truth = measure_cpu_peak(CopiesATarget, _batch, loss=_loss, loop=loop)
+    est = estimate(CopiesATarget, _batch(), loss=ce_loss, device="cpu", loop=loop)
+    truth = measure_cpu_peak(CopiesATarget, _batch, loss=ce_loss, loop=loop)
     if loop == "lightning":
         assert est.peak_phase == "forward"  # the gradients of the last step are alive there: the case in question
     assert abs(est.peak_allocated - truth) / truth < 0.0005, (est.peak_allocated, truth)
@@ -50,7 +45,7 @@ def test_a_parameter_deep_copied_in_the_forward_is_copied_without_its_gradient(l
 
 def test_deepcopy_of_the_users_real_parameters_is_unchanged_after_a_trace():
     """The patch is the trace's only: a real Parameter with a gradient deep-copies as torch does, after an estimate."""
-    estimate(CopiesATarget, _batch(), loss=_loss, device="cpu")
+    estimate(CopiesATarget, _batch(), loss=ce_loss, device="cpu")
     p = nn.Parameter(torch.ones(3))
     p.grad = torch.ones(3)
     q = copy.deepcopy(p)

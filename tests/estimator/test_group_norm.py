@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
+from cpu_steps import ce_loss, seeded_batch
 
 from memplan.estimator.api import estimate
 from memplan.estimator.kernels.rules import cpu_output_layout
@@ -29,18 +29,13 @@ class Grouped(nn.Module):
 
 
 def _batch():
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(256, 64, generator=g), torch.randint(0, 10, (256,), generator=g)
-
-
-def _loss(model, batch):
-    return F.cross_entropy(model(batch[0]), batch[1])
+    return seeded_batch(256, 64)
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true", "bf16-true"])
 def test_group_norm_estimate_is_the_real_cpu_peak(precision):
-    est = estimate(Grouped, _batch(), loss=_loss, device="cpu", precision=precision, optimizer="sgd")
-    truth = measure_cpu_peak(Grouped, _batch, loss=_loss, precision=precision, optimizer="sgd")
+    est = estimate(Grouped, _batch(), loss=ce_loss, device="cpu", precision=precision, optimizer="sgd")
+    truth = measure_cpu_peak(Grouped, _batch, loss=ce_loss, precision=precision, optimizer="sgd")
     assert abs(est.peak_allocated - truth) / truth < 0.0005, (est.peak_allocated, truth)
 
 
