@@ -239,6 +239,11 @@ class FitStart(CallbackState):
                     made, reduction = self._plan_exactly(pl_module, request, estimator, loader_batch,
                                                          self._settable(trainer, pl_module))
             except EstimateError as err:  # the model or its batch cannot be traced: the message names why
+                if err.argument == "batch" and self.settings.max_shape is not None:
+                    raise MisconfigurationException(
+                        f"MemoryPlanner(max_shape={self.settings.max_shape!r}) grew the batch to shapes the model "
+                        f"cannot take: {err.detail or err}. Give each field of this batch its per-sample shape (a "
+                        "tensor of shape (batch, 16) takes (16,))") from err
                 raise MisconfigurationException(f"MemoryPlanner: {err}") from err
             if made.world_size != data_parallel:
                 rank_zero_warn(f"MemoryPlanner: the planner chose {made.world_size} rank(s); this Trainer runs "

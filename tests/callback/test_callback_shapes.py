@@ -181,6 +181,16 @@ def test_a_max_shape_that_is_not_a_mapping_of_shapes_is_refused_at_construction(
         MemoryPlanner(max_shape={"input_ids": 2048})
 
 
+def test_a_max_shape_the_model_cannot_take_names_max_shape_and_the_fix(make_trainer):
+    """Regression's features are (6,) a sample: 32 is not their shape. The op error named the batch and a `loss=`,
+    which MemoryPlanner has no argument for."""
+    from memplan.callback.framework import MisconfigurationException
+
+    with pytest.raises(MisconfigurationException, match=r"^MemoryPlanner\(max_shape=\{0: \(32,\)\}\) grew the batch "
+                       r"to shapes the model cannot take: the model could not run .*per-sample shape"):
+        make_trainer([MemoryPlanner(max_shape={0: (32,)})], max_steps=1).fit(Regression())
+
+
 class Shuffled(Regression):
     def train_dataloader(self):
         return DataLoader(IndexedData(), batch_size=8, shuffle=True)
