@@ -151,7 +151,10 @@ class FitStart(CallbackState):
             layout = dataclasses.replace(layout, accumulate_grad_batches=1)
         if layout.micro_batch_size < self.plan.micro_batch_size:
             rank_zero_warn(f"MemoryPlanner: the plan's micro-batch of {self.plan.micro_batch_size} is above the "
-                           f"{loader_batch} samples the train loader yields per batch; clamped to {loader_batch}")
+                           f"{loader_batch} samples the train loader yields per batch; clamped to {loader_batch} "
+                           f"(each loaded batch runs whole, {layout.accumulate_grad_batches} per optimizer step for "
+                           f"a global batch of {layout.global_batch_size}): the loader's batch is kept where memplan "
+                           "cannot set it or setting it would not train the same")
         return layout, source
 
     def _exactness(self, pl_module: pl.LightningModule, batch: Any) -> Exactness:
