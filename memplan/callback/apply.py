@@ -216,6 +216,7 @@ def current_loader_batch_size(trainer: Any, module: Any, batch_arg_name: str | N
     size = getattr(loader, "batch_size", None)
     if size:
         return int(size)
+    loader = read_ahead_safe(loader)
     with rng_preserved(loader):
         return loaded_batch_size(next(iter(loader))) or 1
 
@@ -260,11 +261,12 @@ def train_loader(trainer: Any) -> Any:
     from memplan.shapes import rng_preserved
 
     with rng_preserved():
-        return read_ahead_safe(_first_loader(compat.train_data_source(trainer).dataloader()))
+        return _first_loader(compat.train_data_source(trainer).dataloader())
 
 
 def read_ahead_safe(loader: Any) -> Any:
-    """`loader`, or where its dataset is an IterableDataset, a loader of the same batches over a deep copy of it:
+    """`loader` to read batches from ahead of training (only: its other settings, num_workers say, are the copy's),
+    or where its dataset is an IterableDataset, a loader of the same batches over a deep copy of it:
     reading an IterableDataset ahead of training consumes a stream (training then ran epochs of no batch, for ever)
     or moves its position (a shard cursor advanced in `__iter__`: training saw other samples); its copy keeps its
     own. A dataset that cannot be copied (a generator, an open socket) is refused, naming the way around."""

@@ -21,7 +21,7 @@ from memplan.callback import fsdp_plan, mesh, sharded
 from memplan.callback.apply import (
     apply_layout, can_checkpoint, check_planned_precision, current_loader_batch_size, device_budget, enable_checkpointing,
     first_train_batch, host_side, layout_from_plan, loader_ignores, planning_request,
-    samples_per_rank, train_loader,
+    read_ahead_safe, samples_per_rank, train_loader,
 )
 from memplan.callback.checks import (
     ADJUST_FIX, CHUNKS_FIX, check_can_adjust, check_gradient_hooks, guard_blocker, restored_layout, split_caveats,
@@ -272,7 +272,7 @@ class FitStart(CallbackState):
         if not self.settings.scan_batches:
             return first_train_batch(trainer)
         try:
-            self._fit.scan = heaviest(train_loader(trainer), self.batch_size_of, max_batches=self.settings.scan_batches,
+            self._fit.scan = heaviest(read_ahead_safe(train_loader(trainer)), self.batch_size_of, max_batches=self.settings.scan_batches,
                               seconds=SCAN_SECONDS)
         except ValueError:  # a batch MemoryPlanner cannot size: the first one, as it comes
             return first_train_batch(trainer)

@@ -62,11 +62,11 @@ class FitSession:
     sampled: bool = False
     planned_micro_batch_size: int = 0
     settable: bool | None = None
+    """Whether the batch-size attribute sets the train loader's batch (decided at the first need)."""
     user_batch_size: tuple[str, Any] | None = None
     """(attribute, value) of the loader's batch size as the user set it, where fit start sets it: what the
     hyper-parameters of each checkpoint saved say (a model loaded without memplan trains at the user's global batch;
     memplan's own state in the checkpoint restores its layout on a resume with it)."""
-    """Whether the batch-size attribute sets the train loader's batch (decided at the first need)."""
     first_batch_seen: bool = False
     oom_retries_seen: int = 0
     peak_process_bytes: int | None = None
